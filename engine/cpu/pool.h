@@ -1,0 +1,34 @@
+/* A fork-join thread pool for one CPU rank.
+ *
+ * The rank thread is worker 0 and participates; n_threads - 1 helper threads
+ * wait for work.  duet_cpu_pool_run() is called by one thread at a time (the
+ * rank thread) and returns when every worker has finished fn.  Workers spin
+ * briefly before sleeping (futex/condvar) unless spinning is disabled, which
+ * the engine does when ranks x threads exceed the CPU count. */
+#ifndef DUET_ENGINE_CPU_POOL_H
+#define DUET_ENGINE_CPU_POOL_H
+
+#include <stdbool.h>
+
+#include "common/status.h"
+
+typedef struct duet_cpu_pool duet_cpu_pool_t;
+
+/* fn(arg, ti, nt): ti in [0, nt) is this worker's index, nt the pool size. */
+typedef void (*duet_cpu_pool_fn)(void *arg, int ti, int nt);
+
+/* name is used for thread names ("r0w1"); spin: allow short spinning. */
+duet_status_t duet_cpu_pool_create(int n_threads, bool spin, const char *name,
+                                   duet_cpu_pool_t **pool_p);
+void duet_cpu_pool_destroy(duet_cpu_pool_t *pool);
+int duet_cpu_pool_size(const duet_cpu_pool_t *pool);
+void duet_cpu_pool_run(duet_cpu_pool_t *pool, duet_cpu_pool_fn fn, void *arg);
+
+/* Split [0, n) into nt near-equal parts; part ti is [*begin_p, *end_p). */
+static inline void duet_cpu_split(long n, int ti, int nt, long *begin_p, long *end_p)
+{
+    *begin_p = n * ti / nt;
+    *end_p = n * (ti + 1) / nt;
+}
+
+#endif

@@ -1,0 +1,49 @@
+/* Element types of weights, activations and KV. */
+#ifndef DUET_ENGINE_DTYPE_H
+#define DUET_ENGINE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum {
+    DUET_DTYPE_F32 = 0,
+    DUET_DTYPE_F16 = 1,
+    DUET_DTYPE_BF16 = 2,
+    DUET_DTYPE_I32 = 3,
+    DUET_DTYPE_I64 = 4,
+} duet_dtype_t;
+
+/* Bytes per element; 0 for an unknown value. */
+size_t duet_dtype_size(duet_dtype_t dt);
+/* "F32", "F16", "BF16", "I32", "I64" (safetensors spelling). */
+const char *duet_dtype_name(duet_dtype_t dt);
+/* Parse the safetensors spelling; returns -1 if unknown. */
+int duet_dtype_parse(const char *s);
+
+static inline float duet_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static inline uint16_t duet_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float duet_f16_to_f32(uint16_t h);
+uint16_t duet_f32_to_f16(float f);
+
+/* Convert n elements of src (dtype dt) to float. */
+void duet_dtype_to_f32(duet_dtype_t dt, const void *src, float *dst, size_t n);
+
+#endif

@@ -1,0 +1,47 @@
+/* An opened Hugging Face Llama-family checkpoint: its config and validated
+ * views of every weight tensor (still in the file's dtype, memory-mapped).
+ * Backends copy/convert their shard from these views. */
+#ifndef DUET_ENGINE_MODEL_H
+#define DUET_ENGINE_MODEL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+
+typedef struct {
+    const duet_st_tensor_t *attn_norm; /* [hidden] input_layernorm */
+    const duet_st_tensor_t *wq;        /* [n_heads*head_dim][hidden] */
+    const duet_st_tensor_t *wk;        /* [n_kv_heads*head_dim][hidden] */
+    const duet_st_tensor_t *wv;        /* [n_kv_heads*head_dim][hidden] */
+    const duet_st_tensor_t *bq;        /* [n_heads*head_dim] or NULL */
+    const duet_st_tensor_t *bk;        /* [n_kv_heads*head_dim] or NULL */
+    const duet_st_tensor_t *bv;        /* [n_kv_heads*head_dim] or NULL */
+    const duet_st_tensor_t *wo;        /* [hidden][n_heads*head_dim] */
+    const duet_st_tensor_t *mlp_norm;  /* [hidden] post_attention_layernorm */
+    const duet_st_tensor_t *w_gate;    /* [intermediate][hidden] */
+    const duet_st_tensor_t *w_up;      /* [intermediate][hidden] */
+    const duet_st_tensor_t *w_down;    /* [hidden][intermediate] */
+} duet_layer_weights_t;
+
+typedef struct {
+    char *dir;
+    duet_model_config_t cfg;
+    duet_st_set_t *st;
+    const duet_st_tensor_t *embed;   /* [vocab][hidden] model.embed_tokens.weight */
+    const duet_st_tensor_t *norm;    /* [hidden] model.norm.weight */
+    const duet_st_tensor_t *lm_head; /* [vocab][hidden]; == embed when tied */
+    duet_layer_weights_t *layers;    /* [n_layers] */
+    /* Identity of the weights and shapes: equal fingerprints mean the same
+     * model to both sides of a KV transfer. */
+    uint64_t fingerprint;
+} duet_model_t;
+
+/* Open DIR: config.json + safetensors.  Every tensor the config implies must
+ * exist with exactly the implied shape and a float dtype; a missing tensor or
+ * a shape mismatch is DUET_ERR_FORMAT naming the file and tensor. */
+duet_status_t duet_model_open(const char *dir, duet_model_t **model_p);
+void duet_model_close(duet_model_t *model);
+
+#endif

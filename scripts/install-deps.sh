@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install every Debian package the build, the tests and the local cluster
+# need, and the pinned npm test clients.  Idempotent: packages already
+# present are not reinstalled, and npm is skipped when its lock is satisfied.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+packages=(
+  build-essential cmake pkg-config git ca-certificates
+  libcjson-dev libcmocka-dev libopenblas-dev
+  libucx-dev ucx-utils
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+  protobuf-compiler protobuf-compiler-grpc
+  libmicrohttpd-dev
+  python3 python3-numpy python3-grpcio python3-protobuf
+  curl nodejs npm
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all Debian packages present"
+fi
+
+# Pinned npm clients used by the tests (openai 7.x needs Node 22).
+if [ -f "$here/tests/clients/package.json" ]; then
+  if [ ! -d "$here/tests/clients/node_modules/openai" ]; then
+    (cd "$here/tests/clients" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+fi

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command: install dependencies, build with -Werror (the CUDA
+# backend too when nvcc is present), run every test, then build the unit
+# tests with ASan/UBSan and run them.
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh -R regex   only tests matching regex (ctest -R)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+if [ "${DUET_SKIP_DEPS:-0}" != "1" ]; then
+  scripts/install-deps.sh
+fi
+
+cmake -S . -B build/ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_WERROR=ON
+cmake --build build/ci -j "$jobs"
+(cd build/ci && ctest --output-on-failure --timeout 900 -j 1 "$@")
+
+if [ "${DUET_SKIP_SANITIZE:-0}" != "1" ]; then
+  cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDUET_WERROR=ON -DDUET_SANITIZE=ON \
+    -DDUET_CUDA=OFF -DDUET_BUILD_BENCH=OFF
+  cmake --build build/asan -j "$jobs"
+  (cd build/asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure --timeout 900 -L unit "$@")
+fi
+echo "test.sh: all tests passed"
