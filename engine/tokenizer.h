@@ -70,4 +70,10 @@ duet_status_t duet_detok_flush(duet_detok_t *dt, char *out, size_t out_cap, size
 duet_status_t duet_tokenizer_decode(const duet_tokenizer_t *tok, const int32_t *ids, size_t n,
                                     bool skip_special, char **text_p);
 
+/* Write a byte-level BPE tokenizer.json with exactly vocab_size entries
+ * (vocab_size >= 260): the 256 byte tokens, merges learned from a fixed
+ * built-in English text, and two special tokens <|bos|> = vocab_size - 2
+ * and <|eos|> = vocab_size - 1.  Deterministic.  Used by duet mkmodel. */
+duet_status_t duet_tokenizer_write_synthetic(const char *path, int vocab_size);
+
 #endif
