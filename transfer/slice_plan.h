@@ -35,7 +35,10 @@ int duet_slice_plan_prefill_tp(const duet_slice_plan_t *plan);
 int duet_slice_plan_decode_tp(const duet_slice_plan_t *plan);
 int duet_slice_plan_kv_heads(const duet_slice_plan_t *plan);
 
-/* Runs that fill decode rank d, ordered by dst_head.  Returns the count and
+/* Queries with a rank outside 0..TP-1 return 0 (with *runs_p = NULL and a
+ * mask of 0).
+ *
+ * Runs that fill decode rank d, ordered by dst_head.  Returns the count and
  * points *runs_p into the plan (valid until destroy). */
 int duet_slice_plan_dst_runs(const duet_slice_plan_t *plan, int d, const duet_slice_run_t **runs_p);
 

@@ -1,0 +1,137 @@
+/* The compute backend of one engine rank, behind an ops table (CPU today,
+ * CUDA on GPU machines).  engine/forward.c is written once against it.
+ *
+ * Buffers passed to ops are backend memory (host memory for cpu, device
+ * memory for cuda) allocated with ops->alloc.  Activations are of
+ * ops->act_dtype, the KV pool of ops->kv_dtype.  Every op is issued by the
+ * rank's own thread; a backend may run ops asynchronously (a CUDA stream)
+ * as long as they complete in issue order and ops->sync() waits for all. */
+#ifndef DUET_ENGINE_BACKEND_H
+#define DUET_ENGINE_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/dtype.h"
+#include "engine/kv_layout.h"
+
+typedef struct duet_backend_rank duet_backend_rank_t;
+typedef struct duet_weight duet_weight_t;
+
+typedef struct {
+    int rank;
+    int tp;
+    int threads;    /* cpu: workers for this rank (>= 1) */
+    bool spin;      /* cpu: workers may spin-wait (not oversubscribed) */
+    int device;     /* cuda: device ordinal */
+    duet_kv_layout_t kv_layout;
+} duet_backend_rank_opts_t;
+
+/* A sub-matrix of a row-major source matrix in host memory (usually the
+ * memory-mapped checkpoint): rows [row0, row0+rows) x cols [col0, col0+cols)
+ * of a matrix with src_cols columns. */
+typedef struct {
+    const void *data;
+    duet_dtype_t dtype;
+    int src_cols;
+    int row0, rows;
+    int col0, cols;
+} duet_weight_src_t;
+
+/* Per-forward batch description, host memory, built by the engine.  Token t
+ * of the flat batch belongs to sequence seq_of[t]; sequence s owns tokens
+ * [q_start[s], q_start[s+1]) at positions [ctx_len[s] - n_new, ctx_len[s]),
+ * and its KV lives in pages page_table[s * page_stride + i]. */
+typedef struct {
+    int n_tokens;
+    int n_seqs;
+    const int32_t *tokens;     /* [n_tokens] */
+    const int32_t *positions;  /* [n_tokens] */
+    const int32_t *slots;      /* [n_tokens] page * page_size + offset */
+    const int32_t *q_start;    /* [n_seqs + 1] */
+    const int32_t *ctx_len;    /* [n_seqs] */
+    const int32_t *page_table; /* [n_seqs][page_stride] */
+    int page_stride;
+    int max_ctx;               /* max over ctx_len */
+} duet_batch_desc_t;
+
+typedef struct duet_backend_ops {
+    const char *name;
+    duet_dtype_t act_dtype;
+    duet_dtype_t kv_dtype;
+
+    duet_status_t (*rank_create)(const duet_backend_rank_opts_t *opts, duet_backend_rank_t **r_p);
+    void (*rank_destroy)(duet_backend_rank_t *r);
+
+    /* Backend memory. alloc returns NULL on failure (with duet_error set). */
+    void *(*alloc)(duet_backend_rank_t *r, size_t bytes);
+    void (*free)(duet_backend_rank_t *r, void *p);
+    duet_status_t (*upload)(duet_backend_rank_t *r, void *dst, const void *src, size_t bytes);
+    duet_status_t (*download)(duet_backend_rank_t *r, void *dst, const void *src, size_t bytes);
+    duet_status_t (*sync)(duet_backend_rank_t *r);
+    /* The rank's KV pool (duet_kv_total_bytes(kv_layout)), backend memory,
+     * allocated by the engine (ops->alloc or the transfer layer). */
+    void (*kv_attach)(duet_backend_rank_t *r, void *kv_base);
+
+    /* A dense weight W[rows][cols] stacked from n_src sources (all with the
+     * same cols; rows add up), for y = x . W^T.  Stacking fuses q/k/v and
+     * gate/up into one pass over x. */
+    duet_status_t (*weight_create)(duet_backend_rank_t *r, const duet_weight_src_t *src, int n_src,
+                                   duet_weight_t **w_p);
+    void (*weight_destroy)(duet_backend_rank_t *r, duet_weight_t *w);
+    /* A vector (norm weight, bias) converted to act_dtype: backend memory
+     * of n elements starting at element offset of src. */
+    duet_status_t (*vector_create)(duet_backend_rank_t *r, const void *src, duet_dtype_t dtype,
+                                   int offset, int n, void **vec_p);
+    /* The embedding table, rows looked up by id. */
+    duet_status_t (*embedding_create)(duet_backend_rank_t *r, const void *src, duet_dtype_t dtype,
+                                      int vocab, int hidden, duet_weight_t **w_p);
+
+    /* Make the batch description usable by the ops below (cuda: upload). */
+    duet_status_t (*batch_prepare)(duet_backend_rank_t *r, const duet_batch_desc_t *b);
+
+    /* out[n][hidden] = table[ids[t]] for the prepared batch's tokens */
+    duet_status_t (*embed)(duet_backend_rank_t *r, void *out, const duet_weight_t *table, int n,
+                           int hidden);
+    /* out[n][d] = in[n][d] / rms(in) * w */
+    duet_status_t (*rmsnorm)(duet_backend_rank_t *r, void *out, const void *in, const void *w,
+                             int n, int d, float eps);
+    /* y[n][rows] = x[n][cols] . W^T (+ bias[rows] when bias != NULL) */
+    duet_status_t (*matmul)(duet_backend_rank_t *r, void *y, const void *x, int n,
+                            const duet_weight_t *w, const void *bias);
+    /* In place on qkv[n][(nq + nk + nv) * head_dim] (q heads, then k heads,
+     * then v heads): rotate the nq + nk q/k heads (HF rotate-half) at the
+     * prepared batch's positions, then store the k and v heads into layer's
+     * KV pages at the batch's slots. */
+    duet_status_t (*rope_kv_store)(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
+                                   int head_dim, float theta, int layer);
+    /* out[n][nq * head_dim] = causal attention of the q heads in
+     * qkv[n][(nq + 2 nkv) * head_dim] over layer's paged KV of the prepared
+     * batch; query head h reads local KV head h / (nq / nkv). */
+    duet_status_t (*attention)(duet_backend_rank_t *r, void *out, const void *qkv, int n, int nq,
+                               int nkv, int head_dim, int layer);
+    /* out[n][m] = silu(gu[n][0:m]) * gu[n][m:2m] */
+    duet_status_t (*silu_mul)(duet_backend_rank_t *r, void *out, const void *gu, int n, int m);
+    /* x[i] += y[i] for i < count */
+    duet_status_t (*add)(duet_backend_rank_t *r, void *x, const void *y, size_t count);
+    /* out[i][d] = in[rows[i]][d] for i < n_rows (rows in host memory) */
+    duet_status_t (*gather_rows)(duet_backend_rank_t *r, void *out, const void *in,
+                                 const int32_t *rows, int n_rows, int d);
+    /* Copy act_dtype rows into host float: dst[n][d] from src with row
+     * stride src_ld (elements). */
+    duet_status_t (*rows_to_host_f32)(duet_backend_rank_t *r, float *dst, const void *src, int n,
+                                      int d, size_t src_ld);
+} duet_backend_ops_t;
+
+extern const duet_backend_ops_t duet_backend_cpu;
+#ifdef DUET_HAVE_CUDA
+extern const duet_backend_ops_t duet_backend_cuda;
+#endif
+
+/* The ops table named "cpu" or "cuda"; NULL (with duet_error set) when the
+ * name is unknown or the backend was not built. */
+const duet_backend_ops_t *duet_backend_find(const char *name);
+
+#endif

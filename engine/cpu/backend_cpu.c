@@ -1,0 +1,360 @@
+/* The cpu backend: fp32 activations and KV, weights packed by matmul.c,
+ * every op split across the rank's worker pool. */
+#include "engine/cpu/backend_cpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
+                                       duet_backend_rank_t **r_p)
+{
+    duet_backend_rank_t *r = DUET_NEW(duet_backend_rank_t);
+    char name[16];
+    duet_status_t st;
+
+    if (r == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory");
+    if (opts->kv_layout.elem_size != (int)sizeof(float)) {
+        duet_free(r);
+        return duet_error(DUET_ERR_INVALID, "cpu backend: kv elem_size %d, expected 4",
+                          opts->kv_layout.elem_size);
+    }
+    snprintf(name, sizeof(name), "r%d", opts->rank);
+    st = duet_cpu_pool_create(opts->threads > 0 ? opts->threads : 1, opts->spin, name, &r->pool);
+    if (st != DUET_OK) {
+        duet_free(r);
+        return st;
+    }
+    r->rank = opts->rank;
+    r->kv = opts->kv_layout;
+    *r_p = r;
+    return DUET_OK;
+}
+
+static void duet__rank_destroy(duet_backend_rank_t *r)
+{
+    if (r == NULL)
+        return;
+    duet_cpu_pool_destroy(r->pool);
+    duet_free(r->seq_of);
+    duet_aligned_free(r->scores);
+    duet_free(r->inv_freq);
+    duet_free(r);
+}
+
+static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
+{
+    void *p = duet_aligned_alloc(64, bytes);
+    if (p == NULL)
+        duet_error(DUET_ERR_NO_MEMORY, "cpu backend rank %d: no memory for %zu bytes", r->rank,
+                   bytes);
+    return p;
+}
+
+static void duet__free(duet_backend_rank_t *r, void *p)
+{
+    duet_aligned_free(p);
+}
+
+static duet_status_t duet__copy(duet_backend_rank_t *r, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+    return DUET_OK;
+}
+
+static duet_status_t duet__sync(duet_backend_rank_t *r)
+{
+    return DUET_OK;
+}
+
+static void duet__kv_attach(duet_backend_rank_t *r, void *kv_base)
+{
+    r->kv_base = kv_base;
+}
+
+/* Stacking several sources: pack each, then concatenate the packed rows.
+ * Packed layouts are row-blocked, so stack by packing a temporary source
+ * that holds the stacked rows in the source dtype. */
+static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weight_src_t *src,
+                                         int n_src, duet_weight_t **w_p)
+{
+    duet_weight_t *w = DUET_NEW(duet_weight_t);
+    duet_status_t st;
+    duet_dtype_t store;
+
+    if (w == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for a weight");
+    w->kind = DUET_CPU_WEIGHT_MATRIX;
+    store = src[0].dtype;
+    if (n_src == 1) {
+        st = duet_cpu_weight_pack(src[0].data, src[0].dtype, src[0].src_cols, src[0].row0,
+                                  src[0].rows, src[0].col0, src[0].cols, store, &w->mat);
+    } else {
+        size_t es = duet_dtype_size(src[0].dtype);
+        int rows = 0, cols = src[0].cols;
+        char *tmp, *p;
+        for (int i = 0; i < n_src; i++) {
+            if (src[i].cols != cols || src[i].dtype != src[0].dtype) {
+                duet_free(w);
+                return duet_error(DUET_ERR_INVALID, "cpu backend: stacked weights differ");
+            }
+            rows += src[i].rows;
+        }
+        tmp = duet_malloc((size_t)rows * (size_t)cols * es);
+        if (tmp == NULL) {
+            duet_free(w);
+            return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory to stack weights");
+        }
+        p = tmp;
+        for (int i = 0; i < n_src; i++) {
+            for (int row = 0; row < src[i].rows; row++) {
+                const char *s = (const char *)src[i].data +
+                                ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols +
+                                 (size_t)src[i].col0) * es;
+                memcpy(p, s, (size_t)cols * es);
+                p += (size_t)cols * es;
+            }
+        }
+        st = duet_cpu_weight_pack(tmp, src[0].dtype, cols, 0, rows, 0, cols, store, &w->mat);
+        duet_free(tmp);
+    }
+    if (st != DUET_OK) {
+        duet_free(w);
+        return st;
+    }
+    *w_p = w;
+    return DUET_OK;
+}
+
+static void duet__weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
+{
+    if (w == NULL)
+        return;
+    if (w->kind == DUET_CPU_WEIGHT_MATRIX)
+        duet_cpu_weight_free(&w->mat);
+    duet_free(w);
+}
+
+static duet_status_t duet__vector_create(duet_backend_rank_t *r, const void *src,
+                                         duet_dtype_t dtype, int offset, int n, void **vec_p)
+{
+    float *v = duet_aligned_alloc(64, (size_t)n * sizeof(float));
+    if (v == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for a vector");
+    duet_dtype_to_f32(dtype, (const char *)src + (size_t)offset * duet_dtype_size(dtype), v,
+                      (size_t)n);
+    *vec_p = v;
+    return DUET_OK;
+}
+
+static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *src,
+                                            duet_dtype_t dtype, int vocab, int hidden,
+                                            duet_weight_t **w_p)
+{
+    duet_weight_t *w = DUET_NEW(duet_weight_t);
+    if (w == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory");
+    w->kind = DUET_CPU_WEIGHT_EMBEDDING;
+    w->table = src;
+    w->table_dtype = dtype;
+    w->vocab = vocab;
+    w->hidden = hidden;
+    *w_p = w;
+    return DUET_OK;
+}
+
+static duet_status_t duet__batch_prepare(duet_backend_rank_t *r, const duet_batch_desc_t *b)
+{
+    int threads = duet_cpu_pool_size(r->pool);
+
+    if (b->n_tokens > r->seq_of_cap) {
+        int32_t *s = duet_realloc(r->seq_of, (size_t)b->n_tokens * sizeof(int32_t));
+        if (s == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for batch");
+        r->seq_of = s;
+        r->seq_of_cap = b->n_tokens;
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++)
+            r->seq_of[t] = s;
+    }
+    if (b->max_ctx > r->scores_stride) {
+        int stride = (b->max_ctx + 15) & ~15;
+        float *sc = duet_aligned_alloc(64, (size_t)threads * (size_t)stride * sizeof(float));
+        if (sc == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for %d positions",
+                              b->max_ctx);
+        duet_aligned_free(r->scores);
+        r->scores = sc;
+        r->scores_stride = stride;
+    }
+    r->batch = b;
+    return DUET_OK;
+}
+
+/* ---- element-wise ops, split across the pool by rows ---- */
+
+typedef struct {
+    duet_backend_rank_t *r;
+    float *out;
+    const float *in;
+    const float *w;
+    const void *table;
+    duet_dtype_t dtype;
+    int n, d;
+    float eps;
+    const int32_t *rows;
+} duet__rows_job_t;
+
+static void duet__embed_job(void *arg, int ti, int nt)
+{
+    duet__rows_job_t *j = arg;
+    size_t es = duet_dtype_size(j->dtype);
+    long b, e;
+    duet_cpu_split(j->n, ti, nt, &b, &e);
+    for (long t = b; t < e; t++) {
+        int32_t id = j->r->batch->tokens[t];
+        duet_dtype_to_f32(j->dtype, (const char *)j->table + (size_t)id * (size_t)j->d * es,
+                          j->out + (size_t)t * (size_t)j->d, (size_t)j->d);
+    }
+}
+
+static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_weight_t *table,
+                                 int n, int hidden)
+{
+    for (int t = 0; t < n; t++) {
+        if (r->batch->tokens[t] < 0 || r->batch->tokens[t] >= table->vocab)
+            return duet_error(DUET_ERR_INVALID, "token id %d out of range 0..%d",
+                              r->batch->tokens[t], table->vocab - 1);
+    }
+    duet__rows_job_t j = {.r = r, .out = out, .table = table->table, .dtype = table->table_dtype,
+                          .n = n, .d = hidden};
+    duet_cpu_pool_run(r->pool, duet__embed_job, &j);
+    return DUET_OK;
+}
+
+static void duet__rmsnorm_job(void *arg, int ti, int nt)
+{
+    duet__rows_job_t *j = arg;
+    long b, e;
+    duet_cpu_split(j->n, ti, nt, &b, &e);
+    for (long t = b; t < e; t++) {
+        const float *x = j->in + (size_t)t * (size_t)j->d;
+        float *y = j->out + (size_t)t * (size_t)j->d;
+        float acc[16] = {0};
+        int i = 0;
+        for (; i + 16 <= j->d; i += 16) {
+            for (int k = 0; k < 16; k++)
+                acc[k] += x[i + k] * x[i + k];
+        }
+        float ss = 0;
+        for (int k = 0; k < 16; k++)
+            ss += acc[k];
+        for (; i < j->d; i++)
+            ss += x[i] * x[i];
+        float scale = 1.0f / sqrtf(ss / (float)j->d + j->eps);
+        for (i = 0; i < j->d; i++)
+            y[i] = x[i] * scale * j->w[i];
+    }
+}
+
+static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in,
+                                   const void *w, int n, int d, float eps)
+{
+    duet__rows_job_t j = {.r = r, .out = out, .in = in, .w = w, .n = n, .d = d, .eps = eps};
+    if (n == 1)
+        duet__rmsnorm_job(&j, 0, 1);
+    else
+        duet_cpu_pool_run(r->pool, duet__rmsnorm_job, &j);
+    return DUET_OK;
+}
+
+static duet_status_t duet__matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
+                                  const duet_weight_t *w, const void *bias)
+{
+    duet_cpu_matmul(r->pool, y, (size_t)w->mat.rows, x, (size_t)w->mat.cols, n, &w->mat, bias);
+    return DUET_OK;
+}
+
+static void duet__silu_mul_job(void *arg, int ti, int nt)
+{
+    duet__rows_job_t *j = arg;
+    long b, e;
+    duet_cpu_split(j->n, ti, nt, &b, &e);
+    for (long t = b; t < e; t++) {
+        const float *g = j->in + (size_t)t * 2u * (size_t)j->d;
+        const float *u = g + j->d;
+        float *o = j->out + (size_t)t * (size_t)j->d;
+        for (int i = 0; i < j->d; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n,
+                                    int m)
+{
+    duet__rows_job_t j = {.r = r, .out = out, .in = gu, .n = n, .d = m};
+    if (n == 1)
+        duet__silu_mul_job(&j, 0, 1);
+    else
+        duet_cpu_pool_run(r->pool, duet__silu_mul_job, &j);
+    return DUET_OK;
+}
+
+static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
+{
+    float *a = x;
+    const float *b = y;
+    for (size_t i = 0; i < count; i++)
+        a[i] += b[i];
+    return DUET_OK;
+}
+
+static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const void *in,
+                                       const int32_t *rows, int n_rows, int d)
+{
+    for (int i = 0; i < n_rows; i++)
+        memcpy((float *)out + (size_t)i * (size_t)d, (const float *)in + (size_t)rows[i] * (size_t)d,
+               (size_t)d * sizeof(float));
+    return DUET_OK;
+}
+
+static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, const void *src,
+                                            int n, int d, size_t src_ld)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * (size_t)d, (const float *)src + (size_t)i * src_ld,
+               (size_t)d * sizeof(float));
+    return DUET_OK;
+}
+
+const duet_backend_ops_t duet_backend_cpu = {
+    .name = "cpu",
+    .act_dtype = DUET_DTYPE_F32,
+    .kv_dtype = DUET_DTYPE_F32,
+    .rank_create = duet__rank_create,
+    .rank_destroy = duet__rank_destroy,
+    .alloc = duet__alloc,
+    .free = duet__free,
+    .upload = duet__copy,
+    .download = duet__copy,
+    .sync = duet__sync,
+    .kv_attach = duet__kv_attach,
+    .weight_create = duet__weight_create,
+    .weight_destroy = duet__weight_destroy,
+    .vector_create = duet__vector_create,
+    .embedding_create = duet__embedding_create,
+    .batch_prepare = duet__batch_prepare,
+    .embed = duet__embed,
+    .rmsnorm = duet__rmsnorm,
+    .matmul = duet__matmul,
+    .rope_kv_store = duet__cpu_rope_kv_store,
+    .attention = duet__cpu_attention,
+    .silu_mul = duet__silu_mul,
+    .add = duet__add,
+    .gather_rows = duet__gather_rows,
+    .rows_to_host_f32 = duet__rows_to_host_f32,
+};

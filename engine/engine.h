@@ -1,0 +1,82 @@
+/* The inference engine of one daemon: a model sharded over TP rank threads,
+ * a paged KV pool per rank, and the forward step (DESIGN §2, §3).
+ *
+ * One caller (the daemon's scheduler, or duet generate) drives it: every
+ * batch is decided by that caller and handed identically to every rank
+ * thread.  Page ids are chosen by the caller (engine/page_alloc.h) and mean
+ * the same pages on every rank.  Not thread-safe: one duet_engine_forward()
+ * at a time. */
+#ifndef DUET_ENGINE_ENGINE_H
+#define DUET_ENGINE_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/kv_layout.h"
+#include "engine/model.h"
+#include "engine/sampling.h"
+
+typedef struct duet_engine duet_engine_t;
+
+typedef struct {
+    const char *model_dir;
+    const char *backend;   /* "cpu" (default) or "cuda" */
+    int tp;                /* default 1 */
+    int threads;           /* cpu workers per rank; 0 = cpus / tp, at least 1 */
+    const int *devices;    /* cuda: device of each rank; NULL = 0..tp-1 */
+    int page_size;         /* tokens per KV page; default 16 */
+    int n_pages;           /* KV pages (ids shared by all ranks); > 0 */
+    int max_batch_tokens;  /* tokens per forward chunk; default 2048 */
+    int max_seqs;          /* sequences per forward chunk; default 256 */
+    int comm_timeout_ms;   /* deadline of every collective; default 60000 */
+    /* Where each rank's KV pool lives (the transfer layer registers it for
+     * one-sided puts).  NULL: the backend allocates. kv_alloc is called
+     * from the rank's thread. */
+    duet_status_t (*kv_alloc)(void *ud, int rank, size_t bytes, void **base_p);
+    void (*kv_free)(void *ud, int rank, void *base);
+    void *kv_ud;
+} duet_engine_opts_t;
+
+void duet_engine_opts_default(duet_engine_opts_t *o);
+
+/* Load the model, check the TP sharding (DUET_ERR_CONFIG naming the rule),
+ * start the rank threads, load each rank's shard, allocate KV pools. */
+duet_status_t duet_engine_create(const duet_engine_opts_t *opts, duet_engine_t **e_p);
+/* Stops and joins the rank threads and frees everything.  NULL is fine. */
+void duet_engine_destroy(duet_engine_t *e);
+
+const duet_model_t *duet_engine_model(const duet_engine_t *e);
+int duet_engine_tp(const duet_engine_t *e);
+/* The layout of each rank's KV pool (local heads of rank 0; all ranks
+ * have the same count) and the pool of one rank. */
+const duet_kv_layout_t *duet_engine_kv_layout(const duet_engine_t *e);
+void *duet_engine_kv_base(const duet_engine_t *e, int rank);
+const char *duet_engine_backend_name(const duet_engine_t *e);
+
+/* One sequence of a forward step. */
+typedef struct {
+    const int32_t *tokens;  /* [n_tokens] new tokens */
+    int n_tokens;           /* >= 1 */
+    int start_pos;          /* tokens of this sequence already in the KV */
+    const int32_t *pages;   /* page table covering start_pos + n_tokens */
+    int n_pages;
+    bool sample;            /* sample the token that follows the last new one */
+    duet_sampling_t sampling;
+    uint64_t sample_index;  /* output index of that token (counter-based rng) */
+    float *logits;          /* optional: logits of the last token [vocab], or */
+    bool all_logits;        /* of every new token [n_tokens][vocab] */
+} duet_engine_seq_t;
+
+/* Run the model over the new tokens of n_seqs sequences: write their KV at
+ * positions start_pos.., fill the requested logits, and put the sampled
+ * next token of sequence i into sampled[i] (-1 when not sampled).  Inputs
+ * are validated first (token ids, context length -> DUET_ERR_TOO_LONG, page
+ * coverage); batches over max_batch_tokens / max_seqs run as several
+ * chunks.  A failure inside a rank (deadline, memory) leaves the engine
+ * failed: every later call returns the same error. */
+duet_status_t duet_engine_forward(duet_engine_t *e, const duet_engine_seq_t *seqs, int n_seqs,
+                                  int32_t *sampled);
+
+#endif

@@ -1,0 +1,345 @@
+/* What each rank thread computes: its shard of the weights, and the forward
+ * step over a prepared chunk (DESIGN §2).
+ *
+ * Reductions (DESIGN §3 rule 2): the outputs of o_proj and down_proj are
+ * partial sums on every rank (row-parallel: each rank holds a slice of the
+ * input features) and each is all-reduced exactly once, right after the
+ * matmul.  Everything else is complete on every rank: the residual stream
+ * x, the norms, and the column-parallel q/k/v and gate/up outputs, which
+ * are local slices by construction.  lm_head is vocab-parallel: each rank
+ * computes its vocab rows and an all-gather assembles the row. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "engine/engine_internal.h"
+
+#define DUET__ACT(rk) (duet_dtype_size((rk)->e->ops->act_dtype))
+
+static duet_weight_src_t duet__rows(const duet_st_tensor_t *t, int row0, int rows)
+{
+    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], row0, rows, 0,
+                               (int)t->shape[1]};
+}
+
+static duet_weight_src_t duet__cols(const duet_st_tensor_t *t, int col0, int cols)
+{
+    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], 0, (int)t->shape[0], col0,
+                               cols};
+}
+
+/* Stacked q/k/v bias slices as one act-dtype vector. */
+static duet_status_t duet__qkv_bias(duet__rank_t *rk, const duet_layer_weights_t *lw,
+                                    void **bias_p)
+{
+    const duet_shard_t *s = &rk->shard;
+    int hd = rk->e->model->cfg.head_dim;
+    int nq = s->n_q_heads * hd, nkv = s->n_kv_heads * hd;
+    float *tmp = duet_malloc((size_t)(nq + 2 * nkv) * sizeof(float));
+    duet_status_t st;
+
+    if (tmp == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "rank %d: no memory for biases", rk->rank);
+    duet_dtype_to_f32(lw->bq->dtype,
+                      (const char *)lw->bq->data +
+                          (size_t)s->q_head0 * (size_t)hd * duet_dtype_size(lw->bq->dtype),
+                      tmp, (size_t)nq);
+    duet_dtype_to_f32(lw->bk->dtype,
+                      (const char *)lw->bk->data +
+                          (size_t)s->kv_head0 * (size_t)hd * duet_dtype_size(lw->bk->dtype),
+                      tmp + nq, (size_t)nkv);
+    duet_dtype_to_f32(lw->bv->dtype,
+                      (const char *)lw->bv->data +
+                          (size_t)s->kv_head0 * (size_t)hd * duet_dtype_size(lw->bv->dtype),
+                      tmp + nq + nkv, (size_t)nkv);
+    st = rk->e->ops->vector_create(rk->br, tmp, DUET_DTYPE_F32, 0, nq + 2 * nkv, bias_p);
+    duet_free(tmp);
+    return st;
+}
+
+static duet_status_t duet__load_layer(duet__rank_t *rk, int l)
+{
+    const duet_backend_ops_t *ops = rk->e->ops;
+    const duet_model_config_t *cfg = &rk->e->model->cfg;
+    const duet_layer_weights_t *lw = &rk->e->model->layers[l];
+    const duet_shard_t *s = &rk->shard;
+    duet__layer_t *L = &rk->layers[l];
+    int hd = cfg->head_dim;
+    duet_status_t st;
+
+    duet_weight_src_t qkv[3] = {
+        duet__rows(lw->wq, s->q_head0 * hd, s->n_q_heads * hd),
+        duet__rows(lw->wk, s->kv_head0 * hd, s->n_kv_heads * hd),
+        duet__rows(lw->wv, s->kv_head0 * hd, s->n_kv_heads * hd),
+    };
+    duet_weight_src_t gu[2] = {
+        duet__rows(lw->w_gate, s->ffn0, s->n_ffn),
+        duet__rows(lw->w_up, s->ffn0, s->n_ffn),
+    };
+    duet_weight_src_t wo = duet__cols(lw->wo, s->q_head0 * hd, s->n_q_heads * hd);
+    duet_weight_src_t down = duet__cols(lw->w_down, s->ffn0, s->n_ffn);
+
+    if ((st = ops->vector_create(rk->br, lw->attn_norm->data, lw->attn_norm->dtype, 0,
+                                 cfg->hidden, &L->attn_norm)) != DUET_OK ||
+        (st = ops->vector_create(rk->br, lw->mlp_norm->data, lw->mlp_norm->dtype, 0, cfg->hidden,
+                                 &L->mlp_norm)) != DUET_OK ||
+        (st = ops->weight_create(rk->br, qkv, 3, &L->wqkv)) != DUET_OK ||
+        (st = ops->weight_create(rk->br, &wo, 1, &L->wo)) != DUET_OK ||
+        (st = ops->weight_create(rk->br, gu, 2, &L->wgu)) != DUET_OK ||
+        (st = ops->weight_create(rk->br, &down, 1, &L->wdown)) != DUET_OK)
+        return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
+    if (lw->bq != NULL && (st = duet__qkv_bias(rk, lw, &L->qkv_bias)) != DUET_OK)
+        return st;
+    return DUET_OK;
+}
+
+static void *duet__act_alloc(duet__rank_t *rk, size_t elems, duet_status_t *st)
+{
+    void *p;
+    if (*st != DUET_OK)
+        return NULL;
+    p = rk->e->ops->alloc(rk->br, elems * DUET__ACT(rk));
+    if (p == NULL)
+        *st = duet_error(DUET_ERR_NO_MEMORY, "rank %d: no memory for activations", rk->rank);
+    return p;
+}
+
+duet_status_t duet__rank_init(duet__rank_t *rk)
+{
+    duet_engine_t *e = rk->e;
+    const duet_backend_ops_t *ops = e->ops;
+    const duet_model_t *m = e->model;
+    const duet_model_config_t *cfg = &m->cfg;
+    const duet_shard_t *s = &rk->shard;
+    size_t T = (size_t)e->opts.max_batch_tokens;
+    size_t kv_bytes = duet_kv_total_bytes(&e->kv_layout);
+    int hd = cfg->head_dim;
+    duet_status_t st;
+
+    duet_backend_rank_opts_t bo = {
+        .rank = rk->rank,
+        .tp = e->tp,
+        .threads = e->threads,
+        .spin = e->spin,
+        .device = e->opts.devices ? e->opts.devices[rk->rank] : rk->rank,
+        .kv_layout = e->kv_layout,
+    };
+    st = ops->rank_create(&bo, &rk->br);
+    if (st != DUET_OK)
+        return st;
+    if (e->opts.kv_alloc != NULL) {
+        st = e->opts.kv_alloc(e->opts.kv_ud, rk->rank, kv_bytes, &rk->kv_base);
+    } else {
+        rk->kv_base = ops->alloc(rk->br, kv_bytes);
+        st = rk->kv_base ? DUET_OK : DUET_ERR_NO_MEMORY;
+    }
+    if (st != DUET_OK)
+        return duet_error_wrap(st, "rank %d: kv pool of %zu bytes: ", rk->rank, kv_bytes);
+    ops->kv_attach(rk->br, rk->kv_base);
+
+    st = ops->embedding_create(rk->br, m->embed->data, m->embed->dtype, cfg->vocab, cfg->hidden,
+                               &rk->embed);
+    if (st == DUET_OK)
+        st = ops->vector_create(rk->br, m->norm->data, m->norm->dtype, 0, cfg->hidden,
+                                &rk->final_norm);
+    if (st == DUET_OK && s->n_vocab > 0) {
+        duet_weight_src_t lm = duet__rows(m->lm_head, s->vocab0, s->n_vocab);
+        st = ops->weight_create(rk->br, &lm, 1, &rk->lm_head);
+    }
+    if (st != DUET_OK)
+        return st;
+    rk->layers = DUET_NEW_ARRAY(duet__layer_t, (size_t)cfg->n_layers);
+    if (rk->layers == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "rank %d: no memory", rk->rank);
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if ((st = duet__load_layer(rk, l)) != DUET_OK)
+            return st;
+    }
+
+    size_t qkv_w = (size_t)(s->n_q_heads + 2 * s->n_kv_heads) * (size_t)hd;
+    rk->x = duet__act_alloc(rk, T * (size_t)cfg->hidden, &st);
+    rk->h = duet__act_alloc(rk, T * (size_t)cfg->hidden, &st);
+    rk->o = duet__act_alloc(rk, T * (size_t)cfg->hidden, &st);
+    rk->qkv = duet__act_alloc(rk, T * qkv_w, &st);
+    rk->attn = duet__act_alloc(rk, T * (size_t)s->n_q_heads * (size_t)hd, &st);
+    rk->gu = duet__act_alloc(rk, T * 2u * (size_t)s->n_ffn, &st);
+    rk->act = duet__act_alloc(rk, T * (size_t)s->n_ffn, &st);
+    rk->last = duet__act_alloc(rk, DUET_LM_BLOCK * (size_t)cfg->hidden, &st);
+    rk->logits = duet__act_alloc(rk, DUET_LM_BLOCK * (size_t)s->vocab_chunk, &st);
+    rk->gathered =
+        duet__act_alloc(rk, (size_t)e->tp * DUET_LM_BLOCK * (size_t)s->vocab_chunk, &st);
+    if (st != DUET_OK)
+        return st;
+    rk->host_sampled = duet_calloc((size_t)e->opts.max_seqs, sizeof(int32_t));
+    if (rk->host_sampled == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "rank %d: no memory", rk->rank);
+    if (rk->rank == 0) {
+        rk->host_logits = duet_malloc((size_t)DUET_LM_BLOCK * (size_t)cfg->vocab * sizeof(float));
+        rk->sample_scratch = duet_malloc(2u * (size_t)cfg->vocab * sizeof(float));
+        if (rk->host_logits == NULL || rk->sample_scratch == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "rank 0: no memory for logits");
+    }
+    return DUET_OK;
+}
+
+void duet__rank_cleanup(duet__rank_t *rk)
+{
+    duet_engine_t *e = rk->e;
+    const duet_backend_ops_t *ops = e->ops;
+
+    if (rk->br == NULL)
+        goto out_host;
+    if (rk->layers != NULL) {
+        for (int l = 0; l < e->model->cfg.n_layers; l++) {
+            duet__layer_t *L = &rk->layers[l];
+            ops->free(rk->br, L->attn_norm);
+            ops->free(rk->br, L->mlp_norm);
+            ops->free(rk->br, L->qkv_bias);
+            ops->weight_destroy(rk->br, L->wqkv);
+            ops->weight_destroy(rk->br, L->wo);
+            ops->weight_destroy(rk->br, L->wgu);
+            ops->weight_destroy(rk->br, L->wdown);
+        }
+    }
+    ops->weight_destroy(rk->br, rk->embed);
+    ops->weight_destroy(rk->br, rk->lm_head);
+    ops->free(rk->br, rk->final_norm);
+    void *bufs[] = {rk->x,    rk->h,    rk->o,      rk->qkv,     rk->attn,
+                    rk->gu,   rk->act,  rk->last,   rk->logits,  rk->gathered};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        ops->free(rk->br, bufs[i]);
+    if (rk->kv_base != NULL) {
+        if (e->opts.kv_free != NULL)
+            e->opts.kv_free(e->opts.kv_ud, rk->rank, rk->kv_base);
+        else
+            ops->free(rk->br, rk->kv_base);
+    }
+    ops->rank_destroy(rk->br);
+out_host:
+    duet_free(rk->layers);
+    duet_free(rk->host_logits);
+    duet_free(rk->sample_scratch);
+    duet_free(rk->host_sampled);
+    if (rk->comm != NULL)
+        rk->comm->ops->destroy(rk->comm);
+}
+
+/* Logits of rows [r0, r0 + nr) of the job's output rows; rank 0 fills the
+ * caller's buffers and samples. */
+static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job, int r0, int nr)
+{
+    duet_engine_t *e = rk->e;
+    const duet_backend_ops_t *ops = e->ops;
+    const duet_model_config_t *cfg = &e->model->cfg;
+    const duet_shard_t *s = &rk->shard;
+    size_t es = DUET__ACT(rk);
+    int32_t rows[DUET_LM_BLOCK];
+    void *all;
+    duet_status_t st;
+
+    for (int i = 0; i < nr; i++)
+        rows[i] = job->out[r0 + i].token;
+    if ((st = ops->gather_rows(rk->br, rk->last, rk->x, rows, nr, cfg->hidden)) != DUET_OK ||
+        (st = ops->rmsnorm(rk->br, rk->last, rk->last, rk->final_norm, nr, cfg->hidden,
+                           (float)cfg->rms_eps)) != DUET_OK)
+        return st;
+    if (s->n_vocab > 0 &&
+        (st = ops->matmul(rk->br, rk->logits, rk->last, nr, rk->lm_head, NULL)) != DUET_OK)
+        return st;
+    /* every rank sends nr x vocab_chunk elements; rank q's valid part is
+     * its first nr x n_vocab(q) elements, row-major */
+    if (e->tp == 1) {
+        all = rk->logits;
+    } else {
+        st = duet_comm_all_gather(rk->comm, rk->logits, rk->gathered,
+                                  (size_t)nr * (size_t)s->vocab_chunk * es);
+        if (st != DUET_OK)
+            return st;
+        all = rk->gathered;
+    }
+    if (rk->rank != 0)
+        return DUET_OK;
+    for (int q = 0; q < e->tp; q++) {
+        duet_shard_t sq;
+        duet_shard_init(cfg, e->tp, q, &sq);
+        if (sq.n_vocab == 0)
+            continue;
+        const char *src = (const char *)all + (size_t)q * (size_t)nr * (size_t)s->vocab_chunk * es;
+        for (int i = 0; i < nr; i++) {
+            st = ops->rows_to_host_f32(rk->br, rk->host_logits + (size_t)i * (size_t)cfg->vocab +
+                                                   sq.vocab0,
+                                       src + (size_t)i * (size_t)sq.n_vocab * es, 1, sq.n_vocab,
+                                       (size_t)sq.n_vocab);
+            if (st != DUET_OK)
+                return st;
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        const duet__out_row_t *o = &job->out[r0 + i];
+        const float *lg = rk->host_logits + (size_t)i * (size_t)cfg->vocab;
+        if (o->logits != NULL)
+            memcpy(o->logits, lg, (size_t)cfg->vocab * sizeof(float));
+        if (o->sample) {
+            const duet_engine_seq_t *sq = &job->seqs[o->seq];
+            rk->host_sampled[o->seq - job->out[0].seq] =
+                duet_sample(lg, cfg->vocab, &sq->sampling, sq->sample_index, rk->sample_scratch);
+        }
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
+{
+    duet_engine_t *e = rk->e;
+    const duet_backend_ops_t *ops = e->ops;
+    const duet_model_config_t *cfg = &e->model->cfg;
+    const duet_shard_t *s = &rk->shard;
+    const duet_batch_desc_t *b = &job->desc;
+    int n = b->n_tokens, H = cfg->hidden, hd = cfg->head_dim;
+    int nq = s->n_q_heads, nkv = s->n_kv_heads;
+    size_t nH = (size_t)n * (size_t)H;
+    duet_status_t st;
+
+    if ((st = ops->batch_prepare(rk->br, b)) != DUET_OK ||
+        (st = ops->embed(rk->br, rk->x, rk->embed, n, H)) != DUET_OK)
+        return st;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const duet__layer_t *L = &rk->layers[l];
+        if ((st = ops->rmsnorm(rk->br, rk->h, rk->x, L->attn_norm, n, H, (float)cfg->rms_eps)) ||
+            (st = ops->matmul(rk->br, rk->qkv, rk->h, n, L->wqkv, L->qkv_bias)) ||
+            (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, (float)cfg->rope_theta,
+                                     l)) ||
+            (st = ops->attention(rk->br, rk->attn, rk->qkv, n, nq, nkv, hd, l)) ||
+            (st = ops->matmul(rk->br, rk->o, rk->attn, n, L->wo, NULL)) ||
+            (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
+            (st = ops->add(rk->br, rk->x, rk->o, nH)) ||
+            (st = ops->rmsnorm(rk->br, rk->h, rk->x, L->mlp_norm, n, H, (float)cfg->rms_eps)) ||
+            (st = ops->matmul(rk->br, rk->gu, rk->h, n, L->wgu, NULL)) ||
+            (st = ops->silu_mul(rk->br, rk->act, rk->gu, n, s->n_ffn)) ||
+            (st = ops->matmul(rk->br, rk->o, rk->act, n, L->wdown, NULL)) ||
+            (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
+            (st = ops->add(rk->br, rk->x, rk->o, nH)))
+            return st;
+    }
+    for (int r0 = 0; r0 < job->n_out; r0 += DUET_LM_BLOCK) {
+        int nr = job->n_out - r0 < DUET_LM_BLOCK ? job->n_out - r0 : DUET_LM_BLOCK;
+        if ((st = duet__logits_block(rk, job, r0, nr)) != DUET_OK)
+            return st;
+    }
+    /* rank 0 decided the samples; every rank gets the same ids (rule 1) */
+    if (job->n_out > 0) {
+        int n_seq = job->out[job->n_out - 1].seq - job->out[0].seq + 1;
+        st = duet_comm_broadcast(rk->comm, rk->host_sampled, (size_t)n_seq * sizeof(int32_t), 0);
+        if (st != DUET_OK)
+            return st;
+        if (rk->rank == 0) {
+            for (int i = 0; i < job->n_out; i++) {
+                const duet__out_row_t *o = &job->out[i];
+                if (o->sample)
+                    job->sampled[o->seq] = rk->host_sampled[o->seq - job->out[0].seq];
+            }
+        }
+    }
+    return ops->sync(rk->br);
+}

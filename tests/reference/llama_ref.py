@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""Independent numpy reference of a Hugging Face Llama-family forward pass.
+
+Reads config.json and model.safetensors (or a sharded index) directly and
+computes the logits of every position of a prompt in float64, following the
+transformers implementation (RMSNorm, rotate-half RoPE, GQA attention,
+SwiGLU MLP, q/k/v bias for Qwen2, tied embeddings).  It shares no code with
+duet: it is the oracle for tests/integration/test_forward_reference.py.
+
+usage: llama_ref.py MODEL_DIR "1 2 3" OUT.f32   (writes [n][vocab] float32)
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = data[base + b:base + e]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(raw, dtype="<f2")
+        elif dt == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError("unsupported dtype %s" % dt)
+        out[name] = arr.astype(np.float64).reshape(info["shape"])
+    return out
+
+
+def load_model(d):
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    idx = os.path.join(d, "model.safetensors.index.json")
+    tensors = {}
+    if os.path.exists(idx):
+        files = sorted(set(json.load(open(idx))["weight_map"].values()))
+        for f in files:
+            tensors.update(load_safetensors(os.path.join(d, f)))
+    else:
+        tensors = load_safetensors(os.path.join(d, "model.safetensors"))
+    return cfg, tensors
+
+
+def rms_norm(x, w, eps):
+    var = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(var + eps) * w
+
+
+def rope(x, pos, theta):
+    # x: [n, heads, hd]; HF rotate_half convention
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    ang = pos[:, None] * inv[None, :]                     # [n, hd/2]
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
+    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+    rot = np.concatenate([-x2, x1], -1)
+    return x * cos + rot * sin
+
+
+def forward(cfg, t, ids):
+    H = cfg["hidden_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads", nh)
+    hd = cfg.get("head_dim") or H // nh
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    theta = cfg.get("rope_theta", 10000.0)
+    L = cfg["num_hidden_layers"]
+    n = len(ids)
+    pos = np.arange(n, dtype=np.float64)
+    x = t["model.embed_tokens.weight"][ids]
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    for l in range(L):
+        p = "model.layers.%d." % l
+        h = rms_norm(x, t[p + "input_layernorm.weight"], eps)
+        q = h @ t[p + "self_attn.q_proj.weight"].T
+        k = h @ t[p + "self_attn.k_proj.weight"].T
+        v = h @ t[p + "self_attn.v_proj.weight"].T
+        if p + "self_attn.q_proj.bias" in t:
+            q = q + t[p + "self_attn.q_proj.bias"]
+            k = k + t[p + "self_attn.k_proj.bias"]
+            v = v + t[p + "self_attn.v_proj.bias"]
+        q = rope(q.reshape(n, nh, hd), pos, theta)
+        k = rope(k.reshape(n, nkv, hd), pos, theta)
+        v = v.reshape(n, nkv, hd)
+        g = nh // nkv
+        out = np.zeros((n, nh, hd))
+        for hh in range(nh):
+            kh = k[:, hh // g, :]
+            vh = v[:, hh // g, :]
+            s = q[:, hh, :] @ kh.T / np.sqrt(hd) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s = s / s.sum(-1, keepdims=True)
+            out[:, hh, :] = s @ vh
+        x = x + out.reshape(n, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, t[p + "post_attention_layernorm.weight"], eps)
+        gate = h @ t[p + "mlp.gate_proj.weight"].T
+        up = h @ t[p + "mlp.up_proj.weight"].T
+        act = gate / (1.0 + np.exp(-gate)) * up
+        x = x + act @ t[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, t["model.norm.weight"], eps)
+    lm = t.get("lm_head.weight", t["model.embed_tokens.weight"])
+    return x @ lm.T
+
+
+def main():
+    d, ids, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    cfg, t = load_model(d)
+    ids = [int(s) for s in ids.split()]
+    logits = forward(cfg, t, ids)
+    logits.astype(np.float32).tofile(out)
+
+
+if __name__ == "__main__":
+    main()

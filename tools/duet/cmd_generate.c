@@ -1,0 +1,397 @@
+/* duet generate: single-process generation, printing text as it comes.
+ * This is the TP=1 oracle the disaggregated runs are compared against
+ * (DESIGN §10), so it uses the same engine entry points as the daemons. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "tools/duet/commands.h"
+
+typedef enum { DUET__OUT_TEXT, DUET__OUT_IDS } duet__out_t;
+
+typedef struct {
+    const char *model;
+    const char *prompt;
+    const char *prompt_ids;
+    const char *backend;
+    const char *dump_logits;
+    int tp, threads, page_size, max_tokens;
+    bool ignore_eos;
+    duet_sampling_t sampling;
+    bool seed_set;
+    duet__out_t output;
+} duet__gen_args_t;
+
+static void duet__gen_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: duet generate --model DIR (--prompt TEXT | --prompt-ids \"1 2 3\") [options]\n"
+            "  --tp N               tensor-parallel ranks (default 1)\n"
+            "  --threads N          cpu threads per rank (default: cpus / tp)\n"
+            "  --backend cpu|cuda   (default cpu)\n"
+            "  --max-tokens N       tokens to generate (default 64)\n"
+            "  --temperature X      0 = greedy (default 0)\n"
+            "  --top-k N  --top-p X --seed N\n"
+            "  --ignore-eos         keep generating after the end-of-sequence token\n"
+            "  --output text|ids    ids: print only the generated ids, space-separated\n"
+            "  --page-size N        KV page size in tokens (default 16)\n"
+            "  --dump-logits FILE   write the float32 logits of every prompt position and\n"
+            "                       every generated step ([rows][vocab], raw)\n"
+            "--prompt adds BOS as the tokenizer says; --prompt-ids is used exactly as given.\n");
+}
+
+static int duet__parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "duet generate: %s: '%s' is not an integer in %ld..%ld\n", flag, s, lo,
+                hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int duet__parse_double(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "duet generate: %s: '%s' is not a number in %g..%g\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int duet__gen_parse(int argc, char **argv, duet__gen_args_t *a)
+{
+    enum { O_MODEL = 256, O_PROMPT, O_PROMPT_IDS, O_TP, O_THREADS, O_BACKEND, O_MAX_TOKENS,
+           O_TEMP, O_TOPK, O_TOPP, O_SEED, O_IGNORE_EOS, O_OUTPUT, O_PAGE, O_DUMP, O_HELP };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, O_MODEL},
+        {"prompt", required_argument, NULL, O_PROMPT},
+        {"prompt-ids", required_argument, NULL, O_PROMPT_IDS},
+        {"tp", required_argument, NULL, O_TP},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"backend", required_argument, NULL, O_BACKEND},
+        {"max-tokens", required_argument, NULL, O_MAX_TOKENS},
+        {"temperature", required_argument, NULL, O_TEMP},
+        {"top-k", required_argument, NULL, O_TOPK},
+        {"top-p", required_argument, NULL, O_TOPP},
+        {"seed", required_argument, NULL, O_SEED},
+        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"output", required_argument, NULL, O_OUTPUT},
+        {"page-size", required_argument, NULL, O_PAGE},
+        {"dump-logits", required_argument, NULL, O_DUMP},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    long lv;
+    double dv;
+    int c;
+
+    memset(a, 0, sizeof(*a));
+    a->backend = "cpu";
+    a->tp = 1;
+    a->page_size = 16;
+    a->max_tokens = 64;
+    a->sampling = duet_sampling_greedy();
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: a->model = optarg; break;
+        case O_PROMPT: a->prompt = optarg; break;
+        case O_PROMPT_IDS: a->prompt_ids = optarg; break;
+        case O_BACKEND: a->backend = optarg; break;
+        case O_DUMP: a->dump_logits = optarg; break;
+        case O_IGNORE_EOS: a->ignore_eos = true; break;
+        case O_TP:
+            if (duet__parse_long("--tp", optarg, 1, 64, &lv)) return -1;
+            a->tp = (int)lv;
+            break;
+        case O_THREADS:
+            if (duet__parse_long("--threads", optarg, 1, 1024, &lv)) return -1;
+            a->threads = (int)lv;
+            break;
+        case O_PAGE:
+            if (duet__parse_long("--page-size", optarg, 1, 4096, &lv)) return -1;
+            a->page_size = (int)lv;
+            break;
+        case O_MAX_TOKENS:
+            if (duet__parse_long("--max-tokens", optarg, 1, 1 << 20, &lv)) return -1;
+            a->max_tokens = (int)lv;
+            break;
+        case O_TEMP:
+            if (duet__parse_double("--temperature", optarg, 0, 100, &dv)) return -1;
+            a->sampling.temperature = (float)dv;
+            break;
+        case O_TOPK:
+            if (duet__parse_long("--top-k", optarg, 0, 1 << 30, &lv)) return -1;
+            a->sampling.top_k = (int)lv;
+            break;
+        case O_TOPP:
+            if (duet__parse_double("--top-p", optarg, 1e-9, 1, &dv)) return -1;
+            a->sampling.top_p = (float)dv;
+            break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (errno != 0 || end == optarg || *end != '\0') {
+                fprintf(stderr, "duet generate: --seed: '%s' is not an integer\n", optarg);
+                return -1;
+            }
+            a->sampling.seed = v;
+            a->seed_set = true;
+            break;
+        }
+        case O_OUTPUT:
+            if (strcmp(optarg, "text") == 0) {
+                a->output = DUET__OUT_TEXT;
+            } else if (strcmp(optarg, "ids") == 0) {
+                a->output = DUET__OUT_IDS;
+            } else {
+                fprintf(stderr, "duet generate: --output: '%s' is not text or ids\n", optarg);
+                return -1;
+            }
+            break;
+        case O_HELP:
+            duet__gen_usage(stdout);
+            exit(0);
+        default:
+            fprintf(stderr, "duet generate: unknown or incomplete option '%s'\n",
+                    argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "duet generate: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (a->model == NULL) {
+        fprintf(stderr, "duet generate: --model is required\n");
+        return -1;
+    }
+    if ((a->prompt == NULL) == (a->prompt_ids == NULL)) {
+        fprintf(stderr, "duet generate: give exactly one of --prompt and --prompt-ids\n");
+        return -1;
+    }
+    if (!a->seed_set && a->sampling.temperature > 0)
+        a->sampling.seed = 0x5eed; /* reproducible by default */
+    return 0;
+}
+
+/* "1 2 3" -> ids; commas also separate. */
+static int duet__parse_ids(const char *s, int32_t **ids_p, size_t *n_p)
+{
+    size_t cap = 16, n = 0;
+    int32_t *ids = duet_malloc(cap * sizeof(int32_t));
+    const char *p = s;
+
+    if (ids == NULL)
+        return -1;
+    for (;;) {
+        char *end;
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n')
+            p++;
+        if (*p == '\0')
+            break;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno != 0 || end == p || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "duet generate: --prompt-ids: bad token id near '%.16s'\n", p);
+            duet_free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *g = duet_realloc(ids, 2 * cap * sizeof(int32_t));
+            if (g == NULL) {
+                duet_free(ids);
+                return -1;
+            }
+            ids = g;
+            cap *= 2;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "duet generate: --prompt-ids: no token ids\n");
+        duet_free(ids);
+        return -1;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return 0;
+}
+
+static void duet__print_piece(duet_detok_t *dt, int32_t id)
+{
+    char buf[256];
+    size_t len = 0;
+    if (duet_detok_push(dt, id, buf, sizeof(buf), &len) == DUET_OK && len > 0) {
+        fwrite(buf, 1, len, stdout);
+        fflush(stdout);
+    }
+}
+
+int duet_cmd_generate(int argc, char **argv)
+{
+    duet__gen_args_t a;
+    duet_tokenizer_t *tok = NULL;
+    duet_detok_t *dt = NULL;
+    duet_engine_t *eng = NULL;
+    int32_t *prompt = NULL, *pages = NULL, *out = NULL;
+    float *logits = NULL;
+    FILE *dump = NULL;
+    size_t n_prompt = 0;
+    int n_out = 0, rc = 1;
+    duet_status_t st;
+
+    if (duet__gen_parse(argc, argv, &a) != 0) {
+        fprintf(stderr, "run 'duet generate --help' for usage\n");
+        return 2;
+    }
+    if (a.output == DUET__OUT_TEXT || a.prompt != NULL) {
+        st = duet_tokenizer_load(a.model, &tok);
+        if (st != DUET_OK) {
+            fprintf(stderr, "duet generate: tokenizer: %s\n", duet_error_msg());
+            return 1;
+        }
+    }
+    if (a.prompt != NULL) {
+        st = duet_tokenizer_encode(tok, a.prompt, strlen(a.prompt), true, &prompt, &n_prompt);
+        if (st != DUET_OK) {
+            fprintf(stderr, "duet generate: encode: %s\n", duet_error_msg());
+            goto out;
+        }
+        if (n_prompt == 0) {
+            fprintf(stderr, "duet generate: the prompt encodes to no tokens\n");
+            goto out;
+        }
+    } else if (duet__parse_ids(a.prompt_ids, &prompt, &n_prompt) != 0) {
+        goto out;
+    }
+
+    duet_engine_opts_t eo;
+    duet_engine_opts_default(&eo);
+    eo.model_dir = a.model;
+    eo.backend = a.backend;
+    eo.tp = a.tp;
+    eo.threads = a.threads;
+    eo.page_size = a.page_size;
+    eo.max_seqs = 1;
+    size_t total = n_prompt + (size_t)a.max_tokens;
+    eo.n_pages = (int)((total + (size_t)a.page_size - 1) / (size_t)a.page_size);
+    st = duet_engine_create(&eo, &eng);
+    if (st != DUET_OK) {
+        fprintf(stderr, "duet generate: %s\n", duet_error_msg());
+        goto out;
+    }
+    const duet_model_config_t *cfg = &duet_engine_model(eng)->cfg;
+    if (n_prompt > (size_t)cfg->max_pos) {
+        fprintf(stderr,
+                "duet generate: the prompt has %zu tokens, more than the model's context of %d\n",
+                n_prompt, cfg->max_pos);
+        goto out;
+    }
+    if (total > (size_t)cfg->max_pos) {
+        DUET_LOG_WARN("generate: stopping at the model context of %d tokens", cfg->max_pos);
+        a.max_tokens = cfg->max_pos - (int)n_prompt + 1;
+    }
+    pages = duet_malloc((size_t)eo.n_pages * sizeof(int32_t));
+    out = duet_malloc((size_t)a.max_tokens * sizeof(int32_t));
+    if (pages == NULL || out == NULL) {
+        fprintf(stderr, "duet generate: out of memory\n");
+        goto out;
+    }
+    for (int i = 0; i < eo.n_pages; i++)
+        pages[i] = i;
+    if (a.dump_logits != NULL) {
+        dump = fopen(a.dump_logits, "wb");
+        logits = duet_malloc(n_prompt * (size_t)cfg->vocab * sizeof(float));
+        if (dump == NULL || logits == NULL) {
+            fprintf(stderr, "duet generate: --dump-logits %s: %s\n", a.dump_logits,
+                    dump == NULL ? strerror(errno) : "out of memory");
+            goto out;
+        }
+    }
+    if (tok != NULL && a.output == DUET__OUT_TEXT) {
+        if (duet_detok_create(tok, true, &dt) != DUET_OK) {
+            fprintf(stderr, "duet generate: %s\n", duet_error_msg());
+            goto out;
+        }
+    }
+
+    duet_engine_seq_t seq = {
+        .tokens = prompt,
+        .n_tokens = (int)n_prompt,
+        .start_pos = 0,
+        .pages = pages,
+        .n_pages = eo.n_pages,
+        .sample = true,
+        .sampling = a.sampling,
+        .sample_index = 0,
+        .logits = logits,
+        .all_logits = logits != NULL,
+    };
+    for (;;) {
+        int32_t next;
+        st = duet_engine_forward(eng, &seq, 1, &next);
+        if (st != DUET_OK) {
+            fprintf(stderr, "duet generate: %s\n", duet_error_msg());
+            goto out;
+        }
+        if (dump != NULL &&
+            fwrite(logits, sizeof(float), (size_t)seq.n_tokens * (size_t)cfg->vocab, dump) !=
+                (size_t)seq.n_tokens * (size_t)cfg->vocab) {
+            fprintf(stderr, "duet generate: --dump-logits: write failed\n");
+            goto out;
+        }
+        out[n_out++] = next;
+        bool eos = duet_model_config_is_eos(cfg, next);
+        if (dt != NULL && !eos)
+            duet__print_piece(dt, next);
+        if (n_out >= a.max_tokens || (eos && !a.ignore_eos))
+            break;
+        seq.start_pos += seq.n_tokens;
+        seq.tokens = &out[n_out - 1];
+        seq.n_tokens = 1;
+        seq.sample_index = (uint64_t)n_out;
+    }
+    if (a.output == DUET__OUT_IDS) {
+        for (int i = 0; i < n_out; i++)
+            printf(i ? " %d" : "%d", out[i]);
+        printf("\n");
+    } else if (dt != NULL) {
+        char buf[64];
+        size_t len = 0;
+        if (duet_detok_flush(dt, buf, sizeof(buf), &len) == DUET_OK && len > 0)
+            fwrite(buf, 1, len, stdout);
+        printf("\n");
+    }
+    rc = 0;
+out:
+    if (dump != NULL)
+        fclose(dump);
+    duet_free(logits);
+    duet_free(pages);
+    duet_free(out);
+    duet_free(prompt);
+    duet_detok_destroy(dt);
+    duet_engine_destroy(eng);
+    duet_tokenizer_destroy(tok);
+    return rc;
+}
