@@ -34,13 +34,22 @@ typedef struct {
     const duet_st_tensor_t *lm_head; /* [vocab][hidden]; == embed when tied */
     duet_layer_weights_t *layers;    /* [n_layers] */
     /* Identity of the weights and shapes: equal fingerprints mean the same
-     * model to both sides of a KV transfer. */
+     * model to both sides of a KV transfer.  A 64-bit hash of the config
+     * fields that change the computation (arch, sizes, rope_theta, rms_eps,
+     * tying, q/k/v bias; not max_pos or token ids) and, for every weight
+     * used, its name, dtype, shape and first and last 4 KiB of data: cheap
+     * for any model size, independent of how the files are sharded. */
     uint64_t fingerprint;
 } duet_model_t;
 
 /* Open DIR: config.json + safetensors.  Every tensor the config implies must
  * exist with exactly the implied shape and a float dtype; a missing tensor or
- * a shape mismatch is DUET_ERR_FORMAT naming the file and tensor. */
+ * a shape mismatch is DUET_ERR_FORMAT naming the file and tensor.  lm_head is
+ * the embedding when tie_word_embeddings is true (a saved lm_head.weight is
+ * then ignored) and required otherwise.  q/k/v biases present in a model
+ * without attention bias are an error, other extra tensors are ignored.  An
+ * open model is immutable: share it between threads freely.  close accepts
+ * NULL. */
 duet_status_t duet_model_open(const char *dir, duet_model_t **model_p);
 void duet_model_close(duet_model_t *model);
 

@@ -48,7 +48,11 @@ duet_status_t duet_model_config_parse(const cJSON *json, const char *what,
 /* Read DIR/config.json. */
 duet_status_t duet_model_config_load(const char *dir, duet_model_config_t *cfg_p);
 
+/* Short name: "llama", "mistral", "qwen2" (the model_type spelling). */
 const char *duet_arch_name(duet_arch_t arch);
+/* Parse a short name or an architectures[] name ("Qwen2ForCausalLM");
+ * -1 when unknown. */
+int duet_arch_parse(const char *s);
 
 /* True when id is one of the model's EOS ids. */
 bool duet_model_config_is_eos(const duet_model_config_t *cfg, int id);

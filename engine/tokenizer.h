@@ -76,4 +76,17 @@ duet_status_t duet_tokenizer_decode(const duet_tokenizer_t *tok, const int32_t *
  * and <|eos|> = vocab_size - 1.  Deterministic.  Used by duet mkmodel. */
 duet_status_t duet_tokenizer_write_synthetic(const char *path, int vocab_size);
 
+/* Additions (tokenizer owner). */
+
+/* An out_cap for duet_detok_push / duet_detok_flush that always suffices
+ * for this tokenizer (a smaller buffer may get DUET_ERR_TOO_LONG, in which
+ * case the decoder state is left as it was before the call). */
+size_t duet_detok_max_chunk(const duet_tokenizer_t *tok);
+
+/* Like duet_tokenizer_decode but without UTF-8 repair: the exact bytes the
+ * tokens stand for (byte-level and byte-fallback tokens may form invalid
+ * UTF-8), in a duet_malloc'd buffer of *len_p bytes plus a NUL. */
+duet_status_t duet_tokenizer_decode_bytes(const duet_tokenizer_t *tok, const int32_t *ids, size_t n,
+                                          bool skip_special, char **bytes_p, size_t *len_p);
+
 #endif

@@ -1,0 +1,251 @@
+/* duet_model_open: config.json + safetensors, every weight the config
+ * implies bound by its Hugging Face name and checked for shape and dtype.
+ *
+ * Tensors the config does not imply (rotary_emb.inv_freq in old exports,
+ * a saved lm_head.weight of a tied model) are ignored, except q/k/v biases
+ * in a model whose config says it has none: running without them would be
+ * silently wrong, so that is an error (vLLM refuses such a checkpoint too). */
+#include "engine/model.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+/* Bytes sampled from each end of every tensor for the fingerprint: cheap
+ * (a few pages per tensor of a memory-mapped file) and enough to tell two
+ * random initialisations apart. */
+#define DUET_MODEL_FP_SAMPLE 4096
+
+typedef struct {
+    uint64_t h;
+} duet__fp_t;
+
+static void duet__fp_bytes(duet__fp_t *fp, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint64_t h = fp->h;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull; /* FNV-1a */
+    }
+    fp->h = h;
+}
+
+static void duet__fp_u64(duet__fp_t *fp, uint64_t v)
+{
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(v >> (8 * i));
+    duet__fp_bytes(fp, b, sizeof(b));
+}
+
+static void duet__fp_double(duet__fp_t *fp, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof(u));
+    duet__fp_u64(fp, u);
+}
+
+static void duet__fp_tensor(duet__fp_t *fp, const duet_st_tensor_t *t)
+{
+    size_t head = t->nbytes < DUET_MODEL_FP_SAMPLE ? t->nbytes : DUET_MODEL_FP_SAMPLE;
+    size_t tail = t->nbytes - head < DUET_MODEL_FP_SAMPLE ? t->nbytes - head : DUET_MODEL_FP_SAMPLE;
+
+    duet__fp_bytes(fp, t->name, strlen(t->name) + 1);
+    duet__fp_u64(fp, (uint64_t)t->dtype);
+    duet__fp_u64(fp, (uint64_t)t->ndim);
+    for (int d = 0; d < t->ndim; d++)
+        duet__fp_u64(fp, (uint64_t)t->shape[d]);
+    duet__fp_bytes(fp, t->data, head);
+    duet__fp_bytes(fp, (const char *)t->data + t->nbytes - tail, tail);
+}
+
+static uint64_t duet__fp_final(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The config fields that change what the model computes (max_pos and the
+ * special token ids do not), then every bound tensor in a fixed order. */
+static uint64_t duet__model_fingerprint(const duet_model_t *m)
+{
+    const duet_model_config_t *c = &m->cfg;
+    duet__fp_t fp = {0xcbf29ce484222325ull};
+
+    duet__fp_bytes(&fp, "duet-model-v1", 14);
+    duet__fp_u64(&fp, (uint64_t)c->arch);
+    duet__fp_u64(&fp, (uint64_t)c->hidden);
+    duet__fp_u64(&fp, (uint64_t)c->n_layers);
+    duet__fp_u64(&fp, (uint64_t)c->n_heads);
+    duet__fp_u64(&fp, (uint64_t)c->n_kv_heads);
+    duet__fp_u64(&fp, (uint64_t)c->head_dim);
+    duet__fp_u64(&fp, (uint64_t)c->intermediate);
+    duet__fp_u64(&fp, (uint64_t)c->vocab);
+    duet__fp_double(&fp, c->rope_theta);
+    duet__fp_double(&fp, c->rms_eps);
+    duet__fp_u64(&fp, (uint64_t)c->tie_embeddings);
+    duet__fp_u64(&fp, (uint64_t)c->qkv_bias);
+    duet__fp_tensor(&fp, m->embed);
+    for (int l = 0; l < c->n_layers; l++) {
+        const duet_layer_weights_t *w = &m->layers[l];
+        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,     w->wk,   w->wv,
+                                        w->bq,        w->bk,     w->bv,   w->wo,
+                                        w->mlp_norm,  w->w_gate, w->w_up, w->w_down};
+        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
+            if (ts[i] != NULL)
+                duet__fp_tensor(&fp, ts[i]);
+        }
+    }
+    duet__fp_tensor(&fp, m->norm);
+    if (!c->tie_embeddings)
+        duet__fp_tensor(&fp, m->lm_head);
+    return duet__fp_final(fp.h);
+}
+
+static void duet__shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
+{
+    if (ndim == 1)
+        snprintf(buf, size, "[%lld]", (long long)shape[0]);
+    else if (ndim == 2)
+        snprintf(buf, size, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+    else
+        snprintf(buf, size, "(%d dimensions)", ndim);
+}
+
+/* Find name; d1 < 0 means a 1-D tensor [d0]. */
+static duet_status_t duet__model_bind(const duet_model_t *m, const char *name, int64_t d0,
+                                      int64_t d1, const duet_st_tensor_t **t_p)
+{
+    const duet_st_tensor_t *t = duet_st_find(m->st, name);
+    int64_t want[2] = {d0, d1};
+    int ndim = d1 < 0 ? 1 : 2;
+    char got_s[48], want_s[48];
+
+    duet__shape_str(want_s, sizeof(want_s), ndim, want);
+    if (t == NULL)
+        return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: missing (config.json implies %s)",
+                          m->dir, name, want_s);
+    if (t->dtype != DUET_DTYPE_F32 && t->dtype != DUET_DTYPE_F16 && t->dtype != DUET_DTYPE_BF16)
+        return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: dtype %s is not F32, F16 or BF16",
+                          t->file, name, duet_dtype_name(t->dtype));
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        duet__shape_str(got_s, sizeof(got_s), t->ndim, t->shape);
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: tensor %s: shape %s does not match config.json (expected %s)",
+                          t->file, name, got_s, want_s);
+    }
+    *t_p = t;
+    return DUET_OK;
+}
+
+static duet_status_t duet__model_bind_layer(duet_model_t *m, int l)
+{
+    const duet_model_config_t *c = &m->cfg;
+    duet_layer_weights_t *w = &m->layers[l];
+    const int64_t q = (int64_t)c->n_heads * c->head_dim;
+    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
+    char name[128];
+    duet_status_t st;
+    const struct {
+        const char *suffix;
+        int64_t d0, d1;
+        const duet_st_tensor_t **dst;
+    } specs[] = {
+        {"input_layernorm.weight", c->hidden, -1, &w->attn_norm},
+        {"self_attn.q_proj.weight", q, c->hidden, &w->wq},
+        {"self_attn.k_proj.weight", kv, c->hidden, &w->wk},
+        {"self_attn.v_proj.weight", kv, c->hidden, &w->wv},
+        {"self_attn.o_proj.weight", c->hidden, q, &w->wo},
+        {"post_attention_layernorm.weight", c->hidden, -1, &w->mlp_norm},
+        {"mlp.gate_proj.weight", c->intermediate, c->hidden, &w->w_gate},
+        {"mlp.up_proj.weight", c->intermediate, c->hidden, &w->w_up},
+        {"mlp.down_proj.weight", c->hidden, c->intermediate, &w->w_down},
+        {"self_attn.q_proj.bias", q, -1, &w->bq},
+        {"self_attn.k_proj.bias", kv, -1, &w->bk},
+        {"self_attn.v_proj.bias", kv, -1, &w->bv},
+    };
+
+    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+        bool is_bias = strstr(specs[i].suffix, ".bias") != NULL;
+        snprintf(name, sizeof(name), "model.layers.%d.%s", l, specs[i].suffix);
+        if (is_bias && !c->qkv_bias) {
+            const duet_st_tensor_t *t = duet_st_find(m->st, name);
+            if (t != NULL)
+                return duet_error(DUET_ERR_FORMAT,
+                                  "%s: tensor %s: present, but config.json has no attention "
+                                  "bias (attention_bias is false)",
+                                  t->file, name);
+            continue;
+        }
+        if ((st = duet__model_bind(m, name, specs[i].d0, specs[i].d1, specs[i].dst)) != DUET_OK)
+            return st;
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet_model_open(const char *dir, duet_model_t **model_p)
+{
+    duet_model_t *m = DUET_NEW(duet_model_t);
+    duet_status_t st;
+
+    if (m == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", dir);
+    if ((m->dir = duet_strdup(dir)) == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", dir);
+        goto err_free_model;
+    }
+    if ((st = duet_model_config_load(dir, &m->cfg)) != DUET_OK)
+        goto err_free_dir;
+    if ((st = duet_st_open_dir(dir, &m->st)) != DUET_OK)
+        goto err_free_dir;
+    m->layers = DUET_NEW_ARRAY(duet_layer_weights_t, (size_t)m->cfg.n_layers);
+    if (m->layers == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "%s: no memory for %d layers", dir, m->cfg.n_layers);
+        goto err_close_st;
+    }
+    if ((st = duet__model_bind(m, "model.embed_tokens.weight", m->cfg.vocab, m->cfg.hidden,
+                               &m->embed)) != DUET_OK ||
+        (st = duet__model_bind(m, "model.norm.weight", m->cfg.hidden, -1, &m->norm)) != DUET_OK)
+        goto err_free_layers;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if ((st = duet__model_bind_layer(m, l)) != DUET_OK)
+            goto err_free_layers;
+    }
+    if (m->cfg.tie_embeddings) {
+        m->lm_head = m->embed;
+    } else if (duet_st_find(m->st, "lm_head.weight") == NULL) {
+        st = duet_error(DUET_ERR_FORMAT,
+                        "%s: tensor lm_head.weight: missing and tie_word_embeddings is false", dir);
+        goto err_free_layers;
+    } else if ((st = duet__model_bind(m, "lm_head.weight", m->cfg.vocab, m->cfg.hidden,
+                                      &m->lm_head)) != DUET_OK) {
+        goto err_free_layers;
+    }
+    m->fingerprint = duet__model_fingerprint(m);
+    *model_p = m;
+    return DUET_OK;
+
+err_free_layers:
+    duet_free(m->layers);
+err_close_st:
+    duet_st_close(m->st);
+err_free_dir:
+    duet_free(m->dir);
+err_free_model:
+    duet_free(m);
+    return st;
+}
+
+void duet_model_close(duet_model_t *model)
+{
+    if (model == NULL)
+        return;
+    duet_free(model->layers);
+    duet_st_close(model->st);
+    duet_free(model->dir);
+    duet_free(model);
+}
