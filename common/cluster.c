@@ -1,0 +1,345 @@
+#include "common/cluster.h"
+
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/json.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static duet_status_t duet__parse_devices(const cJSON *item, void *field, const char *path);
+
+/* clang-format off */
+static const duet_cfg_field_t duet__instance_fields[] = {
+    DUET_CFG_F_STRING(duet_instance_config_t, name, NULL, "unique instance name (--name)"),
+    DUET_CFG_F_STRING(duet_instance_config_t, address, NULL, "host:port others use to reach the gRPC server"),
+    DUET_CFG_F_STRING(duet_instance_config_t, listen, NULL, "host:port to bind (default: address)"),
+    DUET_CFG_F_STRING(duet_instance_config_t, discover, NULL, "DNS name:port resolving to every instance (Kubernetes headless Service)"),
+    DUET_CFG_F_INT(duet_instance_config_t, tp, 1, 64, 1, "tensor-parallel ranks"),
+    DUET_CFG_F_STRING(duet_instance_config_t, backend, "cpu", "compute backend: cpu or cuda"),
+    DUET_CFG_F_INT(duet_instance_config_t, threads, 0, 1024, 0, "cpu threads per rank (0 = cpus / tp)"),
+    DUET_CFG_F_CUSTOM(duet_instance_config_t, devices, duet__parse_devices, "cuda device of each rank (default 0..tp-1)"),
+    DUET_CFG_F_INT(duet_instance_config_t, n_pages, 1, 1 << 26, 4096, "KV pages per rank (ids shared by all ranks)"),
+    DUET_CFG_F_INT(duet_instance_config_t, max_batch_tokens, 1, 1 << 20, 2048, "tokens per forward chunk"),
+    DUET_CFG_F_INT(duet_instance_config_t, max_seqs, 1, 4096, 64, "sequences per batch"),
+    DUET_CFG_F_INT(duet_instance_config_t, max_queue, 0, 1 << 20, 256, "requests waiting for admission before RESOURCE_EXHAUSTED"),
+    DUET_CFG_F_INT(duet_instance_config_t, grpc_threads, 1, 64, 2, "gRPC completion-queue threads"),
+    DUET_CFG_F_INT(duet_instance_config_t, drain_timeout_ms, 0, 3600000, 30000, "SIGTERM grace period for in-flight requests"),
+    DUET_CFG_F_INT(duet_instance_config_t, max_tokens_default, 1, 1 << 20, 256, "max_tokens when a request gives none"),
+};
+
+static const duet_cfg_field_t duet__router_fields[] = {
+    DUET_CFG_F_STRING(duet_router_config_t, name, "router", "router name (--name)"),
+    DUET_CFG_F_STRING(duet_router_config_t, http, "127.0.0.1:8000", "HTTP listen host:port (\"\" = off)"),
+    DUET_CFG_F_STRING(duet_router_config_t, grpc, "127.0.0.1:8001", "gRPC listen host:port (\"\" = off)"),
+    DUET_CFG_F_STRING(duet_router_config_t, policy, "least_load", "round_robin, least_load or power_of_two"),
+    DUET_CFG_F_INT(duet_router_config_t, max_concurrent, 1, 1 << 20, 256, "requests in flight before queueing"),
+    DUET_CFG_F_INT(duet_router_config_t, queue_limit, 0, 1 << 20, 1024, "queued requests before 429"),
+    DUET_CFG_F_STRING(duet_router_config_t, api_key, "", "required bearer token (\"\" = none)"),
+    DUET_CFG_F_STRING(duet_router_config_t, api_key_env, "", "environment variable holding the bearer token"),
+    DUET_CFG_F_INT(duet_router_config_t, max_body_bytes, 64, 1 << 30, 1 << 20, "largest request body (413 above)"),
+    DUET_CFG_F_INT(duet_router_config_t, max_prompt_tokens, 0, 1 << 24, 0, "longest prompt (0 = the model context)"),
+    DUET_CFG_F_INT(duet_router_config_t, max_tokens_limit, 1, 1 << 24, 4096, "largest max_tokens accepted"),
+    DUET_CFG_F_INT(duet_router_config_t, health_interval_ms, 50, 600000, 1000, "worker health-check period"),
+    DUET_CFG_F_INT(duet_router_config_t, request_timeout_ms, 100, 86400000, 600000, "end-to-end deadline of a request"),
+    DUET_CFG_F_STRING(duet_router_config_t, served_model_name, "", "model id in the API (\"\" = model directory name)"),
+};
+/* clang-format on */
+
+typedef struct {
+    int page_size;
+} duet__kv_section_t;
+
+static const duet_cfg_field_t duet__kv_fields[] = {
+    DUET_CFG_F_INT(duet__kv_section_t, page_size, 1, 4096, 16, "tokens per KV page (all instances)"),
+};
+
+typedef struct {
+    int timeout_ms;
+    bool checksum;
+    int rpc_timeout_ms;
+} duet__transfer_section_t;
+
+static const duet_cfg_field_t duet__transfer_fields[] = {
+    DUET_CFG_F_INT(duet__transfer_section_t, timeout_ms, 1, 3600000, 10000,
+                   "deadline for a request's KV to arrive"),
+    DUET_CFG_F_BOOL(duet__transfer_section_t, checksum, 0, "CRC32C of every KV slice"),
+    DUET_CFG_F_INT(duet__transfer_section_t, rpc_timeout_ms, 1, 3600000, 30000,
+                   "deadline of control-plane calls between daemons"),
+};
+
+const char *duet_role_name(duet_role_t role)
+{
+    return role == DUET_ROLE_PREFILL ? "prefill" : "decode";
+}
+
+static duet_status_t duet__parse_devices(const cJSON *item, void *field, const char *path)
+{
+    duet_instance_config_t *inst =
+        (duet_instance_config_t *)((char *)field - offsetof(duet_instance_config_t, devices));
+    const cJSON *d;
+    int n = 0;
+
+    if (!cJSON_IsArray(item))
+        return duet_error(DUET_ERR_CONFIG, "%s: expected an array of device ordinals", path);
+    cJSON_ArrayForEach(d, item)
+    {
+        if (!cJSON_IsNumber(d) || d->valuedouble != (int)d->valuedouble || d->valuedouble < 0 ||
+            d->valuedouble > 1023)
+            return duet_error(DUET_ERR_CONFIG, "%s[%d]: expected a device ordinal 0..1023", path,
+                              n);
+        if (n == DUET_CLUSTER_MAX_DEVICES)
+            return duet_error(DUET_ERR_CONFIG, "%s: more than %d devices", path,
+                              DUET_CLUSTER_MAX_DEVICES);
+        inst->devices[n++] = (int)d->valuedouble;
+    }
+    inst->n_devices = n;
+    return DUET_OK;
+}
+
+static duet_status_t duet__parse_instances(const cJSON *arr, const char *role,
+                                           duet_instance_config_t **list_p, int *n_p)
+{
+    int n = cJSON_GetArraySize(arr), i = 0;
+    const cJSON *item;
+    duet_instance_config_t *list;
+    char path[64];
+
+    if (!cJSON_IsArray(arr))
+        return duet_error(DUET_ERR_CONFIG, "%s: expected an array of instances", role);
+    list = DUET_NEW_ARRAY(duet_instance_config_t, (size_t)(n ? n : 1));
+    if (list == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", role);
+    *list_p = list;
+    *n_p = n;
+    cJSON_ArrayForEach(item, arr)
+    {
+        duet_status_t st;
+        snprintf(path, sizeof(path), "%s[%d]", role, i);
+        if ((st = duet_cfg_defaults(duet__instance_fields, N_OF(duet__instance_fields),
+                                    &list[i])) != DUET_OK)
+            return st;
+        if ((st = duet_cfg_parse(item, path, duet__instance_fields,
+                                 N_OF(duet__instance_fields), &list[i])) != DUET_OK)
+            return st;
+        if (list[i].name == NULL || list[i].name[0] == '\0')
+            return duet_error(DUET_ERR_CONFIG, "%s.name: required", path);
+        if (list[i].address == NULL && list[i].discover == NULL)
+            return duet_error(DUET_ERR_CONFIG, "%s: needs address or discover", path);
+        if (strcmp(list[i].backend, "cpu") != 0 && strcmp(list[i].backend, "cuda") != 0)
+            return duet_error(DUET_ERR_CONFIG, "%s.backend: '%s' is not cpu or cuda", path,
+                              list[i].backend);
+        if (list[i].n_devices != 0 && list[i].n_devices != list[i].tp)
+            return duet_error(DUET_ERR_CONFIG, "%s.devices: %d devices for tp %d", path,
+                              list[i].n_devices, list[i].tp);
+        if (list[i].listen == NULL && list[i].address != NULL &&
+            (list[i].listen = duet_strdup(list[i].address)) == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", path);
+        i++;
+    }
+    return DUET_OK;
+}
+
+static duet_status_t duet__section(const cJSON *root, const char *key,
+                                   const duet_cfg_field_t *fields, size_t n, void *obj)
+{
+    const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, key);
+    duet_status_t st = duet_cfg_defaults(fields, n, obj);
+    if (st != DUET_OK || sec == NULL)
+        return st;
+    return duet_cfg_parse(sec, key, fields, n, obj);
+}
+
+duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
+                                 const char *base_dir, duet_cluster_config_t **cfg_p)
+{
+    static const char *const known[] = {"model", "kv", "transfer", "router", "prefill",
+                                        "decode"};
+    duet_cluster_config_t *cfg;
+    duet__kv_section_t kv;
+    duet__transfer_section_t tr;
+    cJSON *root = NULL;
+    const cJSON *item;
+    duet_status_t st;
+
+    if ((st = duet_json_parse(text, len, what, &root)) != DUET_OK)
+        return st;
+    cfg = DUET_NEW(duet_cluster_config_t);
+    if (cfg == NULL) {
+        cJSON_Delete(root);
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", what);
+    }
+    if (!cJSON_IsObject(root)) {
+        st = duet_error(DUET_ERR_CONFIG, "%s: expected a JSON object", what);
+        goto err;
+    }
+    cJSON_ArrayForEach(item, root)
+    {
+        size_t i;
+        for (i = 0; i < N_OF(known); i++) {
+            if (strcmp(item->string, known[i]) == 0)
+                break;
+        }
+        if (i == N_OF(known)) {
+            st = duet_error(DUET_ERR_CONFIG, "%s: unknown key", item->string);
+            goto err;
+        }
+    }
+    item = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsString(item) || item->valuestring[0] == '\0') {
+        st = duet_error(DUET_ERR_CONFIG, "model: required, the model directory");
+        goto err;
+    }
+    if (item->valuestring[0] != '/' && base_dir != NULL) {
+        size_t n = strlen(base_dir) + strlen(item->valuestring) + 2;
+        cfg->model = duet_malloc(n);
+        if (cfg->model != NULL)
+            snprintf(cfg->model, n, "%s/%s", base_dir, item->valuestring);
+    } else {
+        cfg->model = duet_strdup(item->valuestring);
+    }
+    if (cfg->model == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "model: no memory");
+        goto err;
+    }
+    if ((st = duet__section(root, "kv", duet__kv_fields, N_OF(duet__kv_fields), &kv)) ||
+        (st = duet__section(root, "transfer", duet__transfer_fields, N_OF(duet__transfer_fields),
+                            &tr)) ||
+        (st = duet__section(root, "router", duet__router_fields, N_OF(duet__router_fields),
+                            &cfg->router)))
+        goto err;
+    cfg->page_size = kv.page_size;
+    cfg->transfer_timeout_ms = tr.timeout_ms;
+    cfg->transfer_checksum = tr.checksum;
+    cfg->rpc_timeout_ms = tr.rpc_timeout_ms;
+    if (strcmp(cfg->router.policy, "round_robin") != 0 &&
+        strcmp(cfg->router.policy, "least_load") != 0 &&
+        strcmp(cfg->router.policy, "power_of_two") != 0) {
+        st = duet_error(DUET_ERR_CONFIG,
+                        "router.policy: '%s' is not round_robin, least_load or power_of_two",
+                        cfg->router.policy);
+        goto err;
+    }
+    item = cJSON_GetObjectItemCaseSensitive(root, "prefill");
+    if (item != NULL &&
+        (st = duet__parse_instances(item, "prefill", &cfg->prefill, &cfg->n_prefill)) != DUET_OK)
+        goto err;
+    item = cJSON_GetObjectItemCaseSensitive(root, "decode");
+    if (item != NULL &&
+        (st = duet__parse_instances(item, "decode", &cfg->decode, &cfg->n_decode)) != DUET_OK)
+        goto err;
+    for (int a = 0; a < cfg->n_prefill + cfg->n_decode; a++) {
+        const duet_instance_config_t *x =
+            a < cfg->n_prefill ? &cfg->prefill[a] : &cfg->decode[a - cfg->n_prefill];
+        for (int b = a + 1; b < cfg->n_prefill + cfg->n_decode; b++) {
+            const duet_instance_config_t *y =
+                b < cfg->n_prefill ? &cfg->prefill[b] : &cfg->decode[b - cfg->n_prefill];
+            if (strcmp(x->name, y->name) == 0) {
+                st = duet_error(DUET_ERR_CONFIG, "%s[%d].name: '%s' is used twice",
+                                b < cfg->n_prefill ? "prefill" : "decode",
+                                b < cfg->n_prefill ? b : b - cfg->n_prefill, y->name);
+                goto err;
+            }
+        }
+    }
+    cJSON_Delete(root);
+    *cfg_p = cfg;
+    return DUET_OK;
+
+err:
+    cJSON_Delete(root);
+    duet_cluster_free(cfg);
+    return st;
+}
+
+duet_status_t duet_cluster_load(const char *path, duet_cluster_config_t **cfg_p)
+{
+    char *text, *dir_copy;
+    size_t len;
+    duet_status_t st = duet_file_read(path, &text, &len);
+    if (st != DUET_OK)
+        return st;
+    dir_copy = duet_strdup(path);
+    if (dir_copy == NULL) {
+        duet_free(text);
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", path);
+    }
+    st = duet_cluster_parse(text, len, path, dirname(dir_copy), cfg_p);
+    if (st == DUET_OK && ((*cfg_p)->path = duet_strdup(path)) == NULL) {
+        duet_cluster_free(*cfg_p);
+        st = duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", path);
+    }
+    duet_free(dir_copy);
+    duet_free(text);
+    return st;
+}
+
+void duet_cluster_free(duet_cluster_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    for (int i = 0; cfg->prefill != NULL && i < cfg->n_prefill; i++)
+        duet_cfg_free(duet__instance_fields, N_OF(duet__instance_fields), &cfg->prefill[i]);
+    for (int i = 0; cfg->decode != NULL && i < cfg->n_decode; i++)
+        duet_cfg_free(duet__instance_fields, N_OF(duet__instance_fields), &cfg->decode[i]);
+    duet_free(cfg->prefill);
+    duet_free(cfg->decode);
+    duet_cfg_free(duet__router_fields, N_OF(duet__router_fields), &cfg->router);
+    duet_free(cfg->model);
+    duet_free(cfg->path);
+    duet_free(cfg);
+}
+
+duet_instance_config_t *duet_cluster_find(duet_cluster_config_t *cfg, const char *name,
+                                          duet_role_t *role_p)
+{
+    for (int i = 0; i < cfg->n_prefill; i++) {
+        if (strcmp(cfg->prefill[i].name, name) == 0) {
+            *role_p = DUET_ROLE_PREFILL;
+            return &cfg->prefill[i];
+        }
+    }
+    for (int i = 0; i < cfg->n_decode; i++) {
+        if (strcmp(cfg->decode[i].name, name) == 0) {
+            *role_p = DUET_ROLE_DECODE;
+            return &cfg->decode[i];
+        }
+    }
+    return NULL;
+}
+
+duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char *key,
+                                        const char *value)
+{
+    return duet_cfg_set_str(duet__instance_fields, N_OF(duet__instance_fields), inst, key, value);
+}
+
+static void duet__describe(FILE *out, const char *section, const duet_cfg_field_t *f, size_t n)
+{
+    static const char *const types[] = {"int", "int", "number", "bool", "string", "list"};
+    for (size_t i = 0; i < n; i++) {
+        fprintf(out, "  %s%-22s %-7s", section, f[i].name, types[f[i].type]);
+        if (f[i].type == DUET_CFG_STRING)
+            fprintf(out, " default %-14s", f[i].def_str ? f[i].def_str : "(none)");
+        else if (f[i].type != DUET_CFG_CUSTOM)
+            fprintf(out, " default %-14g", f[i].def_num);
+        else
+            fprintf(out, " %-22s", "");
+        if (f[i].min < f[i].max && f[i].type != DUET_CFG_BOOL)
+            fprintf(out, " [%g..%g]", f[i].min, f[i].max);
+        fprintf(out, "  %s\n", f[i].doc);
+    }
+}
+
+void duet_cluster_describe(FILE *out)
+{
+    fprintf(out, "cluster config keys:\n  model                   string  (required) model "
+                 "directory, relative to the config file\n");
+    duet__describe(out, "kv.", duet__kv_fields, N_OF(duet__kv_fields));
+    duet__describe(out, "transfer.", duet__transfer_fields, N_OF(duet__transfer_fields));
+    duet__describe(out, "router.", duet__router_fields, N_OF(duet__router_fields));
+    duet__describe(out, "prefill[]./decode[].", duet__instance_fields,
+                   N_OF(duet__instance_fields));
+}

@@ -1,0 +1,110 @@
+/* The cluster config (DESIGN §8): one JSON file describing a deployment --
+ * the model, the router, and lists of prefill and decode instances, each
+ * with its own TP size, backend, devices and addresses.  A heterogeneous-TP
+ * cluster is just entries with different `tp`.
+ *
+ *   {
+ *     "model": "models/stories260K",
+ *     "kv": {"page_size": 16},
+ *     "transfer": {"timeout_ms": 10000, "checksum": false},
+ *     "router": {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001",
+ *                "policy": "least_load"},
+ *     "prefill": [{"name": "prefill-0", "address": "127.0.0.1:9100", "tp": 2}],
+ *     "decode":  [{"name": "decode-0",  "address": "127.0.0.1:9200", "tp": 4}]
+ *   }
+ *
+ * Every key is validated once at load against declarative tables: an
+ * unknown key, a wrong type or an out-of-range value is DUET_ERR_CONFIG
+ * naming the key path ("decode[0].tp: 0 is out of range 1..64").
+ * duet_cluster_describe() prints the tables (name, type, default, range,
+ * doc) for --help-config. */
+#ifndef DUET_COMMON_CLUSTER_H
+#define DUET_COMMON_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/status.h"
+
+#define DUET_CLUSTER_MAX_DEVICES 64
+
+typedef enum {
+    DUET_ROLE_PREFILL = 0,
+    DUET_ROLE_DECODE = 1,
+} duet_role_t;
+
+typedef struct {
+    char *name;           /* unique within the cluster */
+    char *address;        /* host:port others use to reach its gRPC server */
+    char *listen;         /* host:port to bind; default: address */
+    char *discover;       /* DNS name:port whose A records are instances (k8s) */
+    int tp;
+    char *backend;        /* "cpu" or "cuda" */
+    int threads;          /* cpu threads per rank, 0 = auto */
+    int devices[DUET_CLUSTER_MAX_DEVICES];
+    int n_devices;
+    int n_pages;          /* KV pages (each page_size tokens) */
+    int max_batch_tokens;
+    int max_seqs;         /* decode: running sequences; prefill: prompts per batch */
+    int max_queue;        /* requests waiting for admission before RESOURCE_EXHAUSTED */
+    int grpc_threads;     /* completion-queue threads */
+    int drain_timeout_ms; /* SIGTERM grace before in-flight requests are aborted */
+    int max_tokens_default; /* decode: when a request gives no max_tokens */
+} duet_instance_config_t;
+
+typedef struct {
+    char *name;
+    char *http;           /* host:port, "" = off */
+    char *grpc;           /* host:port, "" = off */
+    char *policy;         /* round_robin | least_load | power_of_two */
+    int max_concurrent;   /* requests in flight before queueing */
+    int queue_limit;      /* queued before 429 */
+    char *api_key;        /* "" = no auth */
+    char *api_key_env;    /* environment variable holding the key */
+    int max_body_bytes;
+    int max_prompt_tokens; /* 0 = the model context */
+    int max_tokens_limit;  /* largest max_tokens accepted */
+    int health_interval_ms;
+    int request_timeout_ms;
+    char *served_model_name; /* "" = the model directory's name */
+} duet_router_config_t;
+
+typedef struct {
+    char *model;          /* model directory */
+    int page_size;        /* kv.page_size: the same on every instance */
+    int transfer_timeout_ms;
+    bool transfer_checksum;
+    int rpc_timeout_ms;   /* control-plane calls between daemons */
+    duet_router_config_t router;
+    duet_instance_config_t *prefill;
+    int n_prefill;
+    duet_instance_config_t *decode;
+    int n_decode;
+    char *path;           /* the file it came from */
+} duet_cluster_config_t;
+
+/* Load and validate a cluster config file.  Cross-checks: unique instance
+ * names, every instance has address or discover, CUDA device lists match tp.
+ * Relative model paths are resolved against the file's directory. */
+duet_status_t duet_cluster_load(const char *path, duet_cluster_config_t **cfg_p);
+/* Parse from text (what = name for messages, base_dir for relative paths). */
+duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
+                                 const char *base_dir, duet_cluster_config_t **cfg_p);
+void duet_cluster_free(duet_cluster_config_t *cfg);
+
+/* The instance called name, or NULL (then *role_p is untouched). */
+duet_instance_config_t *duet_cluster_find(duet_cluster_config_t *cfg, const char *name,
+                                          duet_role_t *role_p);
+
+/* Apply a command-line override to an instance ("tp", "4") by the same
+ * table; DUET_ERR_NOT_FOUND for a key the table does not have. */
+duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char *key,
+                                        const char *value);
+
+/* Print every key with its type, default, range and doc. */
+void duet_cluster_describe(FILE *out);
+
+const char *duet_role_name(duet_role_t role);
+
+#endif

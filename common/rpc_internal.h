@@ -1,0 +1,128 @@
+/* Internals shared by common/rpc_*.c; not for use outside common/.
+ *
+ * Completion-queue tags: every pointer handed to gRPC as a tag points at a
+ * duet__rpc_tag_t (first member of, or embedded in, the owning object), so a
+ * CQ thread can tell request slots, call batches, client stream batches and
+ * the server shutdown notification apart. */
+#ifndef DUET_COMMON_RPC_INTERNAL_H
+#define DUET_COMMON_RPC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
+
+#include "common/rpc.h"
+#include "common/status.h"
+
+#define DUET__RPC_MAX_THREADS 64
+#define DUET__RPC_MAX_HOOKS   8
+
+typedef enum {
+    DUET__RPC_TAG_REQUEST,       /* a request slot got a call (or failed) */
+    DUET__RPC_TAG_CALL_CLOSE,    /* server call: RECV_CLOSE_ON_SERVER done */
+    DUET__RPC_TAG_CALL_SEND,     /* server call: a send batch done */
+    DUET__RPC_TAG_SHUTDOWN,      /* grpc_server_shutdown_and_notify done */
+    DUET__RPC_TAG_STREAM_START,  /* client stream: send batch done */
+    DUET__RPC_TAG_STREAM_MSG,    /* client stream: a RECV_MESSAGE done */
+    DUET__RPC_TAG_STREAM_STATUS, /* client stream: RECV_STATUS_ON_CLIENT done */
+} duet__rpc_tag_kind_t;
+
+typedef struct {
+    duet__rpc_tag_kind_t kind;
+} duet__rpc_tag_t;
+
+typedef struct {
+    char *path;
+    duet_rpc_kind_t kind;
+    duet_rpc_handler_cb handler;
+    void *arg;
+    void *handle; /* from grpc_server_register_method */
+} duet__rpc_method_t;
+
+/* A server call.  refs: one for the application (dropped by the terminal
+ * function), one while RECV_CLOSE_ON_SERVER is pending, one while a send batch
+ * is in flight.  All mutable fields are under lock. */
+struct duet_rpc_call {
+    duet__rpc_tag_t close_tag;
+    duet__rpc_tag_t send_tag;
+    duet_rpc_server_t *srv;
+    const duet__rpc_method_t *method; /* NULL for an unregistered method */
+    char *path;                       /* owned copy for unregistered methods */
+    grpc_call *gcall;
+    int64_t deadline_ns;
+    grpc_metadata_array md;
+    uint8_t *req; /* [req_len] */
+    size_t req_len;
+
+    atomic_int refs;
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* writable, cancel callback finished */
+
+    bool initial_md_sent;
+    bool send_in_flight;
+    bool finish_pending; /* status waits for the queue to drain */
+    bool status_sent;
+    bool app_done;        /* terminal function called */
+    bool cancelled;       /* RECV_CLOSE said cancelled, or a send failed */
+    bool closed;          /* RECV_CLOSE completed */
+    bool cancel_notified; /* on_cancel ran or will never run */
+    bool cancel_cb_running;
+    pthread_t cancel_cb_thread;
+    int close_cancelled; /* RECV_CLOSE_ON_SERVER output */
+
+    grpc_byte_buffer *sending;
+    grpc_byte_buffer **queue; /* ring [queue_cap] */
+    size_t queue_cap, queue_head, queue_len;
+
+    grpc_status_code finish_code;
+    grpc_slice finish_details;
+    bool has_details;
+
+    duet_rpc_cancel_cb on_cancel;
+    void *on_cancel_arg;
+};
+
+/* ---- rpc_util.c ---- */
+
+/* Copy a received byte buffer into one duet_malloc'd block (NULL when
+ * empty).  Does not destroy bb. */
+duet_status_t duet__rpc_bb_flatten(grpc_byte_buffer *bb, uint8_t **data_p, size_t *len_p);
+/* A byte buffer holding a copy of data; NULL on allocation failure. */
+grpc_byte_buffer *duet__rpc_bb_from(const void *data, size_t len);
+int64_t duet__rpc_deadline_from_gpr(gpr_timespec t);
+gpr_timespec duet__rpc_deadline_to_gpr(int64_t deadline_ns);
+/* Mark the calling thread as a CQ thread of `owner` (NULL to clear) and ask
+ * whether it is one: blocking waits are refused there. */
+void duet__rpc_cq_thread_set(const void *owner);
+bool duet__rpc_on_cq_thread(void);
+/* grpc_init() once per live server/client; grpc_shutdown() on release. */
+void duet__rpc_grpc_acquire(void);
+void duet__rpc_grpc_release(void);
+
+/* ---- rpc_call.c (server call state machine) ---- */
+
+/* New call with one application reference and RECV_CLOSE_ON_SERVER posted.
+ * Takes ownership of gcall and of md's contents (md is reset); payload is
+ * copied, not destroyed.  On failure gcall is cancelled and unreffed.  The
+ * caller has counted the call with duet__rpc_server_call_added(); the count
+ * drops when the call is freed, or at once on failure. */
+duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_method_t *method,
+                                    const char *path, grpc_call *gcall, gpr_timespec deadline,
+                                    grpc_metadata_array *md, grpc_byte_buffer *payload,
+                                    duet_rpc_call_t **call_p);
+/* CQ thread: a call's batch completed. */
+void duet__rpc_call_on_close(duet_rpc_call_t *call);
+void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success);
+
+/* ---- rpc_server.c ---- */
+void duet__rpc_server_call_added(duet_rpc_server_t *srv);
+void duet__rpc_server_call_removed(duet_rpc_server_t *srv);
+size_t duet__rpc_server_queue_limit(const duet_rpc_server_t *srv);
+
+#endif

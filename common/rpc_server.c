@@ -1,0 +1,532 @@
+/* gRPC server over the C core completion-queue API.
+ *
+ * One completion queue per thread.  Each queue keeps DUET__RPC_SLOTS request
+ * slots posted per registered method plus as many for unregistered methods
+ * (answered UNIMPLEMENTED); a call is bound to the queue it arrived on, so
+ * all of one call's completions are handled by one thread.  The call state
+ * machine lives in rpc_call.c. */
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc_internal.h"
+#include "common/sync.h"
+
+#define DUET__RPC_SLOTS           4
+#define DUET__RPC_MAX_PATH        256
+#define DUET__RPC_SHUTDOWN_WARN_S 5
+
+typedef struct {
+    duet__rpc_tag_t tag;
+    duet_rpc_server_t *srv;
+    const duet__rpc_method_t *method; /* NULL: the unregistered-method slot */
+    grpc_completion_queue *cq;
+    grpc_call *gcall;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload;
+    grpc_call_details details;
+} request_slot_t;
+
+typedef struct {
+    duet_rpc_server_t *srv;
+    int index;
+} cq_worker_t;
+
+struct duet_rpc_server {
+    duet__rpc_tag_t shutdown_tag;
+    duet_rpc_server_config_t cfg;
+    char *bind_addr;
+    grpc_server *server;
+    int port;
+
+    grpc_completion_queue *cqs[DUET__RPC_MAX_THREADS];
+    pthread_t threads[DUET__RPC_MAX_THREADS];
+    cq_worker_t workers[DUET__RPC_MAX_THREADS];
+    int n_threads_started;
+
+    duet__rpc_method_t *methods;
+    size_t n_methods;
+    request_slot_t *slots;
+    size_t n_slots;
+
+    struct {
+        duet_rpc_shutdown_cb cb;
+        void *arg;
+    } hooks[DUET__RPC_MAX_HOOKS];
+    int n_hooks;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool started;
+    bool shutting_down;
+    bool shutdown_notified; /* the shutdown tag came back */
+    bool finished;          /* grpc server destroyed, threads joined */
+    size_t active_calls;
+};
+
+void duet_rpc_server_config_init(duet_rpc_server_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->bind_addr = "0.0.0.0:0";
+    cfg->n_threads = 2;
+    cfg->max_message_bytes = 4u << 20;
+    cfg->stream_queue_limit = 1024;
+    cfg->shutdown_grace_ms = 5000;
+}
+
+void duet__rpc_server_call_added(duet_rpc_server_t *srv)
+{
+    pthread_mutex_lock(&srv->lock);
+    srv->active_calls++;
+    pthread_mutex_unlock(&srv->lock);
+}
+
+void duet__rpc_server_call_removed(duet_rpc_server_t *srv)
+{
+    pthread_mutex_lock(&srv->lock);
+    if (--srv->active_calls == 0)
+        pthread_cond_broadcast(&srv->cond);
+    pthread_mutex_unlock(&srv->lock);
+}
+
+size_t duet__rpc_server_queue_limit(const duet_rpc_server_t *srv)
+{
+    return srv->cfg.stream_queue_limit;
+}
+
+size_t duet_rpc_server_active_calls(duet_rpc_server_t *srv)
+{
+    pthread_mutex_lock(&srv->lock);
+    size_t n = srv->active_calls;
+    pthread_mutex_unlock(&srv->lock);
+    return n;
+}
+
+int duet_rpc_server_port(const duet_rpc_server_t *srv)
+{
+    return srv->port;
+}
+
+static grpc_arg int_arg(const char *key, int value)
+{
+    grpc_arg a;
+    memset(&a, 0, sizeof(a));
+    a.type = GRPC_ARG_INTEGER;
+    a.key = (char *)key;
+    a.value.integer = value;
+    return a;
+}
+
+/* Post (or re-post) a request slot; false when the server refused. */
+static bool slot_post(request_slot_t *slot)
+{
+    duet_rpc_server_t *srv = slot->srv;
+    grpc_call_error rc;
+
+    if (slot->method)
+        rc = grpc_server_request_registered_call(srv->server, slot->method->handle, &slot->gcall,
+                                                 &slot->deadline, &slot->md, &slot->payload,
+                                                 slot->cq, slot->cq, &slot->tag);
+    else
+        rc = grpc_server_request_call(srv->server, &slot->gcall, &slot->details, &slot->md,
+                                      slot->cq, slot->cq, &slot->tag);
+    if (rc != GRPC_CALL_OK) {
+        DUET_LOG_ERROR("rpc: request_call error %s", grpc_call_error_to_string(rc));
+        return false;
+    }
+    return true;
+}
+
+static void on_request(request_slot_t *slot, bool success)
+{
+    duet_rpc_server_t *srv = slot->srv;
+    const duet__rpc_method_t *method = slot->method;
+    grpc_call *gcall = slot->gcall;
+    grpc_metadata_array md = slot->md;
+    grpc_byte_buffer *payload = slot->payload;
+    gpr_timespec deadline = method ? slot->deadline : slot->details.deadline;
+    char path[DUET__RPC_MAX_PATH + 1] = "";
+    duet_rpc_call_t *call;
+
+    if (!success)
+        return; /* shutting down: the slot stays idle */
+    /* Counted before the re-post so that shutdown, which waits for the count
+     * to reach zero, cannot destroy the server under slot_post. */
+    duet__rpc_server_call_added(srv);
+    if (!method) {
+        size_t n = GRPC_SLICE_LENGTH(slot->details.method);
+        if (n > DUET__RPC_MAX_PATH)
+            n = DUET__RPC_MAX_PATH;
+        memcpy(path, GRPC_SLICE_START_PTR(slot->details.method), n);
+        path[n] = '\0';
+        grpc_call_details_destroy(&slot->details);
+        grpc_call_details_init(&slot->details);
+    }
+    slot->gcall = NULL;
+    slot->payload = NULL;
+    grpc_metadata_array_init(&slot->md);
+    /* Re-post before the handler runs.  The call just received holds the
+     * server open, so shutdown cannot complete underneath this. */
+    slot_post(slot);
+
+    duet_status_t st =
+        duet__rpc_call_create(srv, method, path, gcall, deadline, &md, payload, &call);
+    if (payload)
+        grpc_byte_buffer_destroy(payload);
+    grpc_metadata_array_destroy(&md);
+    if (st != DUET_OK) {
+        DUET_LOG_ERROR("rpc: dropping call: %s", duet_error_msg());
+        return;
+    }
+    if (!method) {
+        DUET_LOG_DEBUG("rpc: unimplemented method %s", path);
+        char msg[DUET__RPC_MAX_PATH + 32];
+        snprintf(msg, sizeof(msg), "unknown method %s", path);
+        duet_rpc_call_fail(call, GRPC_STATUS_UNIMPLEMENTED, msg);
+        return;
+    }
+    if (srv->cfg.check) {
+        const char *msg = NULL;
+        grpc_status_code code = srv->cfg.check(call, srv->cfg.check_arg, &msg);
+        if (code != GRPC_STATUS_OK) {
+            duet_rpc_call_fail(call, code, msg ? msg : "rejected");
+            return;
+        }
+    }
+    if (!payload) {
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "request message missing");
+        return;
+    }
+    method->handler(call, call->req, call->req_len, method->arg);
+}
+
+static void *cq_thread_main(void *p)
+{
+    cq_worker_t *w = p;
+    duet_rpc_server_t *srv = w->srv;
+    grpc_completion_queue *cq = srv->cqs[w->index];
+
+    duet_thread_set_name("rpc-srv-%d", w->index);
+    duet__rpc_cq_thread_set(srv);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        duet__rpc_tag_t *tag = ev.tag;
+        switch (tag->kind) {
+        case DUET__RPC_TAG_REQUEST:
+            on_request((request_slot_t *)tag, ev.success != 0);
+            break;
+        case DUET__RPC_TAG_CALL_CLOSE:
+            duet__rpc_call_on_close(
+                (duet_rpc_call_t *)((char *)tag - offsetof(duet_rpc_call_t, close_tag)));
+            break;
+        case DUET__RPC_TAG_CALL_SEND:
+            duet__rpc_call_on_send(
+                (duet_rpc_call_t *)((char *)tag - offsetof(duet_rpc_call_t, send_tag)),
+                ev.success != 0);
+            break;
+        case DUET__RPC_TAG_SHUTDOWN:
+            pthread_mutex_lock(&srv->lock);
+            srv->shutdown_notified = true;
+            pthread_cond_broadcast(&srv->cond);
+            pthread_mutex_unlock(&srv->lock);
+            break;
+        default:
+            DUET_LOG_ERROR("rpc: server got a foreign tag kind %d", (int)tag->kind);
+            break;
+        }
+    }
+    duet__rpc_cq_thread_set(NULL);
+    return NULL;
+}
+
+/* A server that never started still needs shutdown before destroy; nobody
+ * polls its queues, so poll here. */
+static void server_shutdown_unstarted(duet_rpc_server_t *srv)
+{
+    grpc_server_shutdown_and_notify(srv->server, srv->cqs[0], &srv->shutdown_tag);
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(srv->cqs[0], gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->shutdown_tag)
+            break;
+    }
+    grpc_server_destroy(srv->server);
+    srv->server = NULL;
+}
+
+static void server_free(duet_rpc_server_t *srv)
+{
+    for (int i = 0; i < srv->cfg.n_threads; i++) {
+        if (!srv->cqs[i])
+            continue;
+        if (srv->n_threads_started == 0) {
+            grpc_completion_queue_shutdown(srv->cqs[i]);
+            while (grpc_completion_queue_next(srv->cqs[i], gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+                       .type != GRPC_QUEUE_SHUTDOWN)
+                ;
+        }
+        grpc_completion_queue_destroy(srv->cqs[i]);
+    }
+    for (size_t i = 0; i < srv->n_slots; i++) {
+        request_slot_t *slot = &srv->slots[i];
+        grpc_metadata_array_destroy(&slot->md);
+        grpc_call_details_destroy(&slot->details);
+        if (slot->payload)
+            grpc_byte_buffer_destroy(slot->payload);
+    }
+    duet_free(srv->slots);
+    for (size_t i = 0; i < srv->n_methods; i++)
+        duet_free(srv->methods[i].path);
+    duet_free(srv->methods);
+    pthread_cond_destroy(&srv->cond);
+    pthread_mutex_destroy(&srv->lock);
+    duet_free(srv->bind_addr);
+    duet_free(srv);
+    duet__rpc_grpc_release();
+}
+
+duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_rpc_server_t **srv_p)
+{
+    duet_rpc_server_t *srv;
+    grpc_arg args[7];
+    grpc_channel_args chargs;
+
+    if (!cfg->bind_addr || !*cfg->bind_addr)
+        return duet_error(DUET_ERR_INVALID, "rpc: server bind address missing");
+    if (cfg->n_threads < 1 || cfg->n_threads > DUET__RPC_MAX_THREADS)
+        return duet_error(DUET_ERR_INVALID, "rpc: server threads %d not in 1..%d", cfg->n_threads,
+                          DUET__RPC_MAX_THREADS);
+    if (cfg->max_message_bytes < 1024 || cfg->max_message_bytes > INT_MAX)
+        return duet_error(DUET_ERR_INVALID, "rpc: max message %zu not in 1 KiB..2 GiB",
+                          cfg->max_message_bytes);
+    if (cfg->stream_queue_limit < 1)
+        return duet_error(DUET_ERR_INVALID, "rpc: stream queue limit must be at least 1");
+
+    srv = DUET_NEW(duet_rpc_server_t);
+    if (!srv)
+        return duet_error(DUET_ERR_NO_MEMORY, "rpc: server");
+    srv->shutdown_tag.kind = DUET__RPC_TAG_SHUTDOWN;
+    srv->cfg = *cfg;
+    srv->bind_addr = duet_strdup(cfg->bind_addr);
+    if (!srv->bind_addr) {
+        duet_free(srv);
+        return duet_error(DUET_ERR_NO_MEMORY, "rpc: server");
+    }
+    srv->cfg.bind_addr = srv->bind_addr;
+    pthread_mutex_init(&srv->lock, NULL);
+    duet_cond_init_monotonic(&srv->cond);
+    duet__rpc_grpc_acquire();
+
+    args[0] = int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    args[1] = int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    /* Two daemons configured with one port must not silently share it. */
+    args[2] = int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    /* Notice clients that vanished without closing (node loss) so that their
+     * streams get cancelled, and accept client keepalives down to 5 s. */
+    args[3] = int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+    args[4] = int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    args[5] = int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+    args[6] = int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    chargs.num_args = sizeof(args) / sizeof(args[0]);
+    chargs.args = args;
+    srv->server = grpc_server_create(&chargs, NULL);
+    for (int i = 0; i < cfg->n_threads; i++) {
+        srv->cqs[i] = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(srv->server, srv->cqs[i], NULL);
+    }
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    srv->port = grpc_server_add_http2_port(srv->server, srv->bind_addr, creds);
+    grpc_server_credentials_release(creds);
+    if (srv->port == 0) {
+        duet_status_t st = duet_error(
+            DUET_ERR_IO, "rpc: cannot listen on %s (in use or bad address)", srv->bind_addr);
+        server_shutdown_unstarted(srv);
+        server_free(srv);
+        return st;
+    }
+    *srv_p = srv;
+    return DUET_OK;
+}
+
+duet_status_t duet_rpc_server_add_method(duet_rpc_server_t *srv, const char *path,
+                                         duet_rpc_kind_t kind, duet_rpc_handler_cb handler,
+                                         void *arg)
+{
+    if (srv->started)
+        return duet_error(DUET_ERR_SHUTDOWN, "rpc: add_method %s after start", path);
+    if (!path || path[0] != '/' || !strchr(path + 1, '/') || strlen(path) > DUET__RPC_MAX_PATH)
+        return duet_error(DUET_ERR_INVALID, "rpc: bad method path \"%s\"", path ? path : "");
+    if (!handler || (kind != DUET_RPC_UNARY && kind != DUET_RPC_SERVER_STREAMING))
+        return duet_error(DUET_ERR_INVALID, "rpc: method %s needs a handler and a kind", path);
+    for (size_t i = 0; i < srv->n_methods; i++)
+        if (strcmp(srv->methods[i].path, path) == 0)
+            return duet_error(DUET_ERR_INVALID, "rpc: method %s registered twice", path);
+
+    duet__rpc_method_t *nm =
+        duet_realloc(srv->methods, (srv->n_methods + 1) * sizeof(duet__rpc_method_t));
+    if (!nm)
+        return duet_error(DUET_ERR_NO_MEMORY, "rpc: method %s", path);
+    srv->methods = nm;
+    duet__rpc_method_t *m = &srv->methods[srv->n_methods];
+    memset(m, 0, sizeof(*m));
+    m->path = duet_strdup(path);
+    if (!m->path)
+        return duet_error(DUET_ERR_NO_MEMORY, "rpc: method %s", path);
+    m->kind = kind;
+    m->handler = handler;
+    m->arg = arg;
+    m->handle = grpc_server_register_method(srv->server, m->path, NULL,
+                                            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    if (!m->handle) {
+        duet_free(m->path);
+        return duet_error(DUET_ERR_INVALID, "rpc: gRPC refused method %s", path);
+    }
+    srv->n_methods++;
+    return DUET_OK;
+}
+
+duet_status_t duet_rpc_server_on_shutdown(duet_rpc_server_t *srv, duet_rpc_shutdown_cb cb,
+                                          void *arg)
+{
+    if (srv->started)
+        return duet_error(DUET_ERR_SHUTDOWN, "rpc: shutdown hook after start");
+    if (srv->n_hooks == DUET__RPC_MAX_HOOKS)
+        return duet_error(DUET_ERR_EXHAUSTED, "rpc: more than %d shutdown hooks",
+                          DUET__RPC_MAX_HOOKS);
+    srv->hooks[srv->n_hooks].cb = cb;
+    srv->hooks[srv->n_hooks].arg = arg;
+    srv->n_hooks++;
+    return DUET_OK;
+}
+
+duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
+{
+    int n = srv->cfg.n_threads;
+    size_t per_cq = (srv->n_methods + 1) * DUET__RPC_SLOTS;
+
+    if (srv->started)
+        return duet_error(DUET_ERR_INVALID, "rpc: server started twice");
+    srv->slots = DUET_NEW_ARRAY(request_slot_t, per_cq * (size_t)n);
+    if (!srv->slots)
+        return duet_error(DUET_ERR_NO_MEMORY, "rpc: request slots");
+    srv->n_slots = per_cq * (size_t)n;
+    for (size_t i = 0; i < srv->n_slots; i++) {
+        request_slot_t *slot = &srv->slots[i];
+        size_t m = (i % per_cq) / DUET__RPC_SLOTS;
+        slot->tag.kind = DUET__RPC_TAG_REQUEST;
+        slot->srv = srv;
+        slot->method = m < srv->n_methods ? &srv->methods[m] : NULL;
+        slot->cq = srv->cqs[i / per_cq];
+        grpc_metadata_array_init(&slot->md);
+        grpc_call_details_init(&slot->details);
+    }
+    grpc_server_start(srv->server);
+    srv->started = true;
+    for (size_t i = 0; i < srv->n_slots; i++)
+        slot_post(&srv->slots[i]);
+    for (int i = 0; i < n; i++) {
+        srv->workers[i].srv = srv;
+        srv->workers[i].index = i;
+        int rc = pthread_create(&srv->threads[i], NULL, cq_thread_main, &srv->workers[i]);
+        if (rc != 0) {
+            /* Threads already running are joined by shutdown. */
+            DUET_LOG_ERROR("rpc: pthread_create: %s", strerror(rc));
+            return duet_error(DUET_ERR_NO_MEMORY, "rpc: server thread %d: %s", i, strerror(rc));
+        }
+        srv->n_threads_started++;
+    }
+    DUET_LOG_INFO("rpc: serving addr %s port %d methods %zu threads %d", srv->bind_addr, srv->port,
+                  srv->n_methods, n);
+    return DUET_OK;
+}
+
+/* Wait until the shutdown tag is back and every call handle is gone, or
+ * until deadline_ns; true when done. */
+static bool server_wait_drained(duet_rpc_server_t *srv, int64_t deadline_ns)
+{
+    pthread_mutex_lock(&srv->lock);
+    while (!(srv->shutdown_notified && srv->active_calls == 0) && duet_now_ns() < deadline_ns) {
+        struct timespec ts = duet_deadline_timespec(deadline_ns);
+        pthread_cond_timedwait(&srv->cond, &srv->lock, &ts);
+    }
+    bool done = srv->shutdown_notified && srv->active_calls == 0;
+    pthread_mutex_unlock(&srv->lock);
+    return done;
+}
+
+duet_status_t duet_rpc_server_shutdown(duet_rpc_server_t *srv, int64_t grace_ms)
+{
+    duet_status_t st = DUET_OK;
+
+    if (duet__rpc_on_cq_thread())
+        return duet_error(DUET_ERR_INVALID, "rpc: server shutdown from a completion-queue thread");
+    pthread_mutex_lock(&srv->lock);
+    if (!srv->started || srv->shutting_down) {
+        pthread_mutex_unlock(&srv->lock);
+        return duet_error(DUET_ERR_INVALID, "rpc: server not running");
+    }
+    srv->shutting_down = true;
+    pthread_mutex_unlock(&srv->lock);
+
+    int64_t t0 = duet_now_ns();
+    grpc_server_shutdown_and_notify(srv->server, srv->cqs[0], &srv->shutdown_tag);
+    for (int i = 0; i < srv->n_hooks; i++)
+        srv->hooks[i].cb(srv, srv->hooks[i].arg);
+    if (!server_wait_drained(srv, duet_deadline_in_ms(grace_ms < 0 ? 0 : grace_ms))) {
+        DUET_LOG_INFO("rpc: shutdown grace over port %d calls %zu: cancelling", srv->port,
+                      duet_rpc_server_active_calls(srv));
+        grpc_server_cancel_all_calls(srv->server);
+        st = duet_error(DUET_ERR_TIMEOUT, "rpc: calls still running after %lld ms grace",
+                        (long long)grace_ms);
+        while (!server_wait_drained(srv, duet_deadline_in_ms(DUET__RPC_SHUTDOWN_WARN_S * 1000)))
+            DUET_LOG_WARN("rpc: shutdown waiting port %d calls %zu not finished by their owners",
+                          srv->port, duet_rpc_server_active_calls(srv));
+    }
+    grpc_server_destroy(srv->server);
+    srv->server = NULL;
+    for (int i = 0; i < srv->cfg.n_threads; i++)
+        grpc_completion_queue_shutdown(srv->cqs[i]);
+    for (int i = 0; i < srv->n_threads_started; i++)
+        pthread_join(srv->threads[i], NULL);
+    /* Queues whose thread failed to start (see start) drain here. */
+    for (int i = srv->n_threads_started; i < srv->cfg.n_threads; i++)
+        while (grpc_completion_queue_next(srv->cqs[i], gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+                   .type != GRPC_QUEUE_SHUTDOWN)
+            ;
+    srv->finished = true;
+    DUET_LOG_INFO("rpc: server port %d stopped after %.1f ms", srv->port,
+                  (double)(duet_now_ns() - t0) / 1e6);
+    return st;
+}
+
+void duet_rpc_server_destroy(duet_rpc_server_t *srv)
+{
+    if (!srv)
+        return;
+    if (duet__rpc_on_cq_thread()) {
+        DUET_LOG_ERROR("rpc: server destroy from a completion-queue thread ignored");
+        return;
+    }
+    if (!srv->started || srv->n_threads_started == 0)
+        server_shutdown_unstarted(srv);
+    else if (!srv->shutting_down)
+        duet_rpc_server_shutdown(srv, srv->cfg.shutdown_grace_ms);
+    /* Both paths above leave every queue idle (no thread or joined). */
+    if (srv->started && srv->n_threads_started > 0 && !srv->finished) {
+        DUET_LOG_ERROR("rpc: server destroy while another thread shuts it down");
+        return;
+    }
+    server_free(srv);
+}

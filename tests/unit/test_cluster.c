@@ -1,0 +1,104 @@
+/* The cluster config: a heterogeneous cluster parses, relative model paths
+ * resolve against the file, every bad key or value names its path. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/alloc.h"
+#include "common/cluster.h"
+
+static duet_status_t parse(const char *text, duet_cluster_config_t **c)
+{
+    return duet_cluster_parse(text, strlen(text), "test.json", "/etc/duet", c);
+}
+
+static void test_good(void **state)
+{
+    (void)state;
+    duet_cluster_config_t *c;
+    duet_role_t role;
+    long live = duet_alloc_live();
+    const char *text =
+        "{\"model\": \"models/x\", \"kv\": {\"page_size\": 8},"
+        " \"router\": {\"policy\": \"round_robin\", \"http\": \"0.0.0.0:80\"},"
+        " \"prefill\": [{\"name\": \"p0\", \"address\": \"h:1\", \"tp\": 2},"
+        "               {\"name\": \"p1\", \"address\": \"h:2\", \"tp\": 1, \"backend\": \"cuda\","
+        "                \"devices\": [3]}],"
+        " \"decode\": [{\"name\": \"d0\", \"address\": \"h:3\", \"listen\": \"0.0.0.0:3\","
+        "               \"tp\": 4, \"n_pages\": 100}]}";
+    assert_int_equal(parse(text, &c), DUET_OK);
+    assert_string_equal(c->model, "/etc/duet/models/x");
+    assert_int_equal(c->page_size, 8);
+    assert_int_equal(c->n_prefill, 2);
+    assert_int_equal(c->n_decode, 1);
+    assert_int_equal(c->prefill[0].tp, 2);
+    assert_string_equal(c->prefill[0].listen, "h:1");
+    assert_int_equal(c->prefill[1].devices[0], 3);
+    assert_string_equal(c->decode[0].listen, "0.0.0.0:3");
+    assert_string_equal(c->router.policy, "round_robin");
+    assert_int_equal(c->router.max_body_bytes, 1 << 20);
+    duet_instance_config_t *d = duet_cluster_find(c, "d0", &role);
+    assert_non_null(d);
+    assert_int_equal(role, DUET_ROLE_DECODE);
+    assert_int_equal(duet_cluster_instance_set(d, "tp", "2"), DUET_OK);
+    assert_int_equal(d->tp, 2);
+    assert_int_equal(duet_cluster_instance_set(d, "tp", "0"), DUET_ERR_CONFIG);
+    assert_int_equal(duet_cluster_instance_set(d, "nope", "1"), DUET_ERR_NOT_FOUND);
+    assert_null(duet_cluster_find(c, "zz", &role));
+    duet_cluster_free(c);
+    assert_int_equal(duet_alloc_live(), live);
+}
+
+static void expect_error(const char *text, const char *needle)
+{
+    duet_cluster_config_t *c = NULL;
+    duet_status_t st = parse(text, &c);
+    if (st == DUET_OK)
+        fail_msg("accepted: %s", text);
+    if (strstr(duet_error_msg(), needle) == NULL)
+        fail_msg("message '%s' lacks '%s'", duet_error_msg(), needle);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    long live = duet_alloc_live();
+    expect_error("{\"modle\": \"x\"}", "modle: unknown key");
+    expect_error("{}", "model: required");
+    expect_error("{\"model\": \"x\", \"kv\": {\"page_size\": 0}}", "kv.page_size: 0 is out of range");
+    expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\", \"tp\": 0}]}",
+                 "decode[0].tp: 0 is out of range 1..64");
+    expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\", \"tpp\": 2}]}",
+                 "prefill[0].tpp: unknown key");
+    expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\"}]}",
+                 "prefill[0]: needs address or discover");
+    expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\"}],"
+                 " \"decode\": [{\"name\": \"p\", \"address\": \"a:2\"}]}",
+                 "decode[0].name: 'p' is used twice");
+    expect_error("{\"model\": \"x\", \"router\": {\"policy\": \"random\"}}",
+                 "router.policy: 'random' is not");
+    expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\", \"tp\": 2,"
+                 " \"devices\": [0]}]}",
+                 "prefill[0].devices: 1 devices for tp 2");
+    expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\","
+                 " \"backend\": \"tpu\"}]}",
+                 "prefill[0].backend: 'tpu' is not cpu or cuda");
+    expect_error("{\"model\": \"x\", \"router\": {\"max_body_bytes\": \"big\"}}",
+                 "router.max_body_bytes: expected a number");
+    expect_error("{\"model\": 1", "invalid JSON at line 1");
+    assert_int_equal(duet_alloc_live(), live);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
