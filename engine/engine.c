@@ -465,6 +465,7 @@ duet_status_t duet_engine_forward(duet_engine_t *e, const duet_engine_seq_t *seq
             }
         }
         jb->q_start[ns] = nt;
+        job->last_chunk = si == n_seqs;
         job->desc = (duet_batch_desc_t){
             .n_tokens = nt,
             .n_seqs = ns,

@@ -37,6 +37,15 @@ typedef struct {
     duet_status_t (*kv_alloc)(void *ud, int rank, size_t bytes, void **base_p);
     void (*kv_free)(void *ud, int rank, void *base);
     void *kv_ud;
+    /* Optional: called on each rank's thread once layer `layer`'s KV of the
+     * current chunk is stored (a later layer may still be computing), with
+     * last_chunk set on the final chunk of a forward call -- then every
+     * token of the call has that layer's KV.  The KV-transfer path streams
+     * layer l while l+1 computes.  The backend's work for the layer is
+     * complete when this runs (cpu: synchronous; cuda: see its backend).
+     * Keep it short: it is on the critical path. */
+    void (*on_layer)(void *ud, int rank, int layer, bool last_chunk);
+    void *layer_ud;
 } duet_engine_opts_t;
 
 void duet_engine_opts_default(duet_engine_opts_t *o);

@@ -29,6 +29,7 @@ typedef struct {
     duet__out_row_t *out;
     int n_out;
     int32_t *sampled;    /* caller's array, indexed by seq */
+    bool last_chunk;     /* the final chunk of the forward call */
 } duet__job_t;
 
 typedef struct {

@@ -309,8 +309,12 @@ duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
         if ((st = ops->rmsnorm(rk->br, rk->h, rk->x, L->attn_norm, n, H, (float)cfg->rms_eps)) ||
             (st = ops->matmul(rk->br, rk->qkv, rk->h, n, L->wqkv, L->qkv_bias)) ||
             (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, (float)cfg->rope_theta,
-                                     l)) ||
-            (st = ops->attention(rk->br, rk->attn, rk->qkv, n, nq, nkv, hd, l)) ||
+                                     l)))
+            return st;
+        /* layer l's KV is in the pool: a transfer may start reading it */
+        if (e->opts.on_layer != NULL)
+            e->opts.on_layer(e->opts.layer_ud, rk->rank, l, job->last_chunk);
+        if ((st = ops->attention(rk->br, rk->attn, rk->qkv, n, nq, nkv, hd, l)) ||
             (st = ops->matmul(rk->br, rk->o, rk->attn, n, L->wo, NULL)) ||
             (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
             (st = ops->add(rk->br, rk->x, rk->o, nH)) ||
