@@ -1,0 +1,230 @@
+/* duet-decode internals (DESIGN §1).
+ *
+ * Threads and ownership:
+ *  - gRPC completion-queue threads run the handlers (service.c): they
+ *    validate and tokenize a request, then hand it to the scheduler as an
+ *    event.  They never touch scheduler state.
+ *  - One scheduler thread (sched.c) owns every request and link after
+ *    that: admission (KV pages), the prefill phase (prefill_path.c), the
+ *    continuous-batching decode loop, streaming (output.c), cancellation
+ *    and release.
+ *  - Transfer progress threads, gRPC client threads and the bootstrap
+ *    worker only post events (duet_dc_post); a request is freed only after
+ *    every callback that can name it has fired or been cancelled and the
+ *    event queue has been drained past its terminal call (the "zombie"
+ *    list), so an event never outlives its request.
+ * `evlock` guards the event queue and the counters that Info reads. */
+#ifndef DUET_DECODE_DECODE_H
+#define DUET_DECODE_DECODE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/daemon.h"
+#include "common/rpc.h"
+#include "common/workq.h"
+#include "engine/page_alloc.h"
+#include "engine/sampling.h"
+#include "engine/tokenizer.h"
+#include "engine/tp.h"
+#include "transfer/kv_engine.h"
+
+#define DUET_DC_MAX_STOPS 16
+#define DUET_DC_STOP_MAX_LEN 256
+
+typedef struct duet_dc_req duet_dc_req_t;
+
+/* A prefill daemon we bootstrapped with (scheduler-owned, except that the
+ * bootstrap worker fills the fields below `state` before posting). */
+typedef struct duet_dc_link {
+    char target[128];
+    enum { DUET_DC_LINK_BOOTING, DUET_DC_LINK_READY, DUET_DC_LINK_DEAD } state;
+    char prefill_id[64];
+    char error[256];
+    int P;
+    duet_slice_plan_t *plan;  /* P, D = our tp, H */
+    duet_xfer_peer_t **peers; /* [D][P]: our rank d -> prefill rank p, NULL when p sends
+                                 nothing to d */
+    int refs;                 /* table + requests in their prefill phase */
+    duet_dc_req_t *waiting;   /* requests waiting for the bootstrap */
+    struct duet_dc_link *next;
+} duet_dc_link_t;
+
+typedef enum {
+    DUET_DC_NEW,      /* in no list (being moved between phases) */
+    DUET_DC_QUEUED,   /* waiting for KV pages */
+    DUET_DC_LINKING,  /* waiting for a bootstrap */
+    DUET_DC_PREFILL,  /* expectations registered, Prefill call in flight */
+    DUET_DC_READY,    /* KV complete, waiting for a batch slot */
+    DUET_DC_RUNNING,  /* in the decode batch */
+    DUET_DC_ENDED,    /* answered; releasing */
+} duet_dc_state_t;
+
+typedef struct {
+    void *dc; /* duet_decode_t */
+    duet_dc_req_t *req;
+    int rank;
+} duet_dc_rank_arg_t;
+
+struct duet_dc_req {
+    char request_id[128];
+    uint64_t xid;                 /* transfer id */
+    duet_rpc_call_t *call;        /* until the terminal call */
+    duet_dc_state_t state;
+    int64_t t_arrival, t_first, deadline_ns;
+
+    int32_t *prompt;
+    int n_prompt;
+    int max_tokens;
+    duet_sampling_t sampling;
+    bool ignore_eos;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    char *stops[DUET_DC_MAX_STOPS];
+    int n_stops;
+    char prefill_target[128];
+
+    int32_t *pages;               /* reserved for prompt + max_tokens */
+    int n_pages;
+    bool pages_held;              /* taken from the allocator */
+    int n_prompt_pages;           /* the prefix prefill writes */
+
+    /* prefill phase */
+    duet_dc_link_t *link;         /* a reference while expectations may use its peers */
+    duet_dc_rank_arg_t *rank_args; /* [D] */
+    bool *expecting;              /* [D] expectation registered and not ended */
+    int n_expecting;
+    bool kv_failed;
+    int32_t kv_first_token;
+    int kv_ok;                    /* ranks that completed */
+    bool rpc_started, rpc_done;
+    duet_rpc_stream_t *rpc_stream;
+    bool retried;                 /* re-bootstrapped once already */
+    bool abort_sent;              /* Prefill.Abort posted */
+
+    /* output */
+    int32_t *out;
+    int n_out;
+    duet_detok_t *detok;
+    char *held;                   /* text not yet sent: may begin a stop string */
+    size_t held_len, held_cap;
+    bool cancelled;               /* the client went away or Abort */
+    atomic_bool cancel_requested; /* set by the call's on_cancel (any thread) */
+
+    duet_dc_req_t *next;          /* queue / list membership */
+};
+
+typedef enum {
+    DUET_DC_EV_NEW,
+    DUET_DC_EV_ABORT,      /* Decode.Abort(request_id) */
+    DUET_DC_EV_KV_DONE,    /* one rank's expectation ended */
+    DUET_DC_EV_RPC_DONE,   /* the Prefill call returned */
+    DUET_DC_EV_LINK_DONE,  /* a bootstrap finished */
+    DUET_DC_EV_PEER_ERROR, /* a transfer peer failed (peer pointer, compared only) */
+    DUET_DC_EV_WAKE,
+} duet_dc_ev_type_t;
+
+typedef struct duet_dc_ev {
+    duet_dc_ev_type_t type;
+    duet_dc_req_t *req;
+    duet_dc_link_t *link;
+    const void *peer;
+    int rank;
+    duet_status_t status;
+    int64_t first_token;
+    char detail[256];
+    duet_rpc_call_t *call;        /* ABORT: the Abort call to answer */
+    char request_id[128];         /* ABORT */
+    struct duet_dc_ev *next;
+} duet_dc_ev_t;
+
+typedef struct {
+    duet_daemon_args_t args;
+    duet_kv_engine_t ke;
+    duet_tokenizer_t *tok;
+    duet_page_alloc_t *pages;
+    duet_rpc_server_t *srv;
+    duet_rpc_health_t *health;
+    duet_rpc_client_t *cli;
+    duet_workq_t *workq;
+    void **descs;
+    size_t *desc_lens;
+    int max_ctx;
+    atomic_bool ready;
+    atomic_bool draining;
+    atomic_int waiting;           /* requests not yet running (queue limit) */
+    atomic_uint_fast64_t next_xid;
+    atomic_uint_fast64_t next_req;
+    int next_prefill;             /* round-robin over the configured prefills */
+
+    pthread_mutex_t evlock;
+    pthread_cond_t evcv;
+    duet_dc_ev_t *ev_head, *ev_tail;
+    bool stop;
+    /* Info (under evlock) */
+    int info_queued, info_running;
+    uint64_t requests_total, requests_failed;
+
+    /* scheduler-owned */
+    pthread_t sched_thread;
+    bool sched_started;
+    duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */
+    duet_dc_req_t *prefilling;    /* PREFILL and LINKING-over requests */
+    duet_dc_req_t *ready_head, *ready_tail;
+    duet_dc_req_t **running;      /* [max_seqs] */
+    int n_running;
+    duet_dc_req_t *ending;        /* ENDED, waiting for callbacks */
+    duet_dc_req_t *zombies;       /* free after the next event drain */
+    duet_dc_link_t *links;
+    duet_engine_seq_t *seqs;      /* [max_seqs] */
+    int32_t *sampled;
+    int32_t *inputs;
+    char *piece;                  /* detokenizer output, piece_cap bytes */
+    size_t piece_cap;
+} duet_decode_t;
+
+/* service.c */
+duet_status_t duet_dc_service_register(duet_decode_t *dc);
+
+/* sched.c */
+duet_status_t duet_dc_sched_start(duet_decode_t *dc);
+void duet_dc_sched_stop(duet_decode_t *dc);
+/* Queue an event for the scheduler (any thread; takes ownership). */
+void duet_dc_post(duet_decode_t *dc, duet_dc_ev_t *ev);
+duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req);
+/* Count of requests in each phase, for Info and draining. */
+void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p);
+void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req);
+/* Scheduler: end a request with an error status (terminal call), then
+ * release it once safe. */
+void duet_dc_fail(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st, const char *msg);
+void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req);
+/* The KV of a request is complete on every rank (state NEW): stream its
+ * first token and queue it for the decode batch. */
+void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req);
+
+/* prefill_path.c (scheduler thread unless noted) */
+void duet_dc_prefill_start(duet_decode_t *dc, duet_dc_req_t *req);
+void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev);
+void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev);
+void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev);
+void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev);
+/* End the prefill phase of a request that is ending: abort on prefill,
+ * cancel expectations once the Prefill call returned.  True when nothing
+ * can still write its pages or call back. */
+bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req);
+void duet_dc_link_put(duet_decode_t *dc, duet_dc_link_t *link);
+void duet_dc_links_destroy(duet_decode_t *dc);
+/* Transfer layer callback (progress thread). */
+void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
+                           const char *detail);
+
+/* output.c (scheduler thread) */
+duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req);
+/* Account a new token and stream it; returns true when the request ended
+ * (finished or failed). */
+bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token);
+
+#endif

@@ -1,0 +1,195 @@
+/* Streaming a request's tokens: detokenize incrementally (primed with the
+ * prompt so the first piece keeps its leading space), hold back text that
+ * may begin a stop string, and end the stream with a Finished message. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc_pb.h"
+#include "decode/decode.h"
+#include "duet/v1/generate.pb-c.h"
+
+duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    size_t cap = duet_detok_max_chunk(dc->tok) + 1;
+    char *scratch;
+    duet_status_t st;
+
+    req->out = duet_malloc((size_t)(req->max_tokens > 0 ? req->max_tokens : 1) * sizeof(int32_t));
+    req->held_cap = 256;
+    req->held = duet_malloc(req->held_cap);
+    scratch = duet_malloc(cap);
+    if (req->out == NULL || req->held == NULL || scratch == NULL) {
+        duet_free(scratch);
+        return duet_error(DUET_ERR_NO_MEMORY, "no memory for the output of %s", req->request_id);
+    }
+    if ((st = duet_detok_create(dc->tok, true, &req->detok)) != DUET_OK) {
+        duet_free(scratch);
+        return st;
+    }
+    /* the prompt is context only: its text is not sent */
+    for (int i = 0; i < req->n_prompt; i++) {
+        size_t n;
+        if ((st = duet_detok_push(req->detok, req->prompt[i], scratch, cap, &n)) != DUET_OK)
+            break;
+    }
+    duet_free(scratch);
+    return st;
+}
+
+static duet_status_t duet__held_append(duet_dc_req_t *req, const char *s, size_t n)
+{
+    if (req->held_len + n + 1 > req->held_cap) {
+        size_t cap = (req->held_len + n + 1) * 2;
+        char *h = duet_realloc(req->held, cap);
+        if (h == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "no memory for output text");
+        req->held = h;
+        req->held_cap = cap;
+    }
+    memcpy(req->held + req->held_len, s, n);
+    req->held_len += n;
+    req->held[req->held_len] = '\0';
+    return DUET_OK;
+}
+
+/* Longest suffix of held that is a proper prefix of a stop string. */
+static size_t duet__stop_prefix(const duet_dc_req_t *req)
+{
+    size_t best = 0;
+    for (int i = 0; i < req->n_stops; i++) {
+        size_t sl = strlen(req->stops[i]);
+        for (size_t k = sl - 1; k > best; k--) {
+            if (k <= req->held_len &&
+                memcmp(req->held + req->held_len - k, req->stops[i], k) == 0) {
+                best = k;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+static bool duet__is_stop_id(const duet_dc_req_t *req, int32_t t)
+{
+    for (int i = 0; i < req->n_stop_ids; i++) {
+        if (req->stop_ids[i] == t)
+            return true;
+    }
+    return false;
+}
+
+/* Send one chunk of ids and text. false: the stream is gone (ended). */
+static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids, size_t n_ids,
+                             const char *text, size_t text_len)
+{
+    Duet__V1__GenerateResponse resp = DUET__V1__GENERATE_RESPONSE__INIT;
+    Duet__V1__TokenChunk chunk = DUET__V1__TOKEN_CHUNK__INIT;
+    char *t = duet_strndup(text, text_len);
+    duet_status_t st;
+
+    if (t == NULL) {
+        duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, "no memory for output text");
+        return false;
+    }
+    chunk.n_ids = n_ids;
+    chunk.ids = ids;
+    chunk.text = t;
+    resp.kind_case = DUET__V1__GENERATE_RESPONSE__KIND_CHUNK;
+    resp.chunk = &chunk;
+    st = duet_pb_write(req->call, &resp.base);
+    duet_free(t);
+    if (st == DUET_OK)
+        return true;
+    if (st == DUET_ERR_CANCELLED)
+        duet_dc_fail(dc, req, DUET_ERR_CANCELLED, "the client went away");
+    else if (st == DUET_ERR_EXHAUSTED)
+        duet_dc_fail(dc, req, DUET_ERR_EXHAUSTED, "the client does not read its stream");
+    else
+        duet_dc_fail(dc, req, st, duet_error_msg());
+    return false;
+}
+
+static void duet__finish(duet_decode_t *dc, duet_dc_req_t *req, Duet__V1__FinishReason reason,
+                         const char *matched)
+{
+    Duet__V1__GenerateResponse resp = DUET__V1__GENERATE_RESPONSE__INIT;
+    Duet__V1__Finished fin = DUET__V1__FINISHED__INIT;
+
+    fin.reason = reason;
+    fin.prompt_tokens = (uint32_t)req->n_prompt;
+    fin.completion_tokens = (uint32_t)req->n_out;
+    fin.request_id = req->request_id;
+    fin.seed = req->sampling.seed;
+    fin.stop_matched = (char *)(matched ? matched : "");
+    fin.ttft_us = (uint32_t)((req->t_first - req->t_arrival) / 1000);
+    resp.kind_case = DUET__V1__GENERATE_RESPONSE__KIND_FINISHED;
+    resp.finished = &fin;
+    if (duet_pb_write(req->call, &resp.base) != DUET_OK) {
+        duet_dc_fail(dc, req, DUET_ERR_CANCELLED, "the client went away");
+        return;
+    }
+    duet_rpc_call_finish(req->call, GRPC_STATUS_OK, NULL);
+    req->call = NULL;
+}
+
+bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token)
+{
+    const duet_model_config_t *cfg = &dc->ke.model_cfg;
+    char *piece = dc->piece;
+    size_t cap = dc->piece_cap;
+    size_t n = 0;
+    int32_t id = token;
+    const char *why = NULL, *matched = NULL;
+
+    if (req->call == NULL)
+        return true;
+    if (req->t_first == 0)
+        req->t_first = duet_now_ns();
+    req->out[req->n_out++] = token;
+
+    /* an EOS or stop token ends the stream: its id goes out, its text not */
+    if (!req->ignore_eos && duet_model_config_is_eos(cfg, token))
+        why = "eos";
+    else if (duet__is_stop_id(req, token))
+        why = "stop_token_id";
+    if (why == NULL && (duet_detok_push(req->detok, token, piece, cap, &n) != DUET_OK ||
+                        duet__held_append(req, piece, n) != DUET_OK)) {
+        duet_dc_fail(dc, req, DUET_ERR_INTERNAL, duet_error_msg());
+        return true;
+    }
+    bool last = why != NULL || req->n_out >= req->max_tokens ||
+                req->n_prompt + req->n_out >= dc->max_ctx;
+    if (last && duet_detok_flush(req->detok, piece, cap, &n) == DUET_OK && n > 0 &&
+        duet__held_append(req, piece, n) != DUET_OK) {
+        duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, duet_error_msg());
+        return true;
+    }
+    /* the earliest stop string ends the text before it */
+    size_t send = req->held_len;
+    for (int i = 0; i < req->n_stops; i++) {
+        char *hit = strstr(req->held, req->stops[i]);
+        if (hit != NULL && (size_t)(hit - req->held) < send) {
+            send = (size_t)(hit - req->held);
+            matched = req->stops[i];
+        }
+    }
+    if (matched == NULL && !last)
+        send -= duet__stop_prefix(req);
+    if (!duet__send_chunk(dc, req, &id, 1, req->held, send))
+        return true;
+    if (matched != NULL || why != NULL) {
+        duet__finish(dc, req, DUET__V1__FINISH_REASON__FINISH_REASON_STOP,
+                     matched != NULL ? matched : why);
+        return true;
+    }
+    if (last) {
+        duet__finish(dc, req, DUET__V1__FINISH_REASON__FINISH_REASON_LENGTH, NULL);
+        return true;
+    }
+    memmove(req->held, req->held + send, req->held_len - send);
+    req->held_len -= send;
+    req->held[req->held_len] = '\0';
+    return false;
+}

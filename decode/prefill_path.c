@@ -1,0 +1,588 @@
+/* The prefill phase of a decode request (DESIGN §1 steps 2-3): bootstrap
+ * with the prefill daemon once, register what every rank expects (the
+ * slice plan's senders), call Prefill, and learn that the KV is complete.
+ *
+ * Page safety: a request's pages are reused only after nothing can write
+ * them any more -- all its expectations completed, or the Prefill call
+ * returned (then the prefill daemon has stopped sending: it answers only
+ * after every send ended) and the remaining expectations were cancelled. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc_pb.h"
+#include "decode/decode.h"
+#include "duet/v1/common.pb-c.h"
+#include "duet/v1/prefill.pb-c.h"
+
+/* ---- links ---------------------------------------------------------------- */
+
+static void duet__link_free(duet_decode_t *dc, duet_dc_link_t *link)
+{
+    int D = dc->ke.tp;
+    if (link->peers != NULL) {
+        for (int i = 0; i < D * link->P; i++)
+            duet_xfer_peer_disconnect(link->peers[i]);
+    }
+    duet_free(link->peers);
+    duet_slice_plan_destroy(link->plan);
+    duet_free(link);
+}
+
+typedef struct {
+    duet_decode_t *dc;
+    duet_dc_link_t *link;
+} duet__link_task_t;
+
+static void duet__link_free_task(void *arg)
+{
+    duet__link_task_t *t = arg;
+    duet__link_free(t->dc, t->link);
+    duet_free(t);
+}
+
+void duet_dc_link_put(duet_decode_t *dc, duet_dc_link_t *link)
+{
+    if (link == NULL || --link->refs > 0)
+        return;
+    duet__link_task_t *t = DUET_NEW(duet__link_task_t);
+    /* disconnecting blocks: the worker does it */
+    if (t != NULL) {
+        *t = (duet__link_task_t){dc, link};
+        if (duet_workq_post(dc->workq, duet__link_free_task, t) == DUET_OK)
+            return;
+        duet_free(t);
+    }
+    duet__link_free(dc, link);
+}
+
+/* Take a link out of the table (new requests bootstrap afresh). */
+static void duet__link_retire(duet_decode_t *dc, duet_dc_link_t *link)
+{
+    for (duet_dc_link_t **pp = &dc->links; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == link) {
+            *pp = link->next;
+            link->next = NULL;
+            link->state = DUET_DC_LINK_DEAD;
+            duet_dc_link_put(dc, link);
+            return;
+        }
+    }
+}
+
+/* Bootstrap (worker thread): exchange descriptors, connect our ranks to
+ * their senders, then tell the scheduler. */
+static void duet__boot_task(void *arg)
+{
+    duet__link_task_t *t = arg;
+    duet_decode_t *dc = t->dc;
+    duet_dc_link_t *link = t->link;
+    int D = dc->ke.tp;
+    int64_t deadline = duet_now_ns() + (int64_t)dc->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    Duet__V1__BootstrapRequest req = DUET__V1__BOOTSTRAP_REQUEST__INIT;
+    Duet__V1__BootstrapResponse *resp = NULL;
+    ProtobufCBinaryData descs[DUET_TP_MAX];
+    duet_rpc_result_t res = {0};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    duet_status_t st;
+    int senders[DUET_TP_MAX];
+
+    for (int d = 0; d < D; d++)
+        descs[d] = (ProtobufCBinaryData){dc->desc_lens[d], dc->descs[d]};
+    req.decode_id = dc->args.instance_id;
+    req.decode_name = dc->args.self->name;
+    req.tp = (uint32_t)D;
+    req.model_fingerprint = dc->ke.fingerprint;
+    req.kv_heads = (uint32_t)dc->ke.kv_heads;
+    req.n_rank_descriptors = (size_t)D;
+    req.rank_descriptors = descs;
+    if ((st = duet_pb_pack(&req.base, &buf, &len)) != DUET_OK)
+        goto out;
+    st = duet_rpc_client_unary(dc->cli, link->target, "/duet.v1.Prefill/Bootstrap", buf, len,
+                               deadline, &res);
+    if (st != DUET_OK) {
+        st = duet_error_wrap(st, "bootstrap with prefill %s: ", link->target);
+        goto out;
+    }
+    resp = duet__v1__bootstrap_response__unpack(NULL, res.len, res.data);
+    if (resp == NULL) {
+        st = duet_error(DUET_ERR_FORMAT, "bootstrap with prefill %s: malformed reply",
+                        link->target);
+        goto out;
+    }
+    if (resp->tp < 1 || resp->tp > DUET_TP_MAX || resp->n_rank_descriptors != resp->tp) {
+        st = duet_error(DUET_ERR_FORMAT, "bootstrap with prefill %s: tp %u, %zu descriptors",
+                        link->target, resp->tp, resp->n_rank_descriptors);
+        goto out;
+    }
+    if (resp->model_fingerprint != dc->ke.fingerprint || resp->kv_heads != (uint32_t)dc->ke.kv_heads) {
+        st = duet_error(DUET_ERR_MISMATCH,
+                        "bootstrap with prefill %s: it serves model fingerprint %016llx (%u kv "
+                        "heads), this decode %016llx (%d kv heads)",
+                        link->target, (unsigned long long)resp->model_fingerprint, resp->kv_heads,
+                        (unsigned long long)dc->ke.fingerprint, dc->ke.kv_heads);
+        goto out;
+    }
+    link->P = (int)resp->tp;
+    snprintf(link->prefill_id, sizeof(link->prefill_id), "%s",
+             resp->prefill_id ? resp->prefill_id : "");
+    if ((st = duet_slice_plan_create(link->P, D, dc->ke.kv_heads, &link->plan)) != DUET_OK)
+        goto out;
+    link->peers = DUET_NEW_ARRAY(duet_xfer_peer_t *, (size_t)(D * link->P));
+    if (link->peers == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "bootstrap: no memory");
+        goto out;
+    }
+    for (int d = 0; d < D; d++) {
+        int n = duet_slice_plan_senders(link->plan, d, senders);
+        for (int i = 0; i < n; i++) {
+            int p = senders[i];
+            st = duet_xfer_peer_connect(duet_xfer_rank(dc->ke.xfer, d),
+                                        resp->rank_descriptors[p].data,
+                                        resp->rank_descriptors[p].len, deadline,
+                                        &link->peers[d * link->P + p]);
+            if (st != DUET_OK) {
+                st = duet_error_wrap(st, "bootstrap with prefill %s: decode rank %d -> prefill "
+                                         "rank %d: ",
+                                     link->target, d, p);
+                goto out;
+            }
+        }
+    }
+    DUET_LOG_INFO("decode: bootstrapped with prefill %s (%s, tp %d)", link->target,
+                  link->prefill_id, link->P);
+out:
+    if (st != DUET_OK) {
+        snprintf(link->error, sizeof(link->error), "%s", duet_error_msg());
+        DUET_LOG_WARN("decode: %s", link->error);
+        if (link->peers != NULL) {
+            for (int i = 0; i < D * link->P; i++)
+                duet_xfer_peer_disconnect(link->peers[i]);
+            duet_free(link->peers);
+            link->peers = NULL;
+        }
+        duet_slice_plan_destroy(link->plan);
+        link->plan = NULL;
+    }
+    if (resp != NULL)
+        duet__v1__bootstrap_response__free_unpacked(resp, NULL);
+    duet_rpc_result_cleanup(&res);
+    duet_free(buf);
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_LINK_DONE, NULL);
+    if (ev == NULL) {
+        DUET_LOG_ERROR("decode: no memory for an event; bootstrap result lost");
+    } else {
+        ev->link = link;
+        ev->status = st;
+        duet_dc_post(dc, ev);
+    }
+    duet_free(t);
+}
+
+static duet_dc_link_t *duet__link_for(duet_decode_t *dc, const char *target)
+{
+    duet_dc_link_t *link;
+    duet__link_task_t *t;
+
+    for (link = dc->links; link != NULL; link = link->next) {
+        if (strcmp(link->target, target) == 0)
+            return link;
+    }
+    link = DUET_NEW(duet_dc_link_t);
+    t = DUET_NEW(duet__link_task_t);
+    if (link == NULL || t == NULL) {
+        duet_free(link);
+        duet_free(t);
+        return NULL;
+    }
+    snprintf(link->target, sizeof(link->target), "%s", target);
+    link->state = DUET_DC_LINK_BOOTING;
+    link->refs = 1;
+    *t = (duet__link_task_t){dc, link};
+    if (duet_workq_post(dc->workq, duet__boot_task, t) != DUET_OK) {
+        duet_free(link);
+        duet_free(t);
+        return NULL;
+    }
+    link->next = dc->links;
+    dc->links = link;
+    return link;
+}
+
+/* ---- the Prefill call ----------------------------------------------------- */
+
+static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
+{
+    duet_dc_rank_arg_t *ra = arg;
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_KV_DONE, ra->req);
+    if (ev == NULL) {
+        DUET_LOG_ERROR("decode: no memory for an event (transfer %llu)", (unsigned long long)id);
+        return;
+    }
+    ev->rank = ra->rank;
+    ev->status = res->status;
+    ev->first_token = res->first_token;
+    snprintf(ev->detail, sizeof(ev->detail), "%s", res->detail);
+    duet_dc_post(ra->dc, ev);
+}
+
+typedef struct {
+    duet_decode_t *dc;
+    duet_dc_req_t *req;
+} duet__rpc_arg_t;
+
+static void duet__rpc_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len,
+                              void *arg)
+{
+    /* the first token comes with the notifications; the reply's timings
+     * are only logged */
+    Duet__V1__PrefillResponse *r = duet__v1__prefill_response__unpack(NULL, len, data);
+    if (r != NULL) {
+        DUET_LOG_DEBUG("decode: prefill replied: queue %u us compute %u us transfer %u us, %llu "
+                       "bytes",
+                       r->queue_us, r->compute_us, r->transfer_us,
+                       (unsigned long long)r->bytes_sent);
+        duet__v1__prefill_response__free_unpacked(r, NULL);
+    }
+}
+
+static void duet__rpc_done(duet_rpc_stream_t *stream, grpc_status_code code, const char *msg,
+                           void *arg)
+{
+    duet__rpc_arg_t *a = arg;
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_RPC_DONE, a->req);
+    if (ev != NULL) {
+        ev->status = code == GRPC_STATUS_OK ? DUET_OK : duet_rpc_status_from_grpc(code);
+        snprintf(ev->detail, sizeof(ev->detail), "%s", msg ? msg : "");
+        duet_dc_post(a->dc, ev);
+    } else {
+        DUET_LOG_ERROR("decode: no memory for an event (request %s)", a->req->request_id);
+    }
+    duet_free(a);
+}
+
+static void duet__noop_done(duet_rpc_stream_t *stream, grpc_status_code code, const char *msg,
+                            void *arg)
+{
+}
+
+/* Cancel every expectation still registered (only once the Prefill call
+ * returned or never started: see the file comment). */
+static void duet__cancel_expectations(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    for (int d = 0; d < dc->ke.tp; d++) {
+        if (req->expecting != NULL && req->expecting[d]) {
+            duet_xfer_recv_cancel(duet_xfer_rank(dc->ke.xfer, d), req->xid);
+            req->expecting[d] = false;
+        }
+    }
+    req->n_expecting = 0;
+}
+
+static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *link)
+{
+    int D = dc->ke.tp;
+    int64_t now = duet_now_ns();
+    Duet__V1__PrefillRequest pr = DUET__V1__PREFILL_REQUEST__INIT;
+    Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
+    duet__rpc_arg_t *ra = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    duet_status_t st;
+
+    req->link = link;
+    link->refs++;
+    req->xid = atomic_fetch_add(&dc->next_xid, 1);
+    req->kv_ok = 0;
+    req->kv_failed = false;
+    req->state = DUET_DC_PREFILL;
+    req->next = dc->prefilling;
+    dc->prefilling = req;
+    for (int d = 0; d < D; d++) {
+        req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d};
+        duet_xfer_expect_t e = {
+            .req_id = req->xid,
+            .plan = link->plan,
+            .peers = &link->peers[d * link->P],
+            .pages = req->pages,
+            .n_pages = req->n_prompt_pages,
+            .deadline_ns = now + (int64_t)dc->args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
+            .cb = duet__kv_cb,
+            .arg = &req->rank_args[d],
+        };
+        if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->ke.xfer, d), &e)) != DUET_OK) {
+            st = duet_error_wrap(st, "decode rank %d: ", d);
+            goto fail;
+        }
+        req->expecting[d] = true;
+        req->n_expecting++;
+    }
+    sp.temperature = req->sampling.temperature;
+    sp.top_k = req->sampling.top_k;
+    sp.top_p = req->sampling.top_p;
+    sp.seed = req->sampling.seed;
+    sp.has_seed = true;
+    pr.request_id = req->request_id;
+    pr.decode_id = dc->args.instance_id;
+    pr.n_prompt_ids = (size_t)req->n_prompt;
+    pr.prompt_ids = req->prompt;
+    pr.n_dst_pages = (size_t)req->n_prompt_pages;
+    pr.dst_pages = req->pages;
+    pr.sampling = &sp;
+    pr.transfer_id = req->xid;
+    ra = DUET_NEW(duet__rpc_arg_t);
+    if (ra == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "no memory");
+        goto fail;
+    }
+    *ra = (duet__rpc_arg_t){dc, req};
+    if ((st = duet_pb_pack(&pr.base, &buf, &len)) != DUET_OK)
+        goto fail;
+    st = duet_rpc_client_stream(
+        dc->cli, link->target, "/duet.v1.Prefill/Prefill", buf, len,
+        now + ((int64_t)dc->args.cluster->transfer_timeout_ms + dc->args.cluster->rpc_timeout_ms) *
+                  DUET_NS_PER_MS,
+        duet__rpc_message, duet__rpc_done, ra, &req->rpc_stream);
+    duet_free(buf);
+    if (st != DUET_OK) {
+        st = duet_error_wrap(st, "prefill %s: ", link->target);
+        goto fail;
+    }
+    req->rpc_started = true;
+    req->rpc_done = false;
+    return;
+
+fail:
+    duet_free(ra);
+    /* no Prefill call is running: nothing will write these pages */
+    duet__cancel_expectations(dc, req);
+    duet_dc_fail(dc, req, st == DUET_ERR_PEER ? DUET_ERR_PEER : st, duet_error_msg());
+}
+
+static const char *duet__pick_prefill(duet_decode_t *dc)
+{
+    const duet_cluster_config_t *c = dc->args.cluster;
+    for (int i = 0; i < c->n_prefill; i++) {
+        const duet_instance_config_t *p = &c->prefill[(dc->next_prefill + i) % c->n_prefill];
+        if (p->address != NULL && p->address[0] != '\0') {
+            dc->next_prefill = (dc->next_prefill + i + 1) % c->n_prefill;
+            return p->address;
+        }
+    }
+    return NULL;
+}
+
+void duet_dc_prefill_start(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    const char *target = req->prefill_target[0] ? req->prefill_target : duet__pick_prefill(dc);
+    duet_dc_link_t *link;
+
+    if (target == NULL) {
+        duet_dc_fail(dc, req, DUET_ERR_PEER,
+                     "no prefill instance: the request names none and the config lists none");
+        return;
+    }
+    snprintf(req->prefill_target, sizeof(req->prefill_target), "%s", target);
+    link = duet__link_for(dc, target);
+    if (link == NULL) {
+        duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, "no memory for a prefill link");
+        return;
+    }
+    if (link->state == DUET_DC_LINK_READY) {
+        duet__begin(dc, req, link);
+        return;
+    }
+    /* BOOTING: wait for it */
+    req->state = DUET_DC_LINKING;
+    req->link = link;
+    link->refs++;
+    req->next = link->waiting;
+    link->waiting = req;
+    atomic_fetch_add(&dc->waiting, 1);
+}
+
+void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    duet_dc_link_t *link = ev->link;
+    duet_dc_req_t *waiting = link->waiting;
+
+    link->waiting = NULL;
+    if (ev->status == DUET_OK)
+        link->state = DUET_DC_LINK_READY;
+    while (waiting != NULL) {
+        duet_dc_req_t *req = waiting;
+        waiting = req->next;
+        req->next = NULL;
+        atomic_fetch_sub(&dc->waiting, 1);
+        duet_dc_link_put(dc, req->link); /* the LINKING reference */
+        req->link = NULL;
+        if (ev->status == DUET_OK) {
+            duet__begin(dc, req, link);
+        } else {
+            req->state = DUET_DC_NEW;
+            duet_dc_fail(dc, req,
+                         ev->status == DUET_ERR_MISMATCH ? DUET_ERR_MISMATCH : DUET_ERR_PEER,
+                         link->error);
+        }
+    }
+    if (ev->status != DUET_OK)
+        duet__link_retire(dc, link);
+}
+
+void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    for (duet_dc_link_t *link = dc->links; link != NULL; link = link->next) {
+        if (link->peers == NULL)
+            continue;
+        for (int i = 0; i < dc->ke.tp * link->P; i++) {
+            if (link->peers[i] == ev->peer) {
+                DUET_LOG_WARN("decode: transfer connection to prefill %s failed: %s; the next "
+                              "request bootstraps again",
+                              link->target, ev->detail);
+                duet__link_retire(dc, link);
+                return;
+            }
+        }
+    }
+}
+
+void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
+                           const char *detail)
+{
+    duet_decode_t *dc = arg;
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_PEER_ERROR, NULL);
+    if (ev == NULL)
+        return;
+    ev->peer = peer;
+    ev->status = st;
+    snprintf(ev->detail, sizeof(ev->detail), "%s", detail);
+    duet_dc_post(dc, ev);
+}
+
+void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    duet_dc_req_t *req = ev->req;
+    int D = dc->ke.tp;
+
+    if (req->expecting == NULL || !req->expecting[ev->rank])
+        return; /* cancelled: no longer counted */
+    req->expecting[ev->rank] = false;
+    req->n_expecting--;
+    if (req->state == DUET_DC_ENDED) {
+        duet_dc_release(dc, req);
+        return;
+    }
+    if (ev->status != DUET_OK) {
+        char msg[640];
+        req->kv_failed = true;
+        snprintf(msg, sizeof(msg), "kv transfer from prefill %s failed on decode rank %d: %s",
+                 req->prefill_target, ev->rank, ev->detail);
+        duet_dc_fail(dc, req, ev->status, msg);
+        return;
+    }
+    if (req->kv_ok > 0 && ev->first_token != req->kv_first_token) {
+        duet_dc_fail(dc, req, DUET_ERR_INTERNAL, "prefill ranks reported different first tokens");
+        return;
+    }
+    req->kv_first_token = (int32_t)ev->first_token;
+    if (++req->kv_ok < D)
+        return;
+    /* every rank has all its KV: decode can start */
+    for (duet_dc_req_t **pp = &dc->prefilling; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == req) {
+            *pp = req->next;
+            break;
+        }
+    }
+    req->next = NULL;
+    req->state = DUET_DC_NEW;
+    duet_dc_kv_ready(dc, req);
+}
+
+void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    duet_dc_req_t *req = ev->req;
+
+    req->rpc_done = true;
+    duet_rpc_stream_release(req->rpc_stream);
+    req->rpc_stream = NULL;
+    if (req->state == DUET_DC_ENDED) {
+        duet_dc_release(dc, req);
+        return;
+    }
+    if (ev->status == DUET_OK || req->state != DUET_DC_PREFILL)
+        return; /* the KV arrived (or will): the notifications decide */
+    /* prefill refused or failed before the KV was complete; it is not
+     * sending any more, so the expectations can go */
+    duet__cancel_expectations(dc, req);
+    if (ev->status == DUET_ERR_MISMATCH && strstr(ev->detail, "bootstrap") != NULL &&
+        !req->retried && req->link != NULL) {
+        /* the prefill daemon restarted (it does not know us): bootstrap
+         * again and retry once */
+        DUET_LOG_INFO("decode: prefill %s lost our bootstrap; bootstrapping again",
+                      req->prefill_target);
+        duet_dc_link_t *old = req->link;
+        for (duet_dc_req_t **pp = &dc->prefilling; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == req) {
+                *pp = req->next;
+                break;
+            }
+        }
+        req->next = NULL;
+        req->state = DUET_DC_NEW;
+        req->link = NULL;
+        req->retried = true;
+        req->rpc_started = false;
+        if (old->state != DUET_DC_LINK_DEAD)
+            duet__link_retire(dc, old);
+        duet_dc_link_put(dc, old);
+        duet_dc_prefill_start(dc, req);
+        return;
+    }
+    char msg[640];
+    snprintf(msg, sizeof(msg), "prefill %s: %s", req->prefill_target, ev->detail);
+    duet_dc_fail(dc, req, ev->status, msg);
+}
+
+bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    if (req->rpc_started && !req->rpc_done) {
+        if (!req->abort_sent && req->n_expecting > 0) {
+            /* ask prefill to stop; its Prefill reply follows */
+            Duet__V1__AbortRequest ab = DUET__V1__ABORT_REQUEST__INIT;
+            uint8_t *buf = NULL;
+            size_t len = 0;
+            ab.request_id = req->request_id;
+            ab.caller_id = dc->args.instance_id;
+            ab.transfer_id = req->xid;
+            if (duet_pb_pack(&ab.base, &buf, &len) == DUET_OK) {
+                duet_rpc_client_stream(
+                    dc->cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,
+                    duet_now_ns() + (int64_t)dc->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS,
+                    NULL, duet__noop_done, NULL, NULL);
+                duet_free(buf);
+            }
+        }
+        req->abort_sent = true;
+        return false;
+    }
+    duet__cancel_expectations(dc, req);
+    if (req->link != NULL) {
+        duet_dc_link_put(dc, req->link);
+        req->link = NULL;
+    }
+    return true;
+}
+
+void duet_dc_links_destroy(duet_decode_t *dc)
+{
+    duet_dc_link_t *l = dc->links;
+    dc->links = NULL;
+    while (l != NULL) {
+        duet_dc_link_t *next = l->next;
+        duet__link_free(dc, l);
+        l = next;
+    }
+}

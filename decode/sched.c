@@ -1,0 +1,474 @@
+/* The decode scheduler: events in, admission, continuous batching, and the
+ * end of every request.  Only this thread touches requests and links after
+ * the handler posted them (decode.h). */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc_pb.h"
+#include "common/sync.h"
+#include "duet/v1/common.pb-c.h"
+#include "decode/decode.h"
+
+duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req)
+{
+    duet_dc_ev_t *ev = DUET_NEW(duet_dc_ev_t);
+    if (ev != NULL) {
+        ev->type = type;
+        ev->req = req;
+    }
+    return ev;
+}
+
+void duet_dc_post(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    pthread_mutex_lock(&dc->evlock);
+    if (dc->ev_tail != NULL)
+        dc->ev_tail->next = ev;
+    else
+        dc->ev_head = ev;
+    dc->ev_tail = ev;
+    pthread_cond_signal(&dc->evcv);
+    pthread_mutex_unlock(&dc->evlock);
+}
+
+void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p)
+{
+    pthread_mutex_lock(&dc->evlock);
+    *queued_p = dc->info_queued;
+    *running_p = dc->info_running;
+    pthread_mutex_unlock(&dc->evlock);
+}
+
+void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    if (req == NULL)
+        return;
+    duet_free(req->prompt);
+    duet_free(req->stop_ids);
+    for (int i = 0; i < req->n_stops; i++)
+        duet_free(req->stops[i]);
+    duet_free(req->pages);
+    duet_free(req->rank_args);
+    duet_free(req->expecting);
+    duet_free(req->out);
+    duet_free(req->held);
+    duet_detok_destroy(req->detok);
+    duet_free(req);
+}
+
+static void duet__list_remove(duet_dc_req_t **head, duet_dc_req_t **tail, duet_dc_req_t *req)
+{
+    duet_dc_req_t *prev = NULL;
+    for (duet_dc_req_t *r = *head; r != NULL; prev = r, r = r->next) {
+        if (r != req)
+            continue;
+        if (prev != NULL)
+            prev->next = r->next;
+        else
+            *head = r->next;
+        if (tail != NULL && *tail == r)
+            *tail = prev;
+        r->next = NULL;
+        return;
+    }
+}
+
+static void duet__list_append(duet_dc_req_t **head, duet_dc_req_t **tail, duet_dc_req_t *req)
+{
+    req->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = req;
+    else
+        *head = req;
+    *tail = req;
+}
+
+/* Take the request out of whatever its state keeps it in. */
+static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    switch (req->state) {
+    case DUET_DC_NEW:
+        break;
+    case DUET_DC_QUEUED:
+        duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
+        atomic_fetch_sub(&dc->waiting, 1);
+        break;
+    case DUET_DC_LINKING:
+        duet__list_remove(&req->link->waiting, NULL, req);
+        duet_dc_link_put(dc, req->link);
+        req->link = NULL;
+        atomic_fetch_sub(&dc->waiting, 1);
+        break;
+    case DUET_DC_PREFILL:
+        duet__list_remove(&dc->prefilling, NULL, req);
+        break;
+    case DUET_DC_READY:
+        duet__list_remove(&dc->ready_head, &dc->ready_tail, req);
+        break;
+    case DUET_DC_RUNNING:
+        for (int i = 0; i < dc->n_running; i++) {
+            if (dc->running[i] == req) {
+                memmove(&dc->running[i], &dc->running[i + 1],
+                        (size_t)(dc->n_running - i - 1) * sizeof(dc->running[0]));
+                dc->n_running--;
+                break;
+            }
+        }
+        break;
+    case DUET_DC_ENDED:
+        duet__list_remove(&dc->ending, NULL, req);
+        break;
+    }
+}
+
+/* Free pages and links once nothing can still write or call back. */
+void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    if (!duet_dc_prefill_quiesce(dc, req))
+        return;
+    duet__list_remove(&dc->ending, NULL, req);
+    if (req->pages_held) {
+        duet_page_alloc_put(dc->pages, req->pages, req->n_pages);
+        req->pages_held = false;
+    }
+    req->next = dc->zombies;
+    dc->zombies = req;
+}
+
+static void duet__end(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    if (req->state == DUET_DC_ENDED)
+        return;
+    duet__unlink(dc, req);
+    req->state = DUET_DC_ENDED;
+    req->next = dc->ending;
+    dc->ending = req;
+    duet_dc_release(dc, req);
+}
+
+void duet_dc_fail(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st, const char *msg)
+{
+    if (req->call != NULL) {
+        DUET_LOG_DEBUG("decode: request %s failed: %s: %s", req->request_id, duet_status_str(st),
+                       msg);
+        duet_rpc_call_fail_status(req->call, st, msg);
+        req->call = NULL;
+        pthread_mutex_lock(&dc->evlock);
+        dc->requests_failed++;
+        pthread_mutex_unlock(&dc->evlock);
+    }
+    duet__end(dc, req);
+}
+
+/* A stream finished normally: duet_dc_emit made the terminal call. */
+static void duet__finished(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    duet__end(dc, req);
+}
+
+void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    duet_status_t st = duet_dc_output_init(dc, req);
+    if (st != DUET_OK) {
+        duet_dc_fail(dc, req, st, duet_error_msg());
+        return;
+    }
+    /* the prefill daemon sampled output 0 */
+    if (duet_dc_emit(dc, req, req->kv_first_token)) {
+        duet__finished(dc, req);
+        return;
+    }
+    req->state = DUET_DC_READY;
+    duet__list_append(&dc->ready_head, &dc->ready_tail, req);
+}
+
+static duet_dc_req_t *duet__find(duet_decode_t *dc, const char *id)
+{
+    duet_dc_req_t *lists[] = {dc->queue_head, dc->prefilling, dc->ready_head};
+    for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
+        for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
+            if (strcmp(r->request_id, id) == 0)
+                return r;
+        }
+    }
+    for (int i = 0; i < dc->n_running; i++) {
+        if (strcmp(dc->running[i]->request_id, id) == 0)
+            return dc->running[i];
+    }
+    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+        for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
+            if (strcmp(r->request_id, id) == 0)
+                return r;
+        }
+    }
+    return NULL;
+}
+
+static void duet__handle(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    duet_dc_req_t *req = ev->req;
+    switch (ev->type) {
+    case DUET_DC_EV_NEW:
+        req->state = DUET_DC_QUEUED;
+        duet__list_append(&dc->queue_head, &dc->queue_tail, req);
+        pthread_mutex_lock(&dc->evlock);
+        dc->requests_total++;
+        pthread_mutex_unlock(&dc->evlock);
+        break;
+    case DUET_DC_EV_ABORT: {
+        duet_dc_req_t *r = duet__find(dc, ev->request_id);
+        Duet__V1__AbortResponse resp = DUET__V1__ABORT_RESPONSE__INIT;
+        if (r != NULL) {
+            r->cancelled = true;
+            duet_dc_fail(dc, r, DUET_ERR_CANCELLED, "aborted by Decode.Abort");
+        }
+        resp.found = r != NULL;
+        duet_pb_reply(ev->call, &resp.base);
+        break;
+    }
+    case DUET_DC_EV_KV_DONE:
+        duet_dc_on_kv_done(dc, ev);
+        break;
+    case DUET_DC_EV_RPC_DONE:
+        duet_dc_on_rpc_done(dc, ev);
+        break;
+    case DUET_DC_EV_LINK_DONE:
+        duet_dc_on_link_done(dc, ev);
+        break;
+    case DUET_DC_EV_PEER_ERROR:
+        duet_dc_on_peer_failed(dc, ev);
+        break;
+    case DUET_DC_EV_WAKE:
+        break;
+    }
+}
+
+/* End the requests whose client went away (flagged by on_cancel). */
+static void duet__reap_cancelled(duet_decode_t *dc)
+{
+    duet_dc_req_t *lists[] = {dc->queue_head, dc->prefilling, dc->ready_head};
+    for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
+        duet_dc_req_t *r = lists[l];
+        while (r != NULL) {
+            duet_dc_req_t *next = r->next;
+            if (atomic_load(&r->cancel_requested))
+                duet_dc_fail(dc, r, DUET_ERR_CANCELLED, "cancelled by the client");
+            r = next;
+        }
+    }
+    for (int i = 0; i < dc->n_running; i++) {
+        if (atomic_load(&dc->running[i]->cancel_requested)) {
+            duet_dc_fail(dc, dc->running[i], DUET_ERR_CANCELLED, "cancelled by the client");
+            i--;
+        }
+    }
+    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+        duet_dc_req_t *r = k->waiting;
+        while (r != NULL) {
+            duet_dc_req_t *next = r->next;
+            if (atomic_load(&r->cancel_requested))
+                duet_dc_fail(dc, r, DUET_ERR_CANCELLED, "cancelled by the client");
+            r = next;
+        }
+    }
+}
+
+static void duet__admit(duet_decode_t *dc)
+{
+    while (dc->queue_head != NULL) {
+        duet_dc_req_t *req = dc->queue_head;
+        if (duet_page_alloc_get(dc->pages, req->n_pages, req->pages) != DUET_OK)
+            break; /* wait: finishing requests free pages */
+        req->pages_held = true;
+        duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
+        atomic_fetch_sub(&dc->waiting, 1);
+        duet_dc_prefill_start(dc, req);
+    }
+}
+
+/* One decode step over the running batch. */
+static void duet__step(duet_decode_t *dc)
+{
+    int max = dc->args.self->max_seqs;
+    int64_t now = duet_now_ns();
+    duet_status_t st;
+
+    while (dc->n_running < max && dc->ready_head != NULL) {
+        duet_dc_req_t *req = dc->ready_head;
+        duet__list_remove(&dc->ready_head, &dc->ready_tail, req);
+        req->state = DUET_DC_RUNNING;
+        dc->running[dc->n_running++] = req;
+    }
+    for (int i = 0; i < dc->n_running; i++) {
+        duet_dc_req_t *req = dc->running[i];
+        if (req->deadline_ns != INT64_MAX && now > req->deadline_ns) {
+            duet_dc_fail(dc, req, DUET_ERR_TIMEOUT, "request deadline exceeded");
+            i--;
+        }
+    }
+    int n = dc->n_running;
+    if (n == 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        duet_dc_req_t *req = dc->running[i];
+        dc->inputs[i] = req->out[req->n_out - 1];
+        dc->seqs[i] = (duet_engine_seq_t){
+            .tokens = &dc->inputs[i],
+            .n_tokens = 1,
+            .start_pos = req->n_prompt + req->n_out - 1,
+            .pages = req->pages,
+            .n_pages = req->n_pages,
+            .sample = true,
+            .sampling = req->sampling,
+            .sample_index = (uint64_t)req->n_out,
+        };
+    }
+    st = duet_engine_forward(dc->ke.engine, dc->seqs, n, dc->sampled);
+    if (st != DUET_OK) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "decode engine failed: %s", duet_error_msg());
+        DUET_LOG_ERROR("%s", msg);
+        duet_rpc_health_set(dc->health, "", DUET_RPC_HEALTH_NOT_SERVING);
+        while (dc->n_running > 0)
+            duet_dc_fail(dc, dc->running[0], DUET_ERR_INTERNAL, msg);
+        return;
+    }
+    /* emit in batch order; requests that end leave the array */
+    duet_dc_req_t **batch = dc->running;
+    duet_dc_req_t *snapshot[n];
+    memcpy(snapshot, batch, (size_t)n * sizeof(snapshot[0]));
+    for (int i = 0; i < n; i++) {
+        if (duet_dc_emit(dc, snapshot[i], dc->sampled[i]))
+            duet__finished(dc, snapshot[i]);
+    }
+}
+
+static void duet__update_info(duet_decode_t *dc)
+{
+    int queued = 0, running = dc->n_running;
+    for (duet_dc_req_t *r = dc->queue_head; r != NULL; r = r->next)
+        queued++;
+    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+        for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next)
+            queued++;
+    }
+    for (duet_dc_req_t *r = dc->prefilling; r != NULL; r = r->next)
+        running++;
+    for (duet_dc_req_t *r = dc->ready_head; r != NULL; r = r->next)
+        running++;
+    for (duet_dc_req_t *r = dc->ending; r != NULL; r = r->next)
+        running++;
+    pthread_mutex_lock(&dc->evlock);
+    dc->info_queued = queued;
+    dc->info_running = running;
+    pthread_mutex_unlock(&dc->evlock);
+}
+
+static bool duet__idle(duet_decode_t *dc)
+{
+    return dc->queue_head == NULL && dc->prefilling == NULL && dc->ready_head == NULL &&
+           dc->n_running == 0 && dc->ending == NULL;
+}
+
+/* At stop: end everything still here. */
+static void duet__abort_all(duet_decode_t *dc)
+{
+    duet_dc_req_t *r;
+    while ((r = dc->queue_head) != NULL)
+        duet_dc_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
+    while ((r = dc->ready_head) != NULL)
+        duet_dc_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
+    while (dc->n_running > 0)
+        duet_dc_fail(dc, dc->running[0], DUET_ERR_SHUTDOWN, "decode is shutting down");
+    while ((r = dc->prefilling) != NULL)
+        duet_dc_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
+    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+        while ((r = k->waiting) != NULL)
+            duet_dc_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
+    }
+}
+
+static void *duet__sched_main(void *arg)
+{
+    duet_decode_t *dc = arg;
+    duet_thread_set_name("dc-sched");
+    for (;;) {
+        duet_dc_req_t *zombies = dc->zombies;
+        duet_dc_ev_t *evs;
+        bool stop;
+
+        dc->zombies = NULL;
+        pthread_mutex_lock(&dc->evlock);
+        if (dc->ev_head == NULL && !dc->stop && dc->n_running == 0 && dc->ready_head == NULL &&
+            zombies == NULL) {
+            /* idle: sleep until an event (or a while, to stay responsive) */
+            struct timespec ts = duet_deadline_timespec(duet_now_ns() + 500 * DUET_NS_PER_MS);
+            pthread_cond_timedwait(&dc->evcv, &dc->evlock, &ts);
+        }
+        evs = dc->ev_head;
+        dc->ev_head = dc->ev_tail = NULL;
+        stop = dc->stop;
+        pthread_mutex_unlock(&dc->evlock);
+
+        while (evs != NULL) {
+            duet_dc_ev_t *ev = evs;
+            evs = ev->next;
+            duet__handle(dc, ev);
+            duet_free(ev);
+        }
+        /* every event that could name these was posted before they became
+         * zombies, and has now been handled */
+        while (zombies != NULL) {
+            duet_dc_req_t *z = zombies;
+            zombies = z->next;
+            duet_dc_req_free(dc, z);
+        }
+        duet__reap_cancelled(dc);
+        if (stop)
+            duet__abort_all(dc);
+        duet__admit(dc);
+        duet__step(dc);
+        duet__update_info(dc);
+        if (stop && duet__idle(dc) && dc->zombies == NULL) {
+            pthread_mutex_lock(&dc->evlock);
+            bool more = dc->ev_head != NULL;
+            pthread_mutex_unlock(&dc->evlock);
+            if (!more)
+                break;
+        }
+    }
+    return NULL;
+}
+
+duet_status_t duet_dc_sched_start(duet_decode_t *dc)
+{
+    int max = dc->args.self->max_seqs;
+    dc->running = DUET_NEW_ARRAY(duet_dc_req_t *, (size_t)max);
+    dc->seqs = DUET_NEW_ARRAY(duet_engine_seq_t, (size_t)max);
+    dc->sampled = DUET_NEW_ARRAY(int32_t, (size_t)max);
+    dc->inputs = DUET_NEW_ARRAY(int32_t, (size_t)max);
+    if (!dc->running || !dc->seqs || !dc->sampled || !dc->inputs)
+        return duet_error(DUET_ERR_NO_MEMORY, "decode: no memory for the scheduler");
+    if (pthread_create(&dc->sched_thread, NULL, duet__sched_main, dc) != 0)
+        return duet_error(DUET_ERR_NO_MEMORY, "decode: cannot start the scheduler");
+    dc->sched_started = true;
+    return DUET_OK;
+}
+
+void duet_dc_sched_stop(duet_decode_t *dc)
+{
+    if (!dc->sched_started)
+        return;
+    pthread_mutex_lock(&dc->evlock);
+    dc->stop = true;
+    pthread_cond_signal(&dc->evcv);
+    pthread_mutex_unlock(&dc->evlock);
+    pthread_join(dc->sched_thread, NULL);
+    dc->sched_started = false;
+    duet_free(dc->running);
+    duet_free(dc->seqs);
+    duet_free(dc->sampled);
+    duet_free(dc->inputs);
+}

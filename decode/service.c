@@ -1,0 +1,279 @@
+/* duet.v1.Decode: Generate, Abort, Info.  Generate validates and tokenizes
+ * on the completion-queue thread, then hands the request to the scheduler;
+ * every error is a gRPC status with a message naming the field. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc_pb.h"
+#include "decode/decode.h"
+#include "duet/v1/decode.pb-c.h"
+
+#define DUET_VERSION_STRING "0.1.0"
+
+static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
+{
+    duet_dc_req_t *req = arg;
+    duet_decode_t *dc = req->rank_args[0].dc;
+    /* a flag, not an event naming the request: the NEW event may not have
+     * been posted yet.  The scheduler scans for flagged requests. */
+    atomic_store(&req->cancel_requested, true);
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_WAKE, NULL);
+    if (ev != NULL)
+        duet_dc_post(dc, ev);
+}
+
+static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sampling_t *out)
+{
+    *out = duet_sampling_greedy();
+    out->seed = duet_random_u64();
+    if (sp != NULL) {
+        out->temperature = sp->temperature;
+        out->top_k = sp->top_k;
+        out->top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+        if (sp->has_seed || sp->seed != 0)
+            out->seed = sp->seed;
+    }
+    return duet_sampling_check(out);
+}
+
+static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateRequest *g,
+                                  duet_dc_req_t *req)
+{
+    const duet_model_config_t *cfg = &dc->ke.model_cfg;
+    size_t n = 0;
+
+    switch (g->prompt_case) {
+    case DUET__V1__GENERATE_REQUEST__PROMPT_TEXT: {
+        int32_t *ids = NULL;
+        duet_status_t st =
+            duet_tokenizer_encode(dc->tok, g->text, strlen(g->text), true, &ids, &n);
+        if (st != DUET_OK)
+            return duet_error_wrap(st, "prompt: ");
+        req->prompt = ids;
+        break;
+    }
+    case DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
+        n = g->token_ids != NULL ? g->token_ids->n_ids : 0;
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++) {
+            if (g->token_ids->ids[i] < 0 || g->token_ids->ids[i] >= cfg->vocab)
+                return duet_error(DUET_ERR_INVALID, "prompt: token id %d at %zu is out of range "
+                                                    "0..%d",
+                                  g->token_ids->ids[i], i, cfg->vocab - 1);
+        }
+        req->prompt = duet_malloc(n * sizeof(int32_t));
+        if (req->prompt == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "no memory");
+        memcpy(req->prompt, g->token_ids->ids, n * sizeof(int32_t));
+        break;
+    default:
+        return duet_error(DUET_ERR_INVALID, "prompt: give text or token_ids");
+    }
+    if (n == 0)
+        return duet_error(DUET_ERR_INVALID, "prompt: empty");
+    if (n > (size_t)dc->max_ctx)
+        return duet_error(DUET_ERR_TOO_LONG,
+                          "prompt: %zu tokens exceed the model context of %d tokens", n,
+                          dc->max_ctx);
+    req->n_prompt = (int)n;
+    return DUET_OK;
+}
+
+static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGenerateRequest *m,
+                                    duet_dc_req_t *req)
+{
+    const Duet__V1__GenerateRequest *g = m->request;
+    const duet_model_config_t *cfg = &dc->ke.model_cfg;
+    int ps = dc->args.cluster->page_size;
+    duet_status_t st;
+
+    if (g == NULL)
+        return duet_error(DUET_ERR_INVALID, "request: missing");
+    if (g->request_id != NULL && g->request_id[0] != '\0') {
+        if (strlen(g->request_id) >= sizeof(req->request_id))
+            return duet_error(DUET_ERR_INVALID, "request_id: longer than %zu bytes",
+                              sizeof(req->request_id) - 1);
+        snprintf(req->request_id, sizeof(req->request_id), "%s", g->request_id);
+    } else {
+        snprintf(req->request_id, sizeof(req->request_id), "%s-%llu", dc->args.instance_id,
+                 (unsigned long long)atomic_fetch_add(&dc->next_req, 1));
+    }
+    if (m->prefill_target != NULL && strlen(m->prefill_target) >= sizeof(req->prefill_target))
+        return duet_error(DUET_ERR_INVALID, "prefill_target: too long");
+    snprintf(req->prefill_target, sizeof(req->prefill_target), "%s",
+             m->prefill_target ? m->prefill_target : "");
+    if ((st = duet__prompt(dc, g, req)) != DUET_OK)
+        return st;
+    if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
+        return duet_error_wrap(st, "sampling: ");
+    req->max_tokens = g->max_tokens > 0 ? (int)g->max_tokens : dc->args.self->max_tokens_default;
+    if (g->max_tokens > (1u << 24))
+        return duet_error(DUET_ERR_INVALID, "max_tokens: %u is too large", g->max_tokens);
+    /* generation stops at the context: reserve no more than it */
+    if (req->n_prompt + req->max_tokens > dc->max_ctx)
+        req->max_tokens = dc->max_ctx - req->n_prompt + 1;
+    req->ignore_eos = g->ignore_eos;
+    if (g->n_stop > DUET_DC_MAX_STOPS)
+        return duet_error(DUET_ERR_INVALID, "stop: at most %d strings", DUET_DC_MAX_STOPS);
+    for (size_t i = 0; i < g->n_stop; i++) {
+        size_t len = strlen(g->stop[i]);
+        if (len == 0 || len > DUET_DC_STOP_MAX_LEN)
+            return duet_error(DUET_ERR_INVALID, "stop[%zu]: must be 1..%d bytes", i,
+                              DUET_DC_STOP_MAX_LEN);
+        if ((req->stops[req->n_stops++] = duet_strdup(g->stop[i])) == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "no memory");
+    }
+    if (g->n_stop_token_ids > 0) {
+        req->stop_ids = duet_malloc(g->n_stop_token_ids * sizeof(int32_t));
+        if (req->stop_ids == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "no memory");
+        for (size_t i = 0; i < g->n_stop_token_ids; i++) {
+            if (g->stop_token_ids[i] < 0 || g->stop_token_ids[i] >= cfg->vocab)
+                return duet_error(DUET_ERR_INVALID, "stop_token_ids[%zu]: %d out of range", i,
+                                  g->stop_token_ids[i]);
+            req->stop_ids[i] = g->stop_token_ids[i];
+        }
+        req->n_stop_ids = (int)g->n_stop_token_ids;
+    }
+    /* pages for the prompt and every token but the last (whose KV is never
+     * written) */
+    int span = req->n_prompt + req->max_tokens - 1;
+    req->n_pages = (span + ps - 1) / ps;
+    req->n_prompt_pages = (req->n_prompt + ps - 1) / ps;
+    if (req->n_pages > duet_page_alloc_total(dc->pages))
+        return duet_error(DUET_ERR_EXHAUSTED,
+                          "request needs %d KV pages (%d tokens), the pool has %d", req->n_pages,
+                          span, duet_page_alloc_total(dc->pages));
+    req->pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
+    req->rank_args = DUET_NEW_ARRAY(duet_dc_rank_arg_t, (size_t)dc->ke.tp);
+    req->expecting = DUET_NEW_ARRAY(bool, (size_t)dc->ke.tp);
+    if (req->pages == NULL || req->rank_args == NULL || req->expecting == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "no memory");
+    return DUET_OK;
+}
+
+static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    duet_decode_t *dc = arg;
+    Duet__V1__DecodeGenerateRequest *m = NULL;
+    duet_dc_req_t *req = NULL;
+    duet_dc_ev_t *ev = NULL;
+    duet_status_t st;
+
+    if (!atomic_load(&dc->ready)) {
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
+        return;
+    }
+    if (atomic_load(&dc->draining)) {
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is draining");
+        return;
+    }
+    m = duet__v1__decode_generate_request__unpack(NULL, len, data);
+    if (m == NULL) {
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed DecodeGenerateRequest");
+        return;
+    }
+    req = DUET_NEW(duet_dc_req_t);
+    ev = duet_dc_ev_new(DUET_DC_EV_NEW, req);
+    if (req == NULL || ev == NULL) {
+        duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no memory");
+        goto err;
+    }
+    req->call = call;
+    req->t_arrival = duet_now_ns();
+    int64_t dl = duet_rpc_call_deadline_ns(call);
+    req->deadline_ns = dl > 0 ? dl : INT64_MAX;
+    if ((st = duet__validate(dc, m, req)) != DUET_OK) {
+        duet_rpc_call_fail_status(call, st, duet_error_msg());
+        goto err;
+    }
+    int max_queue = dc->args.self->max_queue;
+    if (atomic_fetch_add(&dc->waiting, 1) >= max_queue && max_queue > 0) {
+        atomic_fetch_sub(&dc->waiting, 1);
+        duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "decode queue is full: retry later");
+        goto err;
+    }
+    req->rank_args[0].dc = dc; /* for on_cancel */
+    duet__v1__decode_generate_request__free_unpacked(m, NULL);
+    duet_rpc_call_on_cancel(call, duet__on_cancel, req);
+    duet_dc_post(dc, ev);
+    return;
+err:
+    duet__v1__decode_generate_request__free_unpacked(m, NULL);
+    duet_free(ev);
+    duet_dc_req_free(dc, req);
+}
+
+static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    duet_decode_t *dc = arg;
+    Duet__V1__AbortRequest *m = duet__v1__abort_request__unpack(NULL, len, data);
+    duet_dc_ev_t *ev;
+
+    if (m == NULL || m->request_id == NULL || m->request_id[0] == '\0') {
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "abort: request_id required");
+        goto out;
+    }
+    ev = duet_dc_ev_new(DUET_DC_EV_ABORT, NULL);
+    if (ev == NULL) {
+        duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no memory");
+        goto out;
+    }
+    ev->call = call;
+    snprintf(ev->request_id, sizeof(ev->request_id), "%s", m->request_id);
+    duet_dc_post(dc, ev); /* the scheduler answers */
+out:
+    if (m != NULL)
+        duet__v1__abort_request__free_unpacked(m, NULL);
+}
+
+static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    duet_decode_t *dc = arg;
+    Duet__V1__InfoResponse r = DUET__V1__INFO_RESPONSE__INIT;
+    int queued, running;
+
+    if (!atomic_load(&dc->ready)) {
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
+        return;
+    }
+    duet_dc_counts(dc, &queued, &running);
+    r.role = "decode";
+    r.name = dc->args.self->name;
+    r.instance_id = dc->args.instance_id;
+    r.tp = (uint32_t)dc->ke.tp;
+    r.backend = dc->args.self->backend;
+    r.model = dc->args.cluster->model;
+    r.model_fingerprint = dc->ke.fingerprint;
+    r.page_size = (uint32_t)dc->args.cluster->page_size;
+    r.total_pages = (uint32_t)duet_page_alloc_total(dc->pages);
+    r.free_pages = (uint32_t)duet_page_alloc_free_count(dc->pages);
+    r.queue_depth = (uint32_t)queued;
+    r.running = (uint32_t)running;
+    r.draining = atomic_load(&dc->draining);
+    r.max_context = (uint32_t)dc->max_ctx;
+    r.version = DUET_VERSION_STRING;
+    r.transfer_path = (char *)dc->ke.path;
+    pthread_mutex_lock(&dc->evlock);
+    r.requests_total = dc->requests_total;
+    r.requests_failed = dc->requests_failed;
+    pthread_mutex_unlock(&dc->evlock);
+    duet_pb_reply(call, &r.base);
+}
+
+duet_status_t duet_dc_service_register(duet_decode_t *dc)
+{
+    duet_status_t st;
+    if ((st = duet_rpc_server_add_method(dc->srv, "/duet.v1.Decode/Generate",
+                                         DUET_RPC_SERVER_STREAMING, duet__generate, dc)) ||
+        (st = duet_rpc_server_add_method(dc->srv, "/duet.v1.Decode/Abort", DUET_RPC_UNARY,
+                                         duet__abort, dc)) ||
+        (st = duet_rpc_server_add_method(dc->srv, "/duet.v1.Decode/Info", DUET_RPC_UNARY,
+                                         duet__info, dc)))
+        return st;
+    return DUET_OK;
+}

@@ -1,0 +1,117 @@
+/* duet-prefill internals (DESIGN §1): the daemon context shared by its
+ * files.
+ *
+ * Threads: gRPC completion-queue threads run the handlers (service.c);
+ * one scheduler thread batches prompts, runs the engine and posts the KV
+ * (sched.c); the engine's rank threads call the per-layer hook; the
+ * transfer ranks' progress threads run the send callbacks; one worker
+ * thread does the blocking bootstrap connects (links.c).
+ *
+ * Locks: `lock` guards the request queue, the in-flight list and the
+ * counters; `links_lock` guards the decode links.  Neither is held while
+ * calling into gRPC or the engine. */
+#ifndef DUET_PREFILL_PREFILL_H
+#define DUET_PREFILL_PREFILL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/daemon.h"
+#include "common/rpc.h"
+#include "common/workq.h"
+#include "engine/page_alloc.h"
+#include "engine/sampling.h"
+#include "engine/tp.h"
+#include "transfer/kv_engine.h"
+
+/* A decode daemon that bootstrapped with us. */
+typedef struct duet_pf_link {
+    char decode_id[64];
+    char name[64];
+    int D;
+    duet_slice_plan_t *plan;   /* P = our tp, D, H */
+    duet_xfer_peer_t **peers;  /* [P][D], NULL where rank s sends nothing to d */
+    int refs;                  /* requests using it + the table's own */
+    bool dead;                 /* replaced or its peer failed */
+    void *owner;               /* the duet_prefill_t */
+    struct duet_pf_link *next;
+} duet_pf_link_t;
+
+typedef struct duet_pf_req {
+    duet_rpc_call_t *call;      /* NULL once answered */
+    char request_id[128];
+    uint64_t transfer_id;
+    duet_pf_link_t *link;       /* holds a reference */
+    int32_t *prompt;
+    int n_prompt;
+    int32_t *dst_pages;
+    int n_pages;                /* pages covering the prompt, both sides */
+    int32_t *src_pages;         /* ours, while computing and sending */
+    duet_sampling_t sampling;
+    atomic_bool aborted;
+    bool begun;                 /* sends begun on every rank */
+    /* completion, written by the progress threads */
+    atomic_int ranks_pending;
+    _Atomic duet_status_t status;
+    char detail[256];
+    atomic_flag detail_set;
+    int32_t first_token;
+    _Atomic uint64_t bytes;
+    int64_t t_arrival, t_start, t_computed;
+    struct duet_pf_req *next;
+} duet_pf_req_t;
+
+typedef struct {
+    duet_daemon_args_t args;
+    duet_kv_engine_t ke;
+    duet_page_alloc_t *pages;
+    duet_rpc_server_t *srv;
+    duet_rpc_health_t *health;
+    duet_workq_t *workq;
+    void **descs;               /* our descriptors, one per rank */
+    size_t *desc_lens;
+
+    pthread_mutex_t links_lock;
+    duet_pf_link_t *links;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    duet_pf_req_t *queue_head, *queue_tail;
+    duet_pf_req_t *inflight;    /* computing or sending */
+    int n_queued, n_inflight;
+    uint64_t requests_total, requests_failed;
+    bool stop, draining;
+    pthread_t sched_thread;
+    bool sched_started;
+    atomic_bool ready;          /* handlers may touch the engine */
+
+    /* the batch whose layers the engine hook posts (scheduler-owned) */
+    duet_pf_req_t **batch;
+    int n_batch;
+} duet_prefill_t;
+
+/* service.c */
+duet_status_t duet_pf_service_register(duet_prefill_t *pf);
+
+/* sched.c */
+duet_status_t duet_pf_sched_start(duet_prefill_t *pf);
+void duet_pf_sched_stop(duet_prefill_t *pf);
+/* Queue a validated request (takes ownership). */
+void duet_pf_submit(duet_prefill_t *pf, duet_pf_req_t *req);
+/* Abort by (decode id, transfer id); true when found. */
+bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_id);
+void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk);
+void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req);
+
+/* links.c */
+void duet_pf_bootstrap(duet_prefill_t *pf, duet_rpc_call_t *call, const uint8_t *req, size_t len);
+/* A counted reference to the live link of decode_id, or NULL. */
+duet_pf_link_t *duet_pf_link_get(duet_prefill_t *pf, const char *decode_id);
+void duet_pf_link_put(duet_prefill_t *pf, duet_pf_link_t *link);
+void duet_pf_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
+                           const char *detail);
+void duet_pf_links_destroy(duet_prefill_t *pf);
+
+#endif

@@ -1,0 +1,355 @@
+/* The prefill scheduler: batches queued prompts, runs them through the
+ * engine, and streams each layer's KV to the decode daemon as soon as the
+ * layer is stored (duet_pf_on_layer), then sends the notifications with the
+ * first sampled token.  A request is answered once every rank's send has
+ * ended (all receivers acknowledged, or failed): from then on nothing writes
+ * into the decode daemon's pages for it. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc_pb.h"
+#include "common/sync.h"
+#include "duet/v1/prefill.pb-c.h"
+#include "prefill/prefill.h"
+
+static int duet__pages_for(const duet_prefill_t *pf, int n_tokens)
+{
+    int ps = pf->args.cluster->page_size;
+    return (n_tokens + ps - 1) / ps;
+}
+
+void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
+{
+    if (req == NULL)
+        return;
+    if (req->src_pages != NULL)
+        duet_page_alloc_put(pf->pages, req->src_pages, req->n_pages);
+    duet_pf_link_put(pf, req->link);
+    duet_free(req->prompt);
+    duet_free(req->dst_pages);
+    duet_free(req->src_pages);
+    duet_free(req);
+}
+
+static void duet__req_error(duet_pf_req_t *req, duet_status_t st, const char *detail)
+{
+    duet_status_t ok = DUET_OK;
+    if (atomic_compare_exchange_strong(&req->status, &ok, st))
+        snprintf(req->detail, sizeof(req->detail), "%s", detail);
+}
+
+/* Answer the call and release the request (any thread). */
+static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
+{
+    duet_status_t st = atomic_load(&req->status);
+    int64_t now = duet_now_ns();
+
+    if (st == DUET_OK && req->aborted)
+        duet__req_error(req, DUET_ERR_CANCELLED, "aborted"), st = DUET_ERR_CANCELLED;
+    if (st == DUET_OK) {
+        Duet__V1__PrefillResponse resp = DUET__V1__PREFILL_RESPONSE__INIT;
+        resp.first_token = req->first_token;
+        resp.prompt_tokens = (uint32_t)req->n_prompt;
+        resp.bytes_sent = atomic_load(&req->bytes);
+        resp.queue_us = (uint32_t)((req->t_start - req->t_arrival) / 1000);
+        resp.compute_us = (uint32_t)((req->t_computed - req->t_start) / 1000);
+        resp.transfer_us = (uint32_t)((now - req->t_computed) / 1000);
+        duet_pb_reply(req->call, &resp.base);
+    } else {
+        DUET_LOG_DEBUG("prefill: request %s failed: %s", req->request_id, req->detail);
+        duet_rpc_call_fail_status(req->call, st, req->detail);
+    }
+    req->call = NULL;
+    pthread_mutex_lock(&pf->lock);
+    for (duet_pf_req_t **pp = &pf->inflight; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == req) {
+            *pp = req->next;
+            break;
+        }
+    }
+    pf->n_inflight--;
+    if (st != DUET_OK)
+        pf->requests_failed++;
+    pthread_cond_broadcast(&pf->cv);
+    pthread_mutex_unlock(&pf->lock);
+    duet_pf_req_free(pf, req);
+}
+
+/* A rank's send ended (progress thread). */
+static void duet__send_done(void *arg, uint64_t id, const duet_xfer_result_t *res)
+{
+    duet_pf_req_t *req = arg;
+    if (res->status != DUET_OK)
+        duet__req_error(req, res->status, res->detail);
+    atomic_fetch_add(&req->bytes, res->bytes);
+    if (atomic_fetch_sub(&req->ranks_pending, 1) == 1)
+        duet__complete(req->link->owner, req);
+}
+
+/* Fail a request that never reached the senders. */
+static void duet__fail_unsent(duet_prefill_t *pf, duet_pf_req_t *req, duet_status_t st,
+                              const char *detail)
+{
+    duet__req_error(req, st, detail);
+    duet__complete(pf, req);
+}
+
+void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
+{
+    duet_prefill_t *pf = ud;
+    if (!last_chunk)
+        return;
+    duet_xfer_rank_t *xr = duet_xfer_rank(pf->ke.xfer, rank);
+    for (int i = 0; i < pf->n_batch; i++) {
+        duet_pf_req_t *req = pf->batch[i];
+        if (req->begun)
+            duet_xfer_send_layers(xr, req->transfer_id, layer, layer + 1);
+    }
+}
+
+/* Begin the sends of one request on every rank; false when it failed (and
+ * was completed). */
+static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
+{
+    int P = pf->ke.tp, D = req->link->D;
+    int64_t deadline =
+        duet_now_ns() + (int64_t)pf->args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
+
+    atomic_store(&req->ranks_pending, P);
+    for (int s = 0; s < P; s++) {
+        duet_xfer_send_t snd = {
+            .req_id = req->transfer_id,
+            .plan = req->link->plan,
+            .peers = &req->link->peers[s * D],
+            .src_pages = req->src_pages,
+            .dst_pages = req->dst_pages,
+            .n_pages = req->n_pages,
+            .flags = pf->args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0,
+            .deadline_ns = deadline,
+            .cb = duet__send_done,
+            .arg = req,
+        };
+        duet_status_t st = duet_xfer_send_begin(duet_xfer_rank(pf->ke.xfer, s), &snd);
+        if (st != DUET_OK) {
+            duet__req_error(req, st, duet_error_msg());
+            /* ranks < s have begun and will call back once ended; the rest
+             * never will */
+            for (int q = 0; q < s; q++)
+                duet_xfer_send_end(duet_xfer_rank(pf->ke.xfer, q), req->transfer_id, st,
+                                   DUET_XFER_NO_TOKEN);
+            if (atomic_fetch_sub(&req->ranks_pending, P - s) == P - s)
+                duet__complete(pf, req);
+            return false;
+        }
+    }
+    req->begun = true;
+    return true;
+}
+
+static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
+{
+    duet_engine_seq_t *seqs = DUET_NEW_ARRAY(duet_engine_seq_t, (size_t)n);
+    int32_t *sampled = DUET_NEW_ARRAY(int32_t, (size_t)n);
+    duet_pf_req_t **live = DUET_NEW_ARRAY(duet_pf_req_t *, (size_t)n);
+    int n_live = 0;
+    duet_status_t st;
+
+    if (seqs == NULL || sampled == NULL || live == NULL) {
+        for (int i = 0; i < n; i++)
+            duet__fail_unsent(pf, batch[i], DUET_ERR_NO_MEMORY, "prefill: no memory");
+        goto out;
+    }
+    int64_t t0 = duet_now_ns();
+    for (int i = 0; i < n; i++) {
+        duet_pf_req_t *req = batch[i];
+        req->t_start = t0;
+        if (duet__begin(pf, req))
+            live[n_live++] = req;
+    }
+    if (n_live == 0)
+        goto out;
+    for (int i = 0; i < n_live; i++) {
+        duet_pf_req_t *req = live[i];
+        seqs[i] = (duet_engine_seq_t){
+            .tokens = req->prompt,
+            .n_tokens = req->n_prompt,
+            .pages = req->src_pages,
+            .n_pages = req->n_pages,
+            .sample = true,
+            .sampling = req->sampling,
+            .sample_index = 0,
+        };
+    }
+    pf->batch = live;
+    pf->n_batch = n_live;
+    st = duet_engine_forward(pf->ke.engine, seqs, n_live, sampled);
+    pf->batch = NULL;
+    pf->n_batch = 0;
+    int64_t t1 = duet_now_ns();
+    if (st != DUET_OK)
+        DUET_LOG_ERROR("prefill: forward failed: %s", duet_error_msg());
+    for (int i = 0; i < n_live; i++) {
+        duet_pf_req_t *req = live[i];
+        duet_status_t rst = st != DUET_OK ? st : req->aborted ? DUET_ERR_CANCELLED : DUET_OK;
+        req->first_token = sampled[i];
+        req->t_computed = t1;
+        if (rst != DUET_OK)
+            duet__req_error(req, rst, st != DUET_OK ? duet_error_msg() : "aborted");
+        for (int s = 0; s < pf->ke.tp; s++)
+            duet_xfer_send_end(duet_xfer_rank(pf->ke.xfer, s), req->transfer_id, rst,
+                               rst == DUET_OK ? sampled[i] : DUET_XFER_NO_TOKEN);
+    }
+out:
+    duet_free(seqs);
+    duet_free(sampled);
+    duet_free(live);
+}
+
+/* Take the next batch off the queue (lock held).  Returns its size; 0 when
+ * nothing can run now. */
+static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
+                            duet_pf_req_t **cancelled_p)
+{
+    const duet_instance_config_t *self = pf->args.self;
+    int n = 0, tokens = 0;
+
+    while (pf->queue_head != NULL && n < max) {
+        duet_pf_req_t *req = pf->queue_head;
+        if (req->aborted) {
+            pf->queue_head = req->next;
+            pf->n_queued--;
+            req->next = *cancelled_p;
+            *cancelled_p = req;
+            continue;
+        }
+        if (n > 0 && tokens + req->n_prompt > self->max_batch_tokens)
+            break;
+        req->src_pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
+        if (req->src_pages == NULL)
+            break;
+        if (duet_page_alloc_get(pf->pages, req->n_pages, req->src_pages) != DUET_OK) {
+            duet_free(req->src_pages);
+            req->src_pages = NULL;
+            break; /* wait for pages: a send completing frees some */
+        }
+        pf->queue_head = req->next;
+        pf->n_queued--;
+        req->next = pf->inflight;
+        pf->inflight = req;
+        pf->n_inflight++;
+        tokens += req->n_prompt;
+        batch[n++] = req;
+    }
+    if (pf->queue_head == NULL)
+        pf->queue_tail = NULL;
+    return n;
+}
+
+static void *duet__sched_main(void *arg)
+{
+    duet_prefill_t *pf = arg;
+    int max = pf->args.self->max_seqs;
+    duet_pf_req_t **batch = DUET_NEW_ARRAY(duet_pf_req_t *, (size_t)max);
+
+    duet_thread_set_name("pf-sched");
+    if (batch == NULL) {
+        DUET_LOG_ERROR("prefill: no memory for the scheduler");
+        return NULL;
+    }
+    pthread_mutex_lock(&pf->lock);
+    for (;;) {
+        duet_pf_req_t *cancelled = NULL;
+        int n = duet__take_batch(pf, batch, max, &cancelled);
+        if (n == 0 && cancelled == NULL) {
+            if (pf->stop && pf->queue_head == NULL)
+                break;
+            pthread_cond_wait(&pf->cv, &pf->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&pf->lock);
+        while (cancelled != NULL) {
+            duet_pf_req_t *req = cancelled;
+            cancelled = req->next;
+            duet__req_error(req, DUET_ERR_CANCELLED, "aborted before it ran");
+            duet_rpc_call_fail_status(req->call, DUET_ERR_CANCELLED, req->detail);
+            pthread_mutex_lock(&pf->lock);
+            pf->requests_failed++;
+            pthread_mutex_unlock(&pf->lock);
+            duet_pf_req_free(pf, req);
+        }
+        if (n > 0)
+            duet__run_batch(pf, batch, n);
+        pthread_mutex_lock(&pf->lock);
+    }
+    pthread_mutex_unlock(&pf->lock);
+    duet_free(batch);
+    return NULL;
+}
+
+void duet_pf_submit(duet_prefill_t *pf, duet_pf_req_t *req)
+{
+    req->t_arrival = duet_now_ns();
+    req->n_pages = duet__pages_for(pf, req->n_prompt);
+    pthread_mutex_lock(&pf->lock);
+    if (pf->draining || pf->stop) {
+        pthread_mutex_unlock(&pf->lock);
+        duet_rpc_call_fail_status(req->call, DUET_ERR_SHUTDOWN, "prefill is draining");
+        duet_pf_req_free(pf, req);
+        return;
+    }
+    if (pf->n_queued >= pf->args.self->max_queue && pf->args.self->max_queue > 0) {
+        int q = pf->n_queued;
+        pthread_mutex_unlock(&pf->lock);
+        char msg[128];
+        snprintf(msg, sizeof(msg), "prefill queue is full (%d requests)", q);
+        duet_rpc_call_fail_status(req->call, DUET_ERR_EXHAUSTED, msg);
+        duet_pf_req_free(pf, req);
+        return;
+    }
+    req->next = NULL;
+    if (pf->queue_tail != NULL)
+        pf->queue_tail->next = req;
+    else
+        pf->queue_head = req;
+    pf->queue_tail = req;
+    pf->n_queued++;
+    pf->requests_total++;
+    pthread_cond_broadcast(&pf->cv);
+    pthread_mutex_unlock(&pf->lock);
+}
+
+bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_id)
+{
+    bool found = false;
+    pthread_mutex_lock(&pf->lock);
+    for (int pass = 0; pass < 2 && !found; pass++) {
+        for (duet_pf_req_t *r = pass ? pf->inflight : pf->queue_head; r != NULL; r = r->next) {
+            if (r->transfer_id == transfer_id && strcmp(r->link->decode_id, decode_id) == 0) {
+                r->aborted = true;
+                found = true;
+                break;
+            }
+        }
+    }
+    pthread_cond_broadcast(&pf->cv);
+    pthread_mutex_unlock(&pf->lock);
+    return found;
+}
+
+duet_status_t duet_pf_sched_start(duet_prefill_t *pf)
+{
+    if (pthread_create(&pf->sched_thread, NULL, duet__sched_main, pf) != 0)
+        return duet_error(DUET_ERR_NO_MEMORY, "prefill: cannot start the scheduler");
+    return DUET_OK;
+}
+
+void duet_pf_sched_stop(duet_prefill_t *pf)
+{
+    pthread_mutex_lock(&pf->lock);
+    pf->stop = true;
+    pthread_cond_broadcast(&pf->cv);
+    pthread_mutex_unlock(&pf->lock);
+    pthread_join(pf->sched_thread, NULL);
+}

@@ -1,0 +1,197 @@
+/* duet.v1.Prefill: Bootstrap, Prefill, Abort, Info.  Requests are validated
+ * here, before anything is queued. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/rpc_pb.h"
+#include "duet/v1/prefill.pb-c.h"
+#include "engine/tp.h"
+#include "prefill/prefill.h"
+
+#define DUET_VERSION_STRING "0.1.0"
+
+static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
+{
+    duet_pf_req_t *req = arg;
+    /* no locks here (common/rpc.h): the scheduler sees the flag */
+    req->aborted = true;
+}
+
+/* Until the engine is up only health answers. */
+static bool duet__not_ready(duet_prefill_t *pf, duet_rpc_call_t *call)
+{
+    if (atomic_load(&pf->ready))
+        return false;
+    duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "prefill is starting");
+    return true;
+}
+
+static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sampling_t *out)
+{
+    *out = duet_sampling_greedy();
+    if (sp != NULL) {
+        out->temperature = sp->temperature;
+        out->top_k = sp->top_k;
+        out->top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+        out->seed = sp->seed;
+    }
+    return duet_sampling_check(out);
+}
+
+static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
+                                    duet_pf_req_t *req)
+{
+    const duet_model_config_t *cfg = &pf->ke.model_cfg;
+    int ps = pf->args.cluster->page_size;
+    duet_status_t st;
+
+    if (m->request_id == NULL || m->request_id[0] == '\0' ||
+        strlen(m->request_id) >= sizeof(req->request_id))
+        return duet_error(DUET_ERR_INVALID, "request_id must be 1..%zu bytes",
+                          sizeof(req->request_id) - 1);
+    snprintf(req->request_id, sizeof(req->request_id), "%s", m->request_id);
+    if (m->transfer_id == 0)
+        return duet_error(DUET_ERR_INVALID, "%s: transfer_id must be set", m->request_id);
+    if (m->n_prompt_ids == 0)
+        return duet_error(DUET_ERR_INVALID, "%s: empty prompt", m->request_id);
+    if (m->n_prompt_ids > (size_t)cfg->max_pos)
+        return duet_error(DUET_ERR_TOO_LONG, "%s: prompt of %zu tokens exceeds the context of %d",
+                          m->request_id, m->n_prompt_ids, cfg->max_pos);
+    for (size_t i = 0; i < m->n_prompt_ids; i++) {
+        if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
+            return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d",
+                              m->request_id, m->prompt_ids[i], cfg->vocab - 1);
+    }
+    size_t pages = (m->n_prompt_ids + (size_t)ps - 1) / (size_t)ps;
+    if (m->n_dst_pages != pages)
+        return duet_error(DUET_ERR_INVALID, "%s: %zu destination pages for %zu tokens (need %zu)",
+                          m->request_id, m->n_dst_pages, m->n_prompt_ids, pages);
+    if ((int)pages > duet_page_alloc_total(pf->pages))
+        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
+                          m->request_id, pages, duet_page_alloc_total(pf->pages));
+    if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
+        return duet_error_wrap(st, "%s: ", m->request_id);
+    req->n_prompt = (int)m->n_prompt_ids;
+    req->transfer_id = m->transfer_id;
+    req->prompt = duet_malloc(m->n_prompt_ids * sizeof(int32_t));
+    req->dst_pages = duet_malloc(pages * sizeof(int32_t));
+    if (req->prompt == NULL || req->dst_pages == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", m->request_id);
+    memcpy(req->prompt, m->prompt_ids, m->n_prompt_ids * sizeof(int32_t));
+    memcpy(req->dst_pages, m->dst_pages, pages * sizeof(int32_t));
+    req->link = duet_pf_link_get(pf, m->decode_id ? m->decode_id : "");
+    if (req->link == NULL)
+        return duet_error(DUET_ERR_MISMATCH,
+                          "%s: decode %s has not bootstrapped with this prefill (or its "
+                          "transfer connection failed): bootstrap again",
+                          m->request_id, m->decode_id ? m->decode_id : "?");
+    for (size_t i = 0; i < pages; i++) {
+        if (req->dst_pages[i] < 0)
+            return duet_error(DUET_ERR_INVALID, "%s: negative destination page", m->request_id);
+    }
+    return DUET_OK;
+}
+
+static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    duet_prefill_t *pf = arg;
+    Duet__V1__PrefillRequest *m = duet__v1__prefill_request__unpack(NULL, len, data);
+    duet_pf_req_t *req = DUET_NEW(duet_pf_req_t);
+    duet_status_t st;
+
+    if (duet__not_ready(pf, call))
+        goto out;
+    if (m == NULL || req == NULL) {
+        duet_rpc_call_fail(call, m ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
+                           m ? "no memory" : "malformed PrefillRequest");
+        goto out;
+    }
+    req->call = call;
+    if ((st = duet__validate(pf, m, req)) != DUET_OK) {
+        duet_rpc_call_fail_status(call, st, duet_error_msg());
+        duet_pf_req_free(pf, req);
+        req = NULL;
+        goto out;
+    }
+    duet_rpc_call_on_cancel(call, duet__on_cancel, req);
+    duet_pf_submit(pf, req);
+    req = NULL;
+out:
+    duet_free(req);
+    if (m != NULL)
+        duet__v1__prefill_request__free_unpacked(m, NULL);
+}
+
+static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    duet_prefill_t *pf = arg;
+    if (duet__not_ready(pf, call))
+        return;
+    Duet__V1__AbortRequest *m = duet__v1__abort_request__unpack(NULL, len, data);
+    Duet__V1__AbortResponse resp = DUET__V1__ABORT_RESPONSE__INIT;
+
+    if (m == NULL) {
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed AbortRequest");
+        return;
+    }
+    resp.found = duet_pf_abort(pf, m->caller_id ? m->caller_id : "", m->transfer_id);
+    duet__v1__abort_request__free_unpacked(m, NULL);
+    duet_pb_reply(call, &resp.base);
+}
+
+static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    duet_prefill_t *pf = arg;
+    Duet__V1__InfoResponse r = DUET__V1__INFO_RESPONSE__INIT;
+    if (duet__not_ready(pf, call))
+        return;
+
+    r.role = "prefill";
+    r.name = pf->args.self->name;
+    r.instance_id = pf->args.instance_id;
+    r.tp = (uint32_t)pf->ke.tp;
+    r.backend = pf->args.self->backend;
+    r.model = pf->args.cluster->model;
+    r.model_fingerprint = pf->ke.fingerprint;
+    r.page_size = (uint32_t)pf->args.cluster->page_size;
+    r.total_pages = (uint32_t)duet_page_alloc_total(pf->pages);
+    r.free_pages = (uint32_t)duet_page_alloc_free_count(pf->pages);
+    r.max_context = (uint32_t)pf->ke.model_cfg.max_pos;
+    r.version = DUET_VERSION_STRING;
+    r.transfer_path = (char *)pf->ke.path;
+    pthread_mutex_lock(&pf->lock);
+    r.queue_depth = (uint32_t)pf->n_queued;
+    r.running = (uint32_t)pf->n_inflight;
+    r.draining = pf->draining;
+    r.requests_total = pf->requests_total;
+    r.requests_failed = pf->requests_failed;
+    pthread_mutex_unlock(&pf->lock);
+    duet_pb_reply(call, &r.base);
+}
+
+static void duet__bootstrap(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+{
+    if (!duet__not_ready(arg, call))
+        duet_pf_bootstrap(arg, call, data, len);
+}
+
+duet_status_t duet_pf_service_register(duet_prefill_t *pf)
+{
+    static const struct {
+        const char *path;
+        duet_rpc_handler_cb cb;
+    } methods[] = {
+        {"/duet.v1.Prefill/Bootstrap", duet__bootstrap},
+        {"/duet.v1.Prefill/Prefill", duet__prefill},
+        {"/duet.v1.Prefill/Abort", duet__abort},
+        {"/duet.v1.Prefill/Info", duet__info},
+    };
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+        duet_status_t st =
+            duet_rpc_server_add_method(pf->srv, methods[i].path, DUET_RPC_UNARY, methods[i].cb, pf);
+        if (st != DUET_OK)
+            return st;
+    }
+    return DUET_OK;
+}

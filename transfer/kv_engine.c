@@ -1,0 +1,119 @@
+#include "transfer/kv_engine.h"
+
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "engine/backend.h"
+#include "engine/tp.h"
+
+static duet_status_t duet__kv_alloc(void *ud, int rank, size_t bytes, void **base_p)
+{
+    duet_kv_engine_t *ke = ud;
+    return duet_xfer_pool_alloc(duet_xfer_rank(ke->xfer, rank), bytes, base_p);
+}
+
+static void duet__kv_free(void *ud, int rank, void *base)
+{
+    /* the pool belongs to the transfer rank and goes with duet_xfer_destroy */
+}
+
+duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_engine_t *ke)
+{
+    const duet_instance_config_t *self = opts->self;
+    const duet_backend_ops_t *ops;
+    duet_model_t *model;
+    duet_shard_t s0;
+    duet_status_t st;
+
+    memset(ke, 0, sizeof(*ke));
+    ops = duet_backend_find(self->backend);
+    if (ops == NULL)
+        return DUET_ERR_CONFIG;
+    if (strcmp(ops->name, "cpu") != 0)
+        return duet_error(DUET_ERR_UNSUPPORTED,
+                          "backend %s: KV transfer between daemons runs on the cpu backend",
+                          ops->name);
+    /* the transfer context needs the layout and the fingerprint before the
+     * engine allocates its pools from it */
+    if ((st = duet_model_open(opts->cluster->model, &model)) != DUET_OK)
+        return st;
+    ke->model_cfg = model->cfg;
+    ke->fingerprint = model->fingerprint;
+    duet_model_close(model);
+    if ((st = duet_tp_check(&ke->model_cfg, self->tp)) != DUET_OK)
+        return st;
+    duet_shard_init(&ke->model_cfg, self->tp, 0, &s0);
+    ke->tp = self->tp;
+    ke->kv_heads = ke->model_cfg.n_kv_heads;
+
+    duet_xfer_config_t xc = {
+        .role = opts->role,
+        .tp = self->tp,
+        .kv_heads = ke->kv_heads,
+        .dtype = ops->kv_dtype,
+        .layout =
+            {
+                .n_layers = ke->model_cfg.n_layers,
+                .n_pages = self->n_pages,
+                .page_size = opts->cluster->page_size,
+                .n_kv_heads = s0.n_kv_heads,
+                .head_dim = ke->model_cfg.head_dim,
+                .elem_size = (int)duet_dtype_size(ops->kv_dtype),
+            },
+        .model_fingerprint = ke->fingerprint,
+        .on_peer_error = opts->on_peer_error,
+        .cb_arg = opts->cb_arg,
+    };
+    if ((st = duet_xfer_create(&xc, &ke->xfer)) != DUET_OK)
+        return st;
+
+    duet_engine_opts_t eo;
+    duet_engine_opts_default(&eo);
+    eo.model_dir = opts->cluster->model;
+    eo.backend = self->backend;
+    eo.tp = self->tp;
+    eo.threads = self->threads;
+    eo.devices = self->n_devices > 0 ? self->devices : NULL;
+    eo.page_size = opts->cluster->page_size;
+    eo.n_pages = self->n_pages;
+    eo.max_batch_tokens = self->max_batch_tokens;
+    eo.max_seqs = self->max_seqs < self->max_batch_tokens ? self->max_seqs
+                                                          : self->max_batch_tokens;
+    eo.kv_alloc = duet__kv_alloc;
+    eo.kv_free = duet__kv_free;
+    eo.kv_ud = ke;
+    eo.on_layer = opts->on_layer;
+    eo.layer_ud = opts->layer_ud;
+    if ((st = duet_engine_create(&eo, &ke->engine)) != DUET_OK) {
+        duet_xfer_destroy(ke->xfer);
+        ke->xfer = NULL;
+        return st;
+    }
+    ke->path = "ucx-host";
+    DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s", ke->tp,
+                  duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
+                  opts->cluster->page_size, ke->path);
+    return DUET_OK;
+}
+
+void duet_kv_engine_destroy(duet_kv_engine_t *ke)
+{
+    duet_engine_destroy(ke->engine);
+    ke->engine = NULL;
+    duet_xfer_destroy(ke->xfer);
+    ke->xfer = NULL;
+}
+
+duet_status_t duet_kv_engine_descriptors(duet_kv_engine_t *ke, void **blobs, size_t *lens)
+{
+    for (int r = 0; r < ke->tp; r++) {
+        duet_status_t st = duet_xfer_desc_pack(duet_xfer_rank(ke->xfer, r), &blobs[r], &lens[r]);
+        if (st != DUET_OK) {
+            for (int q = 0; q < r; q++)
+                duet_free(blobs[q]);
+            return st;
+        }
+    }
+    return DUET_OK;
+}

@@ -1,0 +1,41 @@
+/* A daemon's engine with its KV pools owned by the transfer layer: the
+ * pools are allocated by UCX (duet_xfer_pool_alloc) so that shared-memory
+ * puts into them are one-sided, and the transfer context is configured from
+ * the engine's layout and the model's fingerprint. */
+#ifndef DUET_TRANSFER_KV_ENGINE_H
+#define DUET_TRANSFER_KV_ENGINE_H
+
+#include "common/cluster.h"
+#include "engine/engine.h"
+#include "transfer/xfer.h"
+
+typedef struct {
+    duet_engine_t *engine;
+    duet_xfer_t *xfer;
+    duet_model_config_t model_cfg;
+    uint64_t fingerprint;
+    int tp;
+    int kv_heads;             /* total KV heads of the model */
+    const char *path;         /* how KV moves: "ucx-host" */
+} duet_kv_engine_t;
+
+typedef struct {
+    duet_xfer_role_t role;
+    const duet_cluster_config_t *cluster;
+    const duet_instance_config_t *self;
+    duet_xfer_peer_error_cb_t on_peer_error;
+    void *cb_arg;
+    /* per-layer hook for streaming transfers (engine/engine.h on_layer) */
+    void (*on_layer)(void *ud, int rank, int layer, bool last_chunk);
+    void *layer_ud;
+} duet_kv_engine_opts_t;
+
+duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_engine_t *ke);
+/* Engine first (its ranks stop touching the pools), then the transfer
+ * context (which unmaps them). */
+void duet_kv_engine_destroy(duet_kv_engine_t *ke);
+
+/* One descriptor per rank, for Bootstrap.  blobs[i] are duet_malloc'd. */
+duet_status_t duet_kv_engine_descriptors(duet_kv_engine_t *ke, void **blobs, size_t *lens);
+
+#endif
