@@ -452,16 +452,17 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
     return DUET_OK;
 }
 
-/* Wait until the shutdown tag is back and every call handle is gone, or
- * until deadline_ns; true when done. */
-static bool server_wait_drained(duet_rpc_server_t *srv, int64_t deadline_ns)
+/* Wait until every call handle is gone (and, with need_notify, the shutdown
+ * tag is back), or until deadline_ns; true when done. */
+static bool server_wait_drained(duet_rpc_server_t *srv, int64_t deadline_ns, bool need_notify)
 {
     pthread_mutex_lock(&srv->lock);
-    while (!(srv->shutdown_notified && srv->active_calls == 0) && duet_now_ns() < deadline_ns) {
+    while (!((srv->shutdown_notified || !need_notify) && srv->active_calls == 0) &&
+           duet_now_ns() < deadline_ns) {
         struct timespec ts = duet_deadline_timespec(deadline_ns);
         pthread_cond_timedwait(&srv->cond, &srv->lock, &ts);
     }
-    bool done = srv->shutdown_notified && srv->active_calls == 0;
+    bool done = (srv->shutdown_notified || !need_notify) && srv->active_calls == 0;
     pthread_mutex_unlock(&srv->lock);
     return done;
 }
@@ -484,16 +485,19 @@ duet_status_t duet_rpc_server_shutdown(duet_rpc_server_t *srv, int64_t grace_ms)
     grpc_server_shutdown_and_notify(srv->server, srv->cqs[0], &srv->shutdown_tag);
     for (int i = 0; i < srv->n_hooks; i++)
         srv->hooks[i].cb(srv, srv->hooks[i].arg);
-    if (!server_wait_drained(srv, duet_deadline_in_ms(grace_ms < 0 ? 0 : grace_ms))) {
+    /* The grace is for calls.  Open client connections also hold the
+     * shutdown tag back (gRPC waits for them to close), so once no call is
+     * left, cancelling closes them at once. */
+    if (!server_wait_drained(srv, duet_deadline_in_ms(grace_ms < 0 ? 0 : grace_ms), false)) {
         DUET_LOG_INFO("rpc: shutdown grace over port %d calls %zu: cancelling", srv->port,
                       duet_rpc_server_active_calls(srv));
-        grpc_server_cancel_all_calls(srv->server);
         st = duet_error(DUET_ERR_TIMEOUT, "rpc: calls still running after %lld ms grace",
                         (long long)grace_ms);
-        while (!server_wait_drained(srv, duet_deadline_in_ms(DUET__RPC_SHUTDOWN_WARN_S * 1000)))
-            DUET_LOG_WARN("rpc: shutdown waiting port %d calls %zu not finished by their owners",
-                          srv->port, duet_rpc_server_active_calls(srv));
     }
+    grpc_server_cancel_all_calls(srv->server);
+    while (!server_wait_drained(srv, duet_deadline_in_ms(DUET__RPC_SHUTDOWN_WARN_S * 1000), true))
+        DUET_LOG_WARN("rpc: shutdown waiting port %d calls %zu not finished by their owners",
+                      srv->port, duet_rpc_server_active_calls(srv));
     grpc_server_destroy(srv->server);
     srv->server = NULL;
     for (int i = 0; i < srv->cfg.n_threads; i++)

@@ -4,7 +4,9 @@
  * first sampled token.  A request is answered once every rank's send has
  * ended (all receivers acknowledged, or failed): from then on nothing writes
  * into the decode daemon's pages for it. */
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -251,6 +253,10 @@ static void *duet__sched_main(void *arg)
 {
     duet_prefill_t *pf = arg;
     int max = pf->args.self->max_seqs;
+    /* fault injection for the failure tests: hold every batch this long
+     * before computing it, so a test can kill a peer mid-request */
+    const char *delay_env = getenv("DUET_FAULT_PREFILL_DELAY_MS");
+    long delay_ms = delay_env != NULL ? strtol(delay_env, NULL, 10) : 0;
     duet_pf_req_t **batch = DUET_NEW_ARRAY(duet_pf_req_t *, (size_t)max);
 
     duet_thread_set_name("pf-sched");
@@ -278,6 +284,10 @@ static void *duet__sched_main(void *arg)
             pf->requests_failed++;
             pthread_mutex_unlock(&pf->lock);
             duet_pf_req_free(pf, req);
+        }
+        if (n > 0 && delay_ms > 0) {
+            DUET_LOG_WARN("prefill: fault injection: holding a batch for %ld ms", delay_ms);
+            nanosleep(&(struct timespec){delay_ms / 1000, (delay_ms % 1000) * 1000000L}, NULL);
         }
         if (n > 0)
             duet__run_batch(pf, batch, n);
