@@ -42,7 +42,7 @@ typedef struct duet_dc_link {
     char target[128];
     enum { DUET_DC_LINK_BOOTING, DUET_DC_LINK_READY, DUET_DC_LINK_DEAD } state;
     char prefill_id[64];
-    char error[256];
+    char error[512];
     int P;
     duet_slice_plan_t *plan;  /* P, D = our tp, H */
     duet_xfer_peer_t **peers; /* [D][P]: our rank d -> prefill rank p, NULL when p sends

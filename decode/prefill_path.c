@@ -263,6 +263,11 @@ static void duet__rpc_done(duet_rpc_stream_t *stream, grpc_status_code code, con
     duet_free(a);
 }
 
+static void duet__noop_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len,
+                               void *arg)
+{
+}
+
 static void duet__noop_done(duet_rpc_stream_t *stream, grpc_status_code code, const char *msg,
                             void *arg)
 {
@@ -384,7 +389,8 @@ void duet_dc_prefill_start(duet_decode_t *dc, duet_dc_req_t *req)
                      "no prefill instance: the request names none and the config lists none");
         return;
     }
-    snprintf(req->prefill_target, sizeof(req->prefill_target), "%s", target);
+    if (target != req->prefill_target)
+        snprintf(req->prefill_target, sizeof(req->prefill_target), "%s", target);
     link = duet__link_for(dc, target);
     if (link == NULL) {
         duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, "no memory for a prefill link");
@@ -557,13 +563,14 @@ bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
             ab.request_id = req->request_id;
             ab.caller_id = dc->args.instance_id;
             ab.transfer_id = req->xid;
-            if (duet_pb_pack(&ab.base, &buf, &len) == DUET_OK) {
+            if (duet_pb_pack(&ab.base, &buf, &len) != DUET_OK ||
                 duet_rpc_client_stream(
                     dc->cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,
                     duet_now_ns() + (int64_t)dc->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS,
-                    NULL, duet__noop_done, NULL, NULL);
-                duet_free(buf);
-            }
+                    duet__noop_message, duet__noop_done, NULL, NULL) != DUET_OK)
+                DUET_LOG_WARN("decode: cannot ask prefill %s to abort %s: %s",
+                              req->prefill_target, req->request_id, duet_error_msg());
+            duet_free(buf);
         }
         req->abort_sent = true;
         return false;

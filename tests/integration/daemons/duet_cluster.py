@@ -95,14 +95,14 @@ class Cluster:
         with open(self.config, "w") as f:
             json.dump(cfg, f, indent=1)
 
-    def start(self, name, env=None, wait=True):
+    def start(self, name, env=None, wait=True, args=()):
         d = self.daemons[name]
         exe = os.path.join(self.build, d.role, "duet-" + d.role)
         e = dict(self.env)
         if env:
             e.update(env)
         log = open(d.log_path, "ab")
-        d.proc = subprocess.Popen([exe, "--config", self.config, "--name", name],
+        d.proc = subprocess.Popen([exe, "--config", self.config, "--name", name] + list(args),
                                   stdout=log, stderr=subprocess.STDOUT, env=e)
         log.close()
         if wait:

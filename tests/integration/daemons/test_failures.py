@@ -1,0 +1,252 @@
+#!/usr/bin/python3
+"""Failure semantics of the daemons (issue: prefill and decode daemons):
+each case runs real processes, checks the client sees a clear status within
+the deadline, that the survivors keep serving, and that every daemon's Info
+shows its KV pages back at baseline afterwards (no leaks).
+
+  cancel_mid_stream      client cancels while tokens stream
+  cancel_during_prefill  client cancels while decode waits for KV: decode
+                         tells prefill (Abort), both release their pages
+  prefill_killed         prefill SIGKILLed while a request waits for KV
+  decode_killed          decode SIGKILLed while prefill computes/sends
+  prefill_restart        prefill restarts: the next request re-bootstraps
+  decode_restart         decode restarts: it bootstraps under a new id
+  model_mismatch         prefill and decode serve different models
+  sigterm_drain          SIGTERM finishes in-flight streams, refuses new
+                         ones, exits 0
+
+usage: test_failures.py BUILD_DIR SOURCE_DIR [case ...]
+"""
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from duet_cluster import Cluster, mkmodel, reference_ids  # noqa: E402
+
+BUILD, SRC = sys.argv[1], sys.argv[2]
+STORIES = os.path.join(SRC, "models", "stories260K")
+PROMPT = [1, 403, 407, 261, 378, 429, 285, 342, 318, 376, 267, 298]
+TRANSFER_TIMEOUT_MS = 4000
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def baseline(c, names=None):
+    bad = c.pages_at_baseline(names)
+    expect(not bad, "pages not back at baseline: %s" % bad)
+
+
+def cancel_mid_stream():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2)])
+    try:
+        c.start_all()
+        it = c.stream("d0", PROMPT, max_tokens=400, ignore_eos=True)
+        got = 0
+        for r in it:
+            got += 1
+            if got == 3:
+                it.cancel()
+                break
+        expect(got == 3, "stream ended early")
+        baseline(c)
+        # the daemons keep serving
+        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, ignore_eos=True)
+        expect(len(ids) == 8, "no tokens after a cancel")
+        baseline(c)
+    finally:
+        c.close()
+
+
+def cancel_during_prefill():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2)], decode=[("d0", 1)])
+    try:
+        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "1500"})
+        c.start("d0")
+        it = c.stream("d0", PROMPT, max_tokens=8)
+        t = threading.Timer(0.4, it.cancel)
+        t.start()
+        try:
+            for _ in it:
+                pass
+            raise AssertionError("the stream was not cancelled")
+        except grpc.RpcError as e:
+            expect(e.code() == grpc.StatusCode.CANCELLED, "got %s" % e.code())
+        baseline(c, ["d0", "p0"])
+        info = c.info("p0")
+        expect(info.requests_failed >= 1, "prefill did not see the abort")
+    finally:
+        c.close()
+
+
+def prefill_killed():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1), ("p1", 2)], decode=[("d0", 2)],
+                transfer_timeout_ms=TRANSFER_TIMEOUT_MS)
+    try:
+        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "5000"})
+        c.start("p1")
+        c.start("d0")
+        # bootstrap first so the kill hits a request waiting for its KV
+        c.generate("d0", PROMPT, max_tokens=2, prefill="p1")
+        it = c.stream("d0", PROMPT, max_tokens=8, prefill="p0")
+        threading.Timer(0.5, lambda: c.kill("p0")).start()
+        t0 = time.time()
+        try:
+            for _ in it:
+                pass
+            raise AssertionError("the request succeeded without its prefill")
+        except grpc.RpcError as e:
+            took = time.time() - t0
+            print("  prefill killed -> %s after %.2fs: %s" % (e.code(), took, e.details()))
+            expect(e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED),
+                   "status %s" % e.code())
+            expect(took < TRANSFER_TIMEOUT_MS / 1000.0 + 2, "took %.1fs" % took)
+        ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p1")
+        expect(ids == ref, "decode did not keep serving: %s" % ids)
+        baseline(c, ["d0", "p1"])
+    finally:
+        c.close()
+
+
+def decode_killed():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2)], decode=[("d0", 2), ("d1", 1)],
+                transfer_timeout_ms=TRANSFER_TIMEOUT_MS)
+    try:
+        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "1000"})
+        c.start("d0")
+        c.start("d1")
+        it = c.stream("d0", PROMPT, max_tokens=8, prefill="p0")
+        threading.Timer(0.3, lambda: c.kill("d0")).start()
+        try:
+            for _ in it:
+                pass
+        except grpc.RpcError:
+            pass
+        t0 = time.time()
+        # prefill drops the request within the deadline and frees its KV
+        baseline(c, ["p0"])
+        info = c.info("p0")
+        print("  decode killed -> prefill released its pages %.2fs later, %d failed" %
+              (time.time() - t0, info.requests_failed))
+        expect(info.requests_failed >= 1, "prefill did not fail the request")
+        ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+        ids, _, _ = c.generate("d1", PROMPT, max_tokens=8, prefill="p0")
+        expect(ids == ref, "prefill did not keep serving: %s" % ids)
+        baseline(c, ["p0", "d1"])
+    finally:
+        c.close()
+
+
+def prefill_restart():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2)], decode=[("d0", 4)])
+    ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+    try:
+        c.start_all()
+        expect(c.generate("d0", PROMPT, max_tokens=8)[0] == ref, "before restart")
+        c.kill("p0")
+        c.start("p0")
+        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8)
+        expect(ids == ref, "after prefill restart: %s" % ids)
+        baseline(c)
+    finally:
+        c.close()
+
+
+def decode_restart():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2)])
+    ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+    try:
+        c.start_all()
+        expect(c.generate("d0", PROMPT, max_tokens=8)[0] == ref, "before restart")
+        c.kill("d0")
+        c.start("d0")
+        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8)
+        expect(ids == ref, "after decode restart: %s" % ids)
+        baseline(c)
+    finally:
+        c.close()
+
+
+def model_mismatch():
+    other = mkmodel(BUILD, os.path.join(tempfile.mkdtemp(), "other"), layers=5, hidden=64,
+                    heads=8, kv_heads=4, head_dim=8, intermediate=172, vocab=512, seed=3)
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 1)])
+    try:
+        c.start("p0", args=["--model", other])
+        c.start("d0")
+        try:
+            c.generate("d0", PROMPT, max_tokens=4)
+            raise AssertionError("a mismatched model was accepted")
+        except grpc.RpcError as e:
+            print("  mismatch -> %s: %s" % (e.code(), e.details()))
+            expect(e.code() == grpc.StatusCode.FAILED_PRECONDITION, "status %s" % e.code())
+            expect("fingerprint" in e.details(), "message: %s" % e.details())
+        baseline(c)
+    finally:
+        c.close()
+
+
+def sigterm_drain():
+    model = mkmodel(BUILD, os.path.join(tempfile.mkdtemp(), "slow"), layers=6, hidden=512,
+                    heads=8, kv_heads=4, head_dim=64, intermediate=1536, vocab=512, seed=5)
+    c = Cluster(BUILD, SRC, model, prefill=[("p0", 1)], decode=[("d0", 1)])
+    try:
+        c.start_all()
+        it = c.stream("d0", [1, 5, 6, 7], max_tokens=120, ignore_eos=True)
+        first = next(it)
+        expect(first.HasField("chunk"), "no first chunk")
+        c.daemons["d0"].proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        try:
+            c.generate("d0", [1, 5], max_tokens=2, timeout=5)
+            raise AssertionError("a draining decode accepted a request")
+        except grpc.RpcError as e:
+            expect(e.code() == grpc.StatusCode.UNAVAILABLE, "status %s" % e.code())
+        n, fin = 1, None
+        for r in it:
+            if r.HasField("chunk"):
+                n += 1
+            else:
+                fin = r.finished
+        expect(fin is not None and fin.completion_tokens == 120,
+               "the in-flight stream did not finish: %d chunks" % n)
+        rc = c.daemons["d0"].proc.wait(timeout=30)
+        expect(rc == 0, "decode exited %d" % rc)
+        baseline(c, ["p0"])
+    finally:
+        c.close()
+
+
+CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed,
+         prefill_restart, decode_restart, model_mismatch, sigterm_drain]
+
+
+def main():
+    wanted = set(sys.argv[3:])
+    failed = []
+    for case in CASES:
+        if wanted and case.__name__ not in wanted:
+            continue
+        t0 = time.time()
+        try:
+            case()
+            print("%-22s ok (%.1fs)" % (case.__name__, time.time() - t0))
+        except Exception as e:  # noqa: BLE001 - every case reports
+            print("%-22s FAIL: %s" % (case.__name__, e))
+            failed.append(case.__name__)
+    if failed:
+        sys.exit("FAIL: " + ", ".join(failed))
+    print("all failure cases behave")
+
+
+if __name__ == "__main__":
+    main()
