@@ -152,6 +152,9 @@ typedef struct {
     void **descs;
     size_t *desc_lens;
     int max_ctx;
+    /* "<name>@<host>": how prefill daemons tell a restarted instance of us
+     * from a sibling that shares our config entry (a StatefulSet's pods) */
+    char host_name[160];
     atomic_bool ready;
     atomic_bool draining;
     atomic_int waiting;           /* requests not yet running (queue limit) */

@@ -8,6 +8,7 @@
  * then UCX, gRPC and the engine are released and the process exits 0. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -35,6 +36,9 @@ static duet_status_t duet__start(duet_decode_t *dc)
     duet_rpc_client_config_t cc;
     duet_status_t st;
 
+    char host[64] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(dc->host_name, sizeof(dc->host_name), "%s@%s", dc->args.self->name, host);
     duet_rpc_server_config_init(&sc);
     sc.bind_addr = dc->args.self->listen;
     sc.n_threads = dc->args.self->grpc_threads;

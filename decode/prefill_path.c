@@ -92,7 +92,7 @@ static void duet__boot_task(void *arg)
     for (int d = 0; d < D; d++)
         descs[d] = (ProtobufCBinaryData){dc->desc_lens[d], dc->descs[d]};
     req.decode_id = dc->args.instance_id;
-    req.decode_name = dc->args.self->name;
+    req.decode_name = dc->host_name;
     req.tp = (uint32_t)D;
     req.model_fingerprint = dc->ke.fingerprint;
     req.kv_heads = (uint32_t)dc->ke.kv_heads;

@@ -121,8 +121,8 @@ static duet_status_t duet__boot_check(duet_prefill_t *pf, const Duet__V1__Bootst
 {
     if (m->decode_id == NULL || m->decode_id[0] == '\0' || strlen(m->decode_id) >= 64)
         return duet_error(DUET_ERR_INVALID, "bootstrap: decode_id must be 1..63 bytes");
-    if (m->decode_name == NULL || strlen(m->decode_name) >= 64)
-        return duet_error(DUET_ERR_INVALID, "bootstrap: decode_name must be at most 63 bytes");
+    if (m->decode_name == NULL || strlen(m->decode_name) >= 160)
+        return duet_error(DUET_ERR_INVALID, "bootstrap: decode_name must be at most 159 bytes");
     if (m->tp < 1 || m->tp > DUET_TP_MAX || m->n_rank_descriptors != m->tp)
         return duet_error(DUET_ERR_INVALID, "bootstrap: tp %u with %zu rank descriptors",
                           m->tp, m->n_rank_descriptors);

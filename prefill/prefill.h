@@ -29,7 +29,7 @@
 /* A decode daemon that bootstrapped with us. */
 typedef struct duet_pf_link {
     char decode_id[64];
-    char name[64];
+    char name[160];             /* "<config name>@<host>" */
     int D;
     duet_slice_plan_t *plan;   /* P = our tp, D, H */
     duet_xfer_peer_t **peers;  /* [P][D], NULL where rank s sends nothing to d */
