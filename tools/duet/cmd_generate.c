@@ -237,11 +237,10 @@ static int duet__parse_ids(const char *s, int32_t **ids_p, size_t *n_p)
     return 0;
 }
 
-static void duet__print_piece(duet_detok_t *dt, int32_t id)
+static void duet__print_piece(duet_detok_t *dt, int32_t id, char *buf, size_t cap)
 {
-    char buf[256];
     size_t len = 0;
-    if (duet_detok_push(dt, id, buf, sizeof(buf), &len) == DUET_OK && len > 0) {
+    if (duet_detok_push(dt, id, buf, cap, &len) == DUET_OK && len > 0) {
         fwrite(buf, 1, len, stdout);
         fflush(stdout);
     }
@@ -255,6 +254,8 @@ int duet_cmd_generate(int argc, char **argv)
     duet_engine_t *eng = NULL;
     int32_t *prompt = NULL, *pages = NULL, *out = NULL;
     float *logits = NULL;
+    char *piece = NULL;
+    size_t piece_cap = 0;
     FILE *dump = NULL;
     size_t n_prompt = 0;
     int n_out = 0, rc = 1;
@@ -333,6 +334,22 @@ int duet_cmd_generate(int argc, char **argv)
             fprintf(stderr, "duet generate: %s\n", duet_error_msg());
             goto out;
         }
+        /* the prompt is context for the detokenizer (so the continuation
+         * keeps its leading space); a text prompt is echoed as given */
+        piece_cap = duet_detok_max_chunk(tok) + 1;
+        piece = duet_malloc(piece_cap);
+        if (piece == NULL) {
+            fprintf(stderr, "duet generate: out of memory\n");
+            goto out;
+        }
+        for (size_t i = 0; i < n_prompt; i++) {
+            size_t len = 0;
+            duet_detok_push(dt, prompt[i], piece, piece_cap, &len);
+        }
+        if (a.prompt != NULL) {
+            fputs(a.prompt, stdout);
+            fflush(stdout);
+        }
     }
 
     duet_engine_seq_t seq = {
@@ -363,7 +380,7 @@ int duet_cmd_generate(int argc, char **argv)
         out[n_out++] = next;
         bool eos = duet_model_config_is_eos(cfg, next);
         if (dt != NULL && !eos)
-            duet__print_piece(dt, next);
+            duet__print_piece(dt, next, piece, piece_cap);
         if (n_out >= a.max_tokens || (eos && !a.ignore_eos))
             break;
         seq.start_pos += seq.n_tokens;
@@ -376,10 +393,9 @@ int duet_cmd_generate(int argc, char **argv)
             printf(i ? " %d" : "%d", out[i]);
         printf("\n");
     } else if (dt != NULL) {
-        char buf[64];
         size_t len = 0;
-        if (duet_detok_flush(dt, buf, sizeof(buf), &len) == DUET_OK && len > 0)
-            fwrite(buf, 1, len, stdout);
+        if (duet_detok_flush(dt, piece, piece_cap, &len) == DUET_OK && len > 0)
+            fwrite(piece, 1, len, stdout);
         printf("\n");
     }
     rc = 0;
@@ -387,6 +403,7 @@ out:
     if (dump != NULL)
         fclose(dump);
     duet_free(logits);
+    duet_free(piece);
     duet_free(pages);
     duet_free(out);
     duet_free(prompt);
