@@ -1,0 +1,362 @@
+/* bench_router: the router's overhead and throughput on a running cluster.
+ *
+ *   scripts/cluster.sh &          (or any cluster; defaults match
+ *                                  deploy/configs/local.json)
+ *   bench_router [--router 127.0.0.1:8001] [--http 127.0.0.1:8000]
+ *                [--decode 127.0.0.1:9200] [--prefill 127.0.0.1:9100]
+ *                [--requests 200] [--max-tokens 4] [--concurrency 8]
+ *                [--seconds 10]
+ *
+ * 1. Latency: the same greedy request, alternately straight to decode's
+ *    Decode.Generate (with prefill_target) and through the router's
+ *    duet.v1.Generate (gRPC) and POST /v1/completions (HTTP, keep-alive,
+ *    non-streaming); p50/p99 of each and what the router adds.
+ * 2. Throughput: `concurrency` client threads for `seconds`, through the
+ *    router (gRPC) and straight to decode: requests/s and p50/p99.
+ * Every reply is checked (a finished message / HTTP 200); errors are
+ * counted and make the exit status 1. */
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "duet/v1/decode.pb-c.h"
+#include "duet/v1/generate.pb-c.h"
+
+typedef struct {
+    const char *router, *http, *decode, *prefill;
+    int requests, max_tokens, concurrency, seconds;
+} duet__bargs_t;
+
+typedef struct {
+    uint8_t *gen, *dec; /* packed GenerateRequest / DecodeGenerateRequest */
+    size_t gen_len, dec_len;
+    char http_req[1024];
+    size_t http_len;
+} duet__bodies_t;
+
+static int duet__cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static double duet__pct(int64_t *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0.0;
+    qsort(v, n, sizeof(*v), duet__cmp_i64);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return (double)v[i] / 1e3; /* us */
+}
+
+/* One gRPC call to the end; returns its latency in ns, -1 on error. */
+static int64_t duet__grpc_once(duet_rpc_client_t *cli, const char *target, const char *method,
+                               const uint8_t *req, size_t len)
+{
+    duet_rpc_messages_t m;
+    int64_t t0 = duet_now_ns();
+    duet_status_t st = duet_rpc_client_stream_collect(cli, target, method, req, len,
+                                                      duet_deadline_in_ms(60000), 100000, &m);
+    int64_t dt = duet_now_ns() - t0;
+    bool ok = st == DUET_OK && m.count > 0;
+    if (ok) {
+        Duet__V1__GenerateResponse *r =
+            duet__v1__generate_response__unpack(NULL, m.len[m.count - 1], m.data[m.count - 1]);
+        ok = r && r->kind_case == DUET__V1__GENERATE_RESPONSE__KIND_FINISHED;
+        if (r)
+            duet__v1__generate_response__free_unpacked(r, NULL);
+    }
+    if (!ok)
+        fprintf(stderr, "bench_router: %s %s: %s\n", target, method,
+                m.message ? m.message : duet_error_msg());
+    duet_rpc_messages_cleanup(&m);
+    return ok ? dt : -1;
+}
+
+static int duet__connect(const char *addr)
+{
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    int fd;
+
+    if (colon == NULL || (size_t)(colon - addr) >= sizeof(host))
+        return -1;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0)
+        return -1;
+    fd = socket(res->ai_family, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+/* One keep-alive HTTP request; reads the whole response (Content-Length). */
+static int64_t duet__http_once(int fd, const duet__bodies_t *b)
+{
+    char buf[65536];
+    size_t have = 0;
+    int64_t t0 = duet_now_ns();
+    if (send(fd, b->http_req, b->http_len, MSG_NOSIGNAL) != (ssize_t)b->http_len)
+        return -1;
+    for (;;) {
+        ssize_t n = recv(fd, buf + have, sizeof(buf) - 1 - have, 0);
+        if (n <= 0)
+            return -1;
+        have += (size_t)n;
+        buf[have] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (end == NULL)
+            continue;
+        char *cl = strcasestr(buf, "Content-Length:");
+        if (cl == NULL || cl > end)
+            return -1;
+        size_t want = (size_t)(end + 4 - buf) + strtoul(cl + 15, NULL, 10);
+        if (have >= want)
+            return strncmp(buf, "HTTP/1.1 200", 12) == 0 ? duet_now_ns() - t0 : -1;
+    }
+}
+
+typedef struct {
+    duet_rpc_client_t *cli;
+    const char *target, *method;
+    const uint8_t *req;
+    size_t len;
+    int64_t deadline;
+    int64_t *lat;
+    size_t n, cap;
+    atomic_long *errors;
+} duet__worker_t;
+
+static void *duet__worker(void *p)
+{
+    duet__worker_t *w = p;
+    while (duet_now_ns() < w->deadline) {
+        int64_t dt = duet__grpc_once(w->cli, w->target, w->method, w->req, w->len);
+        if (dt < 0) {
+            atomic_fetch_add(w->errors, 1);
+            continue;
+        }
+        if (w->n == w->cap) {
+            size_t cap = w->cap ? w->cap * 2 : 1024;
+            int64_t *l = duet_realloc(w->lat, cap * sizeof(*l));
+            if (l == NULL)
+                break;
+            w->lat = l;
+            w->cap = cap;
+        }
+        w->lat[w->n++] = dt;
+    }
+    return NULL;
+}
+
+static long duet__throughput(const duet__bargs_t *a, duet_rpc_client_t *cli, const char *label,
+                             const char *target, const char *method, const uint8_t *req, size_t len)
+{
+    duet__worker_t *w = DUET_NEW_ARRAY(duet__worker_t, (size_t)a->concurrency);
+    pthread_t *th = DUET_NEW_ARRAY(pthread_t, (size_t)a->concurrency);
+    atomic_long errors = 0;
+    int64_t t0 = duet_now_ns(), *all;
+    size_t total = 0, k = 0;
+
+    for (int i = 0; i < a->concurrency; i++) {
+        w[i] = (duet__worker_t){
+            cli,  target, method, req,    len, t0 + (int64_t)a->seconds * DUET_NS_PER_S,
+            NULL, 0,      0,      &errors};
+        pthread_create(&th[i], NULL, duet__worker, &w[i]);
+    }
+    for (int i = 0; i < a->concurrency; i++) {
+        pthread_join(th[i], NULL);
+        total += w[i].n;
+    }
+    double secs = (double)(duet_now_ns() - t0) / 1e9;
+    all = duet_malloc((total ? total : 1) * sizeof(*all));
+    for (int i = 0; i < a->concurrency; i++) {
+        memcpy(all + k, w[i].lat, w[i].n * sizeof(*all));
+        k += w[i].n;
+        duet_free(w[i].lat);
+    }
+    printf("  %-22s %8.1f req/s  p50 %8.0f us  p99 %8.0f us  (%zu requests, %ld errors, "
+           "%d clients)\n",
+           label, (double)total / secs, duet__pct(all, total, 0.5), duet__pct(all, total, 0.99),
+           total, atomic_load(&errors), a->concurrency);
+    duet_free(all);
+    duet_free(w);
+    duet_free(th);
+    return atomic_load(&errors);
+}
+
+static int duet__build(const duet__bargs_t *a, duet__bodies_t *b)
+{
+    static int32_t ids[] = {1, 403, 407, 261, 378}; /* "Once upon a time" (stories260K) */
+    Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
+    Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
+    Duet__V1__GenerateRequest g = DUET__V1__GENERATE_REQUEST__INIT;
+    Duet__V1__DecodeGenerateRequest d = DUET__V1__DECODE_GENERATE_REQUEST__INIT;
+    char body[256];
+
+    tids.n_ids = sizeof(ids) / sizeof(ids[0]);
+    tids.ids = ids;
+    g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+    g.token_ids = &tids;
+    g.sampling = &sp;
+    g.max_tokens = (uint32_t)a->max_tokens;
+    g.ignore_eos = true;
+    d.request = &g;
+    d.prefill_target = (char *)a->prefill;
+    b->gen_len = duet__v1__generate_request__get_packed_size(&g);
+    b->dec_len = duet__v1__decode_generate_request__get_packed_size(&d);
+    b->gen = duet_malloc(b->gen_len);
+    b->dec = duet_malloc(b->dec_len);
+    if (b->gen == NULL || b->dec == NULL)
+        return -1;
+    duet__v1__generate_request__pack(&g, b->gen);
+    duet__v1__decode_generate_request__pack(&d, b->dec);
+    int n = snprintf(body, sizeof(body),
+                     "{\"prompt\":[1,403,407,261,378],\"max_tokens\":%d,\"temperature\":0,"
+                     "\"ignore_eos\":true}",
+                     a->max_tokens);
+    b->http_len = (size_t)snprintf(b->http_req, sizeof(b->http_req),
+                                   "POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
+                                   "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                                   "%s",
+                                   n, body);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    duet__bargs_t a = {
+        "127.0.0.1:8001", "127.0.0.1:8000", "127.0.0.1:9200", "127.0.0.1:9100", 200, 4, 8, 10};
+    static const struct option opts[] = {{"router", required_argument, NULL, 'r'},
+                                         {"http", required_argument, NULL, 'h'},
+                                         {"decode", required_argument, NULL, 'd'},
+                                         {"prefill", required_argument, NULL, 'p'},
+                                         {"requests", required_argument, NULL, 'n'},
+                                         {"max-tokens", required_argument, NULL, 't'},
+                                         {"concurrency", required_argument, NULL, 'c'},
+                                         {"seconds", required_argument, NULL, 's'},
+                                         {NULL, 0, NULL, 0}};
+    duet_rpc_client_config_t cc;
+    duet_rpc_client_t *cli;
+    duet__bodies_t b;
+    long errors = 0;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'r':
+            a.router = optarg;
+            break;
+        case 'h':
+            a.http = optarg;
+            break;
+        case 'd':
+            a.decode = optarg;
+            break;
+        case 'p':
+            a.prefill = optarg;
+            break;
+        case 'n':
+            a.requests = atoi(optarg);
+            break;
+        case 't':
+            a.max_tokens = atoi(optarg);
+            break;
+        case 'c':
+            a.concurrency = atoi(optarg);
+            break;
+        case 's':
+            a.seconds = atoi(optarg);
+            break;
+        default:
+            fprintf(stderr, "usage: see the header of bench/bench_router.c\n");
+            return 2;
+        }
+    }
+    if (a.requests < 1 || a.max_tokens < 1 || a.concurrency < 1 || a.seconds < 1) {
+        fprintf(stderr, "bench_router: counts must be positive\n");
+        return 2;
+    }
+    duet_log_init_from_env();
+    duet_rpc_client_config_init(&cc);
+    cc.n_threads = 2;
+    if (duet_rpc_client_create(&cc, &cli) != DUET_OK || duet__build(&a, &b) != 0) {
+        fprintf(stderr, "bench_router: %s\n", duet_error_msg());
+        return 1;
+    }
+    int fd = a.http[0] ? duet__connect(a.http) : -1;
+    int64_t *direct = duet_malloc((size_t)a.requests * sizeof(int64_t));
+    int64_t *via = duet_malloc((size_t)a.requests * sizeof(int64_t));
+    int64_t *via_http = duet_malloc((size_t)a.requests * sizeof(int64_t));
+    size_t nd = 0, nv = 0, nh = 0;
+
+    /* warm-up: channels, connections, first-request costs */
+    for (int i = 0; i < 5; i++) {
+        duet__grpc_once(cli, a.decode, "/duet.v1.Decode/Generate", b.dec, b.dec_len);
+        duet__grpc_once(cli, a.router, "/duet.v1.Generate/Generate", b.gen, b.gen_len);
+        if (fd >= 0)
+            duet__http_once(fd, &b);
+    }
+    for (int i = 0; i < a.requests; i++) {
+        int64_t t;
+        if ((t = duet__grpc_once(cli, a.decode, "/duet.v1.Decode/Generate", b.dec, b.dec_len)) >= 0)
+            direct[nd++] = t;
+        else
+            errors++;
+        if ((t = duet__grpc_once(cli, a.router, "/duet.v1.Generate/Generate", b.gen, b.gen_len)) >=
+            0)
+            via[nv++] = t;
+        else
+            errors++;
+        if (fd >= 0) {
+            if ((t = duet__http_once(fd, &b)) >= 0)
+                via_http[nh++] = t;
+            else
+                errors++;
+        }
+    }
+    double d50 = duet__pct(direct, nd, 0.5), d99 = duet__pct(direct, nd, 0.99);
+    double v50 = duet__pct(via, nv, 0.5), v99 = duet__pct(via, nv, 0.99);
+    double h50 = duet__pct(via_http, nh, 0.5), h99 = duet__pct(via_http, nh, 0.99);
+    printf("bench_router: %d sequential requests each, prompt 5 tokens, max_tokens %d "
+           "(ignore_eos)\n",
+           a.requests, a.max_tokens);
+    printf("  %-22s p50 %8.0f us  p99 %8.0f us\n", "decode direct (gRPC)", d50, d99);
+    printf("  %-22s p50 %8.0f us  p99 %8.0f us   added p50 %+6.0f us  p99 %+6.0f us\n",
+           "router gRPC", v50, v99, v50 - d50, v99 - d99);
+    if (fd >= 0)
+        printf("  %-22s p50 %8.0f us  p99 %8.0f us   added p50 %+6.0f us  p99 %+6.0f us\n",
+               "router HTTP", h50, h99, h50 - d50, h99 - d99);
+    printf("throughput for %d s:\n", a.seconds);
+    errors += duet__throughput(&a, cli, "router gRPC", a.router, "/duet.v1.Generate/Generate",
+                               b.gen, b.gen_len);
+    errors += duet__throughput(&a, cli, "decode direct (gRPC)", a.decode,
+                               "/duet.v1.Decode/Generate", b.dec, b.dec_len);
+    if (fd >= 0)
+        close(fd);
+    duet_free(direct);
+    duet_free(via);
+    duet_free(via_http);
+    duet_free(b.gen);
+    duet_free(b.dec);
+    duet_rpc_client_destroy(cli);
+    if (errors)
+        fprintf(stderr, "bench_router: %ld errors\n", errors);
+    return errors ? 1 : 0;
+}

@@ -1,0 +1,458 @@
+/* duet-router context: configuration, model facts (tokenizer, context
+ * length, chat template), request preparation shared by the HTTP and gRPC
+ * front ends, the ticker thread and the lifecycle. */
+#include "router/router.h"
+
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/sync.h"
+#include "engine/model_config.h"
+#include "router/router_internal.h"
+
+void duet_router_options_init(duet_router_options_t *opt)
+{
+    memset(opt, 0, sizeof(*opt));
+    opt->http_threads = 2;
+    opt->grpc_threads = 2;
+    opt->client_threads = 2;
+    opt->keepalive_ms = 2000;
+}
+
+static duet_status_t duet__set_str(char **field, const char *value)
+{
+    char *copy = duet_strdup(value);
+    if (copy == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
+    duet_free(*field);
+    *field = copy;
+    return DUET_OK;
+}
+
+/* The served model id: served_model_name, else the model directory's name. */
+static char *duet__model_name(const duet_cluster_config_t *cfg)
+{
+    if (cfg->router.served_model_name && cfg->router.served_model_name[0])
+        return duet_strdup(cfg->router.served_model_name);
+    char *copy = duet_strdup(cfg->model), *name;
+    if (copy == NULL)
+        return NULL;
+    size_t n = strlen(copy);
+    while (n > 1 && copy[n - 1] == '/')
+        copy[--n] = '\0';
+    name = duet_strdup(basename(copy));
+    duet_free(copy);
+    return name;
+}
+
+static duet_status_t duet__load_model(duet_router_t *rt)
+{
+    duet_model_config_t mc;
+    duet_status_t st;
+    const char *tmpl;
+
+    if ((st = duet_model_config_load(rt->cfg->model, &mc)) != DUET_OK)
+        return duet_error_wrap(st, "model: ");
+    if ((st = duet_tokenizer_load(rt->cfg->model, &rt->tok)) != DUET_OK)
+        return duet_error_wrap(st, "model: ");
+    rt->context_len = mc.max_pos;
+    rt->vocab = mc.vocab;
+    if (duet_tokenizer_vocab_size(rt->tok) > rt->vocab)
+        rt->vocab = duet_tokenizer_vocab_size(rt->tok);
+    int bos = duet_tokenizer_bos(rt->tok), eos = duet_tokenizer_eos(rt->tok);
+    const char *bp = bos >= 0 ? duet_tokenizer_piece(rt->tok, bos) : NULL;
+    const char *ep = eos >= 0 ? duet_tokenizer_piece(rt->tok, eos) : NULL;
+    rt->bos_str = duet_strdup(bp ? bp : "");
+    rt->eos_str = duet_strdup(ep ? ep : "");
+    if (rt->bos_str == NULL || rt->eos_str == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
+    tmpl = duet_tokenizer_chat_template(rt->tok);
+    if (tmpl == NULL) {
+        snprintf(rt->chat_unavailable, sizeof(rt->chat_unavailable),
+                 "model '%s' has no chat template (tokenizer_config.json chat_template); use "
+                 "/v1/completions",
+                 rt->model_name);
+    } else if ((st = duet_router_chat_tmpl_compile(tmpl, &rt->chat)) != DUET_OK) {
+        snprintf(rt->chat_unavailable, sizeof(rt->chat_unavailable),
+                 "the chat template of model '%s' is not supported: %s", rt->model_name,
+                 duet_error_msg());
+        DUET_LOG_WARN("%s", rt->chat_unavailable);
+        rt->chat = NULL;
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t **rt_p)
+{
+    duet_router_t *rt = DUET_NEW(duet_router_t);
+    duet_router_config_t *rc;
+    duet_status_t st;
+    int policy;
+
+    if (rt == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
+    rt->opt = *opt;
+    pthread_mutex_init(&rt->adm_lock, NULL);
+    duet_cond_init_monotonic(&rt->adm_cond);
+    pthread_mutex_init(&rt->tick_lock, NULL);
+    duet_cond_init_monotonic(&rt->tick_cond);
+    duet_router_metrics_init(&rt->metrics);
+    atomic_init(&rt->next_id, 0);
+    atomic_init(&rt->draining, false);
+    if (getrandom(&rt->id_salt, sizeof(rt->id_salt), 0) != (ssize_t)sizeof(rt->id_salt))
+        rt->id_salt = (uint64_t)duet_now_ns() ^ ((uint64_t)getpid() << 32);
+    rt->started_unix = (int64_t)time(NULL);
+
+    if ((st = duet_cluster_load(opt->config_path, &rt->cfg)) != DUET_OK)
+        goto err;
+    rc = &rt->cfg->router;
+    if ((opt->name && (st = duet__set_str(&rc->name, opt->name))) ||
+        (opt->http_addr && (st = duet__set_str(&rc->http, opt->http_addr))) ||
+        (opt->grpc_addr && (st = duet__set_str(&rc->grpc, opt->grpc_addr))) ||
+        (opt->policy && (st = duet__set_str(&rc->policy, opt->policy))))
+        goto err;
+    if ((policy = duet_router_policy_parse(rc->policy)) < 0) {
+        st = duet_error(DUET_ERR_CONFIG,
+                        "router.policy: '%s' is not round_robin, least_load or power_of_two",
+                        rc->policy);
+        goto err;
+    }
+    rt->policy = (duet_router_policy_t)policy;
+    if (rc->http[0] == '\0' && rc->grpc[0] == '\0') {
+        st = duet_error(DUET_ERR_CONFIG, "router.http, router.grpc: both are off");
+        goto err;
+    }
+    if (rc->api_key_env[0] != '\0') {
+        const char *v = getenv(rc->api_key_env);
+        if (v == NULL || v[0] == '\0') {
+            st = duet_error(DUET_ERR_CONFIG,
+                            "router.api_key_env: environment variable %s is not set",
+                            rc->api_key_env);
+            goto err;
+        }
+        if (rc->api_key[0] != '\0') {
+            st = duet_error(DUET_ERR_CONFIG, "router.api_key_env: give api_key or api_key_env, "
+                                             "not both");
+            goto err;
+        }
+        rt->api_key = duet_strdup(v);
+    } else if (rc->api_key[0] != '\0') {
+        rt->api_key = duet_strdup(rc->api_key);
+    }
+    if ((rt->model_name = duet__model_name(rt->cfg)) == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
+        goto err;
+    }
+    if ((st = duet__load_model(rt)) != DUET_OK)
+        goto err;
+    if (rt->context_len < 1) {
+        st = duet_error(DUET_ERR_CONFIG, "model: context length %d is too short", rt->context_len);
+        goto err;
+    }
+    /* as decode counts: a prompt may fill the context; the last token
+     * generated needs no KV slot, so context - prompt + 1 tokens fit */
+    rt->prompt_limit = rt->context_len;
+    if (rc->max_prompt_tokens > 0 && rc->max_prompt_tokens < rt->prompt_limit)
+        rt->prompt_limit = rc->max_prompt_tokens;
+    rt->max_tokens_limit = rc->max_tokens_limit;
+    rt->default_max_tokens = rt->cfg->n_decode > 0 ? rt->cfg->decode[0].max_tokens_default : 256;
+    rt->request_timeout_ms = rc->request_timeout_ms;
+    if (rt->cfg->n_prefill == 0 || rt->cfg->n_decode == 0) {
+        st = duet_error(DUET_ERR_CONFIG,
+                        "%s: the router needs at least one prefill and one "
+                        "decode instance",
+                        rt->cfg->n_prefill == 0 ? "prefill" : "decode");
+        goto err;
+    }
+    for (int r = 0; r < 2; r++) {
+        const duet_instance_config_t *list = r ? rt->cfg->decode : rt->cfg->prefill;
+        for (int i = 0; i < (r ? rt->cfg->n_decode : rt->cfg->n_prefill); i++) {
+            if (list[i].address == NULL || list[i].address[0] == '\0') {
+                st = duet_error(DUET_ERR_CONFIG,
+                                "%s[%d].address: required by the router (discover entries are "
+                                "not supported by duet-router)",
+                                r ? "decode" : "prefill", i);
+                goto err;
+            }
+        }
+    }
+    *rt_p = rt;
+    return DUET_OK;
+
+err:
+    duet_router_destroy(rt);
+    return st;
+}
+
+/* ---- request preparation ---- */
+
+void duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap)
+{
+    uint64_t n = atomic_fetch_add(&rt->next_id, 1) + 1;
+    uint64_t state = rt->id_salt ^ (n * 0x9E3779B97F4A7C15ull);
+    uint64_t a = duet_router_rand_next(&state);
+    snprintf(buf, cap, "%s-%08llx%016llx", prefix, (unsigned long long)(n & 0xFFFFFFFFu),
+             (unsigned long long)a);
+}
+
+bool duet_router_auth_ok(const duet_router_t *rt, const char *header, size_t len)
+{
+    static const char bearer[] = "Bearer ";
+    size_t klen;
+    unsigned char diff = 0;
+
+    if (rt->api_key == NULL)
+        return true;
+    if (header == NULL || len < sizeof(bearer) - 1 ||
+        strncasecmp(header, bearer, sizeof(bearer) - 1) != 0)
+        return false;
+    header += sizeof(bearer) - 1;
+    len -= sizeof(bearer) - 1;
+    while (len > 0 && header[0] == ' ')
+        header++, len--;
+    while (len > 0 && (header[len - 1] == ' ' || header[len - 1] == '\r'))
+        len--;
+    klen = strlen(rt->api_key);
+    /* constant time in the key's length */
+    for (size_t i = 0; i < klen; i++)
+        diff |= (unsigned char)(rt->api_key[i] ^ (i < len ? header[i] : 0));
+    return diff == 0 && len == klen;
+}
+
+duet_status_t duet_router_prompt_ids(duet_router_t *rt, const char *text, size_t len,
+                                     bool add_special, const int32_t *ids, size_t n,
+                                     const char *param, int32_t **ids_p, size_t *n_p,
+                                     duet_router_oai_error_t *err)
+{
+    int32_t *out = NULL;
+    size_t n_out = 0;
+
+    if (text != NULL) {
+        if (duet_tokenizer_encode(rt->tok, text, len, add_special, &out, &n_out) != DUET_OK)
+            return duet_router_oai_fail(err, 500, NULL, "tokenizer_error",
+                                        "could not tokenize the prompt: %s", duet_error_msg());
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= rt->vocab)
+                return duet_router_oai_fail(err, 400, param, NULL,
+                                            "%s[%zu]: token id %d is out of range 0..%d", param, i,
+                                            ids[i], rt->vocab - 1);
+        out = duet_malloc((n ? n : 1) * sizeof(*out));
+        if (out == NULL)
+            return duet_router_oai_fail(err, 500, NULL, "out_of_memory", "out of memory");
+        memcpy(out, ids, n * sizeof(*out));
+        n_out = n;
+    }
+    if (n_out == 0) {
+        duet_free(out);
+        return duet_router_oai_fail(err, 400, param, NULL, "the prompt is empty");
+    }
+    if (n_out > (size_t)rt->prompt_limit) {
+        duet_free(out);
+        if (rt->prompt_limit < rt->context_len)
+            return duet_router_oai_fail(err, 400, param, "context_length_exceeded",
+                                        "the prompt has %zu tokens; this server accepts at "
+                                        "most %d (max_prompt_tokens)",
+                                        n_out, rt->prompt_limit);
+        return duet_router_oai_fail(err, 400, param, "context_length_exceeded",
+                                    "this model's maximum context length is %d tokens, and the "
+                                    "prompt has %zu tokens",
+                                    rt->context_len, n_out);
+    }
+    *ids_p = out;
+    *n_p = n_out;
+    return DUET_OK;
+}
+
+uint32_t duet_router_max_tokens(const duet_router_t *rt, size_t n_prompt, int64_t requested)
+{
+    int64_t room = (int64_t)rt->context_len - (int64_t)n_prompt + 1;
+    int64_t want = requested > 0 ? requested : rt->default_max_tokens;
+    if (want > rt->max_tokens_limit)
+        want = rt->max_tokens_limit;
+    if (want > room)
+        want = room;
+    return want < 1 ? 1 : (uint32_t)want;
+}
+
+duet_status_t duet_router_chat_prompt(duet_router_t *rt, const duet_router_oai_req_t *req,
+                                      char **text_p, size_t *len_p, duet_router_oai_error_t *err)
+{
+    duet_router_chat_vars_t vars = {.msgs = req->msgs,
+                                    .n_msgs = req->n_msgs,
+                                    .bos_token = rt->bos_str,
+                                    .eos_token = rt->eos_str,
+                                    .add_generation_prompt = req->add_generation_prompt};
+    duet_status_t st;
+
+    if (rt->chat == NULL)
+        return duet_router_oai_fail(err, 400, "messages", "chat_template_unavailable", "%s",
+                                    rt->chat_unavailable);
+    st = duet_router_chat_tmpl_render(rt->chat, &vars, text_p, len_p);
+    if (st == DUET_ERR_NO_MEMORY)
+        return duet_router_oai_fail(err, 500, NULL, "out_of_memory", "out of memory");
+    if (st != DUET_OK)
+        return duet_router_oai_fail(err, 400, "messages", NULL, "chat template: %s",
+                                    duet_error_msg());
+    return DUET_OK;
+}
+
+/* ---- lifecycle ---- */
+
+static void duet__on_workers_change(void *arg)
+{
+    duet_router_update_health(arg);
+}
+
+static void *duet__ticker_main(void *arg)
+{
+    duet_router_t *rt = arg;
+    duet_thread_set_name("rt-ticker");
+    pthread_mutex_lock(&rt->tick_lock);
+    while (!rt->tick_stop) {
+        struct timespec ts = duet_deadline_timespec(duet_now_ns() + 200 * DUET_NS_PER_MS);
+        pthread_cond_timedwait(&rt->tick_cond, &rt->tick_lock, &ts);
+        if (rt->tick_stop)
+            break;
+        pthread_mutex_unlock(&rt->tick_lock);
+        duet_router_jobs_expire(rt);
+        if (rt->http)
+            duet_router_http_tick(rt->http);
+        pthread_mutex_lock(&rt->tick_lock);
+    }
+    pthread_mutex_unlock(&rt->tick_lock);
+    return NULL;
+}
+
+duet_status_t duet_router_start(duet_router_t *rt)
+{
+    duet_rpc_client_config_t cc;
+    duet_router_config_t *rc = &rt->cfg->router;
+    duet_status_t st;
+    int rc_thr;
+
+    duet_rpc_client_config_init(&cc);
+    cc.n_threads = rt->opt.client_threads > 0 ? rt->opt.client_threads : 2;
+    cc.reconnect_backoff_ms = 500;
+    if ((st = duet_rpc_client_create(&cc, &rt->cli)) != DUET_OK)
+        return st;
+    if ((st = duet_router_workers_create(rt->cfg, rt->policy, rc->health_interval_ms, rt->cli,
+                                         duet__on_workers_change, rt, &rt->workers)) != DUET_OK)
+        return st;
+    if (rc->grpc[0] != '\0' &&
+        (st = duet_router_grpc_start(rt, rc->grpc, rt->opt.grpc_threads)) != DUET_OK)
+        return st;
+    if (rc->http[0] != '\0' &&
+        (st = duet_router_http_start(rt, rc->http, rt->opt.http_threads, rt->opt.keepalive_ms,
+                                     &rt->http)) != DUET_OK)
+        return st;
+    if ((st = duet_router_workers_start(rt->workers)) != DUET_OK)
+        return st;
+    if ((rc_thr = pthread_create(&rt->ticker, NULL, duet__ticker_main, rt)) != 0)
+        return duet_error(DUET_ERR_INTERNAL, "router: pthread_create: %s", strerror(rc_thr));
+    rt->ticker_started = true;
+    DUET_LOG_INFO("%s serving model %s (context %d) http %s (port %d) grpc %s (port %d) policy %s, "
+                  "%d prefill and %d decode workers",
+                  rc->name, rt->model_name, rt->context_len, rc->http, duet_router_http_port(rt),
+                  rc->grpc, duet_router_grpc_port(rt), duet_router_policy_name(rt->policy),
+                  rt->cfg->n_prefill, rt->cfg->n_decode);
+    return DUET_OK;
+}
+
+int duet_router_http_port(const duet_router_t *rt)
+{
+    return rt->http ? duet_router_http_bound_port(rt->http) : 0;
+}
+
+int duet_router_grpc_port(const duet_router_t *rt)
+{
+    return rt->grpc ? duet_rpc_server_port(rt->grpc) : 0;
+}
+
+duet_status_t duet_router_drain(duet_router_t *rt, int64_t grace_ms)
+{
+    int64_t deadline = duet_deadline_in_ms(grace_ms);
+    duet_status_t st = DUET_OK;
+    bool cancelled = false;
+
+    atomic_store(&rt->draining, true);
+    duet_router_update_health(rt);
+    if (rt->http)
+        duet_router_http_quiesce(rt->http);
+    DUET_LOG_INFO("draining (grace %lld ms)", (long long)grace_ms);
+    pthread_mutex_lock(&rt->adm_lock);
+    for (;;) {
+        if (rt->running == 0 && rt->queued == 0)
+            break;
+        if (duet_now_ns() >= deadline && !cancelled) {
+            DUET_LOG_WARN("grace period over: cancelling %d running and %d queued "
+                          "requests",
+                          rt->running, rt->queued);
+            pthread_mutex_unlock(&rt->adm_lock);
+            duet_router_jobs_cancel_all(rt);
+            pthread_mutex_lock(&rt->adm_lock);
+            cancelled = true;
+            st = DUET_ERR_TIMEOUT;
+            deadline = duet_deadline_in_ms(5000); /* cancellations settle */
+            continue;
+        }
+        if (duet_now_ns() >= deadline)
+            break;
+        struct timespec ts = duet_deadline_timespec(deadline);
+        pthread_cond_timedwait(&rt->adm_cond, &rt->adm_lock, &ts);
+    }
+    pthread_mutex_unlock(&rt->adm_lock);
+    /* HTTP responses may still be flushing to clients: give them a moment */
+    for (int i = 0; rt->http && i < 100 && duet_router_http_active(rt->http) > 0; i++) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (rt->grpc)
+        duet_rpc_server_shutdown(rt->grpc, 1000);
+    return st;
+}
+
+void duet_router_destroy(duet_router_t *rt)
+{
+    if (rt == NULL)
+        return;
+    if (rt->ticker_started) {
+        pthread_mutex_lock(&rt->tick_lock);
+        rt->tick_stop = true;
+        pthread_cond_broadcast(&rt->tick_cond);
+        pthread_mutex_unlock(&rt->tick_lock);
+        pthread_join(rt->ticker, NULL);
+    }
+    atomic_store(&rt->draining, true);
+    /* Order: no new work, then the front ends (their calls end through the
+     * jobs, whose streams end on the client's threads), then the client. */
+    if (rt->workers)
+        duet_router_jobs_cancel_all(rt);
+    duet_router_workers_stop(rt->workers);
+    duet_rpc_server_destroy(rt->grpc);
+    duet_router_http_stop(rt->http);
+    duet_rpc_client_destroy(rt->cli);
+    duet_router_http_destroy(rt->http);
+    duet_rpc_health_destroy(rt->health);
+    duet_router_workers_destroy(rt->workers);
+    duet_router_chat_tmpl_destroy(rt->chat);
+    duet_tokenizer_destroy(rt->tok);
+    duet_free(rt->bos_str);
+    duet_free(rt->eos_str);
+    duet_free(rt->model_name);
+    duet_free(rt->api_key);
+    duet_cluster_free(rt->cfg);
+    pthread_cond_destroy(&rt->tick_cond);
+    pthread_mutex_destroy(&rt->tick_lock);
+    pthread_cond_destroy(&rt->adm_cond);
+    pthread_mutex_destroy(&rt->adm_lock);
+    duet_free(rt);
+}

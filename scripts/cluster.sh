@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Start a local heterogeneous duet cluster and serve until Ctrl-C:
+#   duet-router + duet-prefill (TP=2) + duet-decode (TP=4), CPU backend,
+#   the shipped model models/stories260K, all on 127.0.0.1
+# as described by deploy/configs/local.json.
+#
+#   scripts/cluster.sh                 build, start, wait for /health, serve
+#   DUET_CLUSTER_CONFIG=FILE           another cluster config
+#   DUET_BUILD_DIR=DIR                 build directory (default build/release)
+#   DUET_SKIP_BUILD=1                  use the binaries already built
+#   DUET_CLUSTER_LOGS=DIR              where daemon logs go (default: a temp dir)
+#   DUET_CLUSTER_TIMEOUT=SECONDS       start-up limit (default 120)
+#
+# Every daemon runs in its own session, so Ctrl-C reaches this script only;
+# it then stops the router first (it drains in-flight requests), then the
+# decode and prefill daemons, waits for each, and exits 0.  A daemon that
+# dies at start-up (or later) has its log tail printed and the script exits
+# non-zero after stopping the others.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+config=${DUET_CLUSTER_CONFIG:-deploy/configs/local.json}
+build=${DUET_BUILD_DIR:-build/release}
+timeout_s=${DUET_CLUSTER_TIMEOUT:-120}
+
+if [ ! -f "$config" ]; then
+  echo "cluster: no config $config" >&2
+  exit 2
+fi
+if [ "${DUET_SKIP_BUILD:-0}" != "1" ]; then
+  DUET_BUILD_DIR="$build" scripts/build.sh
+fi
+for exe in router/duet-router prefill/duet-prefill decode/duet-decode; do
+  if [ ! -x "$build/$exe" ]; then
+    echo "cluster: $build/$exe is missing (build failed?)" >&2
+    exit 1
+  fi
+done
+"$build/router/duet-router" --config "$config" --check-config >/dev/null
+
+# Instance names and the router's HTTP address from the config.
+read -r http prefills decodes keyvar < <(python3 - "$config" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+r = c.get("router", {})
+print(r.get("http", "127.0.0.1:8000") or "-",
+      ",".join(p["name"] for p in c.get("prefill", [])) or "-",
+      ",".join(d["name"] for d in c.get("decode", [])) or "-",
+      "literal" if r.get("api_key") else (r.get("api_key_env") or "-"))
+PY
+)
+# The bearer token, when the router wants one (for our own requests).
+auth=()
+auth_hint=""
+if [ "$keyvar" = "literal" ]; then
+  key=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["router"]["api_key"])' "$config")
+  auth=(-H "Authorization: Bearer $key")
+  auth_hint=" -H 'Authorization: Bearer <router.api_key>'"
+elif [ "$keyvar" != "-" ]; then
+  auth=(-H "Authorization: Bearer ${!keyvar:-}")
+  auth_hint=" -H \"Authorization: Bearer \$$keyvar\""
+fi
+if [ "$http" = "-" ]; then
+  echo "cluster: router.http is off in $config; this script needs it" >&2
+  exit 2
+fi
+
+logs=${DUET_CLUSTER_LOGS:-$(mktemp -d -t duet-cluster.XXXXXX)}
+mkdir -p "$logs"
+export DUET_LOG_LEVEL=${DUET_LOG_LEVEL:-info}
+
+names=()
+pids=()
+start() { # role name
+  local role=$1 name=$2
+  setsid "$build/$role/duet-$role" --config "$config" --name "$name" \
+    >"$logs/$name.log" 2>&1 </dev/null &
+  names+=("$name")
+  pids+=("$!")
+}
+
+stopping=0
+stop_all() {
+  [ "$stopping" = 1 ] && return
+  stopping=1
+  local status=0 i pid deadline
+  # router first (index of the last started), then the workers
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    pid=${pids[$i]}
+    kill -0 "$pid" 2>/dev/null || continue
+    kill -TERM "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + 40))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "cluster: ${names[$i]} did not stop in 40 s; killing it" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+      status=1
+    fi
+  done
+  for i in "${!pids[@]}"; do
+    local rc=0
+    wait "${pids[$i]}" 2>/dev/null || rc=$?
+    if [ "$rc" != 0 ] && [ "$rc" != 127 ]; then
+      echo "cluster: ${names[$i]} exited with status $rc (log: $logs/${names[$i]}.log)" >&2
+      status=1
+    fi
+  done
+  return $status
+}
+
+died() { # index
+  local i=$1
+  local rc=0
+  wait "${pids[$i]}" 2>/dev/null || rc=$?
+  echo "cluster: ${names[$i]} exited with status $rc; the end of its log:" >&2
+  tail -n 30 "$logs/${names[$i]}.log" >&2 || true
+}
+
+on_signal() {
+  echo
+  echo "cluster: shutting down"
+  if stop_all; then
+    echo "cluster: stopped"
+    exit 0
+  fi
+  exit 1
+}
+trap on_signal INT TERM
+trap 'stop_all >/dev/null 2>&1 || true' EXIT
+
+IFS=, read -r -a plist <<<"$prefills"
+IFS=, read -r -a dlist <<<"$decodes"
+for n in "${plist[@]}"; do [ "$n" != "-" ] && start prefill "$n"; done
+for n in "${dlist[@]}"; do [ "$n" != "-" ] && start decode "$n"; done
+setsid "$build/router/duet-router" --config "$config" >"$logs/router.log" 2>&1 </dev/null &
+names+=("router")
+pids+=("$!")
+
+echo "cluster: starting ${#pids[@]} processes (logs in $logs)"
+deadline=$((SECONDS + timeout_s))
+while :; do
+  for i in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      died "$i"
+      stop_all || true
+      exit 1
+    fi
+  done
+  if curl -sf "http://$http/health" >/dev/null 2>&1; then
+    break
+  fi
+  if [ $SECONDS -ge $deadline ]; then
+    echo "cluster: not ready after ${timeout_s} s; router /health says:" >&2
+    curl -s "http://$http/health" >&2 || true
+    stop_all || true
+    exit 1
+  fi
+  sleep 0.2
+done
+
+model=$(curl -sf "${auth[@]}" "http://$http/v1/models" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' || echo "?")
+cat <<EOF2
+cluster: ready
+  OpenAI API   http://$http/v1  (model "$model")
+  workers      http://$http/workers     metrics  http://$http/metrics
+  logs         $logs
+
+  curl http://$http/v1/completions -H 'Content-Type: application/json'$auth_hint \\
+    -d '{"model": "$model", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}'
+
+Press Ctrl-C to stop.
+EOF2
+
+# Serve until Ctrl-C, or until a process dies.
+while :; do
+  wait -n "${pids[@]}" 2>/dev/null || true
+  [ "$stopping" = 1 ] && break
+  for i in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      died "$i"
+      stop_all || true
+      exit 1
+    fi
+  done
+done
