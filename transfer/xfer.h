@@ -1,0 +1,318 @@
+/* UCX transfer engine (DESIGN §5): moves a request's KV pages from the
+ * prefill daemon's ranks into the decode daemon's ranks with one-sided puts,
+ * then tells each decode rank, with one notification per (request, prefill
+ * engine rank), that its slice has landed.
+ *
+ * Objects
+ *   duet_xfer_t       one per daemon process: the UCP context and tp ranks.
+ *   duet_xfer_rank_t  one per engine rank: a UCP worker, the rank's KV pool
+ *                     (registered once), a progress thread, the tables of
+ *                     requests being sent (prefill) or expected (decode).
+ *   duet_xfer_peer_t  a connection from one local rank to one remote rank,
+ *                     made from the remote rank's descriptor.
+ *
+ * Bootstrap: every rank packs a descriptor (an opaque, versioned byte blob:
+ * worker address, packed rkey, pool base and size, layout, dtype, model
+ * fingerprint) that the daemons exchange through gRPC.  Each prefill rank
+ * connects to every decode rank it sends to and each decode rank to every
+ * prefill rank it hears from (it acknowledges through that connection).
+ *
+ * A request: decode calls duet_xfer_recv_expect on each of its ranks (before
+ * asking prefill to run it), prefill calls duet_xfer_send_begin, then
+ * duet_xfer_send_layers as layers become ready, then duet_xfer_send_end with
+ * the first sampled token (or a failure).  Per decode rank the sender issues
+ * the puts, flushes them, then sends the notification; the decode rank checks
+ * the byte count (and CRC32C when sent) and acknowledges.  The request is
+ * complete on decode rank d exactly when every rank of senders(d) reported
+ * success; on prefill when every receiver acknowledged.  Failure reports,
+ * peer failures and deadlines end it with an error naming the ranks.
+ *
+ * Threads: every rank runs one progress thread that owns its UCP worker and
+ * tables; it sleeps in epoll on the worker's event fd when nothing is in
+ * flight.  All functions below are thread-safe unless they say otherwise;
+ * they hand work to the progress thread (the per-layer and end calls return
+ * at once, so a rank thread can post layer l and go on computing l+1).
+ * Completion callbacks (duet_xfer_done_cb_t, the peer error callback) run on
+ * the progress thread of the rank concerned: keep them short, don't block in
+ * them.  From a callback of rank r, call only functions marked
+ * "callback-safe" and only on rank r (other ranks' functions are refused
+ * there with DUET_ERR_INVALID: two ranks waiting on each other would hang).
+ *
+ * Transports: puts into a pool from duet_xfer_pool_alloc on the same host go
+ * over shared memory and are one-sided (the decode side does no work); the
+ * notification and acknowledgement travel on an endpoint with UCX peer error
+ * handling (tcp here) so a dead peer is noticed within milliseconds.  With
+ * UCX_TLS naming only shared memory there is no peer failure detection: a
+ * dead peer shows up as a deadline error.  Elsewhere (tcp, registered
+ * memory) the puts share that endpoint.  Each connection logs which path it
+ * runs.
+ *
+ * Checksums: CRC32C over the bytes of one (request, prefill rank, decode
+ * rank) slice in the order defined in transfer/xfer_segs.h (layer, K then V,
+ * page, run, head), over the source pages on the sender and over the
+ * destination pages on the receiver.
+ *
+ * Page contents: whole pages move (the tail of a partial last page carries
+ * whatever the source page held; decode overwrites it as it appends).  The
+ * decode daemon must not hand the destination pages to another request until
+ * the expectation has ended (completed, failed or cancelled) *and* prefill
+ * can no longer write them: after a failure or cancel that is when prefill's
+ * failure notification arrived or its Abort call returned. */
+#ifndef DUET_TRANSFER_XFER_H
+#define DUET_TRANSFER_XFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/dtype.h"
+#include "engine/kv_layout.h"
+#include "transfer/slice_plan.h"
+
+#define DUET_XFER_DESC_VERSION 1
+/* first_token value meaning "none supplied". */
+#define DUET_XFER_NO_TOKEN   (-1)
+#define DUET_XFER_DETAIL_MAX 192
+
+typedef enum {
+    DUET_XFER_PREFILL = 1,
+    DUET_XFER_DECODE = 2,
+} duet_xfer_role_t;
+
+typedef struct duet_xfer duet_xfer_t;
+typedef struct duet_xfer_rank duet_xfer_rank_t;
+typedef struct duet_xfer_peer duet_xfer_peer_t;
+
+/* The outcome of one request on one rank. */
+typedef struct {
+    duet_status_t status;
+    char detail[DUET_XFER_DETAIL_MAX]; /* for errors: what failed, naming ranks */
+    uint64_t bytes;                    /* bytes moved into (decode) / out of (prefill) the rank */
+    uint64_t puts;                     /* prefill: puts issued */
+    int64_t first_token;               /* decode: the token the senders reported */
+    uint64_t missing_mask;             /* decode: senders that had not reported success */
+} duet_xfer_result_t;
+
+/* Called once when a request ends on a rank (progress thread; see above).
+ * `res` is valid during the call only. */
+typedef void (*duet_xfer_done_cb_t)(void *arg, uint64_t req_id, const duet_xfer_result_t *res);
+
+/* A peer's connection failed (the remote process died or closed it).  Work
+ * that depended on it has already been failed; disconnect the peer (from
+ * another thread: disconnecting is not callback-safe) and connect again with
+ * the peer's new descriptor once it is back. */
+typedef void (*duet_xfer_peer_error_cb_t)(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
+                                          const char *detail);
+
+typedef struct {
+    duet_xfer_role_t role;
+    int tp;                     /* engine ranks of this daemon */
+    int kv_heads;               /* total KV heads of the model (H) */
+    duet_dtype_t dtype;         /* KV element type; its size must be layout.elem_size */
+    duet_kv_layout_t layout;    /* of every rank; n_kv_heads is local (engine/tp.h) */
+    uint64_t model_fingerprint; /* peers must present the same value */
+    const char *tls;            /* UCX_TLS for this context; NULL: environment/UCX default */
+    int early_ttl_ms;           /* keep notifications that beat their expectation (<= 0: 5000) */
+    int early_max;              /* at most this many per rank (<= 0: 1024) */
+    duet_xfer_peer_error_cb_t on_peer_error; /* optional */
+    void *cb_arg;
+} duet_xfer_config_t;
+
+/* Counters of one rank (monotonic, except the two gauges). */
+typedef struct {
+    uint64_t puts, put_bytes;
+    uint64_t notify_sent, notify_received, ack_sent, ack_received;
+    uint64_t recv_done, recv_failed, send_done, send_failed;
+    uint64_t early_buffered;    /* notifications that arrived before their expectation */
+    uint64_t dropped_late;      /* for requests already cancelled or ended here */
+    uint64_t dropped_unknown;   /* never expected (buffer expired or full) */
+    uint64_t dropped_duplicate; /* a sender reporting twice */
+    uint64_t dropped_invalid;   /* malformed, misaddressed or from an unexpected sender */
+    uint64_t acks_dropped;      /* prefill: acknowledgements for requests no longer here */
+    uint64_t crc_failures, peer_failures, timeouts;
+    uint64_t active_recv, active_send; /* gauges: entries held now */
+} duet_xfer_stats_t;
+
+/* Public view of a decoded descriptor. */
+typedef struct {
+    duet_xfer_role_t role;
+    int rank, tp, kv_heads;
+    duet_dtype_t dtype;
+    duet_kv_layout_t layout;
+    uint64_t model_fingerprint;
+    uint64_t instance; /* random per duet_xfer_t: a restarted peer has a new one */
+    uint64_t host_id;  /* hostname + boot id: shared memory is only tried on the same host */
+    uint64_t pool_bytes;
+} duet_xfer_desc_info_t;
+
+/* ---- context and ranks (not thread-safe: one owner) -------------------- */
+
+/* Create the UCP context and cfg->tp ranks, each with its worker and a
+ * running progress thread.  Validates cfg (DUET_ERR_CONFIG naming the field).
+ * tls/strings are copied. */
+duet_status_t duet_xfer_create(const duet_xfer_config_t *cfg, duet_xfer_t **xfer_p);
+
+/* Stop every rank: work still pending ends with DUET_ERR_SHUTDOWN (its
+ * callbacks run before this returns; nothing is sent to peers), endpoints
+ * are closed, rkeys destroyed, threads joined, pools unmapped (memory from
+ * duet_xfer_pool_alloc is gone; registered memory stays the caller's).
+ * Every peer handle becomes invalid.  Not from a callback.  Accepts NULL. */
+void duet_xfer_destroy(duet_xfer_t *xfer);
+
+/* Rank `i` (0..tp-1) of this daemon, or NULL when out of range. */
+duet_xfer_rank_t *duet_xfer_rank(duet_xfer_t *xfer, int i);
+int duet_xfer_rank_index(const duet_xfer_rank_t *r);
+
+/* ---- the KV pool (call once per rank, before descriptors and transfers;
+ * not thread-safe with other calls on the same rank) -------------------- */
+
+/* Allocate the rank's pool through UCX (ucp_mem_map with
+ * UCP_MEM_MAP_ALLOCATE) so that shared-memory puts into it are one-sided.
+ * bytes must be at least duet_kv_total_bytes(&cfg->layout).  *base_p is owned
+ * by the rank until duet_xfer_destroy.  DUET_ERR_INVALID if the rank already
+ * has a pool. */
+duet_status_t duet_xfer_pool_alloc(duet_xfer_rank_t *r, size_t bytes, void **base_p);
+
+/* Register memory the caller already owns (host memory; the pinned-host
+ * staging path of the CUDA backend).  The memory must outlive the xfer. */
+duet_status_t duet_xfer_pool_register(duet_xfer_rank_t *r, void *base, size_t bytes);
+
+/* "ucx-alloc", "registered" or "none": which pool path this rank runs. */
+const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r);
+
+/* ---- descriptors and peers --------------------------------------------- */
+
+/* This rank's descriptor.  *blob_p is allocated (duet_free it).  Needs the
+ * pool. */
+duet_status_t duet_xfer_desc_pack(duet_xfer_rank_t *r, void **blob_p, size_t *len_p);
+
+/* Decode and check a descriptor blob without connecting (for the daemon's
+ * bootstrap bookkeeping).  Malformed blobs are DUET_ERR_FORMAT, unknown
+ * versions DUET_ERR_UNSUPPORTED. Pure, thread-safe. */
+duet_status_t duet_xfer_desc_peek(const void *blob, size_t len, duet_xfer_desc_info_t *info_p);
+
+/* Connect rank r to the remote rank described by blob.  Refuses a blob that
+ * does not match this daemon (role, model fingerprint, dtype, layers,
+ * page size, head_dim, kv heads) with DUET_ERR_MISMATCH and a message like
+ * "peer decode rank 1: head_dim 64 != 128" (peer's value first).  Waits until
+ * the connection is wired up or the deadline passes (DUET_ERR_TIMEOUT).
+ * Not callback-safe. */
+duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size_t len,
+                                     int64_t deadline_ns, duet_xfer_peer_t **peer_p);
+
+/* Close the connection: work still using the peer fails (DUET_ERR_PEER),
+ * endpoints are closed, the rkey destroyed and the handle freed.  Accepts
+ * NULL.  Not callback-safe. */
+void duet_xfer_peer_disconnect(duet_xfer_peer_t *peer);
+
+/* The remote side of a peer (fixed at connect; thread-safe). */
+const duet_xfer_desc_info_t *duet_xfer_peer_info(const duet_xfer_peer_t *peer);
+
+/* ---- decode side: expectations ------------------------------------------ */
+
+typedef struct {
+    uint64_t req_id;
+    const duet_slice_plan_t *plan;  /* D = local tp; read during the call only */
+    duet_xfer_peer_t *const *peers; /* [P] this rank's peers by prefill engine rank; every
+                                       rank of senders(this rank) must be connected */
+    const int32_t *pages;           /* [n_pages] destination page ids (copied) */
+    int n_pages;
+    int64_t deadline_ns;    /* the request fails with DUET_ERR_TIMEOUT after it */
+    duet_xfer_done_cb_t cb; /* NULL: collect the outcome with duet_xfer_recv_wait */
+    void *arg;
+} duet_xfer_expect_t;
+
+/* Register an expectation on rank r: the request completes when every rank
+ * of senders(r) has reported success.  Register it before asking prefill to
+ * run the request; notifications that still arrive first are kept for
+ * early_ttl_ms and applied now (after that they are dropped, counted as
+ * dropped_unknown, and the sender is told DUET_ERR_NOT_FOUND).
+ * DUET_ERR_INVALID for a request id already expected here, bad pages or
+ * unconnected senders.  Callback-safe. */
+duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *e);
+
+/* Wait for the outcome of an expectation registered without a callback and
+ * release it.  Returns DUET_OK with *res_p filled (res_p->status is the
+ * request's status), DUET_ERR_TIMEOUT if deadline_ns passed first (the
+ * expectation stays), DUET_ERR_NOT_FOUND for an unknown id.  Not
+ * callback-safe. */
+duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t req_id, int64_t deadline_ns,
+                                  duet_xfer_result_t *res_p);
+
+/* Drop an expectation whatever its state; its callback will not run after
+ * this returns.  Later notifications for it are dropped and counted
+ * (dropped_late) and acknowledged as cancelled.  DUET_ERR_NOT_FOUND for an
+ * unknown id.  Callback-safe. */
+duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t req_id);
+
+/* ---- prefill side: sends ------------------------------------------------ */
+
+enum {
+    DUET_XFER_SEND_CRC = 1u << 0, /* checksum the bytes; the receiver verifies */
+};
+
+typedef struct {
+    uint64_t req_id;
+    const duet_slice_plan_t *plan;  /* P = local tp, D = the peers' tp; read during the call */
+    duet_xfer_peer_t *const *peers; /* [D] by decode engine rank; every rank of
+                                       receivers(this rank) must be connected */
+    const int32_t *src_pages;       /* [n_pages] this rank's pages (copied) */
+    const int32_t *dst_pages;       /* [n_pages] the decode daemon's pages (copied) */
+    int n_pages;
+    unsigned flags;         /* DUET_XFER_SEND_* */
+    int64_t deadline_ns;    /* posting, flushing and acknowledgements must finish by then */
+    duet_xfer_done_cb_t cb; /* NULL: collect with duet_xfer_send_wait */
+    void *arg;
+} duet_xfer_send_t;
+
+/* Start sending a request from rank r.  A rank that sends nothing to
+ * anyone (replication) still gets its outcome: DUET_OK, 0 bytes.
+ * DUET_ERR_INVALID for a duplicate id, bad pages or unconnected receivers;
+ * DUET_ERR_PEER when a receiver's connection already failed.
+ * Callback-safe. */
+duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *s);
+
+/* Queue the puts of layers [l0, l1) (all heads of every receiver, K and V).
+ * Layers must be posted in order, each once: l0 is the first layer not yet
+ * posted; otherwise the send fails with DUET_ERR_INVALID.  Returns at once;
+ * unknown (e.g. cancelled) ids are ignored.  Callback-safe. */
+duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t req_id, int l0, int l1);
+
+/* Finish: after all layers were posted, flush each receiver and send its
+ * notification with `first_token`.  With status != DUET_OK the receivers get
+ * a failure notification instead (once the puts already posted are flushed).
+ * Returns at once.  Callback-safe. */
+duet_status_t duet_xfer_send_end(duet_xfer_rank_t *r, uint64_t req_id, duet_status_t status,
+                                 int64_t first_token);
+
+/* begin + all layers + end. */
+duet_status_t duet_xfer_send_post(duet_xfer_rank_t *r, const duet_xfer_send_t *s,
+                                  int64_t first_token);
+
+/* Like duet_xfer_recv_wait, for a send registered without a callback. */
+duet_status_t duet_xfer_send_wait(duet_xfer_rank_t *r, uint64_t req_id, int64_t deadline_ns,
+                                  duet_xfer_result_t *res_p);
+
+/* Stop sending: no more puts are issued; receivers that were not yet
+ * notified get a DUET_ERR_CANCELLED notification once the posted puts are
+ * flushed; the state is released.  The callback does not run after this
+ * returns.  DUET_ERR_NOT_FOUND for an unknown id.  Callback-safe. */
+duet_status_t duet_xfer_send_cancel(duet_xfer_rank_t *r, uint64_t req_id);
+
+/* ---- observation and diagnostics ---------------------------------------- */
+
+/* Snapshot of the rank's counters.  Thread-safe, callback-safe. */
+void duet_xfer_rank_stats(const duet_xfer_rank_t *r, duet_xfer_stats_t *stats_p);
+
+/* Benchmarks: one put of `bytes` from pool offset src_off into the peer's
+ * pool at dst_off, then a flush; returns when both completed.  Not
+ * callback-safe. */
+duet_status_t duet_xfer_debug_put(duet_xfer_peer_t *peer, size_t src_off, size_t dst_off,
+                                  size_t bytes, int64_t deadline_ns);
+
+/* Tests: flip one byte of the source of the rank's n-th put from now (0 =
+ * the next), after its checksum was taken, so the receiver's CRC check must
+ * fail.  n < 0 disables.  This writes into the rank's own pool. */
+void duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n);
+
+#endif

@@ -1,0 +1,275 @@
+/* Internals of the transfer engine shared by transfer/xfer_*.c.
+ *
+ * Ownership: everything below the "progress thread" line of a rank belongs to
+ * that rank's progress thread and is touched by no other thread.  Other
+ * threads talk to it through commands (duet__cmd_t) queued under r->mu; a
+ * synchronous command lives on the caller's stack and the caller sleeps on
+ * r->cond until the thread marks it done.  When the caller *is* the progress
+ * thread (a completion callback calling back in), the command runs inline;
+ * commands that wait on UCX (connect, disconnect, wait, put) are refused
+ * there. */
+#ifndef DUET_TRANSFER_XFER_INTERNAL_H
+#define DUET_TRANSFER_XFER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "transfer/xfer.h"
+#include "transfer/xfer_map.h"
+#include "transfer/xfer_wire.h"
+
+#define DUET__AM_ID        0x2d       /* active-message id of notifications and acks */
+#define DUET__PUT_BUDGET   512        /* puts issued per loop turn, so messages keep flowing */
+#define DUET__PUT_BYTES    (8u << 20) /* ... and bytes */
+#define DUET__PUT_INFLIGHT 4096       /* outstanding put requests per rank (tcp) */
+#define DUET__TOMB_CAP     4096       /* ended request ids remembered per rank */
+#define DUET__CLOSE_MS     5000       /* give up waiting for endpoint closes */
+
+/* Counters: X(name) for every field of duet_xfer_stats_t. */
+/* clang-format off */
+#define DUET__STATS(X)                                                                             \
+    X(puts) X(put_bytes)                                                                           \
+    X(notify_sent) X(notify_received) X(ack_sent) X(ack_received)                                  \
+    X(recv_done) X(recv_failed) X(send_done) X(send_failed)                                        \
+    X(early_buffered) X(dropped_late) X(dropped_unknown) X(dropped_duplicate) X(dropped_invalid)   \
+    X(acks_dropped) X(crc_failures) X(peer_failures) X(timeouts) X(active_recv) X(active_send)
+/* clang-format on */
+
+typedef struct {
+#define DUET__STAT_FIELD(name) _Atomic uint64_t name;
+    DUET__STATS(DUET__STAT_FIELD)
+#undef DUET__STAT_FIELD
+} duet__stats_t;
+
+#define DUET__STAT_ADD(r, name, v)                                                                 \
+    atomic_fetch_add_explicit(&(r)->stats.name, (v), memory_order_relaxed)
+#define DUET__STAT_SUB(r, name, v)                                                                 \
+    atomic_fetch_sub_explicit(&(r)->stats.name, (v), memory_order_relaxed)
+
+typedef struct duet__cmd duet__cmd_t;
+typedef struct duet__send duet__send_t;
+typedef struct duet__expect duet__expect_t;
+typedef struct duet__put_op duet__put_op_t;
+
+enum {
+    DUET__CMD_CONNECT,
+    DUET__CMD_DISCONNECT,
+    DUET__CMD_EXPECT,
+    DUET__CMD_SEND_BEGIN,
+    DUET__CMD_SEND_LAYERS,
+    DUET__CMD_SEND_END,
+    DUET__CMD_WAIT,
+    DUET__CMD_UNWAIT,
+    DUET__CMD_CANCEL,
+    DUET__CMD_PUT,
+    DUET__CMD_STOP,
+};
+
+enum { DUET__SIDE_RECV = 0, DUET__SIDE_SEND = 1 };
+
+struct duet__cmd {
+    duet__cmd_t *next;
+    int kind;
+    int heap; /* asynchronous: the thread frees it */
+    int done; /* synchronous: set under r->mu */
+    duet_status_t status;
+    char msg[DUET_XFER_DETAIL_MAX];
+    union {
+        struct {
+            const duet__desc_t *desc; /* points into the caller's blob */
+            int64_t deadline_ns;
+            duet_xfer_peer_t *peer; /* result */
+        } connect;
+        duet_xfer_peer_t *peer; /* disconnect */
+        duet__expect_t *expect;
+        duet__send_t *send;
+        struct {
+            uint64_t req_id;
+            int l0, l1;
+        } layers;
+        struct {
+            uint64_t req_id;
+            duet_status_t status;
+            int64_t first_token;
+        } end;
+        struct {
+            int side;
+            uint64_t req_id;
+            duet_xfer_result_t *res;
+        } wait;
+        duet__cmd_t *unwait; /* the wait command to detach */
+        struct {
+            int side;
+            uint64_t req_id;
+        } cancel;
+        struct {
+            duet_xfer_peer_t *peer;
+            size_t src_off, dst_off, len;
+            int64_t deadline_ns;
+        } put;
+    } u;
+};
+
+/* The outcome half of a send or an expectation (first member of both). */
+typedef struct duet__outcome duet__outcome_t;
+struct duet__outcome {
+    uint64_t req_id;
+    int side; /* DUET__SIDE_* */
+    duet_xfer_done_cb_t cb;
+    void *arg;
+    duet__cmd_t *waiter; /* a duet__CMD_WAIT sleeping on it */
+    int terminal;        /* res is final */
+    int in_callback;
+    int cancelled; /* cancelled from inside its own callback */
+    int64_t deadline_ns;
+    duet_xfer_result_t res;
+    duet__outcome_t *due_prev, *due_next; /* r->due list: final, not yet delivered */
+    int is_due;
+};
+
+struct duet_xfer_peer {
+    duet_xfer_rank_t *r;
+    duet_xfer_peer_t *next, *prev; /* r->peers */
+    duet_xfer_desc_info_t info;    /* the remote rank */
+    uint64_t remote_base;
+    ucp_ep_h data_ep; /* puts (prefill side); err mode none so shared memory stays one-sided */
+    ucp_rkey_h rkey;
+    ucp_ep_h ctl_ep;   /* notifications/acks; err mode peer when a transport allows it */
+    int ctl_shared;    /* ctl_ep == data_ep */
+    int ctl_peer_mode; /* ctl_ep has error mode peer */
+    int one_sided;     /* puts go over shared memory into the mapped remote pool */
+    int ready;         /* wired up */
+    duet_status_t failed;
+    char why[128];
+    int error_reported;
+    int closing;       /* disconnect started: no new work */
+    int user_released; /* the handle is no longer the user's */
+    int ops;           /* outstanding UCX requests that point at this peer */
+    int close_stage;
+    int64_t close_deadline_ns;
+    duet__cmd_t *cmd; /* connect or disconnect waiting on it */
+    int64_t connect_deadline_ns;
+};
+
+typedef struct {
+    duet__msg_t msg;
+    int64_t arrived_ns;
+} duet__early_t;
+
+struct duet_xfer_rank {
+    duet_xfer_t *x;
+    int index;
+    duet_xfer_desc_info_t info; /* this rank as peers see it */
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+
+    /* pool: set before any transfer, read-only afterwards */
+    int pool_kind; /* 0 none, 1 ucx-alloc, 2 registered */
+    ucp_mem_h memh;
+    unsigned char *base;
+    size_t bytes;
+    void *rkey_buf;
+    size_t rkey_len;
+
+    pthread_t thread;
+    int thread_started;
+    int efd;  /* the worker's event fd */
+    int evfd; /* eventfd: commands queued */
+    int epfd;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    duet__cmd_t *cmd_head, *cmd_tail; /* under mu */
+    int closed;                       /* under mu: STOP queued, no more commands */
+
+    duet__stats_t stats;
+    atomic_long corrupt_at;
+
+    /* ---- progress thread ---- */
+    duet_xfer_peer_t *peers;
+    duet__map_t sends;       /* req id -> duet__send_t, while the outcome is the user's */
+    duet__send_t *send_list; /* every send state until freed */
+    duet__send_t *posting;   /* sends with puts to issue */
+    duet__map_t expects;     /* req id -> duet__expect_t */
+    duet__map_t tombs;       /* ended req id -> (void *)(1 - status) */
+    uint64_t *tomb_ring;
+    size_t tomb_pos;
+    duet__early_t *early;
+    int n_early, early_head; /* ring of x->early_max */
+    duet__msg_t *inbox;
+    int n_inbox, cap_inbox;
+    duet__outcome_t *due_head, *due_tail; /* outcomes to deliver */
+    duet__put_op_t *put_ops;              /* duet_xfer_debug_put calls in flight */
+    long put_reqs;                        /* outstanding put requests */
+    long ucx_reqs;                        /* all outstanding requests */
+    int64_t next_deadline_ns;
+    int stopping;
+    duet__cmd_t *stop_cmd;
+    int64_t stop_deadline_ns;
+};
+
+struct duet_xfer {
+    duet_xfer_config_t cfg;
+    char *tls;
+    ucp_context_h ucp;
+    uint64_t instance;
+    uint64_t host_id;
+    atomic_int no_peer_mode; /* no transport with peer-failure detection */
+    int n_ranks;
+    duet_xfer_rank_t **ranks;
+};
+
+/* xfer_core.c */
+duet_status_t duet__call(duet_xfer_rank_t *r, duet__cmd_t *c, int callback_safe);
+duet_status_t duet__post_async(duet_xfer_rank_t *r, duet__cmd_t *c);
+void duet__cmd_done(duet_xfer_rank_t *r, duet__cmd_t *c, duet_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void duet__due(duet_xfer_rank_t *r, duet__outcome_t *o);
+void duet__undue(duet_xfer_rank_t *r, duet__outcome_t *o);
+void duet__deadline_hint(duet_xfer_rank_t *r, int64_t deadline_ns);
+void duet__outcome_fail(duet__outcome_t *o, duet_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void duet__req_done(duet_xfer_rank_t *r, void *req);
+
+/* xfer_peer.c */
+void duet__peer_exec_connect(duet_xfer_rank_t *r, duet__cmd_t *c);
+void duet__peer_exec_disconnect(duet_xfer_rank_t *r, duet__cmd_t *c);
+void duet__peer_exec_put(duet_xfer_rank_t *r, duet__cmd_t *c);
+int duet__peer_known(const duet_xfer_rank_t *r, const duet_xfer_peer_t *p);
+duet_xfer_peer_t *duet__peer_find(duet_xfer_rank_t *r, uint64_t instance, int rank);
+void duet__peer_close_start(duet_xfer_rank_t *r, duet_xfer_peer_t *p);
+void duet__peer_scan(duet_xfer_rank_t *r, int64_t now);
+int duet__peers_idle(const duet_xfer_rank_t *r);
+void duet__peer_drop_rkeys(duet_xfer_rank_t *r);
+void duet__peer_reap_all(duet_xfer_rank_t *r);
+
+/* xfer_send.c */
+void duet__send_exec_begin(duet_xfer_rank_t *r, duet__cmd_t *c);
+void duet__send_exec_layers(duet_xfer_rank_t *r, duet__cmd_t *c);
+void duet__send_exec_end(duet_xfer_rank_t *r, duet__cmd_t *c);
+duet_status_t duet__send_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, size_t cap);
+int duet__send_post_some(duet_xfer_rank_t *r);
+void duet__send_on_ack(duet_xfer_rank_t *r, const duet__msg_t *m);
+void duet__send_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p);
+void duet__send_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p);
+void duet__send_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why);
+duet__outcome_t *duet__send_outcome(duet_xfer_rank_t *r, uint64_t id);
+void duet__send_release(duet_xfer_rank_t *r, duet__outcome_t *o);
+void duet__send_free(duet__send_t *s);
+int duet__sends_idle(const duet_xfer_rank_t *r);
+
+/* xfer_recv.c */
+void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c);
+duet_status_t duet__recv_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, size_t cap);
+void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m);
+void duet__recv_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p, int disconnect);
+void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p);
+void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why);
+duet__outcome_t *duet__recv_outcome(duet_xfer_rank_t *r, uint64_t id);
+void duet__recv_release(duet_xfer_rank_t *r, duet__outcome_t *o);
+void duet__recv_cleanup(duet_xfer_rank_t *r);
+
+#endif

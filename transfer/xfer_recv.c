@@ -1,0 +1,556 @@
+/* Decode side: the table of expected requests of one rank.
+ *
+ * An expectation knows senders(d) from the slice plan and which runs each
+ * sender writes.  A notification is keyed by (request id, source engine
+ * rank) and must come from the instance of the peer registered for that
+ * sender.  The request completes exactly when every sender reported success
+ * (byte count right, CRC32C right when sent, same first token); a failure
+ * report, a failed or disconnected sender peer, or the deadline ends it with
+ * an error naming the sender ranks.  Every success notification is
+ * acknowledged with this rank's verdict.
+ *
+ * Notifications for ids not (yet) expected wait in a bounded ring for
+ * early_ttl_ms: decode registers right before asking prefill, so a
+ * notification can only beat its expectation when the daemon registers late;
+ * the ring makes that harmless.  Ids that ended here (completed, failed,
+ * cancelled) are remembered in a bounded tombstone table so that their late
+ * notifications are dropped and counted at once. */
+#include "transfer/xfer_internal.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "transfer/xfer_segs.h"
+
+struct duet__expect {
+    duet__outcome_t o; /* first: outcome pointers are expectation pointers */
+    int P;
+    uint64_t senders, reported;
+    duet_xfer_peer_t **peers; /* [P] */
+    duet_slice_run_t *runs;   /* this rank's runs grouped by sender, dst_head order within */
+    int *run_off, *run_cnt;   /* [P] */
+    int32_t *pages;
+    int n_pages;
+    int token_from; /* sender whose first token was taken, -1: none yet */
+};
+
+static void expect_free(duet__expect_t *e)
+{
+    if (e == NULL)
+        return;
+    duet_free(e->peers);
+    duet_free(e->runs);
+    duet_free(e->run_off);
+    duet_free(e->run_cnt);
+    duet_free(e->pages);
+    duet_free(e);
+}
+
+/* ---- acknowledgements ------------------------------------------------------------------ */
+
+static void ack_cb(void *req, ucs_status_t status, void *user_data)
+{
+    duet_xfer_rank_t *r = *(duet_xfer_rank_t **)user_data;
+    (void)status;
+    duet__req_done(r, req);
+    duet_free(user_data);
+}
+
+static void send_ack(duet_xfer_rank_t *r, const duet__msg_t *m, duet_status_t st)
+{
+    duet_xfer_peer_t *p = duet__peer_find(r, m->from_instance, m->src_rank);
+    ucp_request_param_t rp;
+    ucs_status_ptr_t req;
+    unsigned char *buf;
+    duet__msg_t a;
+
+    if (p == NULL || p->failed != DUET_OK || !p->ready)
+        return; /* the sender's deadline covers a lost acknowledgement */
+    /* [rank pointer][message]: the callback needs the rank to free the request. */
+    buf = duet_malloc(sizeof(r) + DUET__MSG_BYTES);
+    if (buf == NULL)
+        return;
+    memcpy(buf, &r, sizeof(r));
+    memset(&a, 0, sizeof(a));
+    a.kind = DUET__MSG_ACK;
+    a.req_id = m->req_id;
+    a.from_instance = r->info.instance;
+    a.to_instance = m->from_instance;
+    a.src_rank = m->src_rank;
+    a.dst_rank = r->index;
+    a.status = st;
+    a.bytes = m->bytes;
+    a.first_token = DUET_XFER_NO_TOKEN;
+    duet__msg_encode(&a, buf + sizeof(r));
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = ack_cb;
+    rp.user_data = buf;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER;
+    req = ucp_am_send_nbx(p->ctl_ep, DUET__AM_ID, buf + sizeof(r), DUET__MSG_BYTES, NULL, 0, &rp);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+        duet_free(buf);
+        if (req != NULL)
+            return;
+    } else {
+        r->ucx_reqs++;
+    }
+    DUET__STAT_ADD(r, ack_sent, 1);
+}
+
+/* ---- tombstones -------------------------------------------------------------------- */
+
+static void tomb_add(duet_xfer_rank_t *r, uint64_t id, duet_status_t st)
+{
+    size_t slot = r->tomb_pos % DUET__TOMB_CAP;
+    if (r->tomb_pos >= DUET__TOMB_CAP)
+        duet__map_del(&r->tombs, r->tomb_ring[slot]);
+    duet__map_del(&r->tombs, id);
+    if (duet__map_put(&r->tombs, id, (void *)(uintptr_t)(1 - (intptr_t)st)) != DUET_OK)
+        return; /* out of memory: late notifications go through the early ring */
+    r->tomb_ring[slot] = id;
+    r->tomb_pos++;
+}
+
+static int tomb_get(const duet_xfer_rank_t *r, uint64_t id, duet_status_t *st_p)
+{
+    void *v = duet__map_get(&r->tombs, id);
+    if (v == NULL)
+        return 0;
+    *st_p = (duet_status_t)(1 - (intptr_t)(uintptr_t)v);
+    return 1;
+}
+
+/* ---- outcomes --------------------------------------------------------------------------- */
+
+static void expect_end(duet_xfer_rank_t *r, duet__expect_t *e)
+{
+    e->o.terminal = 1;
+    e->o.res.missing_mask = e->senders & ~e->reported;
+    if (e->o.res.status == DUET_OK)
+        DUET__STAT_ADD(r, recv_done, 1);
+    else
+        DUET__STAT_ADD(r, recv_failed, 1);
+    duet__due(r, &e->o);
+}
+
+static void expect_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st, const char *fmt,
+                        ...) __attribute__((format(printf, 4, 5)));
+
+static void expect_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st, const char *fmt,
+                        ...)
+{
+    char detail[DUET_XFER_DETAIL_MAX];
+    va_list ap;
+    if (e->o.terminal)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    duet__outcome_fail(&e->o, st, "%s", detail);
+    expect_end(r, e);
+}
+
+/* "0,2" from a mask of sender ranks. */
+static void rank_list(uint64_t mask, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int s = 0; s < 64 && n + 4 < cap; s++)
+        if (mask >> s & 1u)
+            n += (size_t)snprintf(buf + n, cap - n, n ? ",%d" : "%d", s);
+}
+
+/* ---- notifications ----------------------------------------------------------------------- */
+
+static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
+{
+    const duet_kv_layout_t *l = &r->info.layout;
+    int s = m->src_rank;
+    uint64_t bit = (uint64_t)1 << s, want;
+    duet_xfer_peer_t *p;
+
+    if (s >= e->P || !(e->senders & bit)) {
+        DUET__STAT_ADD(r, dropped_invalid, 1);
+        send_ack(r, m, DUET_ERR_INVALID);
+        return;
+    }
+    p = e->peers[s];
+    if (p == NULL || p->info.instance != m->from_instance) {
+        /* A stale incarnation of the sender, or one we are not connected to. */
+        DUET__STAT_ADD(r, dropped_invalid, 1);
+        send_ack(r, m, DUET_ERR_INVALID);
+        return;
+    }
+    if (e->reported & bit) {
+        DUET__STAT_ADD(r, dropped_duplicate, 1);
+        return;
+    }
+    if (e->o.terminal) {
+        DUET__STAT_ADD(r, dropped_late, 1);
+        if (m->status == DUET_OK)
+            send_ack(r, m, e->o.res.status != DUET_OK ? e->o.res.status : DUET_ERR_INVALID);
+        return;
+    }
+    if (m->status != DUET_OK) {
+        expect_fail(r, e, m->status, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
+                    e->o.req_id, s,
+                    m->status == DUET_ERR_CANCELLED ? "cancelled it" : duet_status_str(m->status),
+                    r->index);
+        return;
+    }
+    want = duet__seg_bytes(l, e->runs + e->run_off[s], e->run_cnt[s], e->n_pages);
+    if (m->bytes != want) {
+        expect_fail(r, e, DUET_ERR_MISMATCH,
+                    "request %" PRIu64 ": prefill rank %d sent %" PRIu64
+                    " bytes to decode rank %d, expected %" PRIu64,
+                    e->o.req_id, s, m->bytes, r->index, want);
+        send_ack(r, m, DUET_ERR_MISMATCH);
+        return;
+    }
+    if (m->has_crc) {
+        uint32_t crc = duet__seg_crc(l, r->base, e->runs + e->run_off[s], e->run_cnt[s], e->pages,
+                                     e->n_pages, 1);
+        if (crc != m->crc) {
+            DUET__STAT_ADD(r, crc_failures, 1);
+            expect_fail(r, e, DUET_ERR_MISMATCH,
+                        "request %" PRIu64 ": checksum mismatch on the slice from prefill rank "
+                        "%d (decode rank %d computed %08x, sender %08x)",
+                        e->o.req_id, s, r->index, crc, m->crc);
+            send_ack(r, m, DUET_ERR_MISMATCH);
+            return;
+        }
+    }
+    if (m->first_token != DUET_XFER_NO_TOKEN) {
+        if (e->token_from < 0) {
+            e->token_from = s;
+            e->o.res.first_token = m->first_token;
+        } else if (e->o.res.first_token != m->first_token) {
+            expect_fail(r, e, DUET_ERR_MISMATCH,
+                        "request %" PRIu64 ": first token differs between prefill ranks %d "
+                        "(%" PRId64 ") and %d (%" PRId64 ")",
+                        e->o.req_id, e->token_from, e->o.res.first_token, s, m->first_token);
+            send_ack(r, m, DUET_ERR_MISMATCH);
+            return;
+        }
+    }
+    e->reported |= bit;
+    e->o.res.bytes += m->bytes;
+    send_ack(r, m, DUET_OK);
+    if (e->reported == e->senders)
+        expect_end(r, e);
+}
+
+void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
+{
+    duet__expect_t *e;
+    duet_status_t st;
+
+    DUET__STAT_ADD(r, notify_received, 1);
+    if (m->dst_rank != r->index || m->to_instance != r->info.instance) {
+        DUET__STAT_ADD(r, dropped_invalid, 1);
+        return;
+    }
+    e = duet__map_get(&r->expects, m->req_id);
+    if (e != NULL) {
+        apply(r, e, m);
+        return;
+    }
+    if (tomb_get(r, m->req_id, &st)) {
+        DUET__STAT_ADD(r, dropped_late, 1);
+        if (m->status == DUET_OK)
+            send_ack(r, m, st == DUET_OK ? DUET_ERR_INVALID : st);
+        return;
+    }
+    if (r->n_early < r->x->cfg.early_max) {
+        duet__early_t *slot = &r->early[(r->early_head + r->n_early) % r->x->cfg.early_max];
+        int64_t now = duet_now_ns();
+        slot->msg = *m;
+        slot->arrived_ns = now;
+        r->n_early++;
+        DUET__STAT_ADD(r, early_buffered, 1);
+        duet__deadline_hint(r, now + (int64_t)r->x->cfg.early_ttl_ms * DUET_NS_PER_MS);
+        return;
+    }
+    DUET__STAT_ADD(r, dropped_unknown, 1);
+    if (m->status == DUET_OK)
+        send_ack(r, m, DUET_ERR_NOT_FOUND);
+}
+
+/* Apply buffered notifications of e's id, in arrival order. */
+static void apply_early(duet_xfer_rank_t *r, duet__expect_t *e)
+{
+    int max = r->x->cfg.early_max, j = 0;
+    for (int i = 0; i < r->n_early; i++) {
+        duet__early_t ent = r->early[(r->early_head + i) % max];
+        if (ent.msg.req_id == e->o.req_id)
+            apply(r, e, &ent.msg);
+        else
+            r->early[(r->early_head + j++) % max] = ent;
+    }
+    r->n_early = j;
+}
+
+/* ---- commands ---------------------------------------------------------------------------- */
+
+void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c)
+{
+    duet__expect_t *e = c->u.expect;
+    const char *bad = NULL;
+    duet_status_t st = DUET_OK;
+    int bad_s = -1;
+
+    if (duet__map_get(&r->expects, e->o.req_id) != NULL) {
+        duet__cmd_done(r, c, DUET_ERR_INVALID,
+                       "request %" PRIu64 " is already expected on "
+                       "decode rank %d",
+                       e->o.req_id, r->index);
+        expect_free(e);
+        return;
+    }
+    for (int s = 0; s < e->P && bad == NULL; s++) {
+        duet_xfer_peer_t *p = e->peers[s];
+        if (!(e->senders >> s & 1u))
+            continue;
+        bad_s = s;
+        if (p == NULL || !duet__peer_known(r, p) || p->closing || !p->ready ||
+            p->info.role != DUET_XFER_PREFILL || p->info.rank != s || p->info.tp != e->P) {
+            st = DUET_ERR_INVALID;
+            bad = "is not connected";
+        } else if (p->failed != DUET_OK) {
+            st = DUET_ERR_PEER;
+            bad = p->why;
+        }
+    }
+    if (bad != NULL) {
+        duet__cmd_done(r, c, st, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
+                       e->o.req_id, bad_s, bad, r->index);
+        expect_free(e);
+        return;
+    }
+    if (duet__map_put(&r->expects, e->o.req_id, e) != DUET_OK) {
+        duet__cmd_done(r, c, DUET_ERR_NO_MEMORY, "request %" PRIu64 ": expectation table",
+                       e->o.req_id);
+        expect_free(e);
+        return;
+    }
+    duet__map_del(&r->tombs, e->o.req_id); /* an id may come back after it ended */
+    DUET__STAT_ADD(r, active_recv, 1);
+    duet__deadline_hint(r, e->o.deadline_ns);
+    apply_early(r, e);
+    duet__cmd_done(r, c, DUET_OK, NULL);
+}
+
+duet_status_t duet__recv_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, size_t cap)
+{
+    duet__expect_t *e = duet__map_get(&r->expects, id);
+    if (e == NULL) {
+        snprintf(msg, cap, "request %" PRIu64 " is not expected on decode rank %d", id, r->index);
+        return DUET_ERR_NOT_FOUND;
+    }
+    duet__map_del(&r->expects, id);
+    DUET__STAT_SUB(r, active_recv, 1);
+    tomb_add(r, id, DUET_ERR_CANCELLED);
+    duet__undue(r, &e->o);
+    if (e->o.waiter != NULL) {
+        duet__cmd_t *w = e->o.waiter;
+        memset(w->u.wait.res, 0, sizeof(*w->u.wait.res));
+        w->u.wait.res->status = DUET_ERR_CANCELLED;
+        snprintf(w->u.wait.res->detail, sizeof(w->u.wait.res->detail),
+                 "request %" PRIu64 " cancelled", id);
+        e->o.waiter = NULL;
+        duet__cmd_done(r, w, DUET_OK, NULL);
+    }
+    if (e->o.in_callback)
+        e->o.cancelled = 1; /* freed when the callback returns */
+    else
+        expect_free(e);
+    return DUET_OK;
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+void duet__recv_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p, int disconnect)
+{
+    void *v;
+    for (size_t it = 0; duet__map_next(&r->expects, &it, &v);) {
+        duet__expect_t *e = v;
+        for (int s = 0; s < e->P; s++) {
+            if (e->peers[s] != p)
+                continue;
+            if (!(e->reported >> s & 1u))
+                expect_fail(r, e, DUET_ERR_PEER,
+                            "request %" PRIu64 ": prefill rank %d %s%s "
+                            "(decode rank %d)",
+                            e->o.req_id, s, p->failed != DUET_OK ? "failed: " : "disconnected",
+                            p->failed != DUET_OK ? p->why : "", r->index);
+            if (disconnect)
+                e->peers[s] = NULL;
+        }
+    }
+}
+
+void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
+{
+    int max = r->x->cfg.early_max;
+    int64_t ttl = (int64_t)r->x->cfg.early_ttl_ms * DUET_NS_PER_MS;
+    void *v;
+    for (size_t it = 0; duet__map_next(&r->expects, &it, &v);) {
+        duet__expect_t *e = v;
+        char missing[160];
+        if (e->o.terminal)
+            continue;
+        if (now <= e->o.deadline_ns) {
+            if (e->o.deadline_ns < *next_p)
+                *next_p = e->o.deadline_ns;
+            continue;
+        }
+        DUET__STAT_ADD(r, timeouts, 1);
+        rank_list(e->senders & ~e->reported, missing, sizeof(missing));
+        expect_fail(r, e, DUET_ERR_TIMEOUT,
+                    "request %" PRIu64 ": deadline exceeded on decode rank %d waiting for prefill "
+                    "ranks %s",
+                    e->o.req_id, r->index, missing);
+    }
+    while (r->n_early > 0) {
+        duet__early_t *ent = &r->early[r->early_head];
+        if (ent->arrived_ns + ttl > now) {
+            if (ent->arrived_ns + ttl < *next_p)
+                *next_p = ent->arrived_ns + ttl;
+            break;
+        }
+        DUET__STAT_ADD(r, dropped_unknown, 1);
+        if (ent->msg.status == DUET_OK)
+            send_ack(r, &ent->msg, DUET_ERR_NOT_FOUND);
+        r->early_head = (r->early_head + 1) % max;
+        r->n_early--;
+    }
+}
+
+void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
+{
+    void *v;
+    for (size_t it = 0; duet__map_next(&r->expects, &it, &v);) {
+        duet__expect_t *e = v;
+        expect_fail(r, e, st, "request %" PRIu64 ": %s", e->o.req_id, why);
+    }
+}
+
+duet__outcome_t *duet__recv_outcome(duet_xfer_rank_t *r, uint64_t id)
+{
+    duet__expect_t *e = duet__map_get(&r->expects, id);
+    return e != NULL ? &e->o : NULL;
+}
+
+void duet__recv_release(duet_xfer_rank_t *r, duet__outcome_t *o)
+{
+    duet__expect_t *e = (duet__expect_t *)o;
+    duet__undue(r, o);
+    if (!e->o.cancelled && duet__map_get(&r->expects, o->req_id) == e) {
+        duet__map_del(&r->expects, o->req_id);
+        DUET__STAT_SUB(r, active_recv, 1);
+        tomb_add(r, o->req_id, o->res.status);
+    }
+    expect_free(e);
+}
+
+void duet__recv_cleanup(duet_xfer_rank_t *r)
+{
+    void *v;
+    for (size_t it = 0; duet__map_next(&r->expects, &it, &v);)
+        expect_free(v);
+    duet__map_cleanup(&r->expects);
+    duet__map_cleanup(&r->tombs);
+    duet_free(r->tomb_ring);
+    duet_free(r->early);
+}
+
+/* ---- public ---------------------------------------------------------------------------------- */
+
+static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *in,
+                                    duet__expect_t **e_p)
+{
+    const duet_slice_run_t *runs;
+    int n_runs, P, at = 0;
+    duet__expect_t *e;
+
+    if (in == NULL || in->plan == NULL || in->peers == NULL || in->pages == NULL || in->n_pages < 1)
+        return duet_error(DUET_ERR_INVALID, "xfer expect: missing plan, peers or pages");
+    if (r->info.role != DUET_XFER_DECODE || r->pool_kind == 0)
+        return duet_error(DUET_ERR_INVALID,
+                          "xfer rank %d: expecting needs a decode rank with a "
+                          "pool",
+                          r->index);
+    if (duet_slice_plan_decode_tp(in->plan) != r->info.tp ||
+        duet_slice_plan_kv_heads(in->plan) != r->info.kv_heads)
+        return duet_error(DUET_ERR_INVALID,
+                          "xfer expect: plan for decode tp %d, %d kv heads; this daemon has tp "
+                          "%d, %d kv heads",
+                          duet_slice_plan_decode_tp(in->plan), duet_slice_plan_kv_heads(in->plan),
+                          r->info.tp, r->info.kv_heads);
+    for (int i = 0; i < in->n_pages; i++)
+        if (in->pages[i] < 0 || in->pages[i] >= r->info.layout.n_pages)
+            return duet_error(DUET_ERR_INVALID,
+                              "xfer expect: request %" PRIu64 ": page %d outside the %d pages of "
+                              "decode rank %d",
+                              in->req_id, (int)in->pages[i], r->info.layout.n_pages, r->index);
+    P = duet_slice_plan_prefill_tp(in->plan);
+    n_runs = duet_slice_plan_dst_runs(in->plan, r->index, &runs);
+
+    e = DUET_NEW(duet__expect_t);
+    if (e == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "xfer expect");
+    e->peers = DUET_NEW_ARRAY(duet_xfer_peer_t *, (size_t)P);
+    e->runs = DUET_NEW_ARRAY(duet_slice_run_t, (size_t)(n_runs > 0 ? n_runs : 1));
+    e->run_off = DUET_NEW_ARRAY(int, (size_t)P);
+    e->run_cnt = DUET_NEW_ARRAY(int, (size_t)P);
+    e->pages = DUET_NEW_ARRAY(int32_t, (size_t)in->n_pages);
+    if (e->peers == NULL || e->runs == NULL || e->run_off == NULL || e->run_cnt == NULL ||
+        e->pages == NULL) {
+        expect_free(e);
+        return duet_error(DUET_ERR_NO_MEMORY, "xfer expect");
+    }
+    memcpy(e->peers, in->peers, (size_t)P * sizeof(*e->peers));
+    memcpy(e->pages, in->pages, (size_t)in->n_pages * sizeof(int32_t));
+    e->n_pages = in->n_pages;
+    e->P = P;
+    e->senders = duet_slice_plan_sender_mask(in->plan, r->index);
+    for (int s = 0; s < P; s++) {
+        e->run_off[s] = at;
+        for (int k = 0; k < n_runs; k++)
+            if (runs[k].src_rank == s)
+                e->runs[at++] = runs[k];
+        e->run_cnt[s] = at - e->run_off[s];
+    }
+    e->token_from = -1;
+    e->o.req_id = in->req_id;
+    e->o.side = DUET__SIDE_RECV;
+    e->o.cb = in->cb;
+    e->o.arg = in->arg;
+    e->o.deadline_ns = in->deadline_ns;
+    e->o.res.first_token = DUET_XFER_NO_TOKEN;
+    *e_p = e;
+    return DUET_OK;
+}
+
+duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *in)
+{
+    duet__cmd_t c;
+    duet__expect_t *e = NULL;
+    duet_status_t st = expect_prepare(r, in, &e);
+    if (st != DUET_OK)
+        return st;
+    memset(&c, 0, sizeof(c));
+    c.kind = DUET__CMD_EXPECT;
+    c.u.expect = e;
+    st = duet__call(r, &c, 1);
+    if (st == DUET_ERR_SHUTDOWN)
+        expect_free(e); /* never reached the thread */
+    return st;
+}
