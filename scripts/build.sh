@@ -8,5 +8,7 @@ build=${DUET_BUILD_DIR:-build/release}
 if [ "${DUET_SKIP_DEPS:-0}" != "1" ]; then
   scripts/install-deps.sh >&2
 fi
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=OFF >&2
+# DUET_CMAKE_ARGS: extra configure flags (the GPU image passes -DDUET_CUDA=ON)
+# shellcheck disable=SC2086
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=OFF ${DUET_CMAKE_ARGS:-} >&2
 cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >&2

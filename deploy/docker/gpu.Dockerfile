@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# duet GPU image: duet-prefill, duet-decode (cuda backend) and duet-router.
+#
+#   docker build -f deploy/docker/gpu.Dockerfile -t duet-gpu:0.1.0 .
+#
+# The build stage runs the scripts CI runs (scripts/install-deps.sh,
+# scripts/build.sh); the final stage is CUDA's runtime image plus the
+# packages of the shared libraries the binaries load, found by
+# deploy/docker/runtime-packages.sh in the build stage.
+
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS build
+ARG DEBIAN_FRONTEND=noninteractive
+WORKDIR /src
+COPY scripts/install-deps.sh scripts/install-deps.sh
+RUN scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+COPY . .
+# the cuda backend is required here (configure fails without nvcc); the
+# ldd check makes sure it was linked
+RUN DUET_SKIP_DEPS=1 DUET_BUILD_DIR=build/image DUET_CMAKE_ARGS=-DDUET_CUDA=ON scripts/build.sh \
+ && ldd build/image/prefill/duet-prefill | grep -q libcublas \
+ && mkdir -p /out/bin \
+ && install -m 0755 build/image/prefill/duet-prefill build/image/decode/duet-decode \
+      build/image/router/duet-router build/image/tools/duet /out/bin/ \
+ && strip /out/bin/* \
+ && deploy/docker/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt \
+ && cat /out/runtime-packages.txt
+
+FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04
+LABEL org.opencontainers.image.title="duet-gpu" \
+      org.opencontainers.image.description="duet disaggregated prefill/decode serving (CUDA)"
+ARG DEBIAN_FRONTEND=noninteractive
+COPY --from=build /out/runtime-packages.txt /usr/local/share/duet/runtime-packages.txt
+# ucx-utils: ucx_info for troubleshooting; libcap2-bin: setcap below, getcap
+RUN apt-get update \
+ && xargs -a /usr/local/share/duet/runtime-packages.txt \
+      apt-get install -y --no-install-recommends --no-upgrade ucx-utils libcap2-bin \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 duet \
+ && useradd --system --uid 10001 --gid duet --home-dir /nonexistent \
+      --shell /usr/sbin/nologin duet
+COPY --from=build /out/bin/ /usr/local/bin/
+# Copies of the daemons with CAP_IPC_LOCK as a file capability, for RDMA
+# memory registration by the non-root user (deploy/k8s/components/rdma)
+RUN mkdir -p /usr/local/libexec/duet/ipc-lock \
+ && cp /usr/local/bin/duet-prefill /usr/local/bin/duet-decode /usr/local/libexec/duet/ipc-lock/ \
+ && setcap cap_ipc_lock+ep /usr/local/libexec/duet/ipc-lock/duet-prefill \
+ && setcap cap_ipc_lock+ep /usr/local/libexec/duet/ipc-lock/duet-decode
+# a small model so a fresh deployment answers; mount real checkpoints at /models
+COPY models/stories260K /models/stories260K
+USER 10001:10001
+WORKDIR /
+CMD ["duet-router", "--help"]
