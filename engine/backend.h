@@ -123,6 +123,21 @@ typedef struct duet_backend_ops {
      * stride src_ld (elements). */
     duet_status_t (*rows_to_host_f32)(duet_backend_rank_t *r, float *dst, const void *src, int n,
                                       int d, size_t src_ld);
+
+    /* ---- optional hooks (NULL when a backend has none; cuda has all) ---- */
+    /* Called after batch_prepare.  *replayed_p = true: the backend replayed
+     * a recording of embed and every layer for this batch shape, and the
+     * caller goes straight to the logits.  Otherwise the caller runs embed
+     * and the layers, then calls step_end with their status; step_end may
+     * have recorded them (and then runs them), and sets *redo_p when the
+     * recording failed and nothing ran, so the caller runs them again. */
+    duet_status_t (*step_begin)(duet_backend_rank_t *r, bool *replayed_p);
+    duet_status_t (*step_end)(duet_backend_rank_t *r, duet_status_t st, bool *redo_p);
+    /* Greedy sampling on the device: for each of n rows of src (d act_dtype
+     * elements, row stride src_ld), the maximum as float and the lowest
+     * index holding it, into host max_p[n] / idx_p[n]. */
+    duet_status_t (*argmax_rows)(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
+                                 const void *src, int n, int d, size_t src_ld);
 } duet_backend_ops_t;
 
 extern const duet_backend_ops_t duet_backend_cpu;

@@ -69,7 +69,13 @@ static void *duet__rank_main(void *arg)
     pthread_mutex_lock(&e->lock);
     seen = e->gen;
     pthread_mutex_unlock(&e->lock);
-    duet__rank_report(rk, duet__rank_init(rk));
+    st = duet__rank_init(rk);
+#ifdef DUET_HAVE_CUDA
+    /* ranks still joining the nccl group must not wait for this one */
+    if (st != DUET_OK && e->nccl_group != NULL)
+        duet_comm_nccl_group_abort(e->nccl_group, st, duet_error_msg());
+#endif
+    duet__rank_report(rk, st);
     for (;;) {
         const duet__job_t *job;
         pthread_mutex_lock(&e->lock);
@@ -231,13 +237,23 @@ duet_status_t duet_engine_create(const duet_engine_opts_t *opts, duet_engine_t *
     };
     if ((st = duet__alloc_job_bufs(e, duet__bufs(e))) != DUET_OK)
         goto err_free_bufs;
-    st = duet_comm_host_group_create(e->tp,
-                                     (size_t)opts->max_batch_tokens *
-                                         (size_t)e->model->cfg.hidden * sizeof(float),
-                                     opts->comm_timeout_ms, &e->comm_group);
-    if (st != DUET_OK)
-        goto err_free_bufs;
-    duet_comm_host_group_set_spin(e->comm_group, e->spin);
+#ifdef DUET_HAVE_CUDA
+    if (e->ops == &duet_backend_cuda && e->tp > 1) {
+        /* nccl: each rank thread joins once its device is set (forward.c) */
+        st = duet_comm_nccl_group_create(e->tp, opts->comm_timeout_ms, &e->nccl_group);
+        if (st != DUET_OK)
+            goto err_free_bufs;
+    } else
+#endif
+    {
+        st = duet_comm_host_group_create(e->tp,
+                                         (size_t)opts->max_batch_tokens *
+                                             (size_t)e->model->cfg.hidden * sizeof(float),
+                                         opts->comm_timeout_ms, &e->comm_group);
+        if (st != DUET_OK)
+            goto err_free_bufs;
+        duet_comm_host_group_set_spin(e->comm_group, e->spin);
+    }
     e->ranks = DUET_NEW_ARRAY(duet__rank_t, (size_t)e->tp);
     if (e->ranks == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "engine: no memory");
@@ -251,7 +267,8 @@ duet_status_t duet_engine_create(const duet_engine_opts_t *opts, duet_engine_t *
         rk->e = e;
         rk->rank = r;
         duet_shard_init(&e->model->cfg, e->tp, r, &rk->shard);
-        if ((st = duet_comm_host_create(e->comm_group, r, &rk->comm)) != DUET_OK)
+        if (e->comm_group != NULL &&
+            (st = duet_comm_host_create(e->comm_group, r, &rk->comm)) != DUET_OK)
             goto err_stop;
     }
     for (int r = 0; r < e->tp; r++) {
@@ -281,6 +298,9 @@ err_stop:
     return st;
 err_destroy_group:
     duet_comm_host_group_destroy(e->comm_group);
+#ifdef DUET_HAVE_CUDA
+    duet_comm_nccl_group_destroy(e->nccl_group);
+#endif
 err_free_bufs:
     duet__free_job_bufs(duet__bufs(e));
 err_close_model:
@@ -307,6 +327,9 @@ void duet_engine_destroy(duet_engine_t *e)
         duet_free(e->ranks);
     }
     duet_comm_host_group_destroy(e->comm_group);
+#ifdef DUET_HAVE_CUDA
+    duet_comm_nccl_group_destroy(e->nccl_group);
+#endif
     duet__free_job_bufs(duet__bufs(e));
     duet_model_close(e->model);
     duet_free(e);

@@ -7,6 +7,7 @@
 
 #include "engine/backend.h"
 #include "engine/comm.h"
+#include "engine/comm_nccl.h"
 #include "engine/engine.h"
 #include "engine/tp.h"
 
@@ -73,6 +74,7 @@ struct duet_engine {
     const duet_backend_ops_t *ops;
     duet_kv_layout_t kv_layout;
     duet_comm_host_group_t *comm_group;
+    duet_comm_nccl_group_t *nccl_group; /* cuda with tp > 1: comms made by the rank threads */
     duet__rank_t *ranks;
     int tp;
     int threads;

@@ -128,6 +128,12 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
     st = ops->rank_create(&bo, &rk->br);
     if (st != DUET_OK)
         return st;
+#ifdef DUET_HAVE_CUDA
+    /* nccl: each rank joins on its own thread, once its device is current */
+    if (e->nccl_group != NULL &&
+        (st = duet_comm_nccl_create(e->nccl_group, rk->rank, rk->br, &rk->comm)) != DUET_OK)
+        return st;
+#endif
     if (e->opts.kv_alloc != NULL) {
         st = e->opts.kv_alloc(e->opts.kv_ud, rk->rank, kv_bytes, &rk->kv_base);
     } else {
@@ -190,6 +196,11 @@ void duet__rank_cleanup(duet__rank_t *rk)
 
     if (rk->br == NULL)
         goto out_host;
+    if (e->nccl_group != NULL && rk->comm != NULL) {
+        /* an nccl comm uses the backend rank's stream: it goes first */
+        rk->comm->ops->destroy(rk->comm);
+        rk->comm = NULL;
+    }
     if (rk->layers != NULL) {
         for (int l = 0; l < e->model->cfg.n_layers; l++) {
             duet__layer_t *L = &rk->layers[l];
@@ -223,6 +234,57 @@ out_host:
     duet_free(rk->host_sampled);
     if (rk->comm != NULL)
         rk->comm->ops->destroy(rk->comm);
+}
+
+/* Rows [r0, r0 + nr) only sample greedily and want no logits: rank 0 can
+ * take the argmax on the device instead of copying every logit. */
+static bool duet__greedy_only(const duet__job_t *job, int r0, int nr)
+{
+    for (int i = 0; i < nr; i++) {
+        const duet__out_row_t *o = &job->out[r0 + i];
+        const duet_sampling_t *sp = &job->seqs[o->seq].sampling;
+        if (o->logits != NULL || !o->sample || (sp->temperature > 0.0f && sp->top_k != 1))
+            return false;
+    }
+    return true;
+}
+
+/* duet_sample's greedy rule over the gathered vocab shards: the larger
+ * maximum wins, ties go to the lower id (shards are in vocab order). */
+static duet_status_t duet__logits_argmax(duet__rank_t *rk, const duet__job_t *job, int r0, int nr,
+                                         const void *all)
+{
+    duet_engine_t *e = rk->e;
+    const duet_model_config_t *cfg = &e->model->cfg;
+    size_t es = DUET__ACT(rk);
+    float best[DUET_LM_BLOCK], mx[DUET_LM_BLOCK];
+    int32_t id[DUET_LM_BLOCK], ix[DUET_LM_BLOCK];
+    duet_status_t st;
+
+    for (int i = 0; i < nr; i++) {
+        id[i] = -1;
+        best[i] = 0.0f;
+    }
+    for (int q = 0; q < e->tp; q++) {
+        duet_shard_t sq;
+        duet_shard_init(cfg, e->tp, q, &sq);
+        if (sq.n_vocab == 0)
+            continue;
+        const char *src =
+            (const char *)all + (size_t)q * (size_t)nr * (size_t)rk->shard.vocab_chunk * es;
+        st = e->ops->argmax_rows(rk->br, mx, ix, src, nr, sq.n_vocab, (size_t)sq.n_vocab);
+        if (st != DUET_OK)
+            return st;
+        for (int i = 0; i < nr; i++) {
+            if (id[i] < 0 || mx[i] > best[i]) {
+                best[i] = mx[i];
+                id[i] = sq.vocab0 + ix[i];
+            }
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        rk->host_sampled[job->out[r0 + i].seq - job->out[0].seq] = id[i];
+    return DUET_OK;
 }
 
 /* Logits of rows [r0, r0 + nr) of the job's output rows; rank 0 fills the
@@ -260,6 +322,8 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
     }
     if (rk->rank != 0)
         return DUET_OK;
+    if (ops->argmax_rows != NULL && duet__greedy_only(job, r0, nr))
+        return duet__logits_argmax(rk, job, r0, nr, all);
     for (int q = 0; q < e->tp; q++) {
         duet_shard_t sq;
         duet_shard_init(cfg, e->tp, q, &sq);
@@ -289,7 +353,9 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
     return DUET_OK;
 }
 
-duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
+/* Embedding and every layer of the prepared chunk (what a backend may
+ * record and replay as one step). */
+static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
 {
     duet_engine_t *e = rk->e;
     const duet_backend_ops_t *ops = e->ops;
@@ -301,8 +367,7 @@ duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
     size_t nH = (size_t)n * (size_t)H;
     duet_status_t st;
 
-    if ((st = ops->batch_prepare(rk->br, b)) != DUET_OK ||
-        (st = ops->embed(rk->br, rk->x, rk->embed, n, H)) != DUET_OK)
+    if ((st = ops->embed(rk->br, rk->x, rk->embed, n, H)) != DUET_OK)
         return st;
     for (int l = 0; l < cfg->n_layers; l++) {
         const duet__layer_t *L = &rk->layers[l];
@@ -324,6 +389,28 @@ duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
             (st = ops->matmul(rk->br, rk->o, rk->act, n, L->wdown, NULL)) ||
             (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
             (st = ops->add(rk->br, rk->x, rk->o, nH)))
+            return st;
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
+{
+    duet_engine_t *e = rk->e;
+    const duet_backend_ops_t *ops = e->ops;
+    bool replayed = false, redo = false;
+    /* a recorded step would skip the per-layer hook: record only without it */
+    bool steps = ops->step_begin != NULL && e->opts.on_layer == NULL;
+    duet_status_t st;
+
+    if ((st = ops->batch_prepare(rk->br, &job->desc)) != DUET_OK ||
+        (steps && (st = ops->step_begin(rk->br, &replayed)) != DUET_OK))
+        return st;
+    if (!replayed) {
+        st = duet__rank_layers(rk, job);
+        if (steps && (st = ops->step_end(rk->br, st, &redo)) == DUET_OK && redo)
+            st = duet__rank_layers(rk, job);
+        if (st != DUET_OK)
             return st;
     }
     for (int r0 = 0; r0 < job->n_out; r0 += DUET_LM_BLOCK) {

@@ -1,0 +1,339 @@
+/* GPU engine benchmark (not a test): decode and prefill tokens/s of the
+ * cuda backend on one model directory, next to two ceilings measured in
+ * the same run on the same GPU (../shared/BENCHMARKS.md):
+ *  - HBM bandwidth: a device-to-device copy of 1 GiB, bytes read + written;
+ *    decode roofline = batch * bandwidth / bytes per step (every weight
+ *    matrix once, lm_head included, plus the batch's KV reads);
+ *  - cuBLAS(Lt) bf16 GEMM throughput, 8192^3 on random data; prefill is
+ *    reported as achieved TFLOP/s (2 * params * tokens for the matrices,
+ *    plus causal attention) against it.
+ *
+ *   bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx 16]
+ *             [--decode 128] [--prompts 512,1024,2048,4096,8192] [--reps 3]
+ *
+ * decode: each of B sequences gets a --ctx token prompt (one batched
+ * forward), 3 warm-up steps, then --decode timed steps of greedy sampling
+ * (graphs as configured: DUET_CUDA_GRAPHS=0 turns them off).  prefill: one
+ * sequence of P tokens, the next token sampled; median of --reps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "engine/engine.h"
+
+#ifdef DUET_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                               \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+typedef struct {
+    const char *model;
+    int tp, ctx, decode, reps;
+    int batches[8], n_batches;
+    int prompts[16], n_prompts;
+} args_t;
+
+static int parse_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = atoi(s);
+        const char *c = strchr(s, ',');
+        if (c == NULL)
+            break;
+        s = c + 1;
+    }
+    return n;
+}
+
+static int parse(int argc, char **argv, args_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->tp = 1;
+    a->ctx = 16;
+    a->decode = 128;
+    a->reps = 3;
+    a->n_batches = parse_list("1,16,64", a->batches, 8);
+    a->n_prompts = parse_list("512,1024,2048,4096,8192", a->prompts, 16);
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (strcmp(k, "--model") == 0)
+            a->model = v;
+        else if (strcmp(k, "--tp") == 0)
+            a->tp = atoi(v);
+        else if (strcmp(k, "--ctx") == 0)
+            a->ctx = atoi(v);
+        else if (strcmp(k, "--decode") == 0)
+            a->decode = atoi(v);
+        else if (strcmp(k, "--reps") == 0)
+            a->reps = atoi(v);
+        else if (strcmp(k, "--batches") == 0)
+            a->n_batches = parse_list(v, a->batches, 8);
+        else if (strcmp(k, "--prompts") == 0)
+            a->n_prompts = parse_list(v, a->prompts, 16);
+        else
+            return -1;
+    }
+    return a->model != NULL && a->tp > 0 && a->ctx > 0 && a->decode > 0 && a->reps > 0 ? 0 : -1;
+}
+
+static double now_s(void)
+{
+    return (double)duet_now_ns() / 1e9;
+}
+
+/* GB/s of a device-to-device copy, bytes read + written */
+static double copy_bandwidth(void)
+{
+    size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    float ms = 0;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++)
+        CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e0, 0));
+    for (int i = 0; i < 20; i++)
+        CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * (double)bytes * 20 / (ms / 1e3) / 1e9;
+}
+
+/* TFLOP/s of a bf16 TN GEMM m = n = k = 8192 (float32 accumulate) */
+static double gemm_tflops(void)
+{
+    const int m = 8192, n = 8192, k = 8192;
+    size_t elems = (size_t)m * k;
+    uint16_t *h = malloc(elems * 2);
+    void *A, *B, *C, *ws;
+    size_t wsb = 32u << 20;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t res;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int found = 0;
+    float alpha = 1, beta = 0, ms = 0;
+    cudaEvent_t e0, e1;
+    uint64_t s = 12345;
+
+    for (size_t i = 0; i < elems; i++) { /* random bf16 in [-1, 1) */
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float f = (float)((s >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h[i] = (uint16_t)(u >> 16);
+    }
+    CK(cudaMalloc(&A, elems * 2));
+    CK(cudaMalloc(&B, elems * 2));
+    CK(cudaMalloc(&C, (size_t)m * n * 2));
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemcpy(A, h, elems * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(B, h, elems * 2, cudaMemcpyHostToDevice));
+    free(h);
+    cublasLtCreate(&lt);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
+    cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, m);
+    cublasLtMatmulPreferenceCreate(&pref);
+    uint64_t w64 = wsb;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &w64,
+                                         sizeof(w64));
+    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &res, &found) !=
+            CUBLAS_STATUS_SUCCESS ||
+        found < 1)
+        return -1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 5; i++)
+        cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, ws, wsb, 0);
+    CK(cudaEventRecord(e0, 0));
+    for (int i = 0; i < 20; i++)
+        cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, ws, wsb, 0);
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    cudaFree(ws);
+    return 2.0 * m * n * (double)k * 20 / (ms / 1e3) / 1e12;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    args_t a;
+    struct cudaDeviceProp prop;
+    if (parse(argc, argv, &a) != 0) {
+        fprintf(stderr, "usage: bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx N] "
+                        "[--decode N] [--prompts 512,...] [--reps N]\n");
+        return 2;
+    }
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        fprintf(stderr, "bench_gpu: no CUDA device\n");
+        return 1;
+    }
+    double bw = copy_bandwidth();
+    double tf = gemm_tflops();
+
+    int max_b = 1, max_p = 1;
+    for (int i = 0; i < a.n_batches; i++)
+        max_b = a.batches[i] > max_b ? a.batches[i] : max_b;
+    for (int i = 0; i < a.n_prompts; i++)
+        max_p = a.prompts[i] > max_p ? a.prompts[i] : max_p;
+    int ps = 16, per_seq = (a.ctx + a.decode + 8 + ps - 1) / ps;
+    duet_engine_opts_t eo;
+    duet_engine_t *e;
+    duet_engine_opts_default(&eo);
+    eo.model_dir = a.model;
+    eo.backend = "cuda";
+    eo.tp = a.tp;
+    eo.page_size = ps;
+    eo.n_pages = max_b * per_seq > max_p / ps + 2 ? max_b * per_seq : max_p / ps + 2;
+    eo.max_batch_tokens = max_p > max_b * a.ctx ? max_p : max_b * a.ctx;
+    eo.max_seqs = max_b;
+    if (duet_engine_create(&eo, &e) != DUET_OK) {
+        fprintf(stderr, "engine: %s\n", duet_error_msg());
+        return 1;
+    }
+    const duet_model_config_t *cfg = &duet_engine_model(e)->cfg;
+    double mat_params = (double)cfg->n_layers * ((double)cfg->hidden * cfg->head_dim *
+                                                     (cfg->n_heads * 2.0 + cfg->n_kv_heads * 2.0) +
+                                                 3.0 * cfg->hidden * cfg->intermediate) +
+                        (double)cfg->vocab * cfg->hidden;
+    double wbytes = mat_params * 2.0;
+    double kv_tok = (double)cfg->n_layers * 2.0 * cfg->n_kv_heads * cfg->head_dim * 2.0;
+
+    int32_t *tokens = duet_malloc((size_t)(max_p + max_b * a.ctx) * sizeof(int32_t));
+    int32_t *pages = duet_malloc((size_t)eo.n_pages * sizeof(int32_t));
+    int32_t *next = duet_malloc((size_t)max_b * sizeof(int32_t));
+    int32_t *cur = duet_malloc((size_t)max_b * sizeof(int32_t));
+    duet_engine_seq_t *seqs = duet_calloc((size_t)max_b, sizeof(duet_engine_seq_t));
+    for (int i = 0; i < max_p + max_b * a.ctx; i++)
+        tokens[i] = (int32_t)(((unsigned)i * 7919u + 13u) % (unsigned)(cfg->vocab - 2));
+    for (int i = 0; i < eo.n_pages; i++)
+        pages[i] = i;
+
+    printf("bench_gpu: %s on %s (%d SMs), cuda backend tp %d, graphs %s\n", a.model, prop.name,
+           prop.multiProcessorCount, a.tp,
+           getenv("DUET_CUDA_GRAPHS") && strcmp(getenv("DUET_CUDA_GRAPHS"), "0") == 0 ? "off"
+                                                                                      : "on");
+    printf("  model: hidden %d layers %d heads %d/%d hd %d ffn %d vocab %d: %.2f B matrix params\n",
+           cfg->hidden, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
+           cfg->intermediate, cfg->vocab, mat_params / 1e9);
+    printf("  HBM copy bandwidth      %8.0f GB/s (1 GiB D2D, read + write)\n", bw);
+    printf("  cuBLASLt bf16 GEMM      %8.0f TFLOP/s (8192^3, random data)\n", tf);
+
+    for (int bi = 0; bi < a.n_batches; bi++) {
+        int B = a.batches[bi];
+        for (int s = 0; s < B; s++)
+            seqs[s] = (duet_engine_seq_t){.tokens = tokens + s * a.ctx,
+                                          .n_tokens = a.ctx,
+                                          .pages = pages + s * per_seq,
+                                          .n_pages = per_seq,
+                                          .sample = true,
+                                          .sampling = duet_sampling_greedy()};
+        if (duet_engine_forward(e, seqs, B, next) != DUET_OK)
+            goto fail;
+        double t0 = 0;
+        for (int step = 0; step < a.decode + 3; step++) {
+            if (step == 3)
+                t0 = now_s();
+            for (int s = 0; s < B; s++) {
+                cur[s] = next[s];
+                seqs[s].start_pos += seqs[s].n_tokens;
+                seqs[s].tokens = &cur[s];
+                seqs[s].n_tokens = 1;
+                seqs[s].sample_index++;
+            }
+            if (duet_engine_forward(e, seqs, B, next) != DUET_OK)
+                goto fail;
+        }
+        double t = now_s() - t0;
+        double avg_ctx = a.ctx + 3 + a.decode / 2.0;
+        double roof = B * bw * 1e9 / (wbytes + B * avg_ctx * kv_tok);
+        double tps = (double)B * a.decode / t;
+        printf("  decode batch %-3d        %8.1f tok/s  %7.2f ms/step  roofline %8.1f tok/s "
+               "(%.0f%%)\n",
+               B, tps, 1e3 * t / a.decode, roof, 100.0 * tps / roof);
+    }
+    for (int pi = 0; pi < a.n_prompts; pi++) {
+        int P = a.prompts[pi];
+        double times[16];
+        int reps = a.reps < 16 ? a.reps : 16;
+        for (int r = 0; r <= reps; r++) { /* the first run warms up */
+            duet_engine_seq_t s = {.tokens = tokens,
+                                   .n_tokens = P,
+                                   .pages = pages,
+                                   .n_pages = eo.n_pages,
+                                   .sample = true,
+                                   .sampling = duet_sampling_greedy()};
+            double t0 = now_s();
+            if (duet_engine_forward(e, &s, 1, next) != DUET_OK)
+                goto fail;
+            if (r > 0)
+                times[r - 1] = now_s() - t0;
+        }
+        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        double t = times[reps / 2];
+        double flops =
+            2.0 * mat_params * P - 2.0 * (double)cfg->vocab * cfg->hidden * (P - 1) +
+            4.0 * (double)P * (P + 1) / 2.0 * cfg->head_dim * cfg->n_heads * cfg->n_layers;
+        printf("  prefill %-5d tokens     %8.0f tok/s  %7.1f ms  %6.0f TFLOP/s (%.0f%% of GEMM)\n",
+               P, P / t, 1e3 * t, flops / t / 1e12, 100.0 * flops / t / 1e12 / tf);
+    }
+    duet_engine_destroy(e);
+    duet_free(tokens);
+    duet_free(pages);
+    duet_free(next);
+    duet_free(cur);
+    duet_free(seqs);
+    return 0;
+fail:
+    fprintf(stderr, "forward: %s\n", duet_error_msg());
+    duet_engine_destroy(e);
+    return 1;
+}
+#else
+int main(void)
+{
+    fprintf(stderr, "bench_gpu: this build has no CUDA backend\n");
+    return 1;
+}
+#endif

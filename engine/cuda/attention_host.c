@@ -1,0 +1,141 @@
+/* RoPE + KV store and attention: checks, tables and kernel choice.
+ *
+ * Attention kernel: the tensor-core tiled kernel (attention_prefill.cu)
+ * when some sequence of the batch brings at least DUET__PREFILL_MIN_Q new
+ * tokens and head_dim is 64 or 128; otherwise the per-token kernel
+ * (attention_decode.cu), whose context is split over several blocks when
+ * the batch alone would not fill the GPU.  The split count depends only on
+ * the batch size, never on context lengths, so recorded decode graphs stay
+ * valid. */
+#include <math.h>
+#include <stdio.h>
+
+#include "common/alloc.h"
+#include "engine/cuda/cuda_internal.h"
+
+#define DUET__PREFILL_MIN_Q 8
+
+static duet__cuda_kv_t duet__kv(duet_backend_rank_t *r)
+{
+    return (duet__cuda_kv_t){r->kv_base, r->kv.n_pages, r->kv.page_size, r->kv.n_kv_heads,
+                             r->kv.head_dim};
+}
+
+static duet_status_t duet__check(duet_backend_rank_t *r, const char *op, int n, int nkv,
+                                 int head_dim, int layer)
+{
+    if (r->kv_base == NULL)
+        return duet_error(DUET_ERR_INTERNAL, "cuda %s: no kv pool attached", op);
+    if (nkv != r->kv.n_kv_heads || head_dim != r->kv.head_dim)
+        return duet_error(DUET_ERR_INTERNAL, "cuda %s: kv heads %d/%d head_dim %d/%d", op, nkv,
+                          r->kv.n_kv_heads, head_dim, r->kv.head_dim);
+    if (layer < 0 || layer >= r->kv.n_layers)
+        return duet_error(DUET_ERR_INTERNAL, "cuda %s: layer %d of %d", op, layer, r->kv.n_layers);
+    if (n != r->n_tokens)
+        return duet_error(DUET_ERR_INTERNAL, "cuda %s: %d tokens, prepared batch has %d", op, n,
+                          r->n_tokens);
+    return DUET_OK;
+}
+
+/* theta^(-2i/d) as the cpu backend computes it */
+static duet_status_t duet__inv_freq(duet_backend_rank_t *r, int head_dim, float theta)
+{
+    int half = head_dim / 2;
+    float *h;
+
+    if (r->inv_freq_d != NULL && r->inv_freq_dim == head_dim && r->inv_freq_theta == theta)
+        return DUET_OK;
+    if (r->capturing)
+        return duet_error(DUET_ERR_INTERNAL, "cuda rope: table built while recording");
+    h = duet_malloc((size_t)half * sizeof(float));
+    if (h == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda rope: no memory");
+    for (int i = 0; i < half; i++)
+        h[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)head_dim));
+    cudaFree(r->inv_freq_d); /* synchronous: no queued kernel still reads it */
+    r->inv_freq_d = NULL;
+    cudaError_t e = cudaMalloc((void **)&r->inv_freq_d, (size_t)half * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMemcpy(r->inv_freq_d, h, (size_t)half * sizeof(float), cudaMemcpyHostToDevice);
+    duet_free(h);
+    if (e != cudaSuccess)
+        return duet__cuda_check(e, "rope table", __FILE__, __LINE__);
+    r->inv_freq_dim = head_dim;
+    r->inv_freq_theta = theta;
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
+                                          int head_dim, float theta, int layer)
+{
+    duet_status_t st;
+
+    if ((st = duet__check(r, "rope_kv_store", n, nkv, head_dim, layer)) != DUET_OK)
+        return st;
+    if (head_dim % 2 != 0 || head_dim > 1024)
+        return duet_error(DUET_ERR_UNSUPPORTED, "cuda rope: head_dim %d", head_dim);
+    if ((st = duet__inv_freq(r, head_dim, theta)) != DUET_OK ||
+        (st = duet__cuda_rope_kv_store(r->stream, qkv, r->bd, r->inv_freq_d, duet__kv(r), layer, n,
+                                       nq, nkv, head_dim)) != DUET_OK)
+        return st;
+    if (r->capturing) {
+        /* an event node of the graph: recorded again at every replay */
+        DUET__CUDA_TRY(
+            cudaEventRecordWithFlags(r->ev_kv[layer], r->stream, cudaEventRecordExternal));
+    } else {
+        DUET__CUDA_TRY(cudaEventRecord(r->ev_kv[layer], r->stream));
+        atomic_store(&r->kv_seq[layer], r->fwd_seq);
+    }
+    return DUET_OK;
+}
+
+static int duet__splits(const duet_backend_rank_t *r, int n, int nkv)
+{
+    int blocks = n * nkv, s = 1;
+    if (blocks < r->sm_count)
+        s = (2 * r->sm_count + blocks - 1) / blocks;
+    return s > DUET__CUDA_ATTN_MAX_SPLITS ? DUET__CUDA_ATTN_MAX_SPLITS : s;
+}
+
+/* Scratch for any split decode batch of this shape, so that it is
+ * allocated once and never moves under a recorded graph. */
+static duet_status_t duet__part_reserve(duet_backend_rank_t *r, int nq, int nkv, int head_dim)
+{
+    size_t need = 0;
+    for (int n = 1; n * nkv < r->sm_count; n++) {
+        size_t b = duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
+        need = b > need ? b : need;
+    }
+    if (need <= r->part_bytes)
+        return DUET_OK;
+    if (r->capturing)
+        return duet_error(DUET_ERR_INTERNAL, "cuda attention: scratch grows while recording");
+    DUET__CUDA_TRY(cudaStreamSynchronize(r->stream));
+    duet__cuda_graphs_reset(r);
+    cudaFree(r->part);
+    r->part = NULL;
+    r->part_bytes = 0;
+    DUET__CUDA_TRY(cudaMalloc((void **)&r->part, need));
+    r->part_bytes = need;
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const void *qkv, int n,
+                                      int nq, int nkv, int head_dim, int layer)
+{
+    duet_status_t st;
+
+    if ((st = duet__check(r, "attention", n, nkv, head_dim, layer)) != DUET_OK)
+        return st;
+    if (nq % nkv != 0)
+        return duet_error(DUET_ERR_INTERNAL, "cuda attention: %d query heads over %d kv heads", nq,
+                          nkv);
+    if (r->max_q >= DUET__PREFILL_MIN_Q && duet__cuda_attention_prefill_supported(head_dim))
+        return duet__cuda_attention_prefill(r->stream, out, qkv, r->bd, duet__kv(r), layer,
+                                            r->n_tiles, nq, nkv, head_dim, r->attn_variant);
+    int splits = duet__splits(r, n, nkv);
+    if (splits > 1 && (st = duet__part_reserve(r, nq, nkv, head_dim)) != DUET_OK)
+        return st;
+    return duet__cuda_attention_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
+                                       head_dim, splits, r->part);
+}

@@ -1,0 +1,508 @@
+/* The cuda backend: rank lifecycle, memory, weights, host waits and the
+ * ops table (engine/cuda/backend_cuda.h has the design notes).  The batch
+ * upload and graphs are in batch.c, attention and RoPE dispatch in
+ * attention_host.c, GEMMs in gemm.c, the kernels in *.cu. */
+#include "engine/cuda/cuda_internal.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+int duet_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+void *duet_cuda_rank_stream(duet_backend_rank_t *r)
+{
+    return r->stream;
+}
+
+int duet_cuda_rank_device(const duet_backend_rank_t *r)
+{
+    return r->device;
+}
+
+void *duet_cuda_kv_layer_event(duet_backend_rank_t *r, int layer)
+{
+    return layer >= 0 && layer < r->kv.n_layers ? r->ev_kv[layer] : NULL;
+}
+
+uint64_t duet_cuda_kv_layer_seq(duet_backend_rank_t *r, int layer)
+{
+    return layer >= 0 && layer < r->kv.n_layers ? atomic_load(&r->kv_seq[layer]) : 0;
+}
+
+void duet__cuda_set_watch(duet_backend_rank_t *r, duet__cuda_watch_fn fn, void *ud)
+{
+    r->watch = fn;
+    r->watch_ud = ud;
+}
+
+duet_status_t duet__cuda_wait(duet_backend_rank_t *r, const char *what)
+{
+    int64_t t0 = duet_now_ns();
+    unsigned polls = 0;
+    cudaError_t e;
+
+    if (r->capturing)
+        return duet_error(DUET_ERR_INTERNAL, "cuda rank %d: host wait (%s) while recording a graph",
+                          r->rank, what);
+    DUET__CUDA_TRY(cudaEventRecord(r->ev_wait, r->stream));
+    for (;;) {
+        e = cudaEventQuery(r->ev_wait);
+        if (e == cudaSuccess)
+            break;
+        if (e != cudaErrorNotReady)
+            return duet__cuda_check(e, what, __FILE__, __LINE__);
+        if (r->watch != NULL) {
+            duet_status_t st = r->watch(r->watch_ud, duet_now_ns() - t0, what);
+            if (st != DUET_OK)
+                return st;
+        }
+        /* spin briefly (decode steps are short), then sleep in small steps */
+        if (++polls < 2000) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (cudaPeekAtLastError() == cudaErrorNotReady)
+        cudaGetLastError();
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_pinned(duet_backend_rank_t *r, size_t bytes, void **p)
+{
+    if (bytes > r->pin_bytes) {
+        size_t want = bytes < (4u << 20) ? (4u << 20) : bytes;
+        void *np = NULL;
+        if (r->capturing)
+            return duet_error(DUET_ERR_INTERNAL, "cuda rank %d: staging grows while recording",
+                              r->rank);
+        /* the previous buffer may still feed an earlier async copy */
+        DUET__CUDA_TRY(cudaStreamSynchronize(r->stream));
+        DUET__CUDA_TRY(cudaMallocHost(&np, want));
+        cudaFreeHost(r->pin);
+        r->pin = np;
+        r->pin_bytes = want;
+    }
+    *p = r->pin;
+    return DUET_OK;
+}
+
+static void duet__rank_destroy(duet_backend_rank_t *r)
+{
+    if (r == NULL)
+        return;
+    cudaSetDevice(r->device);
+    if (r->capturing) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(r->stream, &g);
+        if (g != NULL)
+            cudaGraphDestroy(g);
+        r->capturing = false;
+    }
+    if (r->stream != NULL && cudaStreamSynchronize(r->stream) != cudaSuccess)
+        DUET_LOG_WARN("cuda rank %d: stream failed before shutdown: %s", r->rank,
+                      cudaGetErrorString(cudaGetLastError()));
+    duet__cuda_graphs_reset(r);
+    duet__cuda_gemm_cleanup(r);
+    cudaFree(r->meta_d);
+    cudaFreeHost(r->meta_h);
+    cudaFreeHost(r->pin);
+    cudaFree(r->part);
+    cudaFree(r->am_val);
+    cudaFree(r->am_idx);
+    cudaFree(r->inv_freq_d);
+    if (r->ev_kv != NULL) {
+        for (int l = 0; l < r->kv.n_layers; l++) {
+            if (r->ev_kv[l] != NULL)
+                cudaEventDestroy(r->ev_kv[l]);
+        }
+    }
+    duet_free(r->ev_kv);
+    duet_free((void *)r->kv_seq);
+    if (r->ev_meta != NULL)
+        cudaEventDestroy(r->ev_meta);
+    if (r->ev_wait != NULL)
+        cudaEventDestroy(r->ev_wait);
+    if (r->stream != NULL)
+        cudaStreamDestroy(r->stream);
+    cudaGetLastError();
+    duet_free(r);
+}
+
+static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
+{
+    struct cudaDeviceProp prop;
+    const char *g = getenv("DUET_CUDA_GRAPHS");
+    cudaError_t e;
+
+    if ((e = cudaSetDevice(r->device)) != cudaSuccess) {
+        cudaGetLastError();
+        return duet_error(DUET_ERR_CONFIG, "cuda rank %d: device %d: %s (%d device(s) visible)",
+                          r->rank, r->device, cudaGetErrorString(e), duet_cuda_device_count());
+    }
+    DUET__CUDA_TRY(cudaGetDeviceProperties(&prop, r->device));
+    if (prop.major < 8)
+        return duet_error(DUET_ERR_UNSUPPORTED,
+                          "cuda rank %d: device %d (%s) has compute capability %d.%d; bf16 "
+                          "tensor cores need 8.0 or later",
+                          r->rank, r->device, prop.name, prop.major, prop.minor);
+    r->sm_count = prop.multiProcessorCount;
+    DUET__CUDA_TRY(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking));
+    DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_wait, cudaEventDisableTiming));
+    DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_meta, cudaEventDisableTiming));
+    r->ev_kv = DUET_NEW_ARRAY(cudaEvent_t, (size_t)r->kv.n_layers);
+    r->kv_seq = duet_calloc((size_t)r->kv.n_layers, sizeof(*r->kv_seq));
+    if (r->ev_kv == NULL || r->kv_seq == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no memory", r->rank);
+    for (int l = 0; l < r->kv.n_layers; l++)
+        DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_kv[l], cudaEventDisableTiming));
+    duet_status_t st = duet__cuda_kernels_init();
+    if (st != DUET_OK)
+        return duet_error_wrap(st, "cuda rank %d (%s): ", r->rank, prop.name);
+    if ((st = duet__cuda_gemm_init(r)) != DUET_OK)
+        return st;
+    r->graphs_enabled = !(g != NULL && strcmp(g, "0") == 0);
+    g = getenv("DUET_CUDA_ATTN");
+    r->attn_variant =
+        g != NULL && strcmp(g, "wmma") == 0 ? DUET__CUDA_ATTN_WMMA : DUET__CUDA_ATTN_MMA;
+    DUET_LOG_INFO("cuda rank %d: device %d %s, %d SMs, %.1f GiB, graphs %s, prefill attention %s",
+                  r->rank, r->device, prop.name, prop.multiProcessorCount,
+                  (double)prop.totalGlobalMem / (double)(1u << 30),
+                  r->graphs_enabled ? "on" : "off",
+                  r->attn_variant == DUET__CUDA_ATTN_WMMA ? "wmma" : "mma");
+    return DUET_OK;
+}
+
+static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
+                                       duet_backend_rank_t **r_p)
+{
+    duet_backend_rank_t *r;
+    duet_status_t st;
+
+    if (opts->kv_layout.elem_size != 2)
+        return duet_error(DUET_ERR_INVALID, "cuda backend: kv elem_size %d, expected 2 (bf16)",
+                          opts->kv_layout.elem_size);
+    if (opts->device < 0)
+        return duet_error(DUET_ERR_CONFIG, "cuda backend: device %d", opts->device);
+    r = DUET_NEW(duet_backend_rank_t);
+    if (r == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory");
+    r->rank = opts->rank;
+    r->device = opts->device;
+    r->kv = opts->kv_layout;
+    if ((st = duet__rank_setup(r)) != DUET_OK) {
+        duet__rank_destroy(r);
+        return st;
+    }
+    *r_p = r;
+    return DUET_OK;
+}
+
+static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no device memory for %zu bytes: %s", r->rank,
+                   bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void duet__free(duet_backend_rank_t *r, void *p)
+{
+    if (p != NULL && cudaFree(p) != cudaSuccess)
+        DUET_LOG_WARN("cuda rank %d: cudaFree: %s", r->rank,
+                      cudaGetErrorString(cudaGetLastError()));
+}
+
+static duet_status_t duet__upload(duet_backend_rank_t *r, void *dst, const void *src, size_t bytes)
+{
+    DUET__CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r->stream));
+    return duet__cuda_wait(r, "upload");
+}
+
+static duet_status_t duet__download(duet_backend_rank_t *r, void *dst, const void *src,
+                                    size_t bytes)
+{
+    DUET__CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, r->stream));
+    return duet__cuda_wait(r, "download");
+}
+
+static duet_status_t duet__sync(duet_backend_rank_t *r)
+{
+    return duet__cuda_wait(r, "sync");
+}
+
+static void duet__kv_attach(duet_backend_rank_t *r, void *kv_base)
+{
+    r->kv_base = kv_base;
+}
+
+/* n elements of src (dtype) -> bf16 */
+static void duet__to_bf16(duet_dtype_t dt, const void *src, uint16_t *dst, size_t n)
+{
+    if (dt == DUET_DTYPE_BF16) {
+        memcpy(dst, src, n * 2);
+    } else if (dt == DUET_DTYPE_F32) {
+        const float *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = duet_f32_to_bf16(s[i]);
+    } else {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = duet_f32_to_bf16(duet__cuda_f16_to_f32(s[i]));
+    }
+}
+
+static bool duet__float_dtype(duet_dtype_t dt)
+{
+    return dt == DUET_DTYPE_F32 || dt == DUET_DTYPE_F16 || dt == DUET_DTYPE_BF16;
+}
+
+/* Rows of the stacked sources, converted in pinned chunks and copied. */
+static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weight_src_t *src,
+                                         int n_src, duet_weight_t **w_p)
+{
+    int rows = 0, cols = n_src > 0 ? src[0].cols : 0;
+    size_t row_bytes = (size_t)cols * 2, done = 0;
+    duet_weight_t *w;
+    duet_status_t st;
+    void *stage;
+
+    for (int i = 0; i < n_src; i++) {
+        if (src[i].cols != cols || !duet__float_dtype(src[i].dtype) || src[i].rows < 0)
+            return duet_error(DUET_ERR_INVALID, "cuda backend: stacked weight sources differ");
+        rows += src[i].rows;
+    }
+    if (rows < 1 || cols < 1)
+        return duet_error(DUET_ERR_INVALID, "cuda backend: empty weight (%d x %d)", rows, cols);
+    w = DUET_NEW(duet_weight_t);
+    if (w == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory for a weight");
+    w->rows = rows;
+    w->cols = cols;
+    w->d = duet__alloc(r, (size_t)rows * row_bytes);
+    if (w->d == NULL) {
+        st = DUET_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    size_t chunk_rows = (16u << 20) / row_bytes;
+    if (chunk_rows < 1)
+        chunk_rows = 1;
+    if ((st = duet__cuda_pinned(r, chunk_rows * row_bytes, &stage)) != DUET_OK)
+        goto err_free;
+    size_t in_stage = 0;
+    for (int i = 0; i < n_src; i++) {
+        size_t es = duet__cuda_dtype_size(src[i].dtype);
+        for (int row = 0; row < src[i].rows; row++) {
+            const char *s =
+                (const char *)src[i].data +
+                ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols + (size_t)src[i].col0) * es;
+            duet__to_bf16(src[i].dtype, s, (uint16_t *)((char *)stage + in_stage * row_bytes),
+                          (size_t)cols);
+            if (++in_stage == chunk_rows) {
+                if ((st = duet__upload(r, (char *)w->d + done * row_bytes, stage,
+                                       in_stage * row_bytes)) != DUET_OK)
+                    goto err_free;
+                done += in_stage;
+                in_stage = 0;
+            }
+        }
+    }
+    if (in_stage > 0 && (st = duet__upload(r, (char *)w->d + done * row_bytes, stage,
+                                           in_stage * row_bytes)) != DUET_OK)
+        goto err_free;
+    *w_p = w;
+    return DUET_OK;
+
+err_free:
+    duet__free(r, w->d);
+    duet_free(w);
+    return st;
+}
+
+static void duet__weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
+{
+    if (w == NULL)
+        return;
+    duet__free(r, w->d);
+    duet_free(w);
+}
+
+static duet_status_t duet__vector_create(duet_backend_rank_t *r, const void *src,
+                                         duet_dtype_t dtype, int offset, int n, void **vec_p)
+{
+    void *stage, *d;
+    duet_status_t st;
+
+    if (!duet__float_dtype(dtype) || n < 1)
+        return duet_error(DUET_ERR_INVALID, "cuda backend: vector of %d elements of dtype %d", n,
+                          (int)dtype);
+    if ((st = duet__cuda_pinned(r, (size_t)n * 2, &stage)) != DUET_OK)
+        return st;
+    duet__to_bf16(dtype, (const char *)src + (size_t)offset * duet__cuda_dtype_size(dtype), stage,
+                  (size_t)n);
+    if ((d = duet__alloc(r, (size_t)n * 2)) == NULL)
+        return DUET_ERR_NO_MEMORY;
+    if ((st = duet__upload(r, d, stage, (size_t)n * 2)) != DUET_OK) {
+        duet__free(r, d);
+        return st;
+    }
+    *vec_p = d;
+    return DUET_OK;
+}
+
+static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *src,
+                                            duet_dtype_t dtype, int vocab, int hidden,
+                                            duet_weight_t **w_p)
+{
+    duet_weight_src_t ws = {src, dtype, hidden, 0, vocab, 0, hidden};
+    duet_status_t st = duet__weight_create(r, &ws, 1, w_p);
+    if (st == DUET_OK) {
+        r->vocab = vocab;
+        r->hidden = hidden;
+    }
+    return st;
+}
+
+static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_weight_t *table,
+                                 int n, int hidden)
+{
+    if (n != r->n_tokens || hidden != table->cols)
+        return duet_error(DUET_ERR_INTERNAL, "cuda embed: %d tokens x %d, batch %d x %d", n, hidden,
+                          r->n_tokens, table->cols);
+    return duet__cuda_embed(r->stream, out, table->d, table->rows, r->bd, n, hidden);
+}
+
+static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in, const void *w,
+                                   int n, int d, float eps)
+{
+    return duet__cuda_rmsnorm(r->stream, out, in, w, n, d, eps);
+}
+
+static duet_status_t duet__matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
+                                  const duet_weight_t *w, const void *bias)
+{
+    return duet__cuda_gemm(r, y, x, n, w, bias);
+}
+
+static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n, int m)
+{
+    return duet__cuda_silu_mul(r->stream, out, gu, n, m);
+}
+
+static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
+{
+    return duet__cuda_add(r->stream, x, y, count);
+}
+
+static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const void *in,
+                                       const int32_t *rows, int n_rows, int d)
+{
+    return duet__cuda_gather_rows(r->stream, out, in, rows, n_rows, d);
+}
+
+static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, const void *src,
+                                            int n, int d, size_t src_ld)
+{
+    size_t row = (size_t)d * 2;
+    void *stage;
+    duet_status_t st;
+
+    if (n <= 0 || d <= 0)
+        return DUET_OK;
+    if ((st = duet__cuda_pinned(r, (size_t)n * row, &stage)) != DUET_OK)
+        return st;
+    DUET__CUDA_TRY(cudaMemcpy2DAsync(stage, row, src, src_ld * 2, row, (size_t)n,
+                                     cudaMemcpyDeviceToHost, r->stream));
+    if ((st = duet__cuda_wait(r, "logits to host")) != DUET_OK)
+        return st;
+    const uint16_t *h = stage;
+    for (size_t i = 0; i < (size_t)n * (size_t)d; i++)
+        dst[i] = duet_bf16_to_f32(h[i]);
+    return DUET_OK;
+}
+
+static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
+                                       const void *src, int n, int d, size_t src_ld)
+{
+    void *stage;
+    duet_status_t st;
+
+    if (n <= 0)
+        return DUET_OK;
+    if (n > r->am_cap) {
+        int cap = n < 64 ? 64 : n;
+        cudaFree(r->am_val);
+        cudaFree(r->am_idx);
+        r->am_val = NULL;
+        r->am_idx = NULL;
+        r->am_cap = 0;
+        DUET__CUDA_TRY(cudaMalloc((void **)&r->am_val, (size_t)cap * sizeof(float)));
+        DUET__CUDA_TRY(cudaMalloc((void **)&r->am_idx, (size_t)cap * sizeof(int32_t)));
+        r->am_cap = cap;
+    }
+    if ((st = duet__cuda_pinned(r, (size_t)n * 8, &stage)) != DUET_OK ||
+        (st = duet__cuda_argmax_rows(r->stream, r->am_val, r->am_idx, src, n, d, src_ld)) !=
+            DUET_OK)
+        return st;
+    DUET__CUDA_TRY(cudaMemcpyAsync(stage, r->am_val, (size_t)n * sizeof(float),
+                                   cudaMemcpyDeviceToHost, r->stream));
+    DUET__CUDA_TRY(cudaMemcpyAsync((char *)stage + (size_t)n * sizeof(float), r->am_idx,
+                                   (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, r->stream));
+    if ((st = duet__cuda_wait(r, "argmax")) != DUET_OK)
+        return st;
+    memcpy(max_p, stage, (size_t)n * sizeof(float));
+    memcpy(idx_p, (char *)stage + (size_t)n * sizeof(float), (size_t)n * sizeof(int32_t));
+    return DUET_OK;
+}
+
+const duet_backend_ops_t duet_backend_cuda = {
+    .name = "cuda",
+    .act_dtype = DUET_DTYPE_BF16,
+    .kv_dtype = DUET_DTYPE_BF16,
+    .rank_create = duet__rank_create,
+    .rank_destroy = duet__rank_destroy,
+    .alloc = duet__alloc,
+    .free = duet__free,
+    .upload = duet__upload,
+    .download = duet__download,
+    .sync = duet__sync,
+    .kv_attach = duet__kv_attach,
+    .weight_create = duet__weight_create,
+    .weight_destroy = duet__weight_destroy,
+    .vector_create = duet__vector_create,
+    .embedding_create = duet__embedding_create,
+    .batch_prepare = duet__cuda_op_batch_prepare,
+    .embed = duet__embed,
+    .rmsnorm = duet__rmsnorm,
+    .matmul = duet__matmul,
+    .rope_kv_store = duet__cuda_op_rope_kv_store,
+    .attention = duet__cuda_op_attention,
+    .silu_mul = duet__silu_mul,
+    .add = duet__add,
+    .gather_rows = duet__gather_rows,
+    .rows_to_host_f32 = duet__rows_to_host_f32,
+    .step_begin = duet__cuda_op_step_begin,
+    .step_end = duet__cuda_op_step_end,
+    .argmax_rows = duet__argmax_rows,
+};

@@ -1,0 +1,66 @@
+/* The cuda backend (duet_backend_cuda in engine/backend.h): what other
+ * modules may use beyond the ops table.  Built only with DUET_HAVE_CUDA.
+ *
+ * Design (details in the files named):
+ *  - dtypes: weights, activations (act_dtype) and the KV cache (kv_dtype)
+ *    are bf16; f32 / f16 checkpoints are rounded to bf16 at load.  Every
+ *    kernel computes in float32 and rounds once on store; the residual
+ *    stream is bf16 as in Hugging Face's bf16 Llama.  The collectives
+ *    (all-reduce of o_proj / down_proj) are bf16 sums in NCCL.
+ *  - GEMMs: y = x W^T with float32 accumulation; cuBLASLt "TN" with a plan
+ *    cache (gemm.c), and for decode-sized batches (n <= 4 tokens) a
+ *    bandwidth-bound skinny GEMV kernel (gemv.cu).  DUET_CUDA_GEMV=0 sends
+ *    every n to cuBLASLt.
+ *  - attention: prefill (some sequence brings >= 8 new tokens, head_dim 64
+ *    or 128) runs a tiled tensor-core kernel with the accumulators in
+ *    registers (mma.sync; attention_prefill.cu), DUET_CUDA_ATTN=wmma picks
+ *    the older wmma kernel; decode and other head sizes run a per-token
+ *    kernel that splits long contexts across blocks and merges the partial
+ *    softmaxes (attention_decode.cu).  Both read K/V through the page
+ *    table of the HND pool.
+ *  - sampling: greedy rows are reduced to (max, id) on the device
+ *    (argmax.cu, ops->argmax_rows), so a decode step moves ids, not logits,
+ *    to the host; other rows go through rows_to_host_f32.
+ *  - streams: one non-blocking stream per rank carries every op, in issue
+ *    order, collectives included, so no op needs a cross-stream event.
+ *    ops->sync and downloads wait on the host by polling an event and call
+ *    the comm backend's watch, so a stuck collective becomes
+ *    DUET_ERR_TIMEOUT instead of a hang (comm_nccl.c).
+ *  - graphs: batch_prepare uploads the batch description with one copy
+ *    into device buffers that keep their addresses; a decode batch of n
+ *    tokens (one per sequence) runs eagerly once, is recorded the second
+ *    time (embed + every layer, NCCL collectives included) and replayed
+ *    from then on (batch.c).  DUET_CUDA_GRAPHS=0 turns graphs off; they are
+ *    also off while the engine has a per-layer hook (on_layer).
+ *  - KV completion per layer: the event below, recorded right after
+ *    rope_kv_store of the layer, for the KV-transfer stream to wait on.
+ *    With the cuda backend the engine's on_layer hook runs when layer l's
+ *    work is enqueued, not finished: a consumer waits on this event. */
+#ifndef DUET_ENGINE_CUDA_BACKEND_CUDA_H
+#define DUET_ENGINE_CUDA_BACKEND_CUDA_H
+
+#include <stdint.h>
+
+#include "engine/backend.h"
+
+/* Usable CUDA devices; 0 when there is no driver or no device (tests skip
+ * on 0).  Thread-safe. */
+int duet_cuda_device_count(void);
+
+/* The rank's compute stream (cudaStream_t) and device ordinal. */
+void *duet_cuda_rank_stream(duet_backend_rank_t *r);
+int duet_cuda_rank_device(const duet_backend_rank_t *r);
+
+/* "K/V of layer l are stored": a cudaEvent_t recorded on the rank's stream
+ * right after rope_kv_store of layer l in every forward (graph replays
+ * included), and the number of the forward that last recorded it
+ * (forwards are numbered from 1 by batch_prepare; 0 = never).  A consumer
+ * on another thread (the KV transfer) waits for kv_layer_seq(l) >= the
+ * forward it needs, then makes its own stream wait on the event
+ * (cudaStreamWaitEvent) before reading the layer's pages; a later record of
+ * the same event only adds work to wait for, never removes any.  The event
+ * handles live as long as the rank.  Both calls are thread-safe. */
+void *duet_cuda_kv_layer_event(duet_backend_rank_t *r, int layer);
+uint64_t duet_cuda_kv_layer_seq(duet_backend_rank_t *r, int layer);
+
+#endif

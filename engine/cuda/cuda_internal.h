@@ -1,0 +1,173 @@
+/* Internal state of the cuda backend, shared by its C files (the kernels
+ * see only engine/cuda/cuda_kernels.h). */
+#ifndef DUET_ENGINE_CUDA_CUDA_INTERNAL_H
+#define DUET_ENGINE_CUDA_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cuda/backend_cuda.h"
+#include "engine/cuda/cuda_kernels.h"
+
+/* duet_engine (dtype.c) links after this library: these small helpers
+ * keep duet_engine_cuda free of references back into it. */
+static inline size_t duet__cuda_dtype_size(duet_dtype_t dt)
+{
+    return dt == DUET_DTYPE_F32 || dt == DUET_DTYPE_I32 ? 4 : dt == DUET_DTYPE_I64 ? 8 : 2;
+}
+
+/* IEEE half -> float (exact) */
+static inline float duet__cuda_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t u;
+    float f;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while ((man & 0x400u) == 0);
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* A CUDA runtime call whose failure becomes a status naming the call, file
+ * and line (never exit()). */
+#define DUET__CUDA_TRY(call)                                                                       \
+    do {                                                                                           \
+        cudaError_t duet__e = (call);                                                              \
+        if (duet__e != cudaSuccess)                                                                \
+            return duet__cuda_check(duet__e, #call, __FILE__, __LINE__);                           \
+    } while (0)
+
+/* Decode batches (n tokens = n sequences) up to this size get a recorded
+ * graph each. */
+#define DUET__CUDA_GRAPH_MAX_N 512
+/* cached cuBLASLt plans (shape + alignment + bias) */
+#define DUET__CUDA_GEMM_PLANS   96
+#define DUET__CUDA_LT_WORKSPACE (32u << 20)
+
+struct duet_weight {
+    void *d; /* bf16 [rows][cols], device */
+    int rows, cols;
+};
+
+typedef struct {
+    bool used;
+    int m, n, k;
+    bool bias;
+    unsigned align; /* smallest pointer alignment the plan accepts */
+    uint64_t last_use;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} duet__gemm_plan_t;
+
+/* A host wait's hook: the comm backend checks deadlines and peer failures
+ * while the rank's thread waits for its stream (see comm_nccl.c). */
+typedef duet_status_t (*duet__cuda_watch_fn)(void *ud, int64_t waited_ns, const char *what);
+
+struct duet_backend_rank {
+    int rank, device, sm_count;
+    cudaStream_t stream;
+    cudaEvent_t ev_wait; /* host waits */
+    cudaEvent_t ev_meta; /* the batch upload has read the staging buffer */
+    bool meta_pending;
+    duet_kv_layout_t kv;
+    void *kv_base;
+    cudaEvent_t *ev_kv;       /* [n_layers] K/V of the layer stored */
+    _Atomic uint64_t *kv_seq; /* [n_layers] forward that recorded ev_kv */
+    uint64_t fwd_seq;
+
+    /* cuBLASLt */
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    duet__gemm_plan_t plans[DUET__CUDA_GEMM_PLANS];
+    uint64_t gemm_clock;
+    int gemv_max_n; /* DUET_CUDA_GEMV (default DUET__CUDA_GEMV_MAX_N, 0 = off) */
+
+    /* host staging */
+    void *pin; /* pinned, pin_bytes */
+    size_t pin_bytes;
+
+    /* the prepared batch: pinned staging and device copy, same layout */
+    int32_t *meta_h;
+    void *meta_d;
+    size_t meta_bytes;
+    int cap_tokens, cap_seqs, cap_tiles, cap_table;
+    size_t off_tokens, off_positions, off_slots, off_seq_of, off_q_start, off_ctx_len, off_tiles,
+        off_table;               /* int32 offsets */
+    duet__cuda_batch_t bd;       /* device pointers into meta_d */
+    const duet_batch_desc_t *hb; /* the caller's description (valid during the forward) */
+    int n_tokens, n_seqs, max_q, n_tiles;
+
+    /* attention split scratch */
+    float *part;
+    size_t part_bytes;
+    /* argmax results (device) */
+    float *am_val;
+    int32_t *am_idx;
+    int am_cap;
+
+    int attn_variant; /* DUET__CUDA_ATTN_MMA or _WMMA (DUET_CUDA_ATTN) */
+
+    /* RoPE */
+    float *inv_freq_d;
+    int inv_freq_dim;
+    float inv_freq_theta;
+
+    int vocab, hidden; /* of the embedding table */
+
+    /* graphs of the decode step, by batch size */
+    bool graphs_enabled;
+    bool capturing;
+    int capture_n;
+    cudaGraphExec_t graph[DUET__CUDA_GRAPH_MAX_N + 1];
+    uint8_t graph_seen[DUET__CUDA_GRAPH_MAX_N + 1];
+
+    duet__cuda_watch_fn watch;
+    void *watch_ud;
+};
+
+/* Wait on the host for everything issued to r's stream so far; polls the
+ * registered watch (deadline, peer failure).  what names the wait. */
+duet_status_t duet__cuda_wait(duet_backend_rank_t *r, const char *what);
+void duet__cuda_set_watch(duet_backend_rank_t *r, duet__cuda_watch_fn fn, void *ud);
+/* Forget every recorded graph (buffers they use moved, or an NCCL
+ * communicator they captured is about to go: NCCL's destroy and abort wait
+ * until no live graph holds its collectives). */
+void duet__cuda_graphs_reset(duet_backend_rank_t *r);
+/* Pinned host staging of at least bytes (grows; never while capturing). */
+duet_status_t duet__cuda_pinned(duet_backend_rank_t *r, size_t bytes, void **p);
+
+/* cuBLASLt (gemm.c) */
+duet_status_t duet__cuda_gemm_init(duet_backend_rank_t *r);
+void duet__cuda_gemm_cleanup(duet_backend_rank_t *r);
+/* y[n][rows] = x[n][cols] . W^T (+ bias) */
+duet_status_t duet__cuda_gemm(duet_backend_rank_t *r, void *y, const void *x, int n,
+                              const duet_weight_t *w, const void *bias);
+
+/* op entry points split across files */
+duet_status_t duet__cuda_op_step_begin(duet_backend_rank_t *r, bool *replayed_p);
+duet_status_t duet__cuda_op_step_end(duet_backend_rank_t *r, duet_status_t st, bool *redo_p);
+duet_status_t duet__cuda_op_batch_prepare(duet_backend_rank_t *r, const duet_batch_desc_t *b);
+duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const void *qkv, int n,
+                                      int nq, int nkv, int head_dim, int layer);
+duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
+                                          int head_dim, float theta, int layer);
+
+#endif

@@ -1,0 +1,109 @@
+/* Launchers of the cuda backend's kernels (one .cu file per operation).
+ *
+ * Every launcher enqueues on the given stream and returns the launch's
+ * status (DUET_ERR_INTERNAL with file and line for a CUDA error); none
+ * waits for the device.  Tensors are bf16 ("act" below) unless a comment
+ * says otherwise; arithmetic is float32. */
+#ifndef DUET_ENGINE_CUDA_CUDA_KERNELS_H
+#define DUET_ENGINE_CUDA_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* inside the linkage block: the engine's headers are C */
+#include "common/status.h"
+
+/* The prepared batch in device memory (engine/backend.h duet_batch_desc_t),
+ * at addresses that stay fixed while the buffers keep their capacity, so a
+ * recorded graph can be replayed over a newly uploaded batch. */
+typedef struct {
+    const int32_t *hdr;        /* [0] n_tokens, [1] n_seqs, [2] page_stride */
+    const int32_t *tokens;     /* [n_tokens] */
+    const int32_t *positions;  /* [n_tokens] */
+    const int32_t *slots;      /* [n_tokens] page * page_size + offset */
+    const int32_t *seq_of;     /* [n_tokens] sequence of each token */
+    const int32_t *q_start;    /* [n_seqs + 1] */
+    const int32_t *ctx_len;    /* [n_seqs] */
+    const int32_t *tiles;      /* [n_tiles][2] (sequence, first new token) */
+    const int32_t *page_table; /* [n_seqs][hdr[2]] */
+} duet__cuda_batch_t;
+
+/* The rank's bf16 KV pool (engine/kv_layout.h). */
+typedef struct {
+    void *base;
+    int n_pages, page_size, n_kv_heads, head_dim;
+} duet__cuda_kv_t;
+
+/* Query rows per prefill attention tile. */
+#define DUET__CUDA_ATTN_TILE 64
+/* Largest number of context splits of the decode attention. */
+#define DUET__CUDA_ATTN_MAX_SPLITS 16
+/* Rows per gather_rows launch (passed by value). */
+#define DUET__CUDA_GATHER_MAX 64
+
+/* Most tokens the skinny GEMV (gemv.cu) takes; more go to cuBLASLt. */
+#define DUET__CUDA_GEMV_MAX_N 4
+
+/* cudaGetLastError() after a launch as a status naming what and where. */
+duet_status_t duet__cuda_check(cudaError_t err, const char *what, const char *file, int line);
+#define DUET__CUDA_LAUNCHED(what) duet__cuda_check(cudaGetLastError(), what, __FILE__, __LINE__)
+
+/* Per-kernel attributes (shared memory limits); once per device. */
+duet_status_t duet__cuda_kernels_init(void);
+duet_status_t duet__cuda_attention_decode_init(void);
+duet_status_t duet__cuda_attention_prefill_init(void);
+
+duet_status_t duet__cuda_embed(cudaStream_t s, void *out, const void *table, int vocab,
+                               duet__cuda_batch_t b, int n, int hidden);
+duet_status_t duet__cuda_rmsnorm(cudaStream_t s, void *out, const void *in, const void *w, int n,
+                                 int d, float eps);
+/* inv_freq: float32 device [head_dim / 2] */
+duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, duet__cuda_batch_t b,
+                                       const float *inv_freq, duet__cuda_kv_t kv, int layer, int n,
+                                       int nq, int nkv, int head_dim);
+/* Attention of tokens with any number of queries per sequence, one block
+ * per (token, KV head, split).  part: float32 scratch of
+ * duet__cuda_attention_decode_scratch() bytes when splits > 1. */
+duet_status_t duet__cuda_attention_decode(cudaStream_t s, void *out, const void *qkv,
+                                          duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer,
+                                          int n, int nq, int nkv, int head_dim, int splits,
+                                          float *part);
+size_t duet__cuda_attention_decode_scratch(int n, int nq, int head_dim, int splits);
+/* Can the decode kernel take this group size and head_dim? */
+int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
+/* Tiled tensor-core attention for many queries per sequence: one block per
+ * (tile of b.tiles, query head).  head_dim 64 or 128.  variant: the
+ * register-accumulator mma.sync kernel or the wmma one (O in shared
+ * memory), DUET_CUDA_ATTN=mma|wmma. */
+#define DUET__CUDA_ATTN_MMA  0
+#define DUET__CUDA_ATTN_WMMA 1
+duet_status_t duet__cuda_attention_prefill(cudaStream_t s, void *out, const void *qkv,
+                                           duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer,
+                                           int n_tiles, int nq, int nkv, int head_dim, int variant);
+int duet__cuda_attention_prefill_supported(int head_dim);
+/* y[n][rows] = x[n][cols] . W^T (+ bias) for n <= DUET__CUDA_GEMV_MAX_N;
+ * supported(): cols % 8 == 0 and 16-byte aligned x and W. */
+int duet__cuda_gemv_supported(const void *y, const void *x, const void *w, int n, int rows,
+                              int cols);
+duet_status_t duet__cuda_gemv(cudaStream_t s, void *y, const void *x, int n, const void *w,
+                              int rows, int cols, const void *bias);
+duet_status_t duet__cuda_silu_mul(cudaStream_t s, void *out, const void *gu, int n, int m);
+duet_status_t duet__cuda_add(cudaStream_t s, void *x, const void *y, size_t count);
+/* rows: host array of n_rows row indices (passed in the launch) */
+duet_status_t duet__cuda_gather_rows(cudaStream_t s, void *out, const void *in, const int32_t *rows,
+                                     int n_rows, int d);
+/* Per row of src ([n] rows of d elements, row stride ld): the maximum as
+ * float and the lowest index holding it, into device max_out/idx_out. */
+duet_status_t duet__cuda_argmax_rows(cudaStream_t s, float *max_out, int32_t *idx_out,
+                                     const void *src, int n, int d, size_t ld);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

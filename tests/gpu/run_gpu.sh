@@ -1,0 +1,134 @@
+#!/bin/bash
+# The cuda backend's checks and benchmarks on a GPU machine, from the repo
+# root.  Binaries come prebuilt (tests/gpu/build_carry.sh on the dev machine
+# puts them and the two libraries the GPU image lacks, cJSON and cmocka,
+# under .devcarry/cuda/); or set BIN to a build directory made there.
+#
+#   tests/gpu/run_gpu.sh unit compare bench hf tp2      # any subset, in order
+#
+#   unit     every tests/unit/test_cuda_* program (kernels vs the cpu backend,
+#            engine vs cpu, graphs, nccl when 2 GPUs); UNIT_TESTS="test_cuda_x ..."
+#            picks some, in that order
+#   compare  tests/gpu/compare_backends.py: stories260K + synthetic models,
+#            cuda vs fp32 cpu logits and greedy tokens (TP=2 too with tp2)
+#   bench    bench_gpu on llama-3.2-1b-shape and llama-3-8b-shape (bf16)
+#   attn     bench_gpu prefill with each tensor-core attention kernel
+#   gemvoff  bench_gpu decode with DUET_CUDA_GEMV=0 (cuBLASLt for n <= 4 too)
+#   hf       tests/gpu/hf_peer.py on the same two models (transformers peer)
+#   tp2      TP=2 over NCCL: compare --tp2, and bench_gpu at TP 1 and 2 (both shapes)
+#   sanitize compute-sanitizer memcheck on the kernel tests
+#
+# Output: stdout, and $OUT/log when OUT is set.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+CARRY=$ROOT/.devcarry/cuda
+BIN=${BIN:-$CARRY/bin}
+export LD_LIBRARY_PATH=$CARRY/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+MODELS=${MODELS:-/tmp/duet-models}
+LOG=${OUT:+$OUT/log}
+LOG=${LOG:-/dev/null}
+mkdir -p "$MODELS"
+exec > >(tee -a "$LOG") 2>&1
+
+step() { echo; echo "=== $* ($(date +%T))"; }
+mk() { # name args...
+    local d=$MODELS/$1
+    shift
+    [ -f "$d/config.json" ] || "$BIN/duet" mkmodel --out "$d" "$@" > /dev/null || echo "mkmodel $d FAILED"
+}
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nproc
+
+for phase in "$@"; do
+case $phase in
+unit)
+    step "unit tests"
+    pass=0; fail=0
+    for t in ${UNIT_TESTS:-"$BIN"/test_cuda_*}; do
+        [ -x "$t" ] || t=$BIN/$t
+        # the nccl test waits out deadlines on purpose: a short leash
+        case $t in *comm_nccl*) lim=150 ;; *) lim=300 ;; esac
+        if timeout $lim "$t" > /tmp/unit.out 2>&1; then
+            pass=$((pass + 1)); r=ok
+        else
+            fail=$((fail + 1)); r=FAIL
+        fi
+        grep -E "rel_l2|argmax|graphs|equal|nccl|tp2|init|all_reduce|skipped|recording|FAIL|PASSED|SKIPPED|ERROR|error" /tmp/unit.out | tail -80
+        echo "--- $(basename "$t"): $r"
+    done
+    echo "unit: $pass passed, $fail failed"
+    ;;
+sanitize)
+    step "compute-sanitizer memcheck"
+    for t in attention rope_kv_store matmul embed argmax gather_rows rmsnorm silu_mul add; do
+        echo "--- $t"
+        timeout 300 compute-sanitizer --tool memcheck --leak-check no "$BIN/test_cuda_$t" 2>&1 |
+            grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" | head -8
+    done
+    ;;
+compare|tp2)
+    mk synth-gqa64 --layers 4 --hidden 512 --heads 8 --kv-heads 2 --intermediate 1024 --vocab 1000 --dtype bf16 --seed 3
+    mk synth-mqa128-f32 --layers 3 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 --intermediate 768 --vocab 1000 --seed 4
+    mk synth-qwen2-hd32 --arch qwen2 --layers 3 --hidden 256 --heads 8 --kv-heads 2 --intermediate 512 --vocab 1000 --dtype bf16 --seed 5
+    step "compare backends ($phase)"
+    extra=""
+    [ "$phase" = tp2 ] && extra=--tp2
+    timeout 900 python3 tests/gpu/compare_backends.py "$BIN/duet" models/stories260K \
+        "$MODELS/synth-gqa64" "$MODELS/synth-mqa128-f32" "$MODELS/synth-qwen2-hd32" --tokens 64 $extra
+    if [ "$phase" = tp2 ]; then
+        mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
+        mk llama-8b --preset llama-3-8b-shape --dtype bf16
+        for m in llama-1b llama-8b; do
+            for tp in 1 2; do
+                step "bench_gpu $m tp $tp"
+                timeout 200 "$BIN/bench_gpu" --model "$MODELS/$m" --tp $tp --prompts 512,8192 --reps 2
+            done
+        done
+    fi
+    ;;
+bench)
+    mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
+    mk llama-8b --preset llama-3-8b-shape --dtype bf16
+    for m in llama-1b llama-8b; do
+        step "bench_gpu $m"
+        timeout 400 "$BIN/bench_gpu" --model "$MODELS/$m" --reps 3
+    done
+    step "bench_gpu llama-1b without graphs"
+    DUET_CUDA_GRAPHS=0 timeout 200 "$BIN/bench_gpu" --model "$MODELS/llama-1b" --prompts 512 --reps 1
+    ;;
+attn)
+    mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
+    mk llama-8b --preset llama-3-8b-shape --dtype bf16
+    for m in llama-1b llama-8b; do
+        for v in mma wmma; do
+            step "bench_gpu $m prefill, DUET_CUDA_ATTN=$v"
+            DUET_CUDA_ATTN=$v timeout 300 "$BIN/bench_gpu" --model "$MODELS/$m" --batches 1 --decode 16 --reps 3
+        done
+    done
+    ;;
+gemvoff)
+    mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
+    mk llama-8b --preset llama-3-8b-shape --dtype bf16
+    for m in llama-1b llama-8b; do
+        step "bench_gpu $m decode with cuBLASLt for every n (DUET_CUDA_GEMV=0)"
+        DUET_CUDA_GEMV=0 timeout 300 "$BIN/bench_gpu" --model "$MODELS/$m" --prompts 512 --reps 1
+    done
+    ;;
+hf)
+    mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
+    mk llama-8b --preset llama-3-8b-shape --dtype bf16
+    for m in llama-1b llama-8b; do
+        step "hf_peer $m"
+        PYTHONUNBUFFERED=1 timeout 500 python3 tests/gpu/hf_peer.py --model "$MODELS/$m" --reps 3
+    done
+    ;;
+*)
+    echo "unknown phase $phase"
+    ;;
+esac
+done
+step "done"
