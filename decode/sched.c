@@ -170,7 +170,13 @@ static void duet__finished(duet_decode_t *dc, duet_dc_req_t *req)
 
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    duet_status_t st = duet_dc_output_init(dc, req);
+    /* device pools: bring the prompt's KV from the host mirror */
+    duet_status_t st = duet_engine_kv_import(dc->ke.engine, req->pages, req->n_prompt_pages);
+    if (st != DUET_OK) {
+        duet_dc_fail(dc, req, st, duet_error_msg());
+        return;
+    }
+    st = duet_dc_output_init(dc, req);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;

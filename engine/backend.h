@@ -138,6 +138,30 @@ typedef struct duet_backend_ops {
      * index holding it, into host max_p[n] / idx_p[n]. */
     duet_status_t (*argmax_rows)(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
                                  const void *src, int n, int d, size_t src_ld);
+
+    /* ---- KV in device memory (NULL on a backend whose pool is host
+     * memory; cuda has all) ----
+     * The transfer layer moves host memory only (UCX here has no CUDA
+     * transports), so such a backend keeps a host mirror of its pool with
+     * the same layout: prefill copies a layer's pages out as soon as the
+     * layer is stored, decode copies a request's pages in once its KV
+     * arrived.  Page ids and offsets are the same on both sides. */
+    /* Pin host memory for fast asynchronous copies (best effort: copies
+     * still work unpinned). */
+    duet_status_t (*host_register)(duet_backend_rank_t *r, void *host, size_t bytes);
+    void (*host_unregister)(duet_backend_rank_t *r, void *host);
+    /* Rank thread, right after layer's KV was stored (the on_layer hook):
+     * queue the copy of layer's K and V slices of pages[0..n) to the same
+     * offsets of `host`, ordered after the store; done(arg) runs once they
+     * landed, on a driver thread: it must not call the backend or block. */
+    duet_status_t (*kv_export_layer)(duet_backend_rank_t *r, int layer, const int32_t *pages,
+                                     int n, void *host, void (*done)(void *arg), void *arg);
+    /* Wait until every queued export landed and its done() returned. */
+    duet_status_t (*kv_export_sync)(duet_backend_rank_t *r);
+    /* Copy every layer's K and V of pages[0..n) from `host` into the pool;
+     * returns when they landed. */
+    duet_status_t (*kv_import)(duet_backend_rank_t *r, const int32_t *pages, int n,
+                               const void *host);
 } duet_backend_ops_t;
 
 extern const duet_backend_ops_t duet_backend_cpu;

@@ -88,7 +88,8 @@ static void *duet__rank_main(void *arg)
         seen = e->gen;
         job = e->job;
         pthread_mutex_unlock(&e->lock);
-        st = duet__rank_forward(rk, job);
+        st = job->kind == DUET__JOB_FORWARD ? duet__rank_forward(rk, job)
+                                            : duet__rank_kv_job(rk, job);
         if (st != DUET_OK && rk->comm->size > 1)
             rk->comm->ops->abort(rk->comm, st, duet_error_msg());
         duet__rank_report(rk, st);
@@ -416,6 +417,54 @@ static duet_status_t duet__dispatch(duet_engine_t *e, duet__job_t *job)
         DUET_LOG_ERROR("engine: forward failed: %s", e->failed_msg);
     }
     return st;
+}
+
+bool duet_engine_kv_mirrored(const duet_engine_t *e)
+{
+    return e->ranks[0].kv_mirror != NULL;
+}
+
+void *duet_engine_kv_host(const duet_engine_t *e, int rank)
+{
+    if (rank < 0 || rank >= e->tp)
+        return NULL;
+    return e->ranks[rank].kv_mirror != NULL ? e->ranks[rank].kv_mirror : e->ranks[rank].kv_base;
+}
+
+duet_status_t duet_engine_kv_export_layer(duet_engine_t *e, int rank, int layer,
+                                          const int32_t *pages, int n, void (*done)(void *arg),
+                                          void *arg)
+{
+    duet__rank_t *rk = &e->ranks[rank];
+    if (rk->kv_mirror == NULL) {
+        done(arg);
+        return DUET_OK;
+    }
+    return e->ops->kv_export_layer(rk->br, layer, pages, n, rk->kv_mirror, done, arg);
+}
+
+static duet_status_t duet__kv_dispatch(duet_engine_t *e, int kind, const int32_t *pages, int n)
+{
+    duet__job_t job = {.kind = kind, .kv_pages = pages, .kv_n_pages = n};
+    if (!duet_engine_kv_mirrored(e))
+        return DUET_OK;
+    if (e->failed != DUET_OK)
+        return duet_error(e->failed, "engine failed earlier: %s", e->failed_msg);
+    return duet__dispatch(e, &job);
+}
+
+duet_status_t duet_engine_kv_export_sync(duet_engine_t *e)
+{
+    return duet__kv_dispatch(e, DUET__JOB_KV_EXPORT_SYNC, NULL, 0);
+}
+
+duet_status_t duet_engine_kv_import(duet_engine_t *e, const int32_t *pages, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (pages[i] < 0 || pages[i] >= e->opts.n_pages)
+            return duet_error(DUET_ERR_INVALID, "kv import: page id %d out of range", pages[i]);
+    }
+    return duet__kv_dispatch(e, DUET__JOB_KV_IMPORT, pages, n);
 }
 
 duet_status_t duet_engine_forward(duet_engine_t *e, const duet_engine_seq_t *seqs, int n_seqs,

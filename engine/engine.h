@@ -64,6 +64,27 @@ const duet_kv_layout_t *duet_engine_kv_layout(const duet_engine_t *e);
 void *duet_engine_kv_base(const duet_engine_t *e, int rank);
 const char *duet_engine_backend_name(const duet_engine_t *e);
 
+/* ---- KV in device memory --------------------------------------------
+ * With a backend whose pool is device memory (cuda), kv_alloc provides a
+ * host *mirror* of the pool instead (same layout and page ids) and the KV
+ * moves through it: */
+
+/* True when the pool is device memory with a host mirror. */
+bool duet_engine_kv_mirrored(const duet_engine_t *e);
+/* The memory kv_alloc provided for rank (the pool, or its mirror). */
+void *duet_engine_kv_host(const duet_engine_t *e, int rank);
+/* From the on_layer hook (rank thread): copy layer's KV of pages[0..n) to
+ * the mirror after it was stored, then done(arg) on a driver thread (no
+ * blocking, no engine calls).  Without a mirror, done runs at once. */
+duet_status_t duet_engine_kv_export_layer(duet_engine_t *e, int rank, int layer,
+                                          const int32_t *pages, int n, void (*done)(void *arg),
+                                          void *arg);
+/* The caller's thread: wait until every export landed and its done ran. */
+duet_status_t duet_engine_kv_export_sync(duet_engine_t *e);
+/* The caller's thread: copy pages[0..n) (every layer) from the mirror into
+ * each rank's pool; a no-op without a mirror. */
+duet_status_t duet_engine_kv_import(duet_engine_t *e, const int32_t *pages, int n);
+
 /* One sequence of a forward step. */
 typedef struct {
     const int32_t *tokens;  /* [n_tokens] new tokens */

@@ -23,8 +23,12 @@ typedef struct {
     bool sample;
 } duet__out_row_t;
 
-/* One forward chunk, built on the caller's thread, read by every rank. */
+/* One forward chunk (or KV job), built on the caller's thread, read by
+ * every rank. */
 typedef struct {
+    enum { DUET__JOB_FORWARD, DUET__JOB_KV_EXPORT_SYNC, DUET__JOB_KV_IMPORT } kind;
+    const int32_t *kv_pages; /* KV_IMPORT */
+    int kv_n_pages;
     duet_batch_desc_t desc;
     const duet_engine_seq_t *seqs; /* caller's array */
     duet__out_row_t *out;
@@ -51,7 +55,9 @@ typedef struct duet__rank {
     duet_shard_t shard;
     duet_backend_rank_t *br;
     duet_comm_t *comm;
-    void *kv_base;
+    void *kv_base;           /* the pool (backend memory) */
+    void *kv_mirror;         /* its host mirror, when the pool is device memory */
+    bool kv_mirror_pinned;
     duet_weight_t *embed;
     duet_weight_t *lm_head;  /* [n_vocab][hidden] rows of this rank */
     void *final_norm;
@@ -96,5 +102,6 @@ struct duet_engine {
 duet_status_t duet__rank_init(duet__rank_t *rk);
 void duet__rank_cleanup(duet__rank_t *rk);
 duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job);
+duet_status_t duet__rank_kv_job(duet__rank_t *rk, const duet__job_t *job);
 
 #endif

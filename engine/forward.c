@@ -134,11 +134,22 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
         (st = duet_comm_nccl_create(e->nccl_group, rk->rank, rk->br, &rk->comm)) != DUET_OK)
         return st;
 #endif
-    if (e->opts.kv_alloc != NULL) {
+    if (e->opts.kv_alloc != NULL && ops->kv_import == NULL) {
         st = e->opts.kv_alloc(e->opts.kv_ud, rk->rank, kv_bytes, &rk->kv_base);
     } else {
         rk->kv_base = ops->alloc(rk->br, kv_bytes);
         st = rk->kv_base ? DUET_OK : DUET_ERR_NO_MEMORY;
+        /* device pool: the provider's memory becomes its host mirror */
+        if (st == DUET_OK && e->opts.kv_alloc != NULL) {
+            st = e->opts.kv_alloc(e->opts.kv_ud, rk->rank, kv_bytes, &rk->kv_mirror);
+            if (st == DUET_OK) {
+                rk->kv_mirror_pinned =
+                    ops->host_register(rk->br, rk->kv_mirror, kv_bytes) == DUET_OK;
+                if (!rk->kv_mirror_pinned)
+                    DUET_LOG_WARN("rank %d: kv mirror not pinned: %s", rk->rank,
+                                  duet_error_msg());
+            }
+        }
     }
     if (st != DUET_OK)
         return duet_error_wrap(st, "rank %d: kv pool of %zu bytes: ", rk->rank, kv_bytes);
@@ -220,7 +231,13 @@ void duet__rank_cleanup(duet__rank_t *rk)
                     rk->gu,   rk->act,  rk->last,   rk->logits,  rk->gathered};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ops->free(rk->br, bufs[i]);
-    if (rk->kv_base != NULL) {
+    if (rk->kv_mirror != NULL) {
+        if (rk->kv_mirror_pinned)
+            ops->host_unregister(rk->br, rk->kv_mirror);
+        if (e->opts.kv_free != NULL)
+            e->opts.kv_free(e->opts.kv_ud, rk->rank, rk->kv_mirror);
+        ops->free(rk->br, rk->kv_base);
+    } else if (rk->kv_base != NULL) {
         if (e->opts.kv_free != NULL)
             e->opts.kv_free(e->opts.kv_ud, rk->rank, rk->kv_base);
         else
@@ -433,4 +450,14 @@ duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
         }
     }
     return ops->sync(rk->br);
+}
+
+duet_status_t duet__rank_kv_job(duet__rank_t *rk, const duet__job_t *job)
+{
+    const duet_backend_ops_t *ops = rk->e->ops;
+    if (rk->kv_mirror == NULL)
+        return DUET_OK;
+    if (job->kind == DUET__JOB_KV_EXPORT_SYNC)
+        return ops->kv_export_sync(rk->br);
+    return ops->kv_import(rk->br, job->kv_pages, job->kv_n_pages, rk->kv_mirror);
 }

@@ -98,6 +98,22 @@ static void duet__fail_unsent(duet_prefill_t *pf, duet_pf_req_t *req, duet_statu
     duet__complete(pf, req);
 }
 
+typedef struct {
+    duet_xfer_rank_t *xr;
+    uint64_t transfer_id;
+    int layer;
+} duet__layer_post_t;
+
+/* The layer's KV is where the transfer layer reads it: post its puts.
+ * With a device pool this runs on a driver thread once the copy to the
+ * host mirror landed (no blocking here; send_layers only queues). */
+static void duet__post_layer(void *arg)
+{
+    duet__layer_post_t *p = arg;
+    duet_xfer_send_layers(p->xr, p->transfer_id, p->layer, p->layer + 1);
+    duet_free(p);
+}
+
 void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
 {
     duet_prefill_t *pf = ud;
@@ -106,8 +122,21 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
     duet_xfer_rank_t *xr = duet_xfer_rank(pf->ke.xfer, rank);
     for (int i = 0; i < pf->n_batch; i++) {
         duet_pf_req_t *req = pf->batch[i];
-        if (req->begun)
-            duet_xfer_send_layers(xr, req->transfer_id, layer, layer + 1);
+        duet__layer_post_t *p;
+        if (!req->begun)
+            continue;
+        p = DUET_NEW(duet__layer_post_t);
+        if (p == NULL) {
+            /* send_end fails the send: a layer never posted */
+            DUET_LOG_ERROR("prefill: no memory to post layer %d of %s", layer, req->request_id);
+            continue;
+        }
+        *p = (duet__layer_post_t){xr, req->transfer_id, layer};
+        if (duet_engine_kv_export_layer(pf->ke.engine, rank, layer, req->src_pages, req->n_pages,
+                                        duet__post_layer, p) != DUET_OK) {
+            DUET_LOG_ERROR("prefill: kv export of layer %d failed: %s", layer, duet_error_msg());
+            duet_free(p);
+        }
     }
 }
 
@@ -187,6 +216,10 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
     pf->batch = live;
     pf->n_batch = n_live;
     st = duet_engine_forward(pf->ke.engine, seqs, n_live, sampled);
+    /* device pools: every layer's copy to the host mirror must have landed
+     * (and been posted) before the notifications go out */
+    if (st == DUET_OK)
+        st = duet_engine_kv_export_sync(pf->ke.engine);
     pf->batch = NULL;
     pf->n_batch = 0;
     int64_t t1 = duet_now_ns();

@@ -30,10 +30,6 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     ops = duet_backend_find(self->backend);
     if (ops == NULL)
         return DUET_ERR_CONFIG;
-    if (strcmp(ops->name, "cpu") != 0)
-        return duet_error(DUET_ERR_UNSUPPORTED,
-                          "backend %s: KV transfer between daemons runs on the cpu backend",
-                          ops->name);
     /* the transfer context needs the layout and the fingerprint before the
      * engine allocates its pools from it */
     if ((st = duet_model_open(opts->cluster->model, &model)) != DUET_OK)
@@ -90,7 +86,17 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
         ke->xfer = NULL;
         return st;
     }
-    ke->path = "ucx-host";
+    if (duet_engine_kv_mirrored(ke->engine)) {
+        /* device pools: UCX moves host memory only here, so KV goes through
+         * the pinned host mirror, layer by layer */
+        ke->path = "staged-pinned-host";
+        DUET_LOG_INFO("kv: pools in %s device memory; UCX CUDA memory support: %s; transfer "
+                      "path %s (per-layer device<->host copies around the puts)",
+                      ops->name, duet_xfer_supports_cuda_memory(ke->xfer) ? "yes (unused)" : "no",
+                      ke->path);
+    } else {
+        ke->path = "ucx-host";
+    }
     DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s", ke->tp,
                   duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
                   opts->cluster->page_size, ke->path);

@@ -61,6 +61,7 @@
 #ifndef DUET_TRANSFER_XFER_H
 #define DUET_TRANSFER_XFER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -176,6 +177,10 @@ duet_status_t duet_xfer_pool_alloc(duet_xfer_rank_t *r, size_t bytes, void **bas
 /* Register memory the caller already owns (host memory; the pinned-host
  * staging path of the CUDA backend).  The memory must outlive the xfer. */
 duet_status_t duet_xfer_pool_register(duet_xfer_rank_t *r, void *base, size_t bytes);
+
+/* Whether this UCX build can move CUDA device memory (its memory types
+ * include CUDA: cuda_copy / cuda_ipc transports).  Thread-safe. */
+bool duet_xfer_supports_cuda_memory(const duet_xfer_t *xfer);
 
 /* "ucx-alloc", "registered" or "none": which pool path this rank runs. */
 const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r);

@@ -853,3 +853,11 @@ int duet_xfer_rank_index(const duet_xfer_rank_t *r)
 {
     return r->index;
 }
+
+bool duet_xfer_supports_cuda_memory(const duet_xfer_t *xfer)
+{
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(xfer->ucp, &attr) != UCS_OK)
+        return false;
+    return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}

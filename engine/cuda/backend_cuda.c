@@ -139,6 +139,10 @@ static void duet__rank_destroy(duet_backend_rank_t *r)
         cudaEventDestroy(r->ev_meta);
     if (r->ev_wait != NULL)
         cudaEventDestroy(r->ev_wait);
+    if (r->copy_stream != NULL) {
+        cudaStreamSynchronize(r->copy_stream);
+        cudaStreamDestroy(r->copy_stream);
+    }
     if (r->stream != NULL)
         cudaStreamDestroy(r->stream);
     cudaGetLastError();
@@ -505,4 +509,9 @@ const duet_backend_ops_t duet_backend_cuda = {
     .step_begin = duet__cuda_op_step_begin,
     .step_end = duet__cuda_op_step_end,
     .argmax_rows = duet__argmax_rows,
+    .host_register = duet__cuda_host_register,
+    .host_unregister = duet__cuda_host_unregister,
+    .kv_export_layer = duet__cuda_kv_export_layer,
+    .kv_export_sync = duet__cuda_kv_export_sync,
+    .kv_import = duet__cuda_kv_import,
 };

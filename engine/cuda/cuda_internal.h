@@ -141,7 +141,20 @@ struct duet_backend_rank {
 
     duet__cuda_watch_fn watch;
     void *watch_ud;
+
+    /* KV mirror copies (kv_mirror.c): their own stream, so a layer's
+     * export overlaps the next layer's compute */
+    cudaStream_t copy_stream;
 };
+
+/* kv_mirror.c: the ops that move KV between the pool and its host mirror */
+duet_status_t duet__cuda_host_register(duet_backend_rank_t *r, void *host, size_t bytes);
+void duet__cuda_host_unregister(duet_backend_rank_t *r, void *host);
+duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, const int32_t *pages,
+                                         int n, void *host, void (*done)(void *arg), void *arg);
+duet_status_t duet__cuda_kv_export_sync(duet_backend_rank_t *r);
+duet_status_t duet__cuda_kv_import(duet_backend_rank_t *r, const int32_t *pages, int n,
+                                   const void *host);
 
 /* Wait on the host for everything issued to r's stream so far; polls the
  * registered watch (deadline, peer failure).  what names the wait. */

@@ -1,0 +1,108 @@
+/* The KV pool's host mirror (engine/backend.h): page copies between device
+ * memory and the pinned host mirror the transfer layer puts from and into.
+ *
+ * Export (prefill): on the copy stream, wait for the layer's "KV stored"
+ * event (recorded by rope_kv_store on the compute stream), copy the
+ * layer's K and V slices of the request's pages to the mirror, then run
+ * the caller's done() as a host function -- which posts that layer to the
+ * transfer layer.  Runs of consecutive page ids are one copy each.
+ * Import (decode): the same copies the other way, on the compute stream,
+ * so the request's first decode step is ordered after them. */
+#include "engine/cuda/cuda_internal.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+typedef struct {
+    void (*done)(void *arg);
+    void *arg;
+} duet__export_ctx_t;
+
+static void CUDART_CB duet__export_done(void *p)
+{
+    duet__export_ctx_t *c = p;
+    c->done(c->arg);
+    duet_free(c);
+}
+
+duet_status_t duet__cuda_host_register(duet_backend_rank_t *r, void *host, size_t bytes)
+{
+    DUET__CUDA_TRY(cudaSetDevice(r->device));
+    DUET__CUDA_TRY(cudaHostRegister(host, bytes, cudaHostRegisterPortable));
+    return DUET_OK;
+}
+
+void duet__cuda_host_unregister(duet_backend_rank_t *r, void *host)
+{
+    if (cudaHostUnregister(host) != cudaSuccess) {
+        DUET_LOG_WARN("cuda rank %d: cudaHostUnregister: %s", r->rank,
+                      cudaGetErrorString(cudaGetLastError()));
+    }
+}
+
+/* Copy layers [l0, l1) of pages[0..n) between the pool and host. */
+static duet_status_t duet__copy_pages(duet_backend_rank_t *r, int l0, int l1, const int32_t *pages,
+                                      int n, void *host, bool to_host, cudaStream_t stream)
+{
+    size_t page = duet_kv_page_bytes(&r->kv);
+    for (int l = l0; l < l1; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            for (int i = 0; i < n;) {
+                int run = 1;
+                while (i + run < n && pages[i + run] == pages[i] + run)
+                    run++;
+                size_t off = duet_kv_offset(&r->kv, l, kv, pages[i], 0);
+                char *d = (char *)r->kv_base + off, *h = (char *)host + off;
+                DUET__CUDA_TRY(cudaMemcpyAsync(to_host ? h : d, to_host ? d : h,
+                                               (size_t)run * page,
+                                               to_host ? cudaMemcpyDeviceToHost
+                                                       : cudaMemcpyHostToDevice,
+                                               stream));
+                i += run;
+            }
+        }
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, const int32_t *pages,
+                                         int n, void *host, void (*done)(void *arg), void *arg)
+{
+    duet__export_ctx_t *c;
+    duet_status_t st;
+
+    if (layer < 0 || layer >= r->kv.n_layers)
+        return duet_error(DUET_ERR_INVALID, "cuda rank %d: kv export of layer %d", r->rank, layer);
+    if (r->copy_stream == NULL)
+        DUET__CUDA_TRY(cudaStreamCreateWithFlags(&r->copy_stream, cudaStreamNonBlocking));
+    /* the layer's KV store was queued before this hook ran */
+    DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[layer], 0));
+    if ((st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true, r->copy_stream)) !=
+        DUET_OK)
+        return st;
+    c = DUET_NEW(duet__export_ctx_t);
+    if (c == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no memory", r->rank);
+    *c = (duet__export_ctx_t){done, arg};
+    cudaError_t e = cudaLaunchHostFunc(r->copy_stream, duet__export_done, c);
+    if (e != cudaSuccess) {
+        duet_free(c);
+        return duet__cuda_check(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_kv_export_sync(duet_backend_rank_t *r)
+{
+    if (r->copy_stream != NULL)
+        DUET__CUDA_TRY(cudaStreamSynchronize(r->copy_stream));
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_kv_import(duet_backend_rank_t *r, const int32_t *pages, int n,
+                                   const void *host)
+{
+    duet_status_t st = duet__copy_pages(r, 0, r->kv.n_layers, pages, n, (void *)host, false,
+                                        r->stream);
+    return st != DUET_OK ? st : duet__cuda_wait(r, "kv import");
+}

@@ -1,0 +1,182 @@
+/* duet-client: a command-line client of duet.v1.Decode/Generate (or the
+ * router's duet.v1.Generate/Generate), for scripts and machines without
+ * Python gRPC.
+ *
+ *   duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids "1 2 3")
+ *               [--prefill HOST:PORT] [--router] [--max-tokens N]
+ *               [--temperature X] [--seed N] [--ignore-eos] [--output text|ids]
+ *               [--timeout-ms N]
+ *
+ * --output ids prints the generated token ids on one line (the format of
+ * `duet generate --output ids`); text prints the streamed text.  Exit
+ * status 0 on success, 1 on an RPC error (printed with its gRPC code). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "common/rpc_pb.h"
+#include "duet/v1/decode.pb-c.h"
+#include "duet/v1/generate.pb-c.h"
+
+static int duet__ids(const char *s, int32_t **ids_p, size_t *n_p)
+{
+    size_t cap = 64, n = 0;
+    int32_t *ids = duet_malloc(cap * sizeof(int32_t));
+    char *end;
+    while (ids != NULL && *s) {
+        while (*s == ' ' || *s == ',')
+            s++;
+        if (!*s)
+            break;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > INT32_MAX) {
+            duet_free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *g = duet_realloc(ids, 2 * cap * sizeof(int32_t));
+            if (g == NULL)
+                break;
+            ids = g;
+            cap *= 2;
+        }
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    if (ids == NULL || n == 0) {
+        duet_free(ids);
+        return -1;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"target", required_argument, NULL, 't'},  {"prefill", required_argument, NULL, 'p'},
+        {"prompt", required_argument, NULL, 'P'},  {"prompt-ids", required_argument, NULL, 'I'},
+        {"max-tokens", required_argument, NULL, 'm'},
+        {"temperature", required_argument, NULL, 'T'},
+        {"seed", required_argument, NULL, 's'},    {"ignore-eos", no_argument, NULL, 'e'},
+        {"output", required_argument, NULL, 'o'},  {"timeout-ms", required_argument, NULL, 'd'},
+        {"router", no_argument, NULL, 'r'},        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output = "text";
+    long max_tokens = 16, timeout_ms = 60000;
+    double temperature = 0;
+    unsigned long long seed = 0;
+    bool has_seed = false, ignore_eos = false, router = false;
+    int c, rc = 1;
+
+    duet_log_init_from_env();
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': target = optarg; break;
+        case 'p': prefill = optarg; break;
+        case 'P': text = optarg; break;
+        case 'I': ids_arg = optarg; break;
+        case 'm': max_tokens = strtol(optarg, NULL, 10); break;
+        case 'T': temperature = strtod(optarg, NULL); break;
+        case 's': seed = strtoull(optarg, NULL, 10), has_seed = true; break;
+        case 'e': ignore_eos = true; break;
+        case 'o': output = optarg; break;
+        case 'd': timeout_ms = strtol(optarg, NULL, 10); break;
+        case 'r': router = true; break;
+        case 'h':
+            printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
+                   "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
+                   "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N]\n");
+            return 0;
+        default:
+            return 2;
+        }
+    }
+    if (target == NULL || (text == NULL) == (ids_arg == NULL) || max_tokens < 1 ||
+        (strcmp(output, "text") != 0 && strcmp(output, "ids") != 0)) {
+        fprintf(stderr, "duet-client: need --target and one of --prompt / --prompt-ids "
+                        "(--help for usage)\n");
+        return 2;
+    }
+
+    Duet__V1__GenerateRequest g = DUET__V1__GENERATE_REQUEST__INIT;
+    Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
+    Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
+    Duet__V1__DecodeGenerateRequest dg = DUET__V1__DECODE_GENERATE_REQUEST__INIT;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (ids_arg != NULL) {
+        if (duet__ids(ids_arg, &ids, &n_ids) != 0) {
+            fprintf(stderr, "duet-client: --prompt-ids: not a list of token ids\n");
+            return 2;
+        }
+        tids.n_ids = n_ids;
+        tids.ids = ids;
+        g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+        g.token_ids = &tids;
+    } else {
+        g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TEXT;
+        g.text = (char *)text;
+    }
+    sp.temperature = (float)temperature;
+    sp.seed = seed;
+    sp.has_seed = has_seed;
+    g.sampling = &sp;
+    g.max_tokens = (uint32_t)max_tokens;
+    g.ignore_eos = ignore_eos;
+    dg.request = &g;
+    dg.prefill_target = (char *)prefill;
+
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    duet_rpc_client_config_t cc;
+    duet_rpc_client_t *cli = NULL;
+    duet_rpc_messages_t msgs = {0};
+    duet_rpc_client_config_init(&cc);
+    if (duet_pb_pack(router ? &g.base : &dg.base, &buf, &len) != DUET_OK ||
+        duet_rpc_client_create(&cc, &cli) != DUET_OK) {
+        fprintf(stderr, "duet-client: %s\n", duet_error_msg());
+        goto out;
+    }
+    duet_status_t st = duet_rpc_client_stream_collect(
+        cli, target, router ? "/duet.v1.Generate/Generate" : "/duet.v1.Decode/Generate", buf, len,
+        duet_deadline_in_ms(timeout_ms), 1u << 20, &msgs);
+    int first = 1;
+    for (size_t i = 0; i < msgs.count; i++) {
+        Duet__V1__GenerateResponse *r =
+            duet__v1__generate_response__unpack(NULL, msgs.len[i], msgs.data[i]);
+        if (r == NULL)
+            continue;
+        if (r->kind_case == DUET__V1__GENERATE_RESPONSE__KIND_CHUNK) {
+            if (strcmp(output, "ids") == 0) {
+                for (size_t k = 0; k < r->chunk->n_ids; k++, first = 0)
+                    printf(first ? "%d" : " %d", r->chunk->ids[k]);
+            } else {
+                fputs(r->chunk->text, stdout);
+            }
+        }
+        duet__v1__generate_response__free_unpacked(r, NULL);
+    }
+    printf("\n");
+    if (st != DUET_OK) {
+        fprintf(stderr, "duet-client: %s: %s\n", duet_rpc_code_name(msgs.code),
+                msgs.message ? msgs.message : "");
+        goto out;
+    }
+    rc = 0;
+out:
+    duet_rpc_messages_cleanup(&msgs);
+    duet_rpc_client_destroy(cli);
+    duet_free(buf);
+    duet_free(ids);
+    return rc;
+}
