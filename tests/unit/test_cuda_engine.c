@@ -280,7 +280,20 @@ static void test_tp2_nccl(void **state)
         /* logits compared while the token streams agree */
         size_t cmp = same == STEPS * NSEQ ? n : (size_t)PLEN * 600;
         DUET_TEST_ASSERT_CLOSE(what, l2, l1, cmp, 0.0, 6e-2, 3e-2);
-        assert_int_equal(same, STEPS * NSEQ);
+        if (same < STEPS * NSEQ) {
+            /* bf16 sums differ between TP sizes: a divergence is allowed
+             * only where TP=1 itself barely preferred its token (DESIGN
+             * §10), within the logits error measured above (~0.2) */
+            int step = same / NSEQ, i = same % NSEQ;
+            if (step == 0)
+                fail_msg("%s: tokens differ at the first step (seq %d)", names[m], i);
+            size_t row = PLEN + (size_t)(step - 1) * NSEQ + (size_t)i;
+            float gap = l1[row * 600 + (size_t)g1[same]] - l1[row * 600 + (size_t)g2[same]];
+            fprintf(stderr, "tp2 vs tp1 %s: first divergence at step %d seq %d: tp1 %d, tp2 %d, "
+                            "tp1 margin %.4f (near-tie bound 0.25)\n",
+                    names[m], step, i, g1[same], g2[same], (double)gap);
+            assert_true(gap >= 0.0f && gap <= 0.25f);
+        }
         duet_free(l1);
         duet_free(l2);
         duet_engine_destroy(e1);
