@@ -14,7 +14,7 @@ packages=(
   protobuf-compiler protobuf-compiler-grpc
   libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf
-  curl nodejs npm
+  curl
 )
 
 missing=()
@@ -23,6 +23,12 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+
+# Node.js and npm for the pinned test clients: any install will do (a
+# NodeSource nodejs bundles npm and conflicts with Debian's npm package).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -50,6 +50,12 @@ for bin in "$@"; do
     esac
     path=$(printf '%s\n' "$line" | awk '/=>/ { print $3; next } /^\// { print $1 }')
     [ -n "$path" ] || continue
+    case "$path" in
+      /usr/local/cuda*)
+        # the CUDA toolkit's own libraries (cudart, cuBLAS, NCCL): the GPU
+        # image's runtime base provides them, and they are no Debian package
+        continue ;;
+    esac
     if pkg=$(owner "$path"); then
       seen[$pkg]=1
     else
