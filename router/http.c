@@ -110,9 +110,9 @@ static enum MHD_Result duet__health(duet__hreq_t *r)
                            ",\"prefill\":{\"healthy\":%zu,\"total\":%zu},"
                            "\"decode\":{\"healthy\":%zu,\"total\":%zu}}\n",
                            duet_router_workers_healthy(w, DUET_ROLE_PREFILL),
-                           duet_router_workers_count(w, DUET_ROLE_PREFILL),
+                           duet_router_workers_active(w, DUET_ROLE_PREFILL),
                            duet_router_workers_healthy(w, DUET_ROLE_DECODE),
-                           duet_router_workers_count(w, DUET_ROLE_DECODE));
+                           duet_router_workers_active(w, DUET_ROLE_DECODE));
     return duet__respond_buf(r, ready && !draining ? 200 : 503, "application/json", &b);
 }
 
@@ -156,6 +156,10 @@ static void duet__worker_json(duet_router_buf_t *b, const duet_router_worker_inf
     duet_router_buf_json_str(b, wi->name, strlen(wi->name));
     duet_router_buf_puts(b, ",\"address\":");
     duet_router_buf_json_str(b, wi->address, strlen(wi->address));
+    duet_router_buf_puts(b, ",\"group\":");
+    duet_router_buf_json_str(b, wi->group, strlen(wi->group));
+    duet_router_buf_printf(b, ",\"state\":\"%s\"",
+                           wi->state == DUET_ROUTER_WORKER_LEAVING ? "leaving" : "active");
     duet_router_buf_printf(b,
                            ",\"healthy\":%s,\"tp\":%u,\"load\":%.3f,\"inflight\":%lld,"
                            "\"queue_depth\":%u,\"running\":%u,\"free_pages\":%u,"
@@ -185,7 +189,8 @@ static enum MHD_Result duet__workers(duet__hreq_t *r)
     for (int role = 0; role < 2; role++) {
         for (size_t i = 0; i < duet_router_workers_count(rt->workers, role); i++) {
             duet_router_worker_info_t wi;
-            duet_router_workers_snapshot(rt->workers, role, (int)i, &wi);
+            if (!duet_router_workers_snapshot(rt->workers, role, (int)i, &wi))
+                continue; /* a free slot */
             if (!first)
                 duet_router_buf_puts(&b, ",");
             first = false;
@@ -232,7 +237,8 @@ static enum MHD_Result duet__metrics(duet__hreq_t *r)
             for (size_t i = 0; i < duet_router_workers_count(rt->workers, role); i++) {
                 duet_router_worker_info_t wi;
                 double v;
-                duet_router_workers_snapshot(rt->workers, role, (int)i, &wi);
+                if (!duet_router_workers_snapshot(rt->workers, role, (int)i, &wi))
+                    continue; /* a free slot */
                 switch (g) {
                 case 0:
                     v = wi.healthy;

@@ -183,7 +183,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     job->prefill = p;
     job->decode = d;
     job->prefill_held = job->decode_held = true;
-    job->attempts++;
+    int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
     DUET_LOG_DEBUG("request %s -> prefill %s decode %s (attempt %d)", job->request_id,
                    duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p),
@@ -203,7 +203,9 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
         goto err_release;
     }
     pthread_mutex_lock(&job->lock);
-    if (job->done_attempts < job->attempts) {
+    /* only while this attempt's stream is still the live one: when it ended
+     * already, a retry may have launched and stored its own stream */
+    if (job->done_attempts < my_attempt && job->attempts == my_attempt) {
         job->stream = stream;
         stream = NULL;
         if (job->cancelled || job->overflow)

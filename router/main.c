@@ -3,6 +3,10 @@
  *   duet-router --config FILE [--name router] [--http host:port]
  *               [--grpc host:port] [--policy P] [--check-config] ...
  *
+ * Instances may be static (`address`) or discover groups (`discover:
+ * "name:port"`, resolved every health interval: workers.h). --check-config
+ * validates both kinds without resolving anything.
+ *
  * SIGINT/SIGTERM: stop accepting, let in-flight requests finish within the
  * grace period (--grace-ms), cancel what is left, exit 0. */
 #include <errno.h>
@@ -31,6 +35,8 @@ static void duet__usage(FILE *f)
                "  --client-threads N   gRPC client threads (default 2)\n"
                "  --keepalive-ms N     SSE keepalive comment period (default 2000)\n"
                "  --grace-ms N         SIGTERM grace for in-flight requests (default 30000)\n"
+               "  --discovery-grace-ms N  keep a discover group's workers this long while\n"
+               "                       its DNS lookups fail (default 3 health intervals)\n"
                "  --log-level L        error|warn|info|debug|trace (or DUET_LOG_LEVEL)\n"
                "  --help-config        describe every cluster config key\n");
 }
@@ -62,6 +68,7 @@ int main(int argc, char **argv)
         O_CLI_THR,
         O_KEEPALIVE,
         O_GRACE,
+        O_DISC_GRACE,
         O_LOG,
         O_HELP,
         O_HELP_CONFIG
@@ -78,6 +85,7 @@ int main(int argc, char **argv)
         {"client-threads", required_argument, NULL, O_CLI_THR},
         {"keepalive-ms", required_argument, NULL, O_KEEPALIVE},
         {"grace-ms", required_argument, NULL, O_GRACE},
+        {"discovery-grace-ms", required_argument, NULL, O_DISC_GRACE},
         {"log-level", required_argument, NULL, O_LOG},
         {"help", no_argument, NULL, O_HELP},
         {"help-config", no_argument, NULL, O_HELP_CONFIG},
@@ -136,6 +144,11 @@ int main(int argc, char **argv)
         case O_GRACE:
             if (duet__int_arg("--grace-ms", optarg, 0, 86400000, &grace_ms))
                 return 2;
+            break;
+        case O_DISC_GRACE:
+            if (duet__int_arg("--discovery-grace-ms", optarg, 1, 86400000, &v))
+                return 2;
+            opt.disc_grace_ms = (int)v;
             break;
         case O_LOG: {
             int lvl = duet_log_level_parse(optarg);

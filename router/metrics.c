@@ -129,4 +129,11 @@ void duet_router_metrics_render(duet_router_metrics_t *m, duet_router_buf_t *b)
                   &m->prompt_tokens);
     duet__counter(b, "generation_tokens_total", "Generated tokens of finished requests",
                   &m->generation_tokens);
+    duet__counter(b, "workers_joined_total", "Workers found through DNS (discover groups)",
+                  &m->workers_joined);
+    duet__counter(b, "workers_left_total",
+                  "Discovered workers taken out of rotation for good (gone from DNS, restarted)",
+                  &m->workers_left);
+    duet__counter(b, "discovery_lookup_failures_total", "Failed DNS lookups of discover groups",
+                  &m->discovery_failures);
 }

@@ -11,6 +11,8 @@
  *   queue_wait_seconds                    histogram, time spent queued
  *   retries_total, client_disconnects_total, stream_errors_total,
  *   prompt_tokens_total, generation_tokens_total
+ *   workers_joined_total, workers_left_total   discovered workers (workers.h)
+ *   discovery_lookup_failures_total            failed DNS lookups of groups
  * Gauges (queue depth, in flight, per-worker health/load) are appended by
  * the caller of duet_router_metrics_render. */
 #ifndef DUET_ROUTER_METRICS_H
@@ -47,6 +49,7 @@ typedef struct {
     _Atomic uint64_t grpc[17];
     duet_router_hist_t ttft, itl, duration, queue_wait;
     _Atomic uint64_t retries, disconnects, stream_errors, prompt_tokens, generation_tokens;
+    _Atomic uint64_t workers_joined, workers_left, discovery_failures;
 } duet_router_metrics_t;
 
 void duet_router_metrics_init(duet_router_metrics_t *m);

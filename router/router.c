@@ -165,25 +165,9 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
     rt->max_tokens_limit = rc->max_tokens_limit;
     rt->default_max_tokens = rt->cfg->n_decode > 0 ? rt->cfg->decode[0].max_tokens_default : 256;
     rt->request_timeout_ms = rc->request_timeout_ms;
-    if (rt->cfg->n_prefill == 0 || rt->cfg->n_decode == 0) {
-        st = duet_error(DUET_ERR_CONFIG,
-                        "%s: the router needs at least one prefill and one "
-                        "decode instance",
-                        rt->cfg->n_prefill == 0 ? "prefill" : "decode");
+    /* static addresses and discover groups ("name:port" syntax) */
+    if ((st = duet_router_workers_validate(rt->cfg)) != DUET_OK)
         goto err;
-    }
-    for (int r = 0; r < 2; r++) {
-        const duet_instance_config_t *list = r ? rt->cfg->decode : rt->cfg->prefill;
-        for (int i = 0; i < (r ? rt->cfg->n_decode : rt->cfg->n_prefill); i++) {
-            if (list[i].address == NULL || list[i].address[0] == '\0') {
-                st = duet_error(DUET_ERR_CONFIG,
-                                "%s[%d].address: required by the router (discover entries are "
-                                "not supported by duet-router)",
-                                r ? "decode" : "prefill", i);
-                goto err;
-            }
-        }
-    }
     *rt_p = rt;
     return DUET_OK;
 
@@ -344,8 +328,14 @@ duet_status_t duet_router_start(duet_router_t *rt)
     cc.reconnect_backoff_ms = 500;
     if ((st = duet_rpc_client_create(&cc, &rt->cli)) != DUET_OK)
         return st;
-    if ((st = duet_router_workers_create(rt->cfg, rt->policy, rc->health_interval_ms, rt->cli,
-                                         duet__on_workers_change, rt, &rt->workers)) != DUET_OK)
+    duet_router_workers_config_t wc = {.policy = rt->policy,
+                                       .interval_ms = rc->health_interval_ms,
+                                       .grace_ms = rt->opt.disc_grace_ms,
+                                       .cli = rt->cli,
+                                       .metrics = &rt->metrics,
+                                       .on_change = duet__on_workers_change,
+                                       .change_arg = rt};
+    if ((st = duet_router_workers_create(rt->cfg, &wc, &rt->workers)) != DUET_OK)
         return st;
     if (rc->grpc[0] != '\0' &&
         (st = duet_router_grpc_start(rt, rc->grpc, rt->opt.grpc_threads)) != DUET_OK)
@@ -359,11 +349,19 @@ duet_status_t duet_router_start(duet_router_t *rt)
     if ((rc_thr = pthread_create(&rt->ticker, NULL, duet__ticker_main, rt)) != 0)
         return duet_error(DUET_ERR_INTERNAL, "router: pthread_create: %s", strerror(rc_thr));
     rt->ticker_started = true;
+    int groups[2] = {0, 0};
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? rt->cfg->n_decode : rt->cfg->n_prefill); i++) {
+            const char *d = (r ? rt->cfg->decode : rt->cfg->prefill)[i].discover;
+            groups[r] += d != NULL && d[0] != '\0';
+        }
     DUET_LOG_INFO("%s serving model %s (context %d) http %s (port %d) grpc %s (port %d) policy %s, "
-                  "%d prefill and %d decode workers",
+                  "prefill: %d static + %d discover groups, decode: %d static + %d discover "
+                  "groups",
                   rc->name, rt->model_name, rt->context_len, rc->http, duet_router_http_port(rt),
                   rc->grpc, duet_router_grpc_port(rt), duet_router_policy_name(rt->policy),
-                  rt->cfg->n_prefill, rt->cfg->n_decode);
+                  rt->cfg->n_prefill - groups[0], groups[0], rt->cfg->n_decode - groups[1],
+                  groups[1]);
     return DUET_OK;
 }
 

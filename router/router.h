@@ -30,6 +30,7 @@ typedef struct {
     int grpc_threads;      /* gRPC server CQ threads (default 2) */
     int client_threads;    /* gRPC client CQ threads (default 2) */
     int keepalive_ms;      /* SSE keepalive comment period (default 2000) */
+    int disc_grace_ms;     /* failing DNS keeps a group's workers (0: 3 intervals) */
 } duet_router_options_t;
 
 void duet_router_options_init(duet_router_options_t *opt);

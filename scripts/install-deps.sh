@@ -14,7 +14,7 @@ packages=(
   protobuf-compiler protobuf-compiler-grpc
   libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf
-  curl
+  curl libnss-wrapper
 )
 
 missing=()

@@ -135,7 +135,13 @@ def unnoticed_death(cl, exp):
     cfg = cl.write_config(cl.tmp + "/slow_checks.json", {"health_interval_ms": 600000,
                                                          "policy": "round_robin"})
     cl.start_router(config=cfg)
-    st, _, data = cl.http("GET", "/workers")
+    # /health needs one healthy worker of each role: wait for all of them
+    deadline = time.time() + 10
+    while True:
+        st, _, data = cl.http("GET", "/workers")
+        if all(x["healthy"] for x in json.loads(data)["workers"]) or time.time() > deadline:
+            break
+        time.sleep(0.05)
     check(all(x["healthy"] for x in json.loads(data)["workers"]), "not all healthy: %s" % data)
     cl.procs["d4"].proc.send_signal(signal.SIGKILL)
     cl.procs["d4"].proc.wait()
