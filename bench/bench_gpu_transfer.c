@@ -1,0 +1,973 @@
+/* GPU KV transfer benchmark: device-to-device KV transfer between a prefill
+ * and a decode process over the staged path the daemons run, next to the
+ * copies that bound it, all measured in the same run.
+ *
+ * Each process keeps, per engine rank, a KV pool in device memory
+ * (cudaMalloc) and a pinned host *mirror* of it with the same layout, which
+ * is the transfer engine's pool (duet_xfer_pool_alloc + cudaHostRegister,
+ * as transfer/kv_engine.c and engine/forward.c set it up).  One request:
+ *   prefill  per layer, on each rank's copy stream: cudaMemcpyAsync of the
+ *            layer's K and V pages device -> mirror, then cudaLaunchHostFunc
+ *            posting that layer's puts (duet_xfer_send_layers); after the
+ *            stream drained, duet_xfer_send_end (engine/cuda/kv_mirror.c,
+ *            prefill/sched.c)
+ *   decode   duet_xfer_recv_wait on every rank, then every layer's pages
+ *            mirror -> device, waiting until they landed (decode/sched.c)
+ * End to end: from the first device->host copy being issued on prefill to
+ * the last host->device copy landed on decode (CLOCK_MONOTONIC, shared by
+ * both processes).  Stages: export (last layer landed in the prefill
+ * mirror), puts (every decode rank notified), import (copies landed).
+ * After every transfer decode reads its destination pages back and compares
+ * every byte with the pattern the source was filled with; a mismatch fails
+ * the run.  Before every transfer both mirrors and the destination pages are
+ * overwritten, so stale data cannot pass.
+ *
+ * Same run, a separate process first: cudaMemcpyPeer GPU 0 -> GPU 1 (peer
+ * access enabled when the GPUs allow it), pinned host -> device, device ->
+ * host, device -> device on GPU 0, one copy of each request size (median of
+ * the rounds).  Per transfer case the host-side put of the same bytes
+ * between the two mirrors (one duet_xfer_debug_put + flush, the number
+ * bench_transfer reports) is interleaved with the transfers.
+ *
+ * KV shape: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, page 16 tokens,
+ * bf16: 128 KiB per token); page ids are consecutive on both sides.
+ *
+ *   bench_gpu_transfer [--plans 1x1,1x2,2x1] [--tokens 512,1024,2048,4096,8192]
+ *                      [--variants spread,same] [--rounds 5] [--tls sm,self]
+ *                      [--mirror ucx-alloc|registered] [--no-cuda]
+ *     spread   prefill rank i on GPU i mod n, decode ranks on the last D GPUs
+ *              (1x1: 0 -> 1; 1x2: 0 -> 0,1; 2x1: 0,1 -> 1), as
+ *              tests/gpu/disagg_gpu.sh places the daemons
+ *     same     every rank of both processes on GPU 0
+ *     --mirror registered  the mirror from our allocator, registered with
+ *              duet_xfer_pool_register (puts are then emulated over active
+ *              messages: the decode side progresses them)
+ *     --no-cuda  host memory stands in for device memory and memcpy for the
+ *              copies (runs without a GPU: a self-test of everything else)
+ *     --corrupt-put N  flip one byte of the source of prefill rank 0's N-th
+ *              put (0 = the first): the run must fail its verification
+ *
+ * CUDA is only initialised in children (fork after CUDA init is not
+ * allowed), like UCX. */
+#include <cuda_runtime.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/sync.h"
+#include "tests/integration/xfer/xfer_harness.h"
+#include "transfer/slice_plan.h"
+
+#define G_LAYERS      32
+#define G_HEADS       8
+#define G_HEAD_DIM    128
+#define G_PAGE        16
+#define G_ELEM        2
+#define G_TOKEN_BYTES ((size_t)G_LAYERS * 2 * G_HEADS * G_HEAD_DIM * G_ELEM)
+#define G_MAX_SIZES   8
+#define G_MAX_ROUNDS  64
+#define G_MAX_TP      8
+#define G_TIMEOUT_MS  60000
+
+#define G_CUDA(x)                                                                                  \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            xh_fail("%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));              \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* Copy rates of the baseline process, GB/s (0: not measured). */
+typedef struct {
+    int n_dev;
+    int p2p; /* GPU 0 and 1 reach each other's memory directly */
+    double d2h[G_MAX_SIZES], h2d[G_MAX_SIZES], peer[G_MAX_SIZES], d2d[G_MAX_SIZES];
+} base_t;
+
+typedef struct {
+    bool cuda;
+    bool registered;
+    const char *tls;
+    int tokens[G_MAX_SIZES];
+    int n_tokens;
+    int rounds;
+    long corrupt_put; /* >= 0: flip a byte of that put's source (checks the checker) */
+    const char *variant;
+    int P, D;
+    int pdev[G_MAX_TP], ddev[G_MAX_TP];
+    base_t base;
+    int fd_p, fd_d;
+} bench_t;
+
+/* ---- copies: CUDA streams, or memcpy with --no-cuda ------------------------------ */
+
+typedef struct {
+    bool cuda;
+    int dev;
+    cudaStream_t s;
+} gstream_t;
+
+static int gs_copy(const gstream_t *s, void *dst, const void *src, size_t n, bool to_host)
+{
+    if (!s->cuda) {
+        memcpy(dst, src, n);
+        return 0;
+    }
+    G_CUDA(cudaSetDevice(s->dev));
+    G_CUDA(cudaMemcpyAsync(dst, src, n, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                           s->s));
+    return 0;
+}
+
+static int gs_memset(const gstream_t *s, void *dev, int byte, size_t n)
+{
+    if (!s->cuda) {
+        memset(dev, byte, n);
+        return 0;
+    }
+    G_CUDA(cudaSetDevice(s->dev));
+    G_CUDA(cudaMemsetAsync(dev, byte, n, s->s));
+    return 0;
+}
+
+/* fn runs once the work queued before it landed (at once without CUDA). */
+static int gs_host_fn(const gstream_t *s, cudaHostFn_t fn, void *arg)
+{
+    if (!s->cuda) {
+        fn(arg);
+        return 0;
+    }
+    G_CUDA(cudaSetDevice(s->dev));
+    G_CUDA(cudaLaunchHostFunc(s->s, fn, arg));
+    return 0;
+}
+
+static int gs_sync(const gstream_t *s)
+{
+    if (s->cuda) {
+        G_CUDA(cudaSetDevice(s->dev));
+        G_CUDA(cudaStreamSynchronize(s->s));
+    }
+    return 0;
+}
+
+/* ---- KV contents ------------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Pages [0, n_pages) of every (layer, K|V) plane in a buffer whose planes
+ * are plane_bytes apart: one 64-bit word per 4 elements, from (layer, K|V,
+ * global head, token position, word). */
+static void fill_pattern(const duet_kv_layout_t *l, unsigned char *base, size_t plane_bytes,
+                         int head0, int n_pages)
+{
+    int words = l->head_dim * l->elem_size / 8;
+    for (int layer = 0; layer < l->n_layers; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int page = 0; page < n_pages; page++)
+                for (int h = 0; h < l->n_kv_heads; h++) {
+                    uint64_t *w = (uint64_t *)(base + plane_bytes * (size_t)(layer * 2 + kv) +
+                                               duet_kv_page_bytes(l) * (size_t)page +
+                                               duet_kv_head_bytes(l) * (size_t)h);
+                    for (int t = 0; t < l->page_size; t++) {
+                        uint64_t pos = (uint64_t)page * (uint64_t)l->page_size + (uint64_t)t;
+                        uint64_t key = ((uint64_t)(layer * 2 + kv) << 48) ^
+                                       ((uint64_t)(head0 + h) << 40) ^ (pos << 8);
+                        for (int i = 0; i < words; i++)
+                            *w++ = mix64(key ^ (uint64_t)i);
+                    }
+                }
+}
+
+/* ---- one process's ranks ------------------------------------------------------------ */
+
+typedef struct gside gside_t;
+
+typedef struct {
+    gside_t *g;
+    int rank, layer;
+} gpost_t; /* argument of one layer's host function */
+
+typedef struct {
+    gstream_t st;        /* prefill: the copy stream; decode: the rank's stream */
+    unsigned char *pool; /* device pool, the mirror's layout */
+    bool pinned;         /* the mirror is page-locked for the GPU */
+    int head0, n_heads;  /* global KV heads of this rank */
+    unsigned char *ref;  /* decode: expected pages [0, max_pages), compact planes */
+    unsigned char *back; /* decode: the device pages read back, same layout as ref */
+    gpost_t post[G_LAYERS];
+} grank_t;
+
+struct gside {
+    const bench_t *b;
+    duet_xfer_role_t role;
+    xh_side_t sd;
+    grank_t rk[G_MAX_TP];
+    int tp;
+    int max_pages;     /* of the largest request */
+    size_t pool_bytes; /* of one rank's pool and mirror */
+    size_t cplane;     /* bytes of one plane in ref/back: max_pages pages */
+    _Atomic uint64_t cur_id;
+    atomic_int landed; /* layers landed in the mirror this round, all ranks */
+    atomic_int post_errors;
+    _Atomic int64_t landed_ns; /* when the last of them landed */
+};
+
+static int max_pages(const bench_t *b)
+{
+    int m = 0;
+    for (int i = 0; i < b->n_tokens; i++)
+        m = b->tokens[i] > m ? b->tokens[i] : m;
+    return (m + G_PAGE - 1) / G_PAGE;
+}
+
+static void CUDART_CB on_layer_landed(void *arg)
+{
+    gpost_t *p = arg;
+    gside_t *g = p->g;
+    int64_t now = duet_now_ns(), prev = atomic_load(&g->landed_ns);
+    if (duet_xfer_send_layers(duet_xfer_rank(g->sd.x, p->rank), atomic_load(&g->cur_id), p->layer,
+                              p->layer + 1) != DUET_OK)
+        atomic_fetch_add(&g->post_errors, 1);
+    while (now > prev && !atomic_compare_exchange_weak(&g->landed_ns, &prev, now)) {
+    }
+    atomic_fetch_add(&g->landed, 1);
+}
+
+/* Queue the copies of layers [l0, l1) of pages[0..n) between rank r's pool
+ * and its mirror; a run of consecutive page ids is one copy. */
+static int copy_pages(gside_t *g, int r, int l0, int l1, const int32_t *pages, int n, bool to_host)
+{
+    const duet_kv_layout_t *l = &g->sd.layout;
+    grank_t *k = &g->rk[r];
+    for (int layer = l0; layer < l1; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < n;) {
+                int run = 1;
+                while (i + run < n && pages[i + run] == pages[i] + run)
+                    run++;
+                size_t off = duet_kv_offset(l, layer, kv, pages[i], 0);
+                unsigned char *d = k->pool + off, *h = g->sd.base[r] + off;
+                if (gs_copy(&k->st, to_host ? h : d, to_host ? d : h,
+                            (size_t)run * duet_kv_page_bytes(l), to_host))
+                    return 1;
+                i += run;
+            }
+    return 0;
+}
+
+/* Overwrite pages [0, n) of every plane of rank r's mirror (and, on decode,
+ * of its device pool), so data from an earlier round cannot pass. */
+static int clear_pages(gside_t *g, int r, int n)
+{
+    const duet_kv_layout_t *l = &g->sd.layout;
+    size_t len = (size_t)n * duet_kv_page_bytes(l);
+    for (int p = 0; p < 2 * l->n_layers; p++) {
+        size_t off = duet_kv_plane_bytes(l) * (size_t)p;
+        memset(g->sd.base[r] + off, 0x5a, len);
+        if (g->role == DUET_XFER_DECODE && gs_memset(&g->rk[r].st, g->rk[r].pool + off, 0xa5, len))
+            return 1;
+    }
+    return gs_sync(&g->rk[r].st);
+}
+
+/* Device pool, stream and pinned mirror of rank r; prefill fills its pool
+ * with the pattern, decode builds the expected contents. */
+static int rank_start(gside_t *g, int r, int dev)
+{
+    const duet_kv_layout_t *l = &g->sd.layout;
+    grank_t *k = &g->rk[r];
+    size_t cbytes = g->cplane * 2 * (size_t)l->n_layers;
+    unsigned char *src = NULL;
+
+    duet_tp_kv_heads(G_HEADS, g->tp, r, &k->head0, &k->n_heads);
+    k->st.cuda = g->b->cuda;
+    k->st.dev = dev;
+    for (int layer = 0; layer < G_LAYERS; layer++)
+        k->post[layer] = (gpost_t){g, r, layer};
+    if (g->b->cuda) {
+        cudaError_t e;
+        G_CUDA(cudaSetDevice(dev));
+        G_CUDA(cudaStreamCreateWithFlags(&k->st.s, cudaStreamNonBlocking));
+        G_CUDA(cudaMalloc((void **)&k->pool, g->pool_bytes));
+        e = cudaHostRegister(g->sd.base[r], g->pool_bytes, cudaHostRegisterPortable);
+        k->pinned = e == cudaSuccess;
+        if (!k->pinned) {
+            (void)cudaGetLastError();
+            fprintf(stderr,
+                    "# rank %d: mirror not pinned: %s (copies will be staged by the "
+                    "driver)\n",
+                    r, cudaGetErrorString(e));
+        }
+    } else {
+        k->pool = duet_aligned_alloc(4096, g->pool_bytes);
+        XH_CHECK(k->pool != NULL, "out of memory");
+    }
+    if (g->role == DUET_XFER_PREFILL) {
+        if (!g->b->cuda) {
+            fill_pattern(l, k->pool, duet_kv_plane_bytes(l), k->head0, g->max_pages);
+            return 0;
+        }
+        src = duet_aligned_alloc(4096, cbytes);
+        XH_CHECK(src != NULL, "out of memory");
+        fill_pattern(l, src, g->cplane, k->head0, g->max_pages);
+        for (int p = 0; p < 2 * l->n_layers; p++) {
+            cudaError_t e =
+                cudaMemcpy(k->pool + duet_kv_plane_bytes(l) * (size_t)p,
+                           src + g->cplane * (size_t)p, g->cplane, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) {
+                duet_aligned_free(src);
+                G_CUDA(e);
+            }
+        }
+        duet_aligned_free(src);
+        return 0;
+    }
+    k->ref = duet_aligned_alloc(4096, cbytes);
+    XH_CHECK(k->ref != NULL, "out of memory");
+    fill_pattern(l, k->ref, g->cplane, k->head0, g->max_pages);
+    if (g->b->cuda)
+        G_CUDA(cudaMallocHost((void **)&k->back, cbytes));
+    else
+        k->back = duet_aligned_alloc(4096, cbytes);
+    XH_CHECK(k->back != NULL, "out of memory");
+    return 0;
+}
+
+static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int fd)
+{
+    xh_side_t *sd = &g->sd;
+    const int *devs = role == DUET_XFER_PREFILL ? b->pdev : b->ddev;
+    memset(g, 0, sizeof(*g));
+    g->b = b;
+    g->role = role;
+    g->tp = role == DUET_XFER_PREFILL ? b->P : b->D;
+    g->max_pages = max_pages(b);
+    sd->role = role;
+    sd->tp = g->tp;
+    sd->remote_tp = role == DUET_XFER_PREFILL ? b->D : b->P;
+    sd->kv_heads = G_HEADS;
+    sd->layout.n_layers = G_LAYERS;
+    sd->layout.page_size = G_PAGE;
+    sd->layout.head_dim = G_HEAD_DIM;
+    sd->layout.elem_size = G_ELEM;
+    /* every rank can hold a whole request: rank 0 also takes the single put */
+    sd->layout.n_pages = g->max_pages * (g->tp < G_HEADS ? g->tp : G_HEADS);
+    sd->dtype = DUET_DTYPE_BF16;
+    sd->fingerprint = 0x11a3a3b8b0000002ULL;
+    sd->tls = b->tls;
+    sd->registered = b->registered;
+    if (xh_side_start(sd))
+        return 1;
+    g->pool_bytes = duet_kv_total_bytes(&sd->layout);
+    g->cplane = (size_t)g->max_pages * duet_kv_page_bytes(&sd->layout);
+    for (int r = 0; r < g->tp; r++)
+        if (rank_start(g, r, devs[r]))
+            return 1;
+    printf("# %-7s ranks on %s %d", role == DUET_XFER_PREFILL ? "prefill" : "decode",
+           b->cuda ? "GPUs" : "(host memory)", devs[0]);
+    for (int r = 1; r < g->tp; r++)
+        printf(",%d", devs[r]);
+    printf("; mirror %s, pinned %s; UCX CUDA memory support %s\n",
+           duet_xfer_pool_kind(duet_xfer_rank(sd->x, 0)),
+           !b->cuda          ? "n/a"
+           : g->rk[0].pinned ? "yes"
+                             : "NO",
+           duet_xfer_supports_cuda_memory(sd->x) ? "yes (unused)" : "no");
+    fflush(stdout);
+    return xh_side_connect(sd, fd);
+}
+
+static int gside_stop(gside_t *g)
+{
+    for (int r = 0; r < g->tp; r++) {
+        grank_t *k = &g->rk[r];
+        duet_aligned_free(k->ref);
+        if (!g->b->cuda) {
+            duet_aligned_free(k->pool);
+            duet_aligned_free(k->back);
+            continue;
+        }
+        cudaSetDevice(k->st.dev);
+        if (k->pinned)
+            cudaHostUnregister(g->sd.base[r]);
+        cudaFreeHost(k->back);
+        cudaFree(k->pool);
+        if (k->st.s != NULL)
+            cudaStreamDestroy(k->st.s);
+    }
+    return xh_side_stop(&g->sd);
+}
+
+static int32_t *seq_pages(int n)
+{
+    int32_t *p = duet_malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; p != NULL && i < n; i++)
+        p[i] = i;
+    return p;
+}
+
+/* ---- decode ---------------------------------------------------------------------------- */
+
+/* Read rank r's destination pages [0, n) back and compare every byte. */
+static int verify(gside_t *g, int r, int n, char *why, size_t why_len)
+{
+    const duet_kv_layout_t *l = &g->sd.layout;
+    grank_t *k = &g->rk[r];
+    size_t len = (size_t)n * duet_kv_page_bytes(l);
+    for (int p = 0; p < 2 * l->n_layers; p++)
+        if (gs_copy(&k->st, k->back + g->cplane * (size_t)p,
+                    k->pool + duet_kv_plane_bytes(l) * (size_t)p, len, true))
+            return 1;
+    if (gs_sync(&k->st))
+        return 1;
+    for (int p = 0; p < 2 * l->n_layers; p++) {
+        const unsigned char *got = k->back + g->cplane * (size_t)p;
+        const unsigned char *want = k->ref + g->cplane * (size_t)p;
+        size_t i = 0, row = (size_t)l->head_dim * (size_t)l->elem_size;
+        if (memcmp(got, want, len) == 0)
+            continue;
+        while (got[i] == want[i])
+            i++;
+        snprintf(why, why_len,
+                 "decode rank %d: layer %d %c page %zu head %zu token %zu byte %zu is 0x%02x, "
+                 "want 0x%02x",
+                 r, p / 2, p % 2 ? 'V' : 'K', i / duet_kv_page_bytes(l),
+                 k->head0 + i % duet_kv_page_bytes(l) / duet_kv_head_bytes(l),
+                 i / duet_kv_page_bytes(l) * (size_t)l->page_size + i % duet_kv_head_bytes(l) / row,
+                 i % row, got[i], want[i]);
+        return 1;
+    }
+    return 0;
+}
+
+/* One request: clear, expect, wait for the KV, import, verify.  Reports
+ * "done <notified ns> <imported ns>" or "bad <what>" to prefill. */
+static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32_t *pages,
+                          uint64_t id, int n)
+{
+    int fd = g->b->fd_d;
+    int64_t t_recv, t1;
+    char msg[256];
+    for (int d = 0; d < g->tp; d++)
+        if (clear_pages(g, d, n))
+            return 1;
+    for (int d = 0; d < g->tp; d++) {
+        duet_xfer_expect_t e = {.req_id = id,
+                                .plan = plan,
+                                .peers = g->sd.peers[d],
+                                .pages = pages,
+                                .n_pages = n,
+                                .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
+        XH_OK(duet_xfer_recv_expect(duet_xfer_rank(g->sd.x, d), &e));
+    }
+    XH_CHECK(xh_chan_say(fd, "ok") == 0, "channel");
+    for (int d = 0; d < g->tp; d++) {
+        duet_xfer_result_t res;
+        XH_OK(duet_xfer_recv_wait(duet_xfer_rank(g->sd.x, d), id, duet_deadline_in_ms(G_TIMEOUT_MS),
+                                  &res));
+        XH_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
+    }
+    t_recv = duet_now_ns();
+    for (int d = 0; d < g->tp; d++)
+        if (copy_pages(g, d, 0, G_LAYERS, pages, n, false))
+            return 1;
+    for (int d = 0; d < g->tp; d++)
+        if (gs_sync(&g->rk[d].st))
+            return 1;
+    t1 = duet_now_ns();
+    for (int d = 0; d < g->tp; d++) {
+        char why[200];
+        if (verify(g, d, n, why, sizeof(why))) {
+            xh_fail("request %llu, %d pages: %s", (unsigned long long)id, n, why);
+            snprintf(msg, sizeof(msg), "bad %s", why);
+            xh_chan_say(fd, msg);
+            return 1;
+        }
+    }
+    snprintf(msg, sizeof(msg), "done %lld %lld", (long long)t_recv, (long long)t1);
+    XH_CHECK(xh_chan_say(fd, msg) == 0, "channel");
+    return 0;
+}
+
+static int bench_decode(void *arg)
+{
+    const bench_t *b = arg;
+    duet_slice_plan_t *plan;
+    int32_t *pages;
+    gside_t *g = DUET_NEW(gside_t);
+    int rc = 0;
+    XH_CHECK(g != NULL, "out of memory");
+    if (gside_start(g, b, DUET_XFER_DECODE, b->fd_d))
+        return 1;
+    XH_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
+    pages = seq_pages(g->max_pages);
+    XH_CHECK(pages != NULL, "out of memory");
+    while (rc == 0) {
+        unsigned long long id;
+        uint32_t len;
+        void *msg;
+        int n;
+        XH_CHECK(xh_chan_recv(b->fd_d, &msg, &len, 300000) == 0, "prefill went away");
+        if (strcmp(msg, "bye") == 0) {
+            duet_free(msg);
+            break;
+        }
+        if (sscanf(msg, "exp %llu %d", &id, &n) != 2)
+            n = -1;
+        XH_CHECK(n > 0 && n <= g->max_pages, "bad message '%s'", (char *)msg);
+        duet_free(msg);
+        rc = decode_request(g, plan, pages, id, n);
+    }
+    duet_free(pages);
+    duet_slice_plan_destroy(plan);
+    if (gside_stop(g))
+        rc = 1;
+    duet_free(g);
+    return rc;
+}
+
+/* ---- prefill ----------------------------------------------------------------------------- */
+
+enum { T_E2E, T_EXPORT, T_PUTS, T_IMPORT, T_PUT1, T_N };
+
+/* One request; t[] gets the stage times in seconds. */
+static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int32_t *pages,
+                           uint64_t id, int n, double *t)
+{
+    const bench_t *b = g->b;
+    long long t_recv, t1;
+    int64_t t0, t_put;
+    size_t bytes = (size_t)n * G_PAGE * G_TOKEN_BYTES;
+    char msg[64];
+    void *reply;
+    uint32_t len;
+
+    for (int s = 0; s < g->tp; s++)
+        if (clear_pages(g, s, n))
+            return 1;
+    snprintf(msg, sizeof(msg), "exp %llu %d", (unsigned long long)id, n);
+    XH_CHECK(xh_chan_say(b->fd_p, msg) == 0, "channel");
+    XH_CHECK(xh_chan_expect(b->fd_p, "ok", G_TIMEOUT_MS) == 0, "decode did not register");
+    for (int s = 0; s < g->tp; s++) {
+        duet_xfer_send_t x = {.req_id = id,
+                              .plan = plan,
+                              .peers = g->sd.peers[s],
+                              .src_pages = pages,
+                              .dst_pages = pages,
+                              .n_pages = n,
+                              .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
+        XH_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
+    }
+    atomic_store(&g->cur_id, id);
+    atomic_store(&g->landed, 0);
+    atomic_store(&g->landed_ns, 0);
+    t0 = duet_now_ns();
+    /* what the rank threads do as each layer's KV is stored */
+    for (int l = 0; l < G_LAYERS; l++)
+        for (int s = 0; s < g->tp; s++)
+            if (copy_pages(g, s, l, l + 1, pages, n, true) ||
+                gs_host_fn(&g->rk[s].st, on_layer_landed, &g->rk[s].post[l]))
+                return 1;
+    for (int s = 0; s < g->tp; s++)
+        if (gs_sync(&g->rk[s].st))
+            return 1;
+    for (int s = 0; s < g->tp; s++)
+        XH_OK(duet_xfer_send_end(duet_xfer_rank(g->sd.x, s), id, DUET_OK, 1));
+    for (int s = 0; s < g->tp; s++) {
+        duet_xfer_result_t res;
+        XH_OK(duet_xfer_send_wait(duet_xfer_rank(g->sd.x, s), id, duet_deadline_in_ms(G_TIMEOUT_MS),
+                                  &res));
+        XH_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
+    }
+    XH_CHECK(atomic_load(&g->landed) == G_LAYERS * g->tp && atomic_load(&g->post_errors) == 0,
+             "%d of %d layers landed, %d posts refused", atomic_load(&g->landed), G_LAYERS * g->tp,
+             atomic_load(&g->post_errors));
+    XH_CHECK(xh_chan_recv(b->fd_p, &reply, &len, G_TIMEOUT_MS) == 0, "no word from decode");
+    if (sscanf(reply, "done %lld %lld", &t_recv, &t1) != 2) {
+        xh_fail("decode: %s", (char *)reply);
+        duet_free(reply);
+        return 1;
+    }
+    duet_free(reply);
+    t[T_E2E] = (double)(t1 - t0) / 1e9;
+    t[T_EXPORT] = (double)(atomic_load(&g->landed_ns) - t0) / 1e9;
+    t[T_PUTS] = (double)(t_recv - atomic_load(&g->landed_ns)) / 1e9;
+    t[T_IMPORT] = (double)(t1 - t_recv) / 1e9;
+    /* the host-side put of the same bytes, mirror to mirror */
+    t_put = duet_now_ns();
+    XH_OK(duet_xfer_debug_put(g->sd.peers[0][0], 0, 0, bytes, duet_deadline_in_ms(G_TIMEOUT_MS)));
+    t[T_PUT1] = (double)(duet_now_ns() - t_put) / 1e9;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int bench_prefill(void *arg)
+{
+    const bench_t *b = arg;
+    duet_slice_plan_t *plan;
+    int32_t *pages;
+    gside_t *g = DUET_NEW(gside_t);
+    uint64_t id = 1;
+    XH_CHECK(g != NULL, "out of memory");
+    if (gside_start(g, b, DUET_XFER_PREFILL, b->fd_p))
+        return 1;
+    XH_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
+    pages = seq_pages(g->max_pages);
+    XH_CHECK(pages != NULL, "out of memory");
+    duet_xfer_debug_corrupt_put(duet_xfer_rank(g->sd.x, 0), b->corrupt_put);
+    for (int i = 0; i < b->n_tokens; i++) {
+        double t[T_N][G_MAX_ROUNDS], med[T_N], r[T_N];
+        int n = (b->tokens[i] + G_PAGE - 1) / G_PAGE;
+        double bytes = (double)n * G_PAGE * G_TOKEN_BYTES;
+        /* round 0 warms up (first touch of the pages, UCX attach) */
+        for (int round = 0; round <= b->rounds; round++) {
+            if (prefill_request(g, plan, pages, id++, n, r))
+                return 1;
+            for (int k = 0; round > 0 && k < T_N; k++)
+                t[k][round - 1] = r[k];
+        }
+        for (int k = 0; k < T_N; k++)
+            med[k] = median(t[k], b->rounds);
+        /* a staged copy cannot beat max(d2h, put) + h2d of the same bytes */
+        double put = bytes / med[T_PUT1] / 1e9, d2h = b->base.d2h[i], h2d = b->base.h2d[i];
+        double model = d2h > 0 && h2d > 0 ? 1.0 / ((1.0 / (d2h < put ? d2h : put)) + 1.0 / h2d) : 0;
+        double e2e = bytes / med[T_E2E] / 1e9;
+        double ref = strcmp(b->variant, "same") == 0 ? b->base.d2d[i] : b->base.peer[i];
+        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f\n",
+               b->variant, b->P, b->D, b->tokens[i], bytes / 1048576.0, e2e, med[T_EXPORT] * 1e3,
+               med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0);
+        fflush(stdout);
+    }
+    XH_CHECK(xh_chan_say(b->fd_p, "bye") == 0, "channel");
+    duet_free(pages);
+    duet_slice_plan_destroy(plan);
+    int rc = gside_stop(g);
+    duet_free(g);
+    return rc;
+}
+
+/* ---- baselines ---------------------------------------------------------------------------- */
+
+enum { C_D2H, C_H2D, C_PEER, C_D2D };
+
+/* Median GB/s of `rounds` copies of `bytes` (after one warm-up). */
+static int time_copy(const bench_t *b, int what, void *dst, const void *src, size_t bytes,
+                     cudaStream_t s, double *gbps_p)
+{
+    double t[G_MAX_ROUNDS + 1];
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (b->cuda) {
+        G_CUDA(cudaEventCreate(&e0));
+        G_CUDA(cudaEventCreate(&e1));
+    }
+    for (int i = 0; i <= b->rounds; i++) {
+        int64_t h0 = duet_now_ns();
+        float ms = 0;
+        if (!b->cuda) {
+            memcpy(dst, src, bytes);
+            t[i] = (double)(duet_now_ns() - h0) / 1e9;
+            continue;
+        }
+        G_CUDA(cudaEventRecord(e0, s));
+        if (what == C_PEER)
+            G_CUDA(cudaMemcpyPeerAsync(dst, 1, src, 0, bytes, s));
+        else
+            G_CUDA(cudaMemcpyAsync(dst, src, bytes,
+                                   what == C_D2H   ? cudaMemcpyDeviceToHost
+                                   : what == C_H2D ? cudaMemcpyHostToDevice
+                                                   : cudaMemcpyDeviceToDevice,
+                                   s));
+        G_CUDA(cudaEventRecord(e1, s));
+        G_CUDA(cudaEventSynchronize(e1));
+        G_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        t[i] = ms / 1e3;
+    }
+    if (b->cuda) {
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    *gbps_p = (double)bytes / median(t + 1, b->rounds) / 1e9;
+    return 0;
+}
+
+static int describe_gpus(base_t *r)
+{
+    int drv = 0, rt = 0;
+    G_CUDA(cudaGetDeviceCount(&r->n_dev));
+    G_CUDA(cudaDriverGetVersion(&drv));
+    G_CUDA(cudaRuntimeGetVersion(&rt));
+    printf("# CUDA driver %d.%d, runtime %d.%d, %d GPU(s)\n", drv / 1000, drv % 1000 / 10,
+           rt / 1000, rt % 1000 / 10, r->n_dev);
+    for (int d = 0; d < r->n_dev; d++) {
+        struct cudaDeviceProp p;
+        char bus[32] = "";
+        G_CUDA(cudaGetDeviceProperties(&p, d));
+        cudaDeviceGetPCIBusId(bus, sizeof(bus), d);
+        printf("# GPU %d: %s, %.1f GiB, PCI %s\n", d, p.name, p.totalGlobalMem / 1073741824.0, bus);
+    }
+    if (r->n_dev >= 2) {
+        int a = 0, c = 0, perf = -1;
+        G_CUDA(cudaDeviceCanAccessPeer(&a, 0, 1));
+        G_CUDA(cudaDeviceCanAccessPeer(&c, 1, 0));
+        cudaDeviceGetP2PAttribute(&perf, cudaDevP2PAttrPerformanceRank, 0, 1);
+        r->p2p = a && c;
+        if (r->p2p) {
+            G_CUDA(cudaSetDevice(0));
+            G_CUDA(cudaDeviceEnablePeerAccess(1, 0));
+            G_CUDA(cudaSetDevice(1));
+            G_CUDA(cudaDeviceEnablePeerAccess(0, 0));
+        }
+        printf("# GPU 0 <-> 1 peer access %s (performance rank %d)\n",
+               r->p2p ? "yes, enabled" : "NO (cudaMemcpyPeer staged through the host)", perf);
+    }
+    return 0;
+}
+
+static int bench_baseline(void *arg)
+{
+    const bench_t *b = arg;
+    base_t r;
+    size_t max = (size_t)max_pages(b) * G_PAGE * G_TOKEN_BYTES;
+    void *host = NULL, *d0 = NULL, *d0b = NULL, *d1 = NULL;
+    cudaStream_t s = NULL;
+    memset(&r, 0, sizeof(r));
+    if (b->cuda) {
+        if (describe_gpus(&r))
+            return 1;
+        XH_CHECK(r.n_dev >= 1, "no GPU (--no-cuda runs without one)");
+        G_CUDA(cudaSetDevice(0));
+        G_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        G_CUDA(cudaMallocHost(&host, max));
+        G_CUDA(cudaMalloc(&d0, max));
+        G_CUDA(cudaMalloc(&d0b, max));
+        memset(host, 0x3c, max);
+        G_CUDA(cudaMemset(d0, 0x3c, max));
+        if (r.n_dev >= 2) {
+            G_CUDA(cudaSetDevice(1));
+            G_CUDA(cudaMalloc(&d1, max));
+            G_CUDA(cudaSetDevice(0));
+        }
+    } else {
+        r.n_dev = 2; /* both variants run on host memory */
+        printf("# --no-cuda: host memory for device memory, memcpy for every copy\n");
+        host = duet_aligned_alloc(4096, max);
+        d0 = duet_aligned_alloc(4096, max);
+        d0b = duet_aligned_alloc(4096, max);
+        d1 = duet_aligned_alloc(4096, max);
+        XH_CHECK(host && d0 && d0b && d1, "out of memory");
+        memset(host, 0x3c, max);
+        memset(d0, 0x3c, max);
+        memset(d0b, 0, max);
+        memset(d1, 0, max);
+    }
+    printf("# copies, one of each size, median of %d (GB/s): pinned host<->GPU 0, GPU 0 -> GPU 1 "
+           "(cudaMemcpyPeer), GPU 0 -> GPU 0\n",
+           b->rounds);
+    printf("%-7s %6s %7s %9s %9s %9s %9s\n", "# copy", "tokens", "MiB", "d2h", "h2d", "peer",
+           "d2d");
+    for (int i = 0; i < b->n_tokens; i++) {
+        size_t bytes = (size_t)((b->tokens[i] + G_PAGE - 1) / G_PAGE) * G_PAGE * G_TOKEN_BYTES;
+        if (time_copy(b, C_D2H, host, d0, bytes, s, &r.d2h[i]) ||
+            time_copy(b, C_H2D, d0b, host, bytes, s, &r.h2d[i]) ||
+            time_copy(b, C_D2D, d0b, d0, bytes, s, &r.d2d[i]) ||
+            (d1 != NULL && time_copy(b, C_PEER, d1, d0, bytes, s, &r.peer[i])))
+            return 1;
+        printf("%-7s %6d %7.0f %9.2f %9.2f %9.2f %9.2f\n", "copy", b->tokens[i], bytes / 1048576.0,
+               r.d2h[i], r.h2d[i], r.peer[i], r.d2d[i]);
+    }
+    fflush(stdout);
+    if (b->cuda) {
+        cudaFreeHost(host);
+        cudaFree(d0);
+        cudaFree(d0b);
+        cudaFree(d1);
+        cudaStreamDestroy(s);
+    } else {
+        duet_aligned_free(host);
+        duet_aligned_free(d0);
+        duet_aligned_free(d0b);
+        duet_aligned_free(d1);
+    }
+    XH_CHECK(xh_chan_send(b->fd_d, &r, sizeof(r)) == 0, "channel");
+    return 0;
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static int parse_ints(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v <= 0 || v > 1 << 20)
+            return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != '\0')
+            return -1;
+    }
+    return *s ? -1 : n;
+}
+
+/* spread: prefill rank i on GPU i mod n, decode on the last D GPUs;
+ * same: everything on GPU 0. */
+static void place(bench_t *b, int n_dev)
+{
+    bool same = strcmp(b->variant, "same") == 0;
+    for (int i = 0; i < b->P; i++)
+        b->pdev[i] = same ? 0 : i % n_dev;
+    for (int j = 0; j < b->D; j++)
+        b->ddev[j] = same ? 0 : (((n_dev - b->D) % n_dev + n_dev) % n_dev + j) % n_dev;
+}
+
+static int run_baseline(bench_t *b)
+{
+    int fds[2], rc;
+    pid_t pid;
+    void *msg = NULL;
+    uint32_t len = 0;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
+        return 1;
+    b->fd_d = fds[1];
+    pid = xh_spawn("baseline", bench_baseline, b, &fds[0], 1);
+    if (xh_chan_recv(fds[0], &msg, &len, 300000) == 0 && len == sizeof(b->base))
+        memcpy(&b->base, msg, sizeof(b->base));
+    else
+        len = 0;
+    duet_free(msg);
+    if (xh_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc) != 0 || len == 0) {
+        fprintf(stderr, "baseline copies failed (exit %d)\n", rc);
+        rc = 1;
+    }
+    close(fds[0]);
+    close(fds[1]);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    char plans_buf[128] = "1x1,1x2,2x1", variants_buf[64] = "spread,same";
+    bench_t b;
+    int bad = 0, usage = 0;
+    memset(&b, 0, sizeof(b));
+    b.cuda = true;
+    b.tls = "sm,self";
+    b.rounds = 5;
+    b.corrupt_put = -1;
+    b.n_tokens = parse_ints("512,1024,2048,4096,8192", b.tokens, G_MAX_SIZES);
+    for (int i = 1; i < argc && !usage; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--no-cuda") == 0) {
+            b.cuda = false;
+            continue;
+        }
+        if (v == NULL)
+            usage = 1;
+        else if (strcmp(argv[i], "--plans") == 0)
+            snprintf(plans_buf, sizeof(plans_buf), "%s", v);
+        else if (strcmp(argv[i], "--variants") == 0)
+            snprintf(variants_buf, sizeof(variants_buf), "%s", v);
+        else if (strcmp(argv[i], "--tokens") == 0)
+            b.n_tokens = parse_ints(v, b.tokens, G_MAX_SIZES);
+        else if (strcmp(argv[i], "--rounds") == 0)
+            b.rounds = atoi(v);
+        else if (strcmp(argv[i], "--corrupt-put") == 0)
+            b.corrupt_put = atol(v);
+        else if (strcmp(argv[i], "--tls") == 0)
+            b.tls = v;
+        else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "ucx-alloc") == 0)
+            b.registered = false;
+        else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "registered") == 0)
+            b.registered = true;
+        else
+            usage = 1;
+        i++;
+    }
+    if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
+        fprintf(stderr,
+                "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
+                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered] [--no-cuda]\n",
+                argv[0]);
+        return 2;
+    }
+    duet_log_set_level(DUET_LOG_LEVEL_ERROR);
+    duet_log_init_from_env();
+    signal(SIGPIPE, SIG_IGN);
+    printf("# Llama-3-8B KV (32 layers, 8 KV heads, head_dim 128, page 16, bf16, 128 KiB/token); "
+           "UCX_TLS %s; %d CPUs; mirror %s\n",
+           b.tls, duet_cpu_count(), b.registered ? "registered" : "ucx-alloc");
+    if (run_baseline(&b))
+        return 1;
+    printf("# e2e: first device->host copy issued on prefill -> last host->device copy landed "
+           "on decode; export/puts/import: the stages in turn; medians of %d after a warm-up;\n"
+           "# put: one host put of the same bytes mirror -> mirror + flush; model: "
+           "1/(1/min(d2h, put) + 1/h2d), the staged path with perfect overlap;\n"
+           "# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
+           "same size; every destination byte verified after every transfer\n",
+           b.rounds);
+    printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s\n", "# var", "P", "D", "tokens",
+           "MiB", "e2e_GB/s", "export_ms", "puts_ms", "import_ms", "put_GB/s", "model", "ref",
+           "e2e/ref");
+    for (char *vsave = NULL, *var = strtok_r(variants_buf, ",", &vsave); var != NULL;
+         var = strtok_r(NULL, ",", &vsave)) {
+        char plans[128];
+        if (strcmp(var, "spread") != 0 && strcmp(var, "same") != 0) {
+            fprintf(stderr, "unknown variant '%s'\n", var);
+            return 2;
+        }
+        if (strcmp(var, "spread") == 0 && b.base.n_dev < 2) {
+            printf("# spread: skipped, %d GPU\n", b.base.n_dev);
+            continue;
+        }
+        b.variant = var;
+        snprintf(plans, sizeof(plans), "%s", plans_buf);
+        for (char *psave = NULL, *pl = strtok_r(plans, ",", &psave); pl != NULL;
+             pl = strtok_r(NULL, ",", &psave)) {
+            int fds[2], rc[2];
+            pid_t pids[2];
+            if (sscanf(pl, "%dx%d", &b.P, &b.D) != 2 || b.P < 1 || b.D < 1 || b.P > G_MAX_TP ||
+                b.D > G_MAX_TP || G_HEADS % b.P || G_HEADS % b.D) {
+                fprintf(stderr, "bad plan '%s' (P and D must divide %d)\n", pl, G_HEADS);
+                return 2;
+            }
+            place(&b, b.base.n_dev);
+            if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
+                return 1;
+            b.fd_p = fds[0];
+            b.fd_d = fds[1];
+            pids[0] = xh_spawn("prefill", bench_prefill, &b, &fds[1], 1);
+            pids[1] = xh_spawn("decode", bench_decode, &b, &fds[0], 1);
+            if (xh_wait_all(pids, 2, duet_deadline_in_ms(600000), rc) != 0) {
+                fprintf(stderr, "%s %s: prefill exit %d, decode exit %d\n", var, pl, rc[0], rc[1]);
+                bad++;
+            }
+            close(fds[0]);
+            close(fds[1]);
+        }
+    }
+    printf("# %s\n", bad ? "FAILED" : "all transfers verified");
+    return bad ? 1 : 0;
+}
