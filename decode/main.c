@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "engine/backend.h"
 #include "decode/decode.h"
 
 static int duet__check_config(duet_decode_t *dc)
@@ -27,6 +28,13 @@ static int duet__check_config(duet_decode_t *dc)
     }
     printf("duet-decode: config ok: %s tp %d listen %s model %s\n", dc->args.self->name,
            dc->args.self->tp, dc->args.self->listen, dc->args.cluster->model);
+    /* valid config, but can this binary run it?  (a CPU-only build has no
+     * cuda backend): exit 3 says so */
+    fflush(stdout);
+    if (duet_backend_find(dc->args.self->backend) == NULL) {
+        fprintf(stderr, "duet-decode: %s: %s\n", dc->args.self->name, duet_error_msg());
+        return 3;
+    }
     return 0;
 }
 

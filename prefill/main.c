@@ -14,6 +14,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "engine/backend.h"
 #include "common/sync.h"
 #include "prefill/prefill.h"
 
@@ -29,6 +30,13 @@ static int duet__check_config(duet_prefill_t *pf)
     }
     printf("duet-prefill: config ok: %s tp %d listen %s model %s\n", pf->args.self->name,
            pf->args.self->tp, pf->args.self->listen, pf->args.cluster->model);
+    /* valid config, but can this binary run it?  (a CPU-only build has no
+     * cuda backend): exit 3 says so */
+    fflush(stdout);
+    if (duet_backend_find(pf->args.self->backend) == NULL) {
+        fprintf(stderr, "duet-prefill: %s: %s\n", pf->args.self->name, duet_error_msg());
+        return 3;
+    }
     return 0;
 }
 

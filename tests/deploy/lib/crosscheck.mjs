@@ -220,7 +220,11 @@ function checkDaemon(objects, d, opts, ctx, E) {
   argv.push("--check-config");
   const r = run(exe, argv);
   fs.rmSync(tmp.dir, { recursive: true, force: true });
-  if (r.status !== 0) {
+  // exit 3: the config is valid but this build lacks the entry's backend
+  // (a CPU-only CI build checking a cuda entry): the other checks still run
+  if (r.status === 3 && /has no CUDA support/.test(r.stderr || "")) {
+    ctx.notes.push(`note: duet-${role} --check-config: ${(r.stderr || "").trim()} (config valid)`);
+  } else if (r.status !== 0) {
     E(w, `duet-${role} --check-config: ${(r.stderr || r.stdout).trim()}`);
     return;
   }
