@@ -159,7 +159,7 @@ class Cluster:
             return ""
 
     def request(self, prompt, max_tokens=16, prefill=None, temperature=0.0, seed=None,
-                stop=None, ignore_eos=False, request_id=""):
+                stop=None, ignore_eos=False, request_id="", stop_token_ids=None):
         g = self.pb["generate"]
         sp = self.pb["common"].SamplingParams(temperature=temperature)
         if seed is not None:
@@ -173,6 +173,8 @@ class Cluster:
             kw["token_ids"] = self.pb["common"].TokenIds(ids=list(prompt))
         if stop:
             kw["stop"] = list(stop)
+        if stop_token_ids:
+            kw["stop_token_ids"] = list(stop_token_ids)
         target = self.daemons[prefill].address if prefill else ""
         return self.pb["decode"].DecodeGenerateRequest(request=g.GenerateRequest(**kw),
                                                        prefill_target=target)
