@@ -1,5 +1,6 @@
 /* The cpu backend: fp32 activations and KV, weights packed by matmul.c,
- * every op split across the rank's worker pool. */
+ * the other kernels in ops_*.c; every op split across the rank's worker
+ * pool, small element-wise ones run on the rank thread alone. */
 #include "engine/cpu/backend_cpu.h"
 
 #include <math.h>
@@ -30,6 +31,7 @@ static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
     }
     r->rank = opts->rank;
     r->kv = opts->kv_layout;
+    duet__cpu_rank_set_isa(r, duet__cpu_ops_isa());
     *r_p = r;
     return DUET_OK;
 }
@@ -39,10 +41,17 @@ static void duet__rank_destroy(duet_backend_rank_t *r)
     if (r == NULL)
         return;
     duet_cpu_pool_destroy(r->pool);
-    duet_free(r->seq_of);
-    duet_aligned_free(r->scores);
     duet_free(r->inv_freq);
+    duet_aligned_free(r->rope_cs);
+    duet_aligned_free(r->rope_sn);
+    duet_free(r->items);
     duet_free(r);
+}
+
+void duet__cpu_rank_set_isa(duet_backend_rank_t *r, duet__mm_isa_t isa)
+{
+    r->ops = duet__cpu_ops(isa);
+    r->isa = isa > duet__mm_isa_detect() ? duet__mm_isa_detect() : isa;
 }
 
 static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
@@ -168,34 +177,29 @@ static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *
 
 static duet_status_t duet__batch_prepare(duet_backend_rank_t *r, const duet_batch_desc_t *b)
 {
-    int threads = duet_cpu_pool_size(r->pool);
-
-    if (b->n_tokens > r->seq_of_cap) {
-        int32_t *s = duet_realloc(r->seq_of, (size_t)b->n_tokens * sizeof(int32_t));
-        if (s == NULL)
-            return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for batch");
-        r->seq_of = s;
-        r->seq_of_cap = b->n_tokens;
+    if (b->n_tokens > r->rope_cap) {
+        size_t bytes = (size_t)b->n_tokens * (size_t)(r->kv.head_dim / 2) * sizeof(float) + 64;
+        float *cs = duet_aligned_alloc(64, bytes), *sn = duet_aligned_alloc(64, bytes);
+        if (cs == NULL || sn == NULL) {
+            duet_aligned_free(cs);
+            duet_aligned_free(sn);
+            return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for %d tokens",
+                              b->n_tokens);
+        }
+        duet_aligned_free(r->rope_cs);
+        duet_aligned_free(r->rope_sn);
+        r->rope_cs = cs;
+        r->rope_sn = sn;
+        r->rope_cap = b->n_tokens;
     }
-    for (int s = 0; s < b->n_seqs; s++) {
-        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++)
-            r->seq_of[t] = s;
-    }
-    if (b->max_ctx > r->scores_stride) {
-        int stride = (b->max_ctx + 15) & ~15;
-        float *sc = duet_aligned_alloc(64, (size_t)threads * (size_t)stride * sizeof(float));
-        if (sc == NULL)
-            return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for %d positions",
-                              b->max_ctx);
-        duet_aligned_free(r->scores);
-        r->scores = sc;
-        r->scores_stride = stride;
-    }
+    r->rope_ready = false;
+    r->items_ready = false;
     r->batch = b;
     return DUET_OK;
 }
 
-/* ---- element-wise ops, split across the pool by rows ---- */
+/* ---- element-wise ops: split across the pool by rows, or run on the rank
+ * thread alone when small (decode) ---- */
 
 typedef struct {
     duet_backend_rank_t *r;
@@ -206,8 +210,16 @@ typedef struct {
     duet_dtype_t dtype;
     int n, d;
     float eps;
-    const int32_t *rows;
 } duet__rows_job_t;
+
+/* Run fn over the pool, or inline on the rank thread for small work. */
+static void duet__cpu_run(duet_backend_rank_t *r, size_t elems, duet_cpu_pool_fn fn, void *arg)
+{
+    if (elems < DUET__CPU_INLINE_ELEMS)
+        fn(arg, 0, 1);
+    else
+        duet_cpu_pool_run(r->pool, fn, arg);
+}
 
 static void duet__embed_job(void *arg, int ti, int nt)
 {
@@ -217,7 +229,7 @@ static void duet__embed_job(void *arg, int ti, int nt)
     duet_cpu_split(j->n, ti, nt, &b, &e);
     for (long t = b; t < e; t++) {
         int32_t id = j->r->batch->tokens[t];
-        duet_dtype_to_f32(j->dtype, (const char *)j->table + (size_t)id * (size_t)j->d * es,
+        j->r->ops->to_f32(j->dtype, (const char *)j->table + (size_t)id * (size_t)j->d * es,
                           j->out + (size_t)t * (size_t)j->d, (size_t)j->d);
     }
 }
@@ -232,7 +244,7 @@ static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_w
     }
     duet__rows_job_t j = {.r = r, .out = out, .table = table->table, .dtype = table->table_dtype,
                           .n = n, .d = hidden};
-    duet_cpu_pool_run(r->pool, duet__embed_job, &j);
+    duet__cpu_run(r, (size_t)n * (size_t)hidden, duet__embed_job, &j);
     return DUET_OK;
 }
 
@@ -241,41 +253,24 @@ static void duet__rmsnorm_job(void *arg, int ti, int nt)
     duet__rows_job_t *j = arg;
     long b, e;
     duet_cpu_split(j->n, ti, nt, &b, &e);
-    for (long t = b; t < e; t++) {
-        const float *x = j->in + (size_t)t * (size_t)j->d;
-        float *y = j->out + (size_t)t * (size_t)j->d;
-        float acc[16] = {0};
-        int i = 0;
-        for (; i + 16 <= j->d; i += 16) {
-            for (int k = 0; k < 16; k++)
-                acc[k] += x[i + k] * x[i + k];
-        }
-        float ss = 0;
-        for (int k = 0; k < 16; k++)
-            ss += acc[k];
-        for (; i < j->d; i++)
-            ss += x[i] * x[i];
-        float scale = 1.0f / sqrtf(ss / (float)j->d + j->eps);
-        for (i = 0; i < j->d; i++)
-            y[i] = x[i] * scale * j->w[i];
-    }
+    for (long t = b; t < e; t++)
+        j->r->ops->rmsnorm(j->out + (size_t)t * (size_t)j->d, j->in + (size_t)t * (size_t)j->d,
+                           j->w, j->d, j->eps);
 }
 
 static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in,
                                    const void *w, int n, int d, float eps)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = in, .w = w, .n = n, .d = d, .eps = eps};
-    if (n == 1)
-        duet__rmsnorm_job(&j, 0, 1);
-    else
-        duet_cpu_pool_run(r->pool, duet__rmsnorm_job, &j);
+    duet__cpu_run(r, (size_t)n * (size_t)d, duet__rmsnorm_job, &j);
     return DUET_OK;
 }
 
 static duet_status_t duet__matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
                                   const duet_weight_t *w, const void *bias)
 {
-    duet_cpu_matmul(r->pool, y, (size_t)w->mat.rows, x, (size_t)w->mat.cols, n, &w->mat, bias);
+    duet__cpu_matmul_isa(r->isa, r->pool, y, (size_t)w->mat.rows, x, (size_t)w->mat.cols, n,
+                         &w->mat, bias);
     return DUET_OK;
 }
 
@@ -286,10 +281,7 @@ static void duet__silu_mul_job(void *arg, int ti, int nt)
     duet_cpu_split(j->n, ti, nt, &b, &e);
     for (long t = b; t < e; t++) {
         const float *g = j->in + (size_t)t * 2u * (size_t)j->d;
-        const float *u = g + j->d;
-        float *o = j->out + (size_t)t * (size_t)j->d;
-        for (int i = 0; i < j->d; i++)
-            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        j->r->ops->silu_mul(j->out + (size_t)t * (size_t)j->d, g, g + j->d, j->d);
     }
 }
 
@@ -297,19 +289,38 @@ static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const voi
                                     int m)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = gu, .n = n, .d = m};
-    if (n == 1)
-        duet__silu_mul_job(&j, 0, 1);
-    else
-        duet_cpu_pool_run(r->pool, duet__silu_mul_job, &j);
+    duet__cpu_run(r, (size_t)n * (size_t)m, duet__silu_mul_job, &j);
     return DUET_OK;
+}
+
+static void duet__add_job(void *arg, int ti, int nt)
+{
+    duet__rows_job_t *j = arg;
+    long b, e;
+    /* whole 64-byte lines per worker */
+    duet_cpu_split(((long)j->n + 15) / 16, ti, nt, &b, &e);
+    b *= 16;
+    e = e * 16 < j->n ? e * 16 : j->n;
+    if (b < e)
+        j->r->ops->add(j->out + b, j->in + b, (size_t)(e - b));
 }
 
 static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
 {
-    float *a = x;
-    const float *b = y;
-    for (size_t i = 0; i < count; i++)
-        a[i] += b[i];
+    if (count < DUET__CPU_INLINE_ELEMS || count > (size_t)INT32_MAX) {
+        r->ops->add(x, y, count);
+        return DUET_OK;
+    }
+    duet__rows_job_t j = {.r = r, .out = x, .in = y, .n = (int)count};
+    duet_cpu_pool_run(r->pool, duet__add_job, &j);
+    return DUET_OK;
+}
+
+static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
+                                       const void *src, int n, int d, size_t src_ld)
+{
+    for (int i = 0; i < n; i++)
+        r->ops->argmax((const float *)src + (size_t)i * src_ld, d, &max_p[i], &idx_p[i]);
     return DUET_OK;
 }
 
@@ -357,4 +368,5 @@ const duet_backend_ops_t duet_backend_cpu = {
     .add = duet__add,
     .gather_rows = duet__gather_rows,
     .rows_to_host_f32 = duet__rows_to_host_f32,
+    .argmax_rows = duet__argmax_rows,
 };
