@@ -162,6 +162,47 @@ def unnoticed_death(cl, exp):
     check(cl.stop("router") == 0, "router exit")
 
 
+def drain(cl, exp):
+    """SIGTERM on a decode: its in-flight streams finish ([DONE], full
+    length), it leaves the router's rotation (health NOT_SERVING) so new
+    requests all go to the other decode, and it exits 0."""
+    cl.start("d4")
+    cl.wait_worker("d4")
+    cl.start_router(args=["--policy", "round_robin"])
+    deadline = time.time() + 10
+    while True:
+        st, _, data = cl.http("GET", "/workers")
+        if all(x["healthy"] for x in json.loads(data)["workers"]) or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    results = [None] * 4
+    firsts = [threading.Event() for _ in results]
+
+    def stream(i):
+        results[i] = cl.sse_incremental("/v1/completions", {
+            "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+            "stream": True, "temperature": 0}, first_event=firsts[i], timeout=60)
+    ts = [threading.Thread(target=stream, args=(i,)) for i in range(len(results))]
+    for t in ts:
+        t.start()
+    for e in firsts:
+        check(e.wait(20), "a stream got no first token")
+    d4 = cl.info("d4")
+    check(d4.running > 0, "nothing running on d4 before SIGTERM: %s" % d4)
+    cl.procs["d4"].proc.send_signal(signal.SIGTERM)
+    # new traffic while d4 drains: every request must succeed elsewhere
+    run_batch(cl, exp, 1, 2)
+    for t in ts:
+        t.join(60)
+    for st, ev, raw in results:
+        check(st == 200 and ev and ev[-1] == "[DONE]",
+              "a stream on the draining decode did not finish: %s" % raw[-300:])
+    rc = cl.procs["d4"].proc.wait(timeout=30)
+    check(rc == 0, "draining decode exited %d" % rc)
+    print("drain: %d streams finished during d4's drain, d4 exit 0" % len(results))
+    check(cl.stop("router") == 0, "router exit")
+
+
 def test(build, src):
     cl = Cluster(build, src, prefill=[("p1", 1), ("p2", 2)], decode=[("d2", 2), ("d4", 4)],
                  router={"health_interval_ms": 300})
@@ -171,6 +212,7 @@ def test(build, src):
         policies(cl, exp)
         kill_under_load(cl, exp)
         unnoticed_death(cl, exp)
+        drain(cl, exp)
         bad = cl.pages_at_baseline()
         check(not bad, "pages not back: %s" % bad)
         cl.stop_all()
