@@ -131,6 +131,7 @@ typedef struct duet_dc_ev {
     duet_dc_req_t *req;
     duet_dc_link_t *link;
     const void *peer;
+    uint64_t xid;                 /* KV_DONE: the transfer it reports on */
     int rank;
     duet_status_t status;
     int64_t first_token;
@@ -166,6 +167,7 @@ typedef struct {
     pthread_cond_t evcv;
     duet_dc_ev_t *ev_head, *ev_tail;
     bool stop;
+    bool sched_gone;              /* the scheduler has left: events carrying a call are refused */
     /* Info (under evlock) */
     int info_queued, info_running;
     uint64_t requests_total, requests_failed;
@@ -184,6 +186,7 @@ typedef struct {
     duet_engine_seq_t *seqs;      /* [max_seqs] */
     int32_t *sampled;
     int32_t *inputs;
+    long fault_step_delay_ms;     /* DUET_FAULT_DECODE_STEP_DELAY_MS (tests) */
     char *piece;                  /* detokenizer output, piece_cap bytes */
     size_t piece_cap;
 } duet_decode_t;
@@ -196,6 +199,9 @@ duet_status_t duet_dc_sched_start(duet_decode_t *dc);
 void duet_dc_sched_stop(duet_decode_t *dc);
 /* Queue an event for the scheduler (any thread; takes ownership). */
 void duet_dc_post(duet_decode_t *dc, duet_dc_ev_t *ev);
+/* The same for an event whose call the scheduler must answer: false, and
+ * ev stays the caller's, once the scheduler has left (shutdown). */
+bool duet_dc_post_live(duet_decode_t *dc, duet_dc_ev_t *ev);
 duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req);
 /* Count of requests in each phase, for Info and draining. */
 void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p);

@@ -7,12 +7,14 @@
  * in-flight ones finish within drain_timeout_ms and the rest are aborted,
  * then UCX, gRPC and the engine are released and the process exits 0. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/sync.h"
 #include "engine/backend.h"
 #include "decode/decode.h"
 
@@ -89,6 +91,9 @@ static duet_status_t duet__start(duet_decode_t *dc)
     if ((st = duet_kv_engine_descriptors(&dc->ke, dc->descs, dc->desc_lens)) != DUET_OK)
         return st;
     atomic_store(&dc->next_xid, (duet_random_u64() & 0xffffffff00000000ull) | 1);
+    /* fault injection for tests: every decode step takes at least this long */
+    const char *delay = getenv("DUET_FAULT_DECODE_STEP_DELAY_MS");
+    dc->fault_step_delay_ms = delay != NULL ? strtol(delay, NULL, 10) : 0;
     if ((st = duet_dc_sched_start(dc)) != DUET_OK)
         return st;
     atomic_store(&dc->ready, true);
@@ -119,10 +124,12 @@ static void duet__stop(duet_decode_t *dc)
     duet_dc_sched_stop(dc);
     if (dc->srv != NULL)
         duet_rpc_server_shutdown(dc->srv, 2000);
-    duet_rpc_client_destroy(dc->cli);
-    dc->cli = NULL;
+    /* the worker first: a bootstrap still queued or running calls through
+     * the client (its call ends at its deadline) */
     duet_workq_destroy(dc->workq);
     dc->workq = NULL;
+    duet_rpc_client_destroy(dc->cli);
+    dc->cli = NULL;
     duet_dc_links_destroy(dc);
     duet_rpc_server_destroy(dc->srv);
     duet_rpc_health_destroy(dc->health);
@@ -164,7 +171,8 @@ int main(int argc, char **argv)
         return rc;
     }
     pthread_mutex_init(&dc.evlock, NULL);
-    pthread_cond_init(&dc.evcv, NULL);
+    /* the scheduler's timed wait takes a CLOCK_MONOTONIC deadline */
+    duet_cond_init_monotonic(&dc.evcv);
     st = duet__start(&dc);
     if (st != DUET_OK) {
         DUET_LOG_ERROR("start-up failed: %s", duet_error_msg());

@@ -213,6 +213,23 @@ static duet_dc_link_t *duet__link_for(duet_decode_t *dc, const char *target)
 
 /* ---- the Prefill call ----------------------------------------------------- */
 
+/* A failure of the prefill phase as the client sees it: the request was
+ * validated here, so what the transfer layer or the prefill daemon finds
+ * invalid or unknown is an internal error (retried by the router), not the
+ * client's INVALID_ARGUMENT or NOT_FOUND. */
+static duet_status_t duet__phase_status(duet_status_t st)
+{
+    switch (st) {
+    case DUET_ERR_INVALID:
+    case DUET_ERR_NOT_FOUND:
+    case DUET_ERR_FORMAT:
+    case DUET_ERR_UNSUPPORTED:
+        return DUET_ERR_INTERNAL;
+    default:
+        return st;
+    }
+}
+
 static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
 {
     duet_dc_rank_arg_t *ra = arg;
@@ -222,6 +239,7 @@ static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
         return;
     }
     ev->rank = ra->rank;
+    ev->xid = id;
     ev->status = res->status;
     ev->first_token = res->first_token;
     snprintf(ev->detail, sizeof(ev->detail), "%s", res->detail);
@@ -363,7 +381,7 @@ fail:
     duet_free(ra);
     /* no Prefill call is running: nothing will write these pages */
     duet__cancel_expectations(dc, req);
-    duet_dc_fail(dc, req, st == DUET_ERR_PEER ? DUET_ERR_PEER : st, duet_error_msg());
+    duet_dc_fail(dc, req, duet__phase_status(st), duet_error_msg());
 }
 
 static const char *duet__pick_prefill(duet_decode_t *dc)
@@ -440,7 +458,8 @@ void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev)
 void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev)
 {
     for (duet_dc_link_t *link = dc->links; link != NULL; link = link->next) {
-        if (link->peers == NULL)
+        /* a booting link's peers are the bootstrap worker's until LINK_DONE */
+        if (link->state != DUET_DC_LINK_READY || link->peers == NULL)
             continue;
         for (int i = 0; i < dc->ke.tp * link->P; i++) {
             if (link->peers[i] == ev->peer) {
@@ -472,6 +491,9 @@ void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     duet_dc_req_t *req = ev->req;
     int D = dc->ke.tp;
 
+    /* a notification of an attempt that was retried (new transfer id) */
+    if (ev->xid != req->xid)
+        return;
     if (req->expecting == NULL || !req->expecting[ev->rank])
         return; /* cancelled: no longer counted */
     req->expecting[ev->rank] = false;
@@ -483,9 +505,14 @@ void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     if (ev->status != DUET_OK) {
         char msg[640];
         req->kv_failed = true;
+        /* a connection of the link failed (also one whose peer error came
+         * while it was booting): the next request bootstraps again */
+        if (ev->status == DUET_ERR_PEER && req->link != NULL &&
+            req->link->state == DUET_DC_LINK_READY)
+            duet__link_retire(dc, req->link);
         snprintf(msg, sizeof(msg), "kv transfer from prefill %s failed on decode rank %d: %s",
                  req->prefill_target, ev->rank, ev->detail);
-        duet_dc_fail(dc, req, ev->status, msg);
+        duet_dc_fail(dc, req, duet__phase_status(ev->status), msg);
         return;
     }
     if (req->kv_ok > 0 && ev->first_token != req->kv_first_token) {
@@ -549,7 +576,7 @@ void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     }
     char msg[640];
     snprintf(msg, sizeof(msg), "prefill %s: %s", req->prefill_target, ev->detail);
-    duet_dc_fail(dc, req, ev->status, msg);
+    duet_dc_fail(dc, req, duet__phase_status(ev->status), msg);
 }
 
 bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)

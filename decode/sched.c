@@ -2,6 +2,7 @@
  * end of every request.  Only this thread touches requests and links after
  * the handler posted them (decode.h). */
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -21,16 +22,33 @@ duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req)
     return ev;
 }
 
-void duet_dc_post(duet_decode_t *dc, duet_dc_ev_t *ev)
+/* evlock held */
+static void duet__ev_append(duet_decode_t *dc, duet_dc_ev_t *ev)
 {
-    pthread_mutex_lock(&dc->evlock);
     if (dc->ev_tail != NULL)
         dc->ev_tail->next = ev;
     else
         dc->ev_head = ev;
     dc->ev_tail = ev;
     pthread_cond_signal(&dc->evcv);
+}
+
+void duet_dc_post(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    pthread_mutex_lock(&dc->evlock);
+    duet__ev_append(dc, ev);
     pthread_mutex_unlock(&dc->evlock);
+}
+
+bool duet_dc_post_live(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    bool live;
+    pthread_mutex_lock(&dc->evlock);
+    live = !dc->sched_gone;
+    if (live)
+        duet__ev_append(dc, ev);
+    pthread_mutex_unlock(&dc->evlock);
+    return live;
 }
 
 void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p)
@@ -317,6 +335,10 @@ static void duet__step(duet_decode_t *dc)
     int n = dc->n_running;
     if (n == 0)
         return;
+    if (dc->fault_step_delay_ms > 0) /* fault injection: a slow decode */
+        nanosleep(&(struct timespec){dc->fault_step_delay_ms / 1000,
+                                     (dc->fault_step_delay_ms % 1000) * 1000000L},
+                  NULL);
     for (int i = 0; i < n; i++) {
         duet_dc_req_t *req = dc->running[i];
         dc->inputs[i] = req->out[req->n_out - 1];
@@ -399,6 +421,8 @@ static void duet__abort_all(duet_decode_t *dc)
 static void *duet__sched_main(void *arg)
 {
     duet_decode_t *dc = arg;
+    bool stopping = false; /* the stop has been seen: what is left waits for events */
+
     duet_thread_set_name("dc-sched");
     for (;;) {
         duet_dc_req_t *zombies = dc->zombies;
@@ -407,8 +431,8 @@ static void *duet__sched_main(void *arg)
 
         dc->zombies = NULL;
         pthread_mutex_lock(&dc->evlock);
-        if (dc->ev_head == NULL && !dc->stop && dc->n_running == 0 && dc->ready_head == NULL &&
-            zombies == NULL) {
+        if (dc->ev_head == NULL && (!dc->stop || stopping) && dc->n_running == 0 &&
+            dc->ready_head == NULL && zombies == NULL) {
             /* idle: sleep until an event (or a while, to stay responsive) */
             struct timespec ts = duet_deadline_timespec(duet_now_ns() + 500 * DUET_NS_PER_MS);
             pthread_cond_timedwait(&dc->evcv, &dc->evlock, &ts);
@@ -432,14 +456,17 @@ static void *duet__sched_main(void *arg)
             duet_dc_req_free(dc, z);
         }
         duet__reap_cancelled(dc);
-        if (stop)
+        if (stop) {
             duet__abort_all(dc);
+            stopping = true;
+        }
         duet__admit(dc);
         duet__step(dc);
         duet__update_info(dc);
         if (stop && duet__idle(dc) && dc->zombies == NULL) {
             pthread_mutex_lock(&dc->evlock);
             bool more = dc->ev_head != NULL;
+            dc->sched_gone = !more;
             pthread_mutex_unlock(&dc->evlock);
             if (!more)
                 break;

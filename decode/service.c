@@ -199,8 +199,15 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
     }
     req->rank_args[0].dc = dc; /* for on_cancel */
     duet__v1__decode_generate_request__free_unpacked(m, NULL);
-    duet_rpc_call_on_cancel(call, duet__on_cancel, req);
-    duet_dc_post(dc, ev);
+    /* already cancelled: on_cancel will not run, so flag it here */
+    if (duet_rpc_call_on_cancel(call, duet__on_cancel, req) != DUET_OK)
+        atomic_store(&req->cancel_requested, true);
+    if (!duet_dc_post_live(dc, ev)) {
+        atomic_fetch_sub(&dc->waiting, 1);
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is shutting down");
+        duet_free(ev);
+        duet_dc_req_free(dc, req);
+    }
     return;
 err:
     duet__v1__decode_generate_request__free_unpacked(m, NULL);
@@ -211,9 +218,15 @@ err:
 static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
 {
     duet_decode_t *dc = arg;
-    Duet__V1__AbortRequest *m = duet__v1__abort_request__unpack(NULL, len, data);
+    Duet__V1__AbortRequest *m;
     duet_dc_ev_t *ev;
 
+    /* only the scheduler answers an Abort: not before it runs */
+    if (!atomic_load(&dc->ready)) {
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
+        return;
+    }
+    m = duet__v1__abort_request__unpack(NULL, len, data);
     if (m == NULL || m->request_id == NULL || m->request_id[0] == '\0') {
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "abort: request_id required");
         goto out;
@@ -225,7 +238,10 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
     }
     ev->call = call;
     snprintf(ev->request_id, sizeof(ev->request_id), "%s", m->request_id);
-    duet_dc_post(dc, ev); /* the scheduler answers */
+    if (!duet_dc_post_live(dc, ev)) { /* else the scheduler answers */
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is shutting down");
+        duet_free(ev);
+    }
 out:
     if (m != NULL)
         duet__v1__abort_request__free_unpacked(m, NULL);

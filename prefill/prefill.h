@@ -53,7 +53,7 @@ typedef struct duet_pf_req {
     atomic_bool aborted;
     bool begun;                 /* sends begun on every rank */
     /* completion, written by the progress threads */
-    atomic_int ranks_pending;
+    atomic_int ranks_pending;   /* sends not ended + the scheduler's until send_end */
     _Atomic duet_status_t status;
     char detail[256];
     atomic_flag detail_set;

@@ -71,12 +71,17 @@ static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
             break;
         }
     }
-    pf->n_inflight--;
     if (st != DUET_OK)
         pf->requests_failed++;
+    pthread_mutex_unlock(&pf->lock);
+    /* pages back before the scheduler is woken (it may be waiting for
+     * them), and the link released before n_inflight lets duet__stop
+     * destroy the work queue and the links */
+    duet_pf_req_free(pf, req);
+    pthread_mutex_lock(&pf->lock);
+    pf->n_inflight--;
     pthread_cond_broadcast(&pf->cv);
     pthread_mutex_unlock(&pf->lock);
-    duet_pf_req_free(pf, req);
 }
 
 /* A rank's send ended (progress thread). */
@@ -145,10 +150,26 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
 static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
 {
     int P = pf->ke.tp, D = req->link->D;
-    int64_t deadline =
-        duet_now_ns() + (int64_t)pf->args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
+    int64_t now = duet_now_ns();
+    int64_t deadline = now + (int64_t)pf->args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
+    int64_t call_dl = duet_rpc_call_deadline_ns(req->call);
+    int64_t rpc_ns = (int64_t)pf->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
 
-    atomic_store(&req->ranks_pending, P);
+    /* Decode reuses the pages once its Prefill call ended, also by its own
+     * deadline (transfer + rpc timeout after it registered what it
+     * expects).  Write nothing after its transfer deadline: it has given
+     * up by then, and its call ends one rpc timeout later. */
+    if (call_dl != INT64_MAX && call_dl - rpc_ns < deadline)
+        deadline = call_dl - rpc_ns;
+    if (req->aborted || deadline <= now) {
+        duet__fail_unsent(pf, req, req->aborted ? DUET_ERR_CANCELLED : DUET_ERR_TIMEOUT,
+                          req->aborted ? "aborted before it ran"
+                                       : "the decode's transfer deadline passed before it ran");
+        return false;
+    }
+    /* one count per rank, plus the scheduler's own until it has ended the
+     * sends: a send can fail (deadline, peer) while the batch computes */
+    atomic_store(&req->ranks_pending, P + 1);
     for (int s = 0; s < P; s++) {
         duet_xfer_send_t snd = {
             .req_id = req->transfer_id,
@@ -170,7 +191,7 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
             for (int q = 0; q < s; q++)
                 duet_xfer_send_end(duet_xfer_rank(pf->ke.xfer, q), req->transfer_id, st,
                                    DUET_XFER_NO_TOKEN);
-            if (atomic_fetch_sub(&req->ranks_pending, P - s) == P - s)
+            if (atomic_fetch_sub(&req->ranks_pending, P - s + 1) == P - s + 1)
                 duet__complete(pf, req);
             return false;
         }
@@ -235,6 +256,8 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
         for (int s = 0; s < pf->ke.tp; s++)
             duet_xfer_send_end(duet_xfer_rank(pf->ke.xfer, s), req->transfer_id, rst,
                                rst == DUET_OK ? sampled[i] : DUET_XFER_NO_TOKEN);
+        if (atomic_fetch_sub(&req->ranks_pending, 1) == 1)
+            duet__complete(pf, req);
     }
 out:
     duet_free(seqs);

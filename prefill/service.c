@@ -114,7 +114,9 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
         req = NULL;
         goto out;
     }
-    duet_rpc_call_on_cancel(call, duet__on_cancel, req);
+    /* already cancelled: on_cancel will not run, so flag it here */
+    if (duet_rpc_call_on_cancel(call, duet__on_cancel, req) != DUET_OK)
+        req->aborted = true;
     duet_pf_submit(pf, req);
     req = NULL;
 out:

@@ -351,7 +351,10 @@ def test(build, src):
     pa = Pod(cl, "prefill", "prefill", "127.0.0.2", port_p, 2, "prefill-0", nss)
     pb = Pod(cl, "prefill", "prefill", pb_ip, port_p, 1, "prefill-1", nss)
     da = Pod(cl, "decode", "decode", "127.0.0.2", port_d, 1, "decode-0", nss)
-    db = Pod(cl, "decode", "decode", "127.0.0.3", port_d, 2, "decode-1", nss)
+    # decode-1 steps no faster than every 8 ms, so its long streams outlast
+    # the DNS changes below on any machine
+    db = Pod(cl, "decode", "decode", "127.0.0.3", port_d, 2, "decode-1",
+             dict(nss, DUET_FAULT_DECODE_STEP_DELAY_MS="8"))
     pods = [pa, pb, da, db]
     try:
         exp = {}
