@@ -58,9 +58,16 @@ struct duet__send {
     int limit;                               /* layers [0, limit) may be posted */
     int c_layer, c_kv, c_page, c_dst, c_run; /* the posting cursor */
     int stop_posting, failing, ended;
+    int timed_out; /* the deadline passed: failing, waiting for puts in flight */
     int64_t first_token;
     long inflight; /* UCX requests with this state as user data */
 };
+
+/* After a deadline, how long the outcome waits for puts already in flight:
+ * the outcome tells the caller nothing writes the destination any more (the
+ * decode daemon then reuses those pages), so it is not given while a put
+ * could still land -- unless the puts are stuck past this grace too. */
+#define DUET__SEND_DRAIN_GRACE_NS (5 * DUET_NS_PER_S)
 
 /* ---- bookkeeping ---------------------------------------------------------------- */
 
@@ -117,6 +124,9 @@ static void maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
 static void check_done(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (s->o.terminal)
+        return;
+    if (s->timed_out && s->inflight > 0 &&
+        duet_now_ns() < s->o.deadline_ns + DUET__SEND_DRAIN_GRACE_NS)
         return;
     for (int k = 0; k < s->n_dst; k++)
         if (s->dst[k].state != DST_DONE)
@@ -638,16 +648,22 @@ void duet__send_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
                 *next_p = s->o.deadline_ns;
             continue;
         }
-        DUET__STAT_ADD(r, timeouts, 1);
-        s->stop_posting = 1;
-        posting_remove(r, s);
-        for (int k = 0; k < s->n_dst; k++)
-            dst_fail(r, &s->dst[k], DUET_ERR_TIMEOUT,
-                     "request %" PRIu64 ": deadline exceeded on prefill rank %d sending to "
-                     "decode rank %d: %s (%d of %d layers posted)",
-                     s->o.req_id, r->index, s->dst[k].d, dst_waiting_for(s->dst[k].state),
-                     s->c_layer, s->n_layers);
+        if (!s->timed_out) {
+            DUET__STAT_ADD(r, timeouts, 1);
+            s->timed_out = 1;
+            s->stop_posting = 1;
+            posting_remove(r, s);
+            for (int k = 0; k < s->n_dst; k++)
+                dst_fail(r, &s->dst[k], DUET_ERR_TIMEOUT,
+                         "request %" PRIu64 ": deadline exceeded on prefill rank %d sending to "
+                         "decode rank %d: %s (%d of %d layers posted)",
+                         s->o.req_id, r->index, s->dst[k].d, dst_waiting_for(s->dst[k].state),
+                         s->c_layer, s->n_layers);
+        }
         check_done(r, s);
+        /* still waiting for puts in flight: look again soon */
+        if (!s->o.terminal && now + 10 * DUET_NS_PER_MS < *next_p)
+            *next_p = now + 10 * DUET_NS_PER_MS;
         maybe_free(r, s);
     }
 }
