@@ -66,6 +66,10 @@ typedef struct {
     void *dc; /* duet_decode_t */
     duet_dc_req_t *req;
     int rank;
+    /* the KV_DONE event its callback posts, allocated when the expectation
+     * is registered: a callback cannot fail, and a lost event would leave
+     * the request waiting forever */
+    struct duet_dc_ev *ev;
 } duet_dc_rank_arg_t;
 
 struct duet_dc_req {
@@ -132,7 +136,8 @@ typedef struct duet_dc_ev {
     duet_dc_link_t *link;
     const void *peer;
     uint64_t xid;                 /* KV_DONE: the transfer it reports on */
-    int rank;
+    uint64_t peer_instance;       /* PEER_ERROR: the remote side of peer */
+    int rank;                     /* KV_DONE: decode rank; PEER_ERROR: remote rank */
     duet_status_t status;
     int64_t first_token;
     char detail[256];

@@ -6,6 +6,7 @@
  * them any more -- all its expectations completed, or the Prefill call
  * returned (then the prefill daemon has stopped sending: it answers only
  * after every send ended) and the remaining expectations were cancelled. */
+#include <assert.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -33,6 +34,7 @@ static void duet__link_free(duet_decode_t *dc, duet_dc_link_t *link)
 typedef struct {
     duet_decode_t *dc;
     duet_dc_link_t *link;
+    duet_dc_ev_t *ev; /* bootstrap: its LINK_DONE, allocated with the task */
 } duet__link_task_t;
 
 static void duet__link_free_task(void *arg)
@@ -49,7 +51,7 @@ void duet_dc_link_put(duet_decode_t *dc, duet_dc_link_t *link)
     duet__link_task_t *t = DUET_NEW(duet__link_task_t);
     /* disconnecting blocks: the worker does it */
     if (t != NULL) {
-        *t = (duet__link_task_t){dc, link};
+        *t = (duet__link_task_t){dc, link, NULL};
         if (duet_workq_post(dc->workq, duet__link_free_task, t) == DUET_OK)
             return;
         duet_free(t);
@@ -170,14 +172,9 @@ out:
         duet__v1__bootstrap_response__free_unpacked(resp, NULL);
     duet_rpc_result_cleanup(&res);
     duet_free(buf);
-    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_LINK_DONE, NULL);
-    if (ev == NULL) {
-        DUET_LOG_ERROR("decode: no memory for an event; bootstrap result lost");
-    } else {
-        ev->link = link;
-        ev->status = st;
-        duet_dc_post(dc, ev);
-    }
+    t->ev->link = link;
+    t->ev->status = st;
+    duet_dc_post(dc, t->ev);
     duet_free(t);
 }
 
@@ -192,17 +189,21 @@ static duet_dc_link_t *duet__link_for(duet_decode_t *dc, const char *target)
     }
     link = DUET_NEW(duet_dc_link_t);
     t = DUET_NEW(duet__link_task_t);
-    if (link == NULL || t == NULL) {
+    if (link == NULL || t == NULL || (t->ev = duet_dc_ev_new(DUET_DC_EV_LINK_DONE, NULL)) == NULL) {
         duet_free(link);
+        if (t != NULL)
+            duet_free(t->ev);
         duet_free(t);
         return NULL;
     }
     snprintf(link->target, sizeof(link->target), "%s", target);
     link->state = DUET_DC_LINK_BOOTING;
     link->refs = 1;
-    *t = (duet__link_task_t){dc, link};
+    t->dc = dc;
+    t->link = link;
     if (duet_workq_post(dc->workq, duet__boot_task, t) != DUET_OK) {
         duet_free(link);
+        duet_free(t->ev);
         duet_free(t);
         return NULL;
     }
@@ -233,11 +234,12 @@ static duet_status_t duet__phase_status(duet_status_t st)
 static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
 {
     duet_dc_rank_arg_t *ra = arg;
-    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_KV_DONE, ra->req);
-    if (ev == NULL) {
-        DUET_LOG_ERROR("decode: no memory for an event (transfer %llu)", (unsigned long long)id);
-        return;
-    }
+    /* the event allocated with the expectation (one callback per one) */
+    duet_dc_ev_t *ev = ra->ev;
+    ra->ev = NULL;
+    assert(ev != NULL);
+    ev->type = DUET_DC_EV_KV_DONE;
+    ev->req = ra->req;
     ev->rank = ra->rank;
     ev->xid = id;
     ev->status = res->status;
@@ -249,6 +251,7 @@ static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
 typedef struct {
     duet_decode_t *dc;
     duet_dc_req_t *req;
+    duet_dc_ev_t *ev; /* RPC_DONE, allocated with the call */
 } duet__rpc_arg_t;
 
 static void duet__rpc_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len,
@@ -270,14 +273,10 @@ static void duet__rpc_done(duet_rpc_stream_t *stream, grpc_status_code code, con
                            void *arg)
 {
     duet__rpc_arg_t *a = arg;
-    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_RPC_DONE, a->req);
-    if (ev != NULL) {
-        ev->status = code == GRPC_STATUS_OK ? DUET_OK : duet_rpc_status_from_grpc(code);
-        snprintf(ev->detail, sizeof(ev->detail), "%s", msg ? msg : "");
-        duet_dc_post(a->dc, ev);
-    } else {
-        DUET_LOG_ERROR("decode: no memory for an event (request %s)", a->req->request_id);
-    }
+    duet_dc_ev_t *ev = a->ev;
+    ev->status = code == GRPC_STATUS_OK ? DUET_OK : duet_rpc_status_from_grpc(code);
+    snprintf(ev->detail, sizeof(ev->detail), "%s", msg ? msg : "");
+    duet_dc_post(a->dc, ev);
     duet_free(a);
 }
 
@@ -324,7 +323,14 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     req->next = dc->prefilling;
     dc->prefilling = req;
     for (int d = 0; d < D; d++) {
-        req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d};
+        /* (an earlier attempt's event is reused: its expectation ended
+         * without a callback, by cancellation) */
+        duet_dc_ev_t *ev = req->rank_args[d].ev;
+        if (ev == NULL && (ev = duet_dc_ev_new(DUET_DC_EV_KV_DONE, req)) == NULL) {
+            st = duet_error(DUET_ERR_NO_MEMORY, "no memory");
+            goto fail;
+        }
+        req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev};
         duet_xfer_expect_t e = {
             .req_id = req->xid,
             .plan = link->plan,
@@ -356,11 +362,12 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.sampling = &sp;
     pr.transfer_id = req->xid;
     ra = DUET_NEW(duet__rpc_arg_t);
-    if (ra == NULL) {
+    if (ra == NULL || (ra->ev = duet_dc_ev_new(DUET_DC_EV_RPC_DONE, req)) == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "no memory");
         goto fail;
     }
-    *ra = (duet__rpc_arg_t){dc, req};
+    ra->dc = dc;
+    ra->req = req;
     if ((st = duet_pb_pack(&pr.base, &buf, &len)) != DUET_OK)
         goto fail;
     st = duet_rpc_client_stream(
@@ -378,6 +385,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     return;
 
 fail:
+    if (ra != NULL)
+        duet_free(ra->ev);
     duet_free(ra);
     /* no Prefill call is running: nothing will write these pages */
     duet__cancel_expectations(dc, req);
@@ -462,7 +471,14 @@ void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev)
         if (link->state != DUET_DC_LINK_READY || link->peers == NULL)
             continue;
         for (int i = 0; i < dc->ke.tp * link->P; i++) {
-            if (link->peers[i] == ev->peer) {
+            /* The pointer alone could be stale: a peer is freed only after
+             * its error callback posted this event, and a link made since
+             * is READY only after its LINK_DONE, which comes later in the
+             * queue; comparing the remote identity as well keeps that an
+             * invariant checked here rather than an ordering assumed. */
+            const duet_xfer_desc_info_t *in = duet_xfer_peer_info(link->peers[i]);
+            if (link->peers[i] == ev->peer && in->instance == ev->peer_instance &&
+                in->rank == ev->rank) {
                 DUET_LOG_WARN("decode: transfer connection to prefill %s failed: %s; the next "
                               "request bootstraps again",
                               link->target, ev->detail);
@@ -481,6 +497,8 @@ void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
     if (ev == NULL)
         return;
     ev->peer = peer;
+    ev->peer_instance = duet_xfer_peer_info(peer)->instance; /* valid during the callback */
+    ev->rank = duet_xfer_peer_info(peer)->rank;
     ev->status = st;
     snprintf(ev->detail, sizeof(ev->detail), "%s", detail);
     duet_dc_post(dc, ev);
@@ -582,8 +600,10 @@ void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev)
 bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
 {
     if (req->rpc_started && !req->rpc_done) {
-        if (!req->abort_sent && req->n_expecting > 0) {
-            /* ask prefill to stop; its Prefill reply follows */
+        if (!req->abort_sent && req->kv_ok < dc->ke.tp) {
+            /* ask prefill to stop (also when our expectations timed out:
+             * prefill may still be computing or sending); its Prefill
+             * reply follows */
             Duet__V1__AbortRequest ab = DUET__V1__ABORT_REQUEST__INIT;
             uint8_t *buf = NULL;
             size_t len = 0;

@@ -68,6 +68,8 @@ void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req)
     for (int i = 0; i < req->n_stops; i++)
         duet_free(req->stops[i]);
     duet_free(req->pages);
+    for (int d = 0; req->rank_args != NULL && d < dc->ke.tp; d++)
+        duet_free(req->rank_args[d].ev);
     duet_free(req->rank_args);
     duet_free(req->expecting);
     duet_free(req->out);

@@ -9,7 +9,10 @@
 # Cases: prefill TP=1 on GPU 0 + decode TP=2 on GPUs 0-1, and prefill TP=2
 # on GPUs 0-1 + decode TP=1 on GPU 1; stories260K and a synthetic bf16
 # model; greedy tokens equal, or the first divergence shown to be a
-# near-tie (bf16 sums differ across TP sizes).
+# near-tie (bf16 sums differ across TP sizes).  With 4 GPUs also prefill
+# TP=2 on GPUs 0-1 + decode TP=4 on GPUs 0-3, and prefill TP=4 on GPUs 0-3 +
+# decode TP=2 on GPUs 2-3, on stories260K (4 KV heads) and a synthetic
+# model with 2 KV heads (replicated on the TP=4 side).
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -27,6 +30,9 @@ fails=0
 
 "$BIN/duet" mkmodel --out "$W/syn" --layers 4 --hidden 512 --heads 8 --kv-heads 4 \
     --head-dim 64 --intermediate 1536 --vocab 1024 --max-pos 2048 --dtype bf16 --seed 7 >/dev/null
+"$BIN/duet" mkmodel --out "$W/syn-kv2" --layers 4 --hidden 512 --heads 8 --kv-heads 2 \
+    --head-dim 64 --intermediate 1536 --vocab 1024 --max-pos 2048 --dtype bf16 --seed 8 >/dev/null
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 
 run_case() { # name model P pdevs D ddevs
     local name=$1 model=$2 P=$3 pdev=$4 D=$5 ddev=$6
@@ -93,8 +99,18 @@ PY
     if [ $fails -gt 0 ]; then tail -n 20 "$W/p.log" "$W/d.log"; fi
 }
 
-for m in "$ROOT/models/stories260K" "$W/syn"; do
-    run_case "$(basename "$m")" "$m" 1 "0" 2 "0, 1"
-    run_case "$(basename "$m")" "$m" 2 "0, 1" 1 "1"
-done
+if [ "${DISAGG_ONLY4:-0}" != 1 ]; then
+    for m in "$ROOT/models/stories260K" "$W/syn"; do
+        run_case "$(basename "$m")" "$m" 1 "0" 2 "0, 1"
+        run_case "$(basename "$m")" "$m" 2 "0, 1" 1 "1"
+    done
+fi
+if [ "$ngpu" -ge 4 ]; then
+    for m in "$ROOT/models/stories260K" "$W/syn-kv2"; do
+        run_case "$(basename "$m")" "$m" 2 "0, 1" 4 "0, 1, 2, 3"
+        run_case "$(basename "$m")" "$m" 4 "0, 1, 2, 3" 2 "2, 3"
+    done
+else
+    echo "fewer than 4 GPUs ($ngpu): the TP=4 cases skipped"
+fi
 echo "disagg_gpu: $fails case(s) differ"

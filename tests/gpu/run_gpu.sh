@@ -15,7 +15,8 @@
 #   attn     bench_gpu prefill with each tensor-core attention kernel
 #   gemvoff  bench_gpu decode with DUET_CUDA_GEMV=0 (cuBLASLt for n <= 4 too)
 #   hf       tests/gpu/hf_peer.py on the same two models (transformers peer)
-#   tp2      TP=2 over NCCL: compare --tp2, and bench_gpu at TP 1 and 2 (both shapes)
+#   tp2      TP=2 over NCCL: compare --tp 2, and bench_gpu at TP 1 and 2 (both shapes)
+#   tp4      TP=2 and TP=4 over NCCL (4 GPUs): compare --tp 2,4
 #   sanitize compute-sanitizer memcheck on the kernel tests
 #
 # Output: stdout, and $OUT/log when OUT is set.
@@ -70,13 +71,14 @@ sanitize)
             grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" | head -8
     done
     ;;
-compare|tp2)
+compare|tp2|tp4)
     mk synth-gqa64 --layers 4 --hidden 512 --heads 8 --kv-heads 2 --intermediate 1024 --vocab 1000 --dtype bf16 --seed 3
     mk synth-mqa128-f32 --layers 3 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 --intermediate 768 --vocab 1000 --seed 4
     mk synth-qwen2-hd32 --arch qwen2 --layers 3 --hidden 256 --heads 8 --kv-heads 2 --intermediate 512 --vocab 1000 --dtype bf16 --seed 5
     step "compare backends ($phase)"
     extra=""
-    [ "$phase" = tp2 ] && extra=--tp2
+    [ "$phase" = tp2 ] && extra="--tp 2"
+    [ "$phase" = tp4 ] && extra="--tp 2,4"
     timeout 900 python3 tests/gpu/compare_backends.py "$BIN/duet" models/stories260K \
         "$MODELS/synth-gqa64" "$MODELS/synth-mqa128-f32" "$MODELS/synth-qwen2-hd32" --tokens 64 $extra
     if [ "$phase" = tp2 ]; then

@@ -251,19 +251,15 @@ static void test_graphs_bitwise(void **state)
     }
 }
 
-static void test_tp2_nccl(void **state)
+/* TP=tp over NCCL against TP=1 on two models (kv 2: at TP=4 each KV head
+ * is replicated on two ranks). */
+static void check_tp_nccl(int tp)
 {
-    (void)state;
-    DUET_TEST_NEED_GPU();
-    if (duet_cuda_device_count() < 2) {
-        fprintf(stderr, "fewer than 2 CUDA devices: TP=2 skipped\n");
-        skip();
-    }
     const char *names[2] = {"gqa64", "qwen32"};
     for (int m = 0; m < 2; m++) {
         const char *dir = m == 0 ? make_model("gqa64", DUET_ARCH_LLAMA, 256, 4, 2, 64, false)
                                  : make_model("qwen32", DUET_ARCH_QWEN2, 128, 4, 2, 32, false);
-        duet_engine_t *e1 = open_engine(dir, "cuda", 1), *e2 = open_engine(dir, "cuda", 2);
+        duet_engine_t *e1 = open_engine(dir, "cuda", 1), *e2 = open_engine(dir, "cuda", tp);
         seqs_t s;
         int32_t g1[STEPS * NSEQ], g2[STEPS * NSEQ]; /* tokens fed = tokens sampled */
         size_t n;
@@ -273,10 +269,10 @@ static void test_tp2_nccl(void **state)
         int same = 0;
         while (same < STEPS * NSEQ && g1[same] == g2[same])
             same++;
-        fprintf(stderr, "tp2 vs tp1 %s: greedy tokens equal for %d of %d\n", names[m], same,
+        fprintf(stderr, "tp%d vs tp1 %s: greedy tokens equal for %d of %d\n", tp, names[m], same,
                 STEPS * NSEQ);
         char what[64];
-        snprintf(what, sizeof(what), "tp2 vs tp1 logits %s", names[m]);
+        snprintf(what, sizeof(what), "tp%d vs tp1 logits %s", tp, names[m]);
         /* logits compared while the token streams agree */
         size_t cmp = same == STEPS * NSEQ ? n : (size_t)PLEN * 600;
         DUET_TEST_ASSERT_CLOSE(what, l2, l1, cmp, 0.0, 6e-2, 3e-2);
@@ -289,9 +285,10 @@ static void test_tp2_nccl(void **state)
                 fail_msg("%s: tokens differ at the first step (seq %d)", names[m], i);
             size_t row = PLEN + (size_t)(step - 1) * NSEQ + (size_t)i;
             float gap = l1[row * 600 + (size_t)g1[same]] - l1[row * 600 + (size_t)g2[same]];
-            fprintf(stderr, "tp2 vs tp1 %s: first divergence at step %d seq %d: tp1 %d, tp2 %d, "
-                            "tp1 margin %.4f (near-tie bound 0.25)\n",
-                    names[m], step, i, g1[same], g2[same], (double)gap);
+            fprintf(stderr,
+                    "tp%d vs tp1 %s: first divergence at step %d seq %d: tp1 %d, tp%d %d, "
+                    "tp1 margin %.4f (near-tie bound 0.25)\n",
+                    tp, names[m], step, i, g1[same], tp, g2[same], (double)gap);
             assert_true(gap >= 0.0f && gap <= 0.25f);
         }
         duet_free(l1);
@@ -299,6 +296,22 @@ static void test_tp2_nccl(void **state)
         duet_engine_destroy(e1);
         duet_engine_destroy(e2);
     }
+}
+
+static void test_tp_nccl(void **state)
+{
+    (void)state;
+    DUET_TEST_NEED_GPU();
+    int n = duet_cuda_device_count();
+    if (n < 2) {
+        fprintf(stderr, "fewer than 2 CUDA devices: TP=2 and TP=4 skipped\n");
+        skip();
+    }
+    check_tp_nccl(2);
+    if (n >= 4)
+        check_tp_nccl(4);
+    else
+        fprintf(stderr, "fewer than 4 CUDA devices: TP=4 skipped\n");
 }
 
 static int setup(void **state)
@@ -328,7 +341,7 @@ static void test_graphs_bitwise(void **state)
     skip();
 }
 
-static void test_tp2_nccl(void **state)
+static void test_tp_nccl(void **state)
 {
     (void)state;
     skip();
@@ -352,7 +365,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_graphs_bitwise),
-        cmocka_unit_test(test_tp2_nccl),
+        cmocka_unit_test(test_tp_nccl),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
