@@ -22,19 +22,33 @@
  * the run.  Before every transfer both mirrors and the destination pages are
  * overwritten, so stale data cannot pass.
  *
+ * --mirror device runs the device-direct path instead: no mirror, each
+ * rank's device pool itself is the transfer engine's pool
+ * (duet_xfer_pool_register_device; needs a UCX with CUDA transports), so the
+ * puts go device pool -> device pool (cuda_ipc).  The pool is filled before
+ * the timed region; prefill still posts each layer's puts from a host
+ * function on the copy stream, in the same order as the staged path, with
+ * no copy before it (export ~0), and decode imports nothing (import 0).
+ * Verification reads the destination device pages back as on the staged
+ * path; before every transfer prefill rewrites its source pages from the
+ * host pattern and decode overwrites its destination pages (device copies
+ * and memsets).  No checksums (the CPU does not read device pools), no
+ * --corrupt-put.
+ *
  * Same run, a separate process first: cudaMemcpyPeer GPU 0 -> GPU 1 (peer
  * access enabled when the GPUs allow it), pinned host -> device, device ->
  * host, device -> device on GPU 0, one copy of each request size (median of
  * the rounds).  Per transfer case the host-side put of the same bytes
  * between the two mirrors (one duet_xfer_debug_put + flush, the number
- * bench_transfer reports) is interleaved with the transfers.
+ * bench_transfer reports; with --mirror device between the two device
+ * pools) is interleaved with the transfers.
  *
  * KV shape: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, page 16 tokens,
  * bf16: 128 KiB per token); page ids are consecutive on both sides.
  *
  *   bench_gpu_transfer [--plans 1x1,1x2,2x1] [--tokens 512,1024,2048,4096,8192]
  *                      [--variants spread,same] [--rounds 5] [--tls sm,self]
- *                      [--mirror ucx-alloc|registered] [--no-cuda]
+ *                      [--mirror ucx-alloc|registered|device] [--no-cuda]
  *     spread   prefill rank i on GPU i mod n, decode ranks on the last D GPUs
  *              (1x1: 0 -> 1; 1x2: 0 -> 0,1; 2x1: 0,1 -> 1), as
  *              tests/gpu/disagg_gpu.sh places the daemons
@@ -42,10 +56,15 @@
  *     --mirror registered  the mirror from our allocator, registered with
  *              duet_xfer_pool_register (puts are then emulated over active
  *              messages: the decode side progresses them)
+ *     --mirror device  no mirror: the device pools are registered with UCX
+ *              (see above; default --tls sm,self,cuda_copy,cuda_ipc).  When
+ *              this UCX has no CUDA transports it says so and exits 0
+ *              without measuring
  *     --no-cuda  host memory stands in for device memory and memcpy for the
  *              copies (runs without a GPU: a self-test of everything else)
  *     --corrupt-put N  flip one byte of the source of prefill rank 0's N-th
- *              put (0 = the first): the run must fail its verification
+ *              put (0 = the first): the run must fail its verification (host
+ *              pools only: not with --mirror device)
  *
  * CUDA is only initialised in children (fork after CUDA init is not
  * allowed), like UCX. */
@@ -71,6 +90,8 @@
 #define G_MAX_ROUNDS  64
 #define G_MAX_TP      8
 #define G_TIMEOUT_MS  60000
+#define G_TLS         "sm,self"
+#define G_TLS_DEVICE  "sm,self,cuda_copy,cuda_ipc"
 
 #define G_CUDA(x)                                                                                  \
     do {                                                                                           \
@@ -84,13 +105,15 @@
 /* Copy rates of the baseline process, GB/s (0: not measured). */
 typedef struct {
     int n_dev;
-    int p2p; /* GPU 0 and 1 reach each other's memory directly */
+    int p2p;      /* GPU 0 and 1 reach each other's memory directly */
+    int ucx_cuda; /* --mirror device: this UCX moves CUDA memory (not measured otherwise) */
     double d2h[G_MAX_SIZES], h2d[G_MAX_SIZES], peer[G_MAX_SIZES], d2d[G_MAX_SIZES];
 } base_t;
 
 typedef struct {
     bool cuda;
     bool registered;
+    bool device; /* --mirror device: the device pools are the transfer pools, no mirror */
     const char *tls;
     int tokens[G_MAX_SIZES];
     int n_tokens;
@@ -200,11 +223,13 @@ typedef struct {
 
 typedef struct {
     gstream_t st;        /* prefill: the copy stream; decode: the rank's stream */
-    unsigned char *pool; /* device pool, the mirror's layout */
+    unsigned char *pool; /* device pool, the mirror's layout (--mirror device: the xfer pool) */
     bool pinned;         /* the mirror is page-locked for the GPU */
     int head0, n_heads;  /* global KV heads of this rank */
     unsigned char *ref;  /* decode: expected pages [0, max_pages), compact planes */
     unsigned char *back; /* decode: the device pages read back, same layout as ref */
+    unsigned char *src;  /* prefill, --mirror device: the source pattern, compact planes
+                            (pinned), rewritten into the pool before every transfer */
     gpost_t post[G_LAYERS];
 } grank_t;
 
@@ -267,22 +292,39 @@ static int copy_pages(gside_t *g, int r, int l0, int l1, const int32_t *pages, i
 }
 
 /* Overwrite pages [0, n) of every plane of rank r's mirror (and, on decode,
- * of its device pool), so data from an earlier round cannot pass. */
+ * of its device pool), so data from an earlier round cannot pass.  With
+ * --mirror device (no mirror) decode overwrites its device pages and
+ * prefill rewrites its source pages from the host pattern, on the device. */
 static int clear_pages(gside_t *g, int r, int n)
 {
     const duet_kv_layout_t *l = &g->sd.layout;
+    grank_t *k = &g->rk[r];
     size_t len = (size_t)n * duet_kv_page_bytes(l);
     for (int p = 0; p < 2 * l->n_layers; p++) {
         size_t off = duet_kv_plane_bytes(l) * (size_t)p;
-        memset(g->sd.base[r] + off, 0x5a, len);
-        if (g->role == DUET_XFER_DECODE && gs_memset(&g->rk[r].st, g->rk[r].pool + off, 0xa5, len))
+        if (!g->b->device)
+            memset(g->sd.base[r] + off, 0x5a, len);
+        if (g->role == DUET_XFER_DECODE && gs_memset(&k->st, k->pool + off, 0xa5, len))
+            return 1;
+        if (g->role == DUET_XFER_PREFILL && g->b->device &&
+            gs_copy(&k->st, k->pool + off, k->src + g->cplane * (size_t)p, len, false))
             return 1;
     }
-    return gs_sync(&g->rk[r].st);
+    return gs_sync(&k->st);
 }
 
-/* Device pool, stream and pinned mirror of rank r; prefill fills its pool
- * with the pattern, decode builds the expected contents. */
+/* Device pool, stream and pinned mirror of rank r (--mirror device: the
+ * device pool registered with the transfer engine instead); prefill fills
+ * its pool with the pattern, decode builds the expected contents. */
+/* duet_xfer_rank_run: make *arg (a device id) current on the calling thread. */
+static duet_status_t bind_device(void *arg)
+{
+    if (cudaSetDevice(*(const int *)arg) != cudaSuccess || cudaFree(NULL) != cudaSuccess)
+        return duet_error(DUET_ERR_IO, "cudaSetDevice(%d): %s", *(const int *)arg,
+                          cudaGetErrorString(cudaGetLastError()));
+    return DUET_OK;
+}
+
 static int rank_start(gside_t *g, int r, int dev)
 {
     const duet_kv_layout_t *l = &g->sd.layout;
@@ -300,14 +342,22 @@ static int rank_start(gside_t *g, int r, int dev)
         G_CUDA(cudaSetDevice(dev));
         G_CUDA(cudaStreamCreateWithFlags(&k->st.s, cudaStreamNonBlocking));
         G_CUDA(cudaMalloc((void **)&k->pool, g->pool_bytes));
-        e = cudaHostRegister(g->sd.base[r], g->pool_bytes, cudaHostRegisterPortable);
-        k->pinned = e == cudaSuccess;
-        if (!k->pinned) {
-            (void)cudaGetLastError();
-            fprintf(stderr,
-                    "# rank %d: mirror not pinned: %s (copies will be staged by the "
-                    "driver)\n",
-                    r, cudaGetErrorString(e));
+        if (g->b->device) {
+            XH_OK(
+                duet_xfer_pool_register_device(duet_xfer_rank(g->sd.x, r), k->pool, g->pool_bytes));
+            /* UCX's CUDA transports use the progress thread's current
+             * context: the rank's GPU (transfer/kv_engine.c does the same) */
+            XH_OK(duet_xfer_rank_run(duet_xfer_rank(g->sd.x, r), bind_device, &k->st.dev));
+        } else {
+            e = cudaHostRegister(g->sd.base[r], g->pool_bytes, cudaHostRegisterPortable);
+            k->pinned = e == cudaSuccess;
+            if (!k->pinned) {
+                (void)cudaGetLastError();
+                fprintf(stderr,
+                        "# rank %d: mirror not pinned: %s (copies will be staged by the "
+                        "driver)\n",
+                        r, cudaGetErrorString(e));
+            }
         }
     } else {
         k->pool = duet_aligned_alloc(4096, g->pool_bytes);
@@ -318,7 +368,10 @@ static int rank_start(gside_t *g, int r, int dev)
             fill_pattern(l, k->pool, duet_kv_plane_bytes(l), k->head0, g->max_pages);
             return 0;
         }
-        src = duet_aligned_alloc(4096, cbytes);
+        /* --mirror device keeps the pattern to rewrite the source before every transfer */
+        if (g->b->device)
+            G_CUDA(cudaMallocHost((void **)&k->src, cbytes));
+        src = g->b->device ? k->src : duet_aligned_alloc(4096, cbytes);
         XH_CHECK(src != NULL, "out of memory");
         fill_pattern(l, src, g->cplane, k->head0, g->max_pages);
         for (int p = 0; p < 2 * l->n_layers; p++) {
@@ -326,11 +379,13 @@ static int rank_start(gside_t *g, int r, int dev)
                 cudaMemcpy(k->pool + duet_kv_plane_bytes(l) * (size_t)p,
                            src + g->cplane * (size_t)p, g->cplane, cudaMemcpyHostToDevice);
             if (e != cudaSuccess) {
-                duet_aligned_free(src);
+                if (src != k->src)
+                    duet_aligned_free(src);
                 G_CUDA(e);
             }
         }
-        duet_aligned_free(src);
+        if (src != k->src)
+            duet_aligned_free(src);
         return 0;
     }
     k->ref = duet_aligned_alloc(4096, cbytes);
@@ -341,6 +396,30 @@ static int rank_start(gside_t *g, int r, int dev)
     else
         k->back = duet_aligned_alloc(4096, cbytes);
     XH_CHECK(k->back != NULL, "out of memory");
+    return 0;
+}
+
+/* xh_side_start without the pools (--mirror device): rank_start registers
+ * each rank's device pool once it is allocated. */
+static int device_side_start(xh_side_t *sd)
+{
+    duet_xfer_config_t cfg;
+    int h0, nh;
+    sd->alloc_live0 = duet_alloc_live();
+    duet_tp_kv_heads(sd->kv_heads, sd->tp, 0, &h0, &nh);
+    sd->layout.n_kv_heads = nh;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.role = sd->role;
+    cfg.tp = sd->tp;
+    cfg.kv_heads = sd->kv_heads;
+    cfg.dtype = sd->dtype;
+    cfg.layout = sd->layout;
+    cfg.model_fingerprint = sd->fingerprint;
+    cfg.tls = sd->tls;
+    cfg.early_ttl_ms = sd->early_ttl_ms;
+    XH_OK(duet_xfer_create(&cfg, &sd->x));
+    XH_CHECK(duet_xfer_supports_cuda_memory(sd->x),
+             "--mirror device: this UCX build has no CUDA transports (UCX_TLS %s)", sd->tls);
     return 0;
 }
 
@@ -367,7 +446,7 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
     sd->fingerprint = 0x11a3a3b8b0000002ULL;
     sd->tls = b->tls;
     sd->registered = b->registered;
-    if (xh_side_start(sd))
+    if (b->device ? device_side_start(sd) : xh_side_start(sd))
         return 1;
     g->pool_bytes = duet_kv_total_bytes(&sd->layout);
     g->cplane = (size_t)g->max_pages * duet_kv_page_bytes(&sd->layout);
@@ -378,35 +457,54 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
            b->cuda ? "GPUs" : "(host memory)", devs[0]);
     for (int r = 1; r < g->tp; r++)
         printf(",%d", devs[r]);
-    printf("; mirror %s, pinned %s; UCX CUDA memory support %s\n",
-           duet_xfer_pool_kind(duet_xfer_rank(sd->x, 0)),
-           !b->cuda          ? "n/a"
-           : g->rk[0].pinned ? "yes"
-                             : "NO",
-           duet_xfer_supports_cuda_memory(sd->x) ? "yes (unused)" : "no");
+    if (b->device)
+        printf("; pool device (registered with UCX, no mirror: %s); UCX CUDA memory support %s\n",
+               duet_xfer_pool_kind(duet_xfer_rank(sd->x, 0)),
+               duet_xfer_supports_cuda_memory(sd->x) ? "yes (used)" : "no");
+    else
+        printf("; mirror %s, pinned %s; UCX CUDA memory support %s\n",
+               duet_xfer_pool_kind(duet_xfer_rank(sd->x, 0)),
+               !b->cuda          ? "n/a"
+               : g->rk[0].pinned ? "yes"
+                                 : "NO",
+               duet_xfer_supports_cuda_memory(sd->x) ? "yes (unused)" : "no");
     fflush(stdout);
     return xh_side_connect(sd, fd);
 }
 
+/* Unpin the mirrors and unregister the device pools, stop the transfer
+ * engine (which unmaps the mirrors and counts our allocations), then free
+ * the CUDA memory. */
 static int gside_stop(gside_t *g)
 {
+    int rc;
     for (int r = 0; r < g->tp; r++) {
         grank_t *k = &g->rk[r];
         duet_aligned_free(k->ref);
+        k->ref = NULL;
         if (!g->b->cuda) {
             duet_aligned_free(k->pool);
             duet_aligned_free(k->back);
+            k->pool = k->back = NULL;
             continue;
         }
         cudaSetDevice(k->st.dev);
         if (k->pinned)
             cudaHostUnregister(g->sd.base[r]);
+        if (g->b->device)
+            duet_xfer_pool_unregister(duet_xfer_rank(g->sd.x, r)); /* before cudaFree */
+    }
+    rc = xh_side_stop(&g->sd);
+    for (int r = 0; g->b->cuda && r < g->tp; r++) {
+        grank_t *k = &g->rk[r];
+        cudaSetDevice(k->st.dev);
         cudaFreeHost(k->back);
+        cudaFreeHost(k->src);
         cudaFree(k->pool);
         if (k->st.s != NULL)
             cudaStreamDestroy(k->st.s);
     }
-    return xh_side_stop(&g->sd);
+    return rc;
 }
 
 static int32_t *seq_pages(int n)
@@ -479,13 +577,14 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
         XH_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
     }
     t_recv = duet_now_ns();
-    for (int d = 0; d < g->tp; d++)
+    /* --mirror device: the KV already is in the device pages, nothing to import */
+    for (int d = 0; d < g->tp && !g->b->device; d++)
         if (copy_pages(g, d, 0, G_LAYERS, pages, n, false))
             return 1;
-    for (int d = 0; d < g->tp; d++)
+    for (int d = 0; d < g->tp && !g->b->device; d++)
         if (gs_sync(&g->rk[d].st))
             return 1;
-    t1 = duet_now_ns();
+    t1 = g->b->device ? t_recv : duet_now_ns();
     for (int d = 0; d < g->tp; d++) {
         char why[200];
         if (verify(g, d, n, why, sizeof(why))) {
@@ -566,6 +665,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                               .src_pages = pages,
                               .dst_pages = pages,
                               .n_pages = n,
+                              .flags = 0, /* no DUET_XFER_SEND_CRC: device pools have none */
                               .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
         XH_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
     }
@@ -573,10 +673,12 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     atomic_store(&g->landed, 0);
     atomic_store(&g->landed_ns, 0);
     t0 = duet_now_ns();
-    /* what the rank threads do as each layer's KV is stored */
+    /* what the rank threads do as each layer's KV is stored; --mirror device
+     * exports nothing (the pool was rewritten and synchronised before t0)
+     * but posts the puts from the same host functions on the copy stream */
     for (int l = 0; l < G_LAYERS; l++)
         for (int s = 0; s < g->tp; s++)
-            if (copy_pages(g, s, l, l + 1, pages, n, true) ||
+            if ((!b->device && copy_pages(g, s, l, l + 1, pages, n, true)) ||
                 gs_host_fn(&g->rk[s].st, on_layer_landed, &g->rk[s].post[l]))
                 return 1;
     for (int s = 0; s < g->tp; s++)
@@ -604,7 +706,8 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     t[T_EXPORT] = (double)(atomic_load(&g->landed_ns) - t0) / 1e9;
     t[T_PUTS] = (double)(t_recv - atomic_load(&g->landed_ns)) / 1e9;
     t[T_IMPORT] = (double)(t1 - t_recv) / 1e9;
-    /* the host-side put of the same bytes, mirror to mirror */
+    /* one put of the same bytes, mirror to mirror (--mirror device: device
+     * pool to device pool) */
     t_put = duet_now_ns();
     XH_OK(duet_xfer_debug_put(g->sd.peers[0][0], 0, 0, bytes, duet_deadline_in_ms(G_TIMEOUT_MS)));
     t[T_PUT1] = (double)(duet_now_ns() - t_put) / 1e9;
@@ -650,9 +753,12 @@ static int bench_prefill(void *arg)
         }
         for (int k = 0; k < T_N; k++)
             med[k] = median(t[k], b->rounds);
-        /* a staged copy cannot beat max(d2h, put) + h2d of the same bytes */
+        /* a staged copy cannot beat max(d2h, put) + h2d of the same bytes; the
+         * device-direct path is its puts alone */
         double put = bytes / med[T_PUT1] / 1e9, d2h = b->base.d2h[i], h2d = b->base.h2d[i];
-        double model = d2h > 0 && h2d > 0 ? 1.0 / ((1.0 / (d2h < put ? d2h : put)) + 1.0 / h2d) : 0;
+        double model = b->device            ? put
+                       : d2h > 0 && h2d > 0 ? 1.0 / ((1.0 / (d2h < put ? d2h : put)) + 1.0 / h2d)
+                                            : 0;
         double e2e = bytes / med[T_E2E] / 1e9;
         double ref = strcmp(b->variant, "same") == 0 ? b->base.d2d[i] : b->base.peer[i];
         printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f\n",
@@ -745,6 +851,30 @@ static int describe_gpus(base_t *r)
     return 0;
 }
 
+/* --mirror device: can this UCX (with b->tls) move CUDA memory? */
+static int probe_ucx_cuda(const bench_t *b, int *yes_p)
+{
+    duet_xfer_config_t cfg;
+    duet_xfer_t *x;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.role = DUET_XFER_PREFILL;
+    cfg.tp = 1;
+    cfg.kv_heads = G_HEADS;
+    cfg.dtype = DUET_DTYPE_BF16;
+    cfg.layout = (duet_kv_layout_t){.n_layers = G_LAYERS,
+                                    .n_pages = 1,
+                                    .page_size = G_PAGE,
+                                    .n_kv_heads = G_HEADS,
+                                    .head_dim = G_HEAD_DIM,
+                                    .elem_size = G_ELEM};
+    cfg.model_fingerprint = 1;
+    cfg.tls = b->tls;
+    XH_OK(duet_xfer_create(&cfg, &x));
+    *yes_p = duet_xfer_supports_cuda_memory(x);
+    duet_xfer_destroy(x);
+    return 0;
+}
+
 static int bench_baseline(void *arg)
 {
     const bench_t *b = arg;
@@ -753,6 +883,15 @@ static int bench_baseline(void *arg)
     void *host = NULL, *d0 = NULL, *d0b = NULL, *d1 = NULL;
     cudaStream_t s = NULL;
     memset(&r, 0, sizeof(r));
+    if (b->device) {
+        if (probe_ucx_cuda(b, &r.ucx_cuda))
+            return 1;
+        if (!r.ucx_cuda) {
+            /* nothing to measure: say so to the parent */
+            XH_CHECK(xh_chan_send(b->fd_d, &r, sizeof(r)) == 0, "channel");
+            return 0;
+        }
+    }
     if (b->cuda) {
         if (describe_gpus(&r))
             return 1;
@@ -870,11 +1009,12 @@ static int run_baseline(bench_t *b)
 int main(int argc, char **argv)
 {
     char plans_buf[128] = "1x1,1x2,2x1", variants_buf[64] = "spread,same";
+    const char *pool_desc;
     bench_t b;
     int bad = 0, usage = 0;
     memset(&b, 0, sizeof(b));
     b.cuda = true;
-    b.tls = "sm,self";
+    b.tls = NULL; /* G_TLS, or G_TLS_DEVICE with --mirror device */
     b.rounds = 5;
     b.corrupt_put = -1;
     b.n_tokens = parse_ints("512,1024,2048,4096,8192", b.tokens, G_MAX_SIZES);
@@ -899,35 +1039,68 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--tls") == 0)
             b.tls = v;
         else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "ucx-alloc") == 0)
-            b.registered = false;
-        else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "registered") == 0)
+            b.registered = b.device = false;
+        else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "registered") == 0) {
             b.registered = true;
-        else
+            b.device = false;
+        } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "device") == 0) {
+            b.registered = false;
+            b.device = true;
+        } else
             usage = 1;
         i++;
+    }
+    if (!usage && b.device && !b.cuda) {
+        fprintf(stderr, "--mirror device needs CUDA device memory: not with --no-cuda\n");
+        usage = 1;
     }
     if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
-                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered] [--no-cuda]\n",
+                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device] [--no-cuda] "
+                "[--corrupt-put N]\n",
                 argv[0]);
         return 2;
     }
+    if (b.device && b.corrupt_put >= 0) {
+        fprintf(stderr, "--corrupt-put is not supported with --mirror device "
+                        "(duet_xfer_debug_corrupt_put writes into host pools only)\n");
+        return 2;
+    }
+    if (b.tls == NULL)
+        b.tls = b.device ? G_TLS_DEVICE : G_TLS;
+    pool_desc = b.device       ? "pool device (registered with UCX, no mirror)"
+                : b.registered ? "mirror registered"
+                               : "mirror ucx-alloc";
     duet_log_set_level(DUET_LOG_LEVEL_ERROR);
     duet_log_init_from_env();
     signal(SIGPIPE, SIG_IGN);
     printf("# Llama-3-8B KV (32 layers, 8 KV heads, head_dim 128, page 16, bf16, 128 KiB/token); "
-           "UCX_TLS %s; %d CPUs; mirror %s\n",
-           b.tls, duet_cpu_count(), b.registered ? "registered" : "ucx-alloc");
+           "UCX_TLS %s; %d CPUs; %s\n",
+           b.tls, duet_cpu_count(), pool_desc);
     if (run_baseline(&b))
         return 1;
-    printf("# e2e: first device->host copy issued on prefill -> last host->device copy landed "
-           "on decode; export/puts/import: the stages in turn; medians of %d after a warm-up;\n"
-           "# put: one host put of the same bytes mirror -> mirror + flush; model: "
-           "1/(1/min(d2h, put) + 1/h2d), the staged path with perfect overlap;\n"
-           "# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
-           "same size; every destination byte verified after every transfer\n",
-           b.rounds);
+    if (b.device && !b.base.ucx_cuda) {
+        printf("# --mirror device: this UCX build has no CUDA transports (UCX_TLS %s): "
+               "nothing measured\n",
+               b.tls);
+        return 0;
+    }
+    if (b.device)
+        printf("# device-direct: e2e: first layer's host function queued on prefill (no export "
+               "copy) -> every decode rank notified (no import copy); export: the host functions "
+               "ran, import 0; medians of %d after a warm-up;\n"
+               "# put: one put of the same bytes device pool -> device pool + flush; model: put, "
+               "the path with nothing but its puts;\n",
+               b.rounds);
+    else
+        printf("# e2e: first device->host copy issued on prefill -> last host->device copy landed "
+               "on decode; export/puts/import: the stages in turn; medians of %d after a warm-up;\n"
+               "# put: one host put of the same bytes mirror -> mirror + flush; model: "
+               "1/(1/min(d2h, put) + 1/h2d), the staged path with perfect overlap;\n",
+               b.rounds);
+    printf("# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
+           "same size; every destination byte verified after every transfer\n");
     printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s\n", "# var", "P", "D", "tokens",
            "MiB", "e2e_GB/s", "export_ms", "puts_ms", "import_ms", "put_GB/s", "model", "ref",
            "e2e/ref");

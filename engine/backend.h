@@ -64,6 +64,10 @@ typedef struct duet_backend_ops {
 
     duet_status_t (*rank_create)(const duet_backend_rank_opts_t *opts, duet_backend_rank_t **r_p);
     void (*rank_destroy)(duet_backend_rank_t *r);
+    /* Optional: make the calling thread use r's device (cuda: its primary
+     * context current), for threads other than the rank's own that work on
+     * its memory -- UCX's progress thread with CUDA transports. */
+    duet_status_t (*thread_bind)(duet_backend_rank_t *r);
 
     /* Backend memory. alloc returns NULL on failure (with duet_error set). */
     void *(*alloc)(duet_backend_rank_t *r, size_t bytes);
@@ -153,7 +157,9 @@ typedef struct duet_backend_ops {
     /* Rank thread, right after layer's KV was stored (the on_layer hook):
      * queue the copy of layer's K and V slices of pages[0..n) to the same
      * offsets of `host`, ordered after the store; done(arg) runs once they
-     * landed, on a driver thread: it must not call the backend or block. */
+     * landed, on a driver thread: it must not call the backend or block.
+     * host NULL (a pool registered for direct device puts): no copies,
+     * done(arg) runs once the store completed. */
     duet_status_t (*kv_export_layer)(duet_backend_rank_t *r, int layer, const int32_t *pages,
                                      int n, void *host, void (*done)(void *arg), void *arg);
     /* Wait until every queued export landed and its done() returned. */

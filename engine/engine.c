@@ -424,6 +424,18 @@ bool duet_engine_kv_mirrored(const duet_engine_t *e)
     return e->ranks[0].kv_mirror != NULL;
 }
 
+duet_status_t duet_engine_thread_bind(duet_engine_t *e, int rank)
+{
+    if (rank < 0 || rank >= e->tp)
+        return duet_error(DUET_ERR_INVALID, "thread bind: rank %d of %d", rank, e->tp);
+    return e->ops->thread_bind != NULL ? e->ops->thread_bind(e->ranks[rank].br) : DUET_OK;
+}
+
+bool duet_engine_kv_registered(const duet_engine_t *e)
+{
+    return e->ranks[0].kv_registered;
+}
+
 void *duet_engine_kv_host(const duet_engine_t *e, int rank)
 {
     if (rank < 0 || rank >= e->tp)
@@ -436,17 +448,19 @@ duet_status_t duet_engine_kv_export_layer(duet_engine_t *e, int rank, int layer,
                                           void *arg)
 {
     duet__rank_t *rk = &e->ranks[rank];
-    if (rk->kv_mirror == NULL) {
+    if (rk->kv_mirror == NULL && !rk->kv_registered) {
         done(arg);
         return DUET_OK;
     }
+    /* registered device pool: host NULL, done() only ordered after the store */
     return e->ops->kv_export_layer(rk->br, layer, pages, n, rk->kv_mirror, done, arg);
 }
 
 static duet_status_t duet__kv_dispatch(duet_engine_t *e, int kind, const int32_t *pages, int n)
 {
     duet__job_t job = {.kind = kind, .kv_pages = pages, .kv_n_pages = n};
-    if (!duet_engine_kv_mirrored(e))
+    if (!duet_engine_kv_mirrored(e) &&
+        !(duet_engine_kv_registered(e) && kind == DUET__JOB_KV_EXPORT_SYNC))
         return DUET_OK;
     if (e->failed != DUET_OK)
         return duet_error(e->failed, "engine failed earlier: %s", e->failed_msg);

@@ -36,6 +36,12 @@ typedef struct {
      * from the rank's thread. */
     duet_status_t (*kv_alloc)(void *ud, int rank, size_t bytes, void **base_p);
     void (*kv_free)(void *ud, int rank, void *base);
+    /* A device pool (cuda) without a host mirror: when set, the backend's
+     * device pool is passed here right after it is allocated (the transfer
+     * layer registers device memory for direct puts) and kv_alloc is not
+     * called; kv_unregister runs before the pool is freed. */
+    duet_status_t (*kv_register)(void *ud, int rank, void *base, size_t bytes);
+    void (*kv_unregister)(void *ud, int rank, void *base);
     void *kv_ud;
     /* Optional: called on each rank's thread once layer `layer`'s KV of the
      * current chunk is stored (a later layer may still be computing), with
@@ -71,6 +77,12 @@ const char *duet_engine_backend_name(const duet_engine_t *e);
 
 /* True when the pool is device memory with a host mirror. */
 bool duet_engine_kv_mirrored(const duet_engine_t *e);
+/* Make the calling thread use rank's device (a no-op on the cpu backend). */
+duet_status_t duet_engine_thread_bind(duet_engine_t *e, int rank);
+/* True when the pool is device memory handed to opts.kv_register: exports
+ * only order the hook's done() after the layer's KV store, imports are
+ * no-ops (the KV lands in the pool itself). */
+bool duet_engine_kv_registered(const duet_engine_t *e);
 /* The memory kv_alloc provided for rank (the pool, or its mirror). */
 void *duet_engine_kv_host(const duet_engine_t *e, int rank);
 /* From the on_layer hook (rank thread): copy layer's KV of pages[0..n) to

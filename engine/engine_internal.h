@@ -58,6 +58,7 @@ typedef struct duet__rank {
     void *kv_base;           /* the pool (backend memory) */
     void *kv_mirror;         /* its host mirror, when the pool is device memory */
     bool kv_mirror_pinned;
+    bool kv_registered;      /* device pool handed to opts.kv_register (no mirror) */
     duet_weight_t *embed;
     duet_weight_t *lm_head;  /* [n_vocab][hidden] rows of this rank */
     void *final_norm;

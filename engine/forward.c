@@ -139,8 +139,12 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
     } else {
         rk->kv_base = ops->alloc(rk->br, kv_bytes);
         st = rk->kv_base ? DUET_OK : DUET_ERR_NO_MEMORY;
-        /* device pool: the provider's memory becomes its host mirror */
-        if (st == DUET_OK && e->opts.kv_alloc != NULL) {
+        if (st == DUET_OK && e->opts.kv_register != NULL && ops->kv_import != NULL) {
+            /* device pool registered as it is: no mirror */
+            st = e->opts.kv_register(e->opts.kv_ud, rk->rank, rk->kv_base, kv_bytes);
+            rk->kv_registered = st == DUET_OK;
+        } else if (st == DUET_OK && e->opts.kv_alloc != NULL) {
+            /* device pool: the provider's memory becomes its host mirror */
             st = e->opts.kv_alloc(e->opts.kv_ud, rk->rank, kv_bytes, &rk->kv_mirror);
             if (st == DUET_OK) {
                 rk->kv_mirror_pinned =
@@ -231,7 +235,10 @@ void duet__rank_cleanup(duet__rank_t *rk)
                     rk->gu,   rk->act,  rk->last,   rk->logits,  rk->gathered};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ops->free(rk->br, bufs[i]);
-    if (rk->kv_mirror != NULL) {
+    if (rk->kv_registered) {
+        e->opts.kv_unregister(e->opts.kv_ud, rk->rank, rk->kv_base);
+        ops->free(rk->br, rk->kv_base);
+    } else if (rk->kv_mirror != NULL) {
         if (rk->kv_mirror_pinned)
             ops->host_unregister(rk->br, rk->kv_mirror);
         if (e->opts.kv_free != NULL)
@@ -459,5 +466,7 @@ duet_status_t duet__rank_kv_job(duet__rank_t *rk, const duet__job_t *job)
         return DUET_OK;
     if (job->kind == DUET__JOB_KV_EXPORT_SYNC)
         return ops->kv_export_sync(rk->br);
+    if (rk->kv_mirror == NULL)
+        return DUET_OK; /* registered device pool: the KV is in place */
     return ops->kv_import(rk->br, job->kv_pages, job->kv_n_pages, rk->kv_mirror);
 }

@@ -1,5 +1,6 @@
 #include "transfer/kv_engine.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -16,6 +17,80 @@ static duet_status_t duet__kv_alloc(void *ud, int rank, size_t bytes, void **bas
 static void duet__kv_free(void *ud, int rank, void *base)
 {
     /* the pool belongs to the transfer rank and goes with duet_xfer_destroy */
+}
+
+static duet_status_t duet__kv_register(void *ud, int rank, void *base, size_t bytes)
+{
+    duet_kv_engine_t *ke = ud;
+    return duet_xfer_pool_register_device(duet_xfer_rank(ke->xfer, rank), base, bytes);
+}
+
+static void duet__kv_unregister(void *ud, int rank, void *base)
+{
+    duet_kv_engine_t *ke = ud;
+    duet_xfer_pool_unregister(duet_xfer_rank(ke->xfer, rank));
+}
+
+typedef struct {
+    duet_engine_t *engine;
+    int rank;
+} duet__bind_t;
+
+static duet_status_t duet__bind(void *arg)
+{
+    duet__bind_t *b = arg;
+    return duet_engine_thread_bind(b->engine, b->rank);
+}
+
+/* Device pools: put straight from and into device memory, or stage through
+ * a pinned host mirror (DUET_KV_TRANSFER_PATH):
+ *   auto (default)  direct with UCX >= 1.16 built with CUDA transports, whose
+ *                   protocols put device memory with cuda_ipc; staged below
+ *                   that: UCX 1.13 (with UCX_PROTO_ENABLE=y) moves device
+ *                   memory correctly but by software emulation, measured at
+ *                   0.7-1.0 GB/s against 5-8 GB/s staged (tests/gpu/NOTES.md)
+ *   direct          direct whenever UCX can at all (start-up error if not)
+ *   staged          always the mirror
+ * Checksums need the mirror (the CPU reads what it checks).  Returns 1 for
+ * direct, 0 for staged (*why says why), -1 for a bad value or a forced
+ * direct path this UCX cannot run (duet_error set). */
+static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfer,
+                             const char **why)
+{
+    const char *env = getenv("DUET_KV_TRANSFER_PATH");
+    bool forced = env != NULL && strcmp(env, "direct") == 0;
+
+    if (env != NULL && *env != '\0' && !forced && strcmp(env, "auto") != 0 &&
+        strcmp(env, "staged") != 0) {
+        duet_error(DUET_ERR_CONFIG, "DUET_KV_TRANSFER_PATH=%s: expected auto, direct or staged",
+                   env);
+        return -1;
+    }
+    if (env != NULL && strcmp(env, "staged") == 0) {
+        *why = "DUET_KV_TRANSFER_PATH=staged";
+        return 0;
+    }
+    if (opts->cluster->transfer_checksum) {
+        *why = "transfer.checksum needs host memory to read";
+        if (forced) {
+            duet_error(DUET_ERR_CONFIG, "DUET_KV_TRANSFER_PATH=direct: %s", *why);
+            return -1;
+        }
+        return 0;
+    }
+    if (!duet_xfer_device_puts(xfer, why)) {
+        if (forced) {
+            duet_error(DUET_ERR_CONFIG, "DUET_KV_TRANSFER_PATH=direct: %s", *why);
+            return -1;
+        }
+        return 0;
+    }
+    if (!forced && duet_xfer_ucx_version() < 116) {
+        *why = "this UCX (< 1.16) emulates puts of device memory in software, slower than "
+               "staging; DUET_KV_TRANSFER_PATH=direct forces it";
+        return 0;
+    }
+    return 1;
 }
 
 duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_engine_t *ke)
@@ -79,6 +154,20 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     eo.kv_alloc = duet__kv_alloc;
     eo.kv_free = duet__kv_free;
     eo.kv_ud = ke;
+    const char *why = "";
+    if (ops->kv_import != NULL) {
+        int direct = duet__device_path(opts, ke->xfer, &why);
+        if (direct < 0) {
+            st = duet_error_wrap(DUET_ERR_CONFIG, "kv: ");
+            duet_xfer_destroy(ke->xfer);
+            ke->xfer = NULL;
+            return st;
+        }
+        if (direct) {
+            eo.kv_register = duet__kv_register;
+            eo.kv_unregister = duet__kv_unregister;
+        }
+    }
     eo.on_layer = opts->on_layer;
     eo.layer_ud = opts->layer_ud;
     if ((st = duet_engine_create(&eo, &ke->engine)) != DUET_OK) {
@@ -86,14 +175,30 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
         ke->xfer = NULL;
         return st;
     }
-    if (duet_engine_kv_mirrored(ke->engine)) {
-        /* device pools: UCX moves host memory only here, so KV goes through
-         * the pinned host mirror, layer by layer */
+    if (duet_engine_kv_registered(ke->engine)) {
+        /* device pools registered with UCX: puts from device memory into the
+         * peer's device pool (cuda_ipc on one host), layer by layer.  UCX's
+         * CUDA transports use the context current on the thread that drives
+         * them: each rank's progress thread gets its rank's GPU. */
+        for (int r = 0; r < ke->tp; r++) {
+            duet__bind_t b = {ke->engine, r};
+            if ((st = duet_xfer_rank_run(duet_xfer_rank(ke->xfer, r), duet__bind, &b)) != DUET_OK) {
+                duet_kv_engine_destroy(ke);
+                return duet_error_wrap(st, "kv: transfer thread of rank %d: ", r);
+            }
+        }
+        ke->path = "ucx-cuda-direct";
+        DUET_LOG_INFO("kv: pools in %s device memory; transfer path %s (%s; puts between device "
+                      "pools, no host copies)",
+                      ops->name, ke->path, why);
+    } else if (duet_engine_kv_mirrored(ke->engine)) {
+        /* device pools: KV goes through the pinned host mirror, layer by
+         * layer */
         ke->path = "staged-pinned-host";
         DUET_LOG_INFO("kv: pools in %s device memory; UCX CUDA memory support: %s; transfer "
-                      "path %s (per-layer device<->host copies around the puts)",
-                      ops->name, duet_xfer_supports_cuda_memory(ke->xfer) ? "yes (unused)" : "no",
-                      ke->path);
+                      "path %s (%s; per-layer device<->host copies around the puts)",
+                      ops->name, duet_xfer_supports_cuda_memory(ke->xfer) ? "yes" : "no",
+                      ke->path, why);
     } else {
         ke->path = "ucx-host";
     }

@@ -144,6 +144,7 @@ typedef struct {
     uint64_t instance; /* random per duet_xfer_t: a restarted peer has a new one */
     uint64_t host_id;  /* hostname + boot id: shared memory is only tried on the same host */
     uint64_t pool_bytes;
+    bool pool_device; /* the pool is CUDA device memory (duet_xfer_pool_register_device) */
 } duet_xfer_desc_info_t;
 
 /* ---- context and ranks (not thread-safe: one owner) -------------------- */
@@ -182,7 +183,35 @@ duet_status_t duet_xfer_pool_register(duet_xfer_rank_t *r, void *base, size_t by
  * include CUDA: cuda_copy / cuda_ipc transports).  Thread-safe. */
 bool duet_xfer_supports_cuda_memory(const duet_xfer_t *xfer);
 
-/* "ucx-alloc", "registered" or "none": which pool path this rank runs. */
+/* Run fn(arg) on the rank's progress thread and return its status (for
+ * per-thread set-up such as making the rank's GPU current there, which UCX's
+ * CUDA transports need).  Not callback-safe. */
+duet_status_t duet_xfer_rank_run(duet_xfer_rank_t *r, duet_status_t (*fn)(void *arg), void *arg);
+
+/* Whether puts from and into CUDA device memory work with this UCX: CUDA
+ * transports, and its new protocols (the default from UCX 1.16,
+ * UCX_PROTO_ENABLE=y before; the original ones read a put's source on the
+ * CPU).  *why gets the reason either way.  Thread-safe. */
+bool duet_xfer_device_puts(const duet_xfer_t *xfer, const char **why);
+
+/* The UCX library's version as major * 100 + minor (1.13 -> 113). */
+int duet_xfer_ucx_version(void);
+
+/* Register CUDA device memory the caller owns as the pool (needs
+ * duet_xfer_device_puts): puts then run from and into device
+ * memory (cuda_ipc between GPUs of one host), with no host copy.  Peers
+ * must have device pools too (their descriptors say so; a mismatch is
+ * refused at connect).  Checksums (DUET_XFER_SEND_CRC) are not available:
+ * the CPU does not read the pool.  Unregister before freeing the memory. */
+duet_status_t duet_xfer_pool_register_device(duet_xfer_rank_t *r, void *base, size_t bytes);
+
+/* Undo duet_xfer_pool_register / _register_device once nothing uses the
+ * pool any more (no transfers in flight; before the memory is freed).  A
+ * no-op for other pools. */
+void duet_xfer_pool_unregister(duet_xfer_rank_t *r);
+
+/* "ucx-alloc", "registered", "registered-cuda" or "none": which pool path
+ * this rank runs. */
 const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r);
 
 /* ---- descriptors and peers --------------------------------------------- */
@@ -317,7 +346,8 @@ duet_status_t duet_xfer_debug_put(duet_xfer_peer_t *peer, size_t src_off, size_t
 
 /* Tests: flip one byte of the source of the rank's n-th put from now (0 =
  * the next), after its checksum was taken, so the receiver's CRC check must
- * fail.  n < 0 disables.  This writes into the rank's own pool. */
+ * fail.  n < 0 disables.  This writes into the rank's own pool (host pools
+ * only). */
 void duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n);
 
 #endif

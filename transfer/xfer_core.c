@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -407,6 +408,11 @@ static void cmd_exec(duet_xfer_rank_t *r, duet__cmd_t *c)
     case DUET__CMD_PUT:
         duet__peer_exec_put(r, c);
         break;
+    case DUET__CMD_RUN: {
+        duet_status_t st = c->u.run.fn(c->u.run.arg);
+        duet__cmd_done(r, c, st, "%s", st != DUET_OK ? duet_error_msg() : "");
+        break;
+    }
     case DUET__CMD_STOP:
         exec_stop(r, c);
         break;
@@ -854,10 +860,65 @@ int duet_xfer_rank_index(const duet_xfer_rank_t *r)
     return r->index;
 }
 
+duet_status_t duet_xfer_rank_run(duet_xfer_rank_t *r, duet_status_t (*fn)(void *arg), void *arg)
+{
+    duet__cmd_t c;
+    memset(&c, 0, sizeof(c));
+    c.kind = DUET__CMD_RUN;
+    c.u.run.fn = fn;
+    c.u.run.arg = arg;
+    return duet__call(r, &c, 0);
+}
+
 bool duet_xfer_supports_cuda_memory(const duet_xfer_t *xfer)
 {
     ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
     if (ucp_context_query(xfer->ucp, &attr) != UCS_OK)
         return false;
     return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+
+/* Whether UCX_PROTO_ENABLE in the environment says yes (1) or no (0);
+ * -1 when unset. */
+static int duet__proto_env(void)
+{
+    const char *v = getenv("UCX_PROTO_ENABLE");
+    if (v == NULL || *v == '\0')
+        return -1;
+    return strcasecmp(v, "y") == 0 || strcasecmp(v, "yes") == 0 || strcasecmp(v, "on") == 0 ||
+           strcmp(v, "1") == 0;
+}
+
+int duet_xfer_ucx_version(void)
+{
+    unsigned major, minor, release;
+    ucp_get_version(&major, &minor, &release);
+    return (int)(major * 100 + minor);
+}
+
+bool duet_xfer_device_puts(const duet_xfer_t *xfer, const char **why)
+{
+    unsigned major, minor, release;
+    int env = duet__proto_env();
+
+    if (!duet_xfer_supports_cuda_memory(xfer)) {
+        *why = "this UCX build has no CUDA transports";
+        return false;
+    }
+    /* UCX's original protocols emulate a put whose rkey no lane serves by
+     * reading the source on the CPU: a put from device memory then faults
+     * (seen with 1.13 and cuda_ipc).  Its new protocols (the default since
+     * 1.16, UCX_PROTO_ENABLE=y before) move device memory with cuda_ipc /
+     * cuda_copy. */
+    ucp_get_version(&major, &minor, &release);
+    if (env == 0) {
+        *why = "UCX_PROTO_ENABLE=n (UCX's original protocols cannot put from device memory)";
+        return false;
+    }
+    if (env < 0 && (major < 1 || (major == 1 && minor < 16))) {
+        *why = "this UCX (< 1.16) needs UCX_PROTO_ENABLE=y to put from device memory";
+        return false;
+    }
+    *why = "UCX moves CUDA memory";
+    return true;
 }

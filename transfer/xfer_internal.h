@@ -65,6 +65,7 @@ enum {
     DUET__CMD_UNWAIT,
     DUET__CMD_CANCEL,
     DUET__CMD_PUT,
+    DUET__CMD_RUN,
     DUET__CMD_STOP,
 };
 
@@ -110,6 +111,10 @@ struct duet__cmd {
             size_t src_off, dst_off, len;
             int64_t deadline_ns;
         } put;
+        struct {
+            duet_status_t (*fn)(void *arg);
+            void *arg;
+        } run;
     } u;
 };
 
@@ -168,7 +173,7 @@ struct duet_xfer_rank {
     size_t addr_len;
 
     /* pool: set before any transfer, read-only afterwards */
-    int pool_kind; /* 0 none, 1 ucx-alloc, 2 registered */
+    int pool_kind; /* 0 none, 1 ucx-alloc, 2 registered, 3 registered CUDA memory */
     ucp_mem_h memh;
     unsigned char *base;
     size_t bytes;

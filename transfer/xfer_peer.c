@@ -310,7 +310,7 @@ static void connect_flush_cb(void *req, ucs_status_t status, void *user_data)
 static int shm_mapped(duet_xfer_rank_t *r, duet_xfer_peer_t *p)
 {
     void *ptr;
-    return p->info.host_id == r->info.host_id && p->rkey != NULL &&
+    return !p->info.pool_device && p->info.host_id == r->info.host_id && p->rkey != NULL &&
            ucp_rkey_ptr(p->rkey, p->remote_base, &ptr) == UCS_OK;
 }
 
@@ -561,9 +561,13 @@ void duet__peer_exec_put(duet_xfer_rank_t *r, duet__cmd_t *c)
     rp.cb.send = put_op_cb;
     rp.user_data = op;
     rp.memh = r->memh;
+    if (r->info.pool_device) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        rp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     put_op_req(r, op,
                ucp_put_nbx(p->data_ep, r->base + src, len, p->remote_base + dst, p->rkey, &rp));
-    rp.op_attr_mask &= ~(uint32_t)UCP_OP_ATTR_FIELD_MEMH;
+    rp.op_attr_mask &= ~(uint32_t)(UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE);
     put_op_req(r, op, ucp_ep_flush_nbx(p->data_ep, &rp));
     if (op->pending > 0) {
         op->next = r->put_ops;
@@ -597,21 +601,32 @@ duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size
     duet__desc_t d;
     duet__cmd_t c;
     duet_status_t st;
+    void *copy;
 
     if (r->pool_kind == 0)
         return duet_error(DUET_ERR_INVALID, "xfer rank %d: connect needs the pool first", r->index);
-    st = duet__desc_decode(blob, len, &d);
+    /* UCX gets a private copy: its cuda_ipc rkey unpack (1.13) writes into
+     * the packed rkey it is given, and the caller's blob may be shared by
+     * several ranks connecting to the same peer (seen: the second rank's
+     * checksum check failed). */
+    copy = duet_malloc(len ? len : 1);
+    if (copy == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "xfer rank %d: connect: no memory", r->index);
+    if (blob != NULL)
+        memcpy(copy, blob, len);
+    st = duet__desc_decode(blob != NULL ? copy : NULL, len, &d);
     if (st == DUET_OK)
         st = duet__desc_check_peer(&r->info, &d.info);
-    if (st != DUET_OK)
-        return st;
-    memset(&c, 0, sizeof(c));
-    c.kind = DUET__CMD_CONNECT;
-    c.u.connect.desc = &d;
-    c.u.connect.deadline_ns = deadline_ns;
-    st = duet__call(r, &c, 0);
-    if (st == DUET_OK)
-        *peer_p = c.u.connect.peer;
+    if (st == DUET_OK) {
+        memset(&c, 0, sizeof(c));
+        c.kind = DUET__CMD_CONNECT;
+        c.u.connect.desc = &d;
+        c.u.connect.deadline_ns = deadline_ns;
+        st = duet__call(r, &c, 0);
+        if (st == DUET_OK)
+            *peer_p = c.u.connect.peer;
+    }
+    duet_free(copy);
     return st;
 }
 

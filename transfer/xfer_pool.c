@@ -8,7 +8,8 @@
 
 #include "common/log.h"
 
-static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int allocate)
+static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int allocate,
+                              int device)
 {
     size_t need = duet_kv_total_bytes(&r->info.layout);
     ucp_mem_map_params_t mp;
@@ -26,6 +27,10 @@ static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int
     mp.address = base;
     mp.length = bytes;
     mp.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+    if (device) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     us = ucp_mem_map(r->x->ucp, &mp, &r->memh);
     if (us != UCS_OK) {
         r->memh = NULL;
@@ -50,7 +55,8 @@ static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int
     r->base = ma.address;
     r->bytes = bytes;
     r->info.pool_bytes = bytes;
-    r->pool_kind = allocate ? 1 : 2;
+    r->pool_kind = allocate ? 1 : device ? 3 : 2;
+    r->info.pool_device = device != 0;
     DUET_LOG_INFO("xfer rank %d: pool %zu bytes at %p (%s), rkey %zu bytes", r->index, bytes,
                   (void *)r->base, duet_xfer_pool_kind(r), r->rkey_len);
     return DUET_OK;
@@ -58,7 +64,7 @@ static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int
 
 duet_status_t duet_xfer_pool_alloc(duet_xfer_rank_t *r, size_t bytes, void **base_p)
 {
-    duet_status_t st = pool_map(r, NULL, bytes, 1);
+    duet_status_t st = pool_map(r, NULL, bytes, 1, 0);
     if (st == DUET_OK)
         *base_p = r->base;
     return st;
@@ -66,12 +72,35 @@ duet_status_t duet_xfer_pool_alloc(duet_xfer_rank_t *r, size_t bytes, void **bas
 
 duet_status_t duet_xfer_pool_register(duet_xfer_rank_t *r, void *base, size_t bytes)
 {
-    return pool_map(r, base, bytes, 0);
+    return pool_map(r, base, bytes, 0, 0);
+}
+
+duet_status_t duet_xfer_pool_register_device(duet_xfer_rank_t *r, void *base, size_t bytes)
+{
+    const char *why;
+    if (!duet_xfer_device_puts(r->x, &why))
+        return duet_error(DUET_ERR_UNSUPPORTED, "xfer rank %d: no puts from device memory: %s",
+                          r->index, why);
+    return pool_map(r, base, bytes, 0, 1);
+}
+
+void duet_xfer_pool_unregister(duet_xfer_rank_t *r)
+{
+    if (r->pool_kind != 2 && r->pool_kind != 3)
+        return;
+    ucp_rkey_buffer_release(r->rkey_buf);
+    ucp_mem_unmap(r->x->ucp, r->memh);
+    r->rkey_buf = NULL;
+    r->memh = NULL;
+    r->base = NULL;
+    r->bytes = 0;
+    r->pool_kind = 0;
 }
 
 const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r)
 {
-    return r->pool_kind == 1 ? "ucx-alloc" : r->pool_kind == 2 ? "registered" : "none";
+    static const char *const names[] = {"none", "ucx-alloc", "registered", "registered-cuda"};
+    return names[r->pool_kind];
 }
 
 duet_status_t duet_xfer_desc_pack(duet_xfer_rank_t *r, void **blob_p, size_t *len_p)

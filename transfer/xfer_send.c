@@ -369,6 +369,10 @@ static int post_send(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
     rp.cb.send = put_cb;
     rp.memh = r->memh;
+    if (r->info.pool_device) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        rp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     while (*budget > 0 && *bytes > 0 && s->c_layer < s->limit && !s->stop_posting &&
            r->put_reqs < DUET__PUT_INFLIGHT) {
         send_dst_t *dst = &s->dst[s->c_dst];
@@ -385,7 +389,7 @@ static int post_send(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *
         src = r->base + seg.src_off;
         if (s->flags & DUET_XFER_SEND_CRC)
             dst->crc = duet__crc32c(dst->crc, src, seg.len);
-        if (corrupt >= 0) {
+        if (corrupt >= 0 && !r->info.pool_device) {
             /* test hook (duet_xfer_debug_corrupt_put): after the checksum */
             if (atomic_fetch_sub_explicit(&r->corrupt_at, 1, memory_order_relaxed) == 0)
                 src[seg.len / 2] ^= 0x5a;
@@ -442,6 +446,13 @@ int duet__send_post_some(duet_xfer_rank_t *r)
 
 static duet_status_t begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg, size_t cap)
 {
+    if ((s->flags & DUET_XFER_SEND_CRC) && r->info.pool_device) {
+        snprintf(msg, cap,
+                 "request %" PRIu64 ": checksums need a host pool (prefill rank %d's is device "
+                 "memory)",
+                 s->o.req_id, r->index);
+        return DUET_ERR_UNSUPPORTED;
+    }
     if (duet__map_get(&r->sends, s->o.req_id) != NULL) {
         snprintf(msg, cap, "request %" PRIu64 " is already being sent from prefill rank %d",
                  s->o.req_id, r->index);

@@ -126,7 +126,7 @@ duet_status_t duet__desc_encode(const duet__desc_t *d, void **blob_p, size_t *le
         return duet_error(DUET_ERR_NO_MEMORY, "descriptor: %zu bytes", len);
     put_u32(b + 0, DUET__DESC_MAGIC);
     put_u16(b + 4, DUET_XFER_DESC_VERSION);
-    put_u16(b + 6, 0);
+    put_u16(b + 6, in->pool_device ? DUET__DESC_F_DEVICE : 0); /* flags */
     put_u32(b + 8, (uint32_t)len);
     b[12] = (uint8_t)in->role;
     b[13] = (uint8_t)in->dtype;
@@ -191,10 +191,11 @@ duet_status_t duet__desc_decode(const void *blob, size_t len, duet__desc_t *d_p)
                           total, len);
     if (get_u32(b + len - 4) != duet__crc32c(0, b, len - 4))
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: checksum mismatch (corrupted)");
-    if (get_u16(b + 6) != 0)
+    if ((get_u16(b + 6) & ~DUET__DESC_F_DEVICE) != 0)
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: unknown flags 0x%x", get_u16(b + 6));
 
     memset(&d, 0, sizeof(d));
+    d.info.pool_device = (get_u16(b + 6) & DUET__DESC_F_DEVICE) != 0;
     d.info.role = (duet_xfer_role_t)b[12];
     d.info.dtype = (duet_dtype_t)b[13];
     d.info.rank = get_u16(b + 14);
@@ -261,6 +262,13 @@ duet_status_t duet__desc_check_peer(const duet_xfer_desc_info_t *local,
     if (rl->elem_size != ll->elem_size)
         return duet_error(DUET_ERR_MISMATCH, "peer %s rank %d: elem_size %d != %d", role, rank,
                           rl->elem_size, ll->elem_size);
+    if (remote->pool_device != local->pool_device)
+        return duet_error(DUET_ERR_MISMATCH,
+                          "peer %s rank %d: KV pool in %s memory, this daemon's in %s memory (both "
+                          "sides must run the same KV transfer path: same UCX build and "
+                          "DUET_KV_TRANSFER_PATH)",
+                          role, rank, remote->pool_device ? "device" : "host",
+                          local->pool_device ? "device" : "host");
     return DUET_OK;
 }
 

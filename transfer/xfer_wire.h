@@ -27,6 +27,7 @@
 #define DUET__DESC_MAGIC    0x44465844u /* "DXFD" */
 #define DUET__DESC_FIXED    92u
 #define DUET__DESC_BLOB_MAX 65536u /* rkey and address each stay below this */
+#define DUET__DESC_F_DEVICE 0x1u   /* flags: the pool is device memory */
 
 typedef struct {
     duet_xfer_desc_info_t info;

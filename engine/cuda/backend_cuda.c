@@ -193,6 +193,13 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     return DUET_OK;
 }
 
+static duet_status_t duet__thread_bind(duet_backend_rank_t *r)
+{
+    DUET__CUDA_TRY(cudaSetDevice(r->device));
+    DUET__CUDA_TRY(cudaFree(NULL)); /* the primary context exists and is current */
+    return DUET_OK;
+}
+
 static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
                                        duet_backend_rank_t **r_p)
 {
@@ -485,6 +492,7 @@ const duet_backend_ops_t duet_backend_cuda = {
     .act_dtype = DUET_DTYPE_BF16,
     .kv_dtype = DUET_DTYPE_BF16,
     .rank_create = duet__rank_create,
+    .thread_bind = duet__thread_bind,
     .rank_destroy = duet__rank_destroy,
     .alloc = duet__alloc,
     .free = duet__free,

@@ -7,7 +7,11 @@
  * the caller's done() as a host function -- which posts that layer to the
  * transfer layer.  Runs of consecutive page ids are one copy each.
  * Import (decode): the same copies the other way, on the compute stream,
- * so the request's first decode step is ordered after them. */
+ * so the request's first decode step is ordered after them.
+ *
+ * A pool registered for direct device puts (UCX with CUDA transports) has
+ * no mirror: the export then only runs done() after the layer's store, and
+ * there is no import. */
 #include "engine/cuda/cuda_internal.h"
 
 #include "common/alloc.h"
@@ -77,8 +81,11 @@ duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, cons
         DUET__CUDA_TRY(cudaStreamCreateWithFlags(&r->copy_stream, cudaStreamNonBlocking));
     /* the layer's KV store was queued before this hook ran */
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[layer], 0));
-    if ((st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true, r->copy_stream)) !=
-        DUET_OK)
+    /* host NULL: a pool registered for direct device puts; only done() is
+     * ordered after the store */
+    if (host != NULL &&
+        (st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true, r->copy_stream)) !=
+            DUET_OK)
         return st;
     c = DUET_NEW(duet__export_ctx_t);
     if (c == NULL)

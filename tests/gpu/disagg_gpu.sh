@@ -20,6 +20,18 @@ C=$ROOT/.devcarry/daemons
 BIN=$C/bin
 export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export UCX_MODULE_DIR=$C/lib/ucx
+# DUET_UCX_CUDA_LIB: a UCX build with CUDA transports (its lib*.so.0 and ucx/
+# modules, e.g. .devcarry/ucxcuda from tests/gpu/build_ucx_cuda.sh): the
+# daemons then put straight between device pools (transfer path
+# ucx-cuda-direct) instead of staging through pinned host memory.
+if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
+    export LD_LIBRARY_PATH=$DUET_UCX_CUDA_LIB:$LD_LIBRARY_PATH
+    export UCX_MODULE_DIR=$DUET_UCX_CUDA_LIB/ucx
+    export UCX_PROTO_ENABLE=${UCX_PROTO_ENABLE:-y} # UCX 1.13: device puts need the new protocols
+    # UCX < 1.16 emulates device puts (slower than staging): auto would stage
+    export DUET_KV_TRANSFER_PATH=${DUET_KV_TRANSFER_PATH:-direct}
+    "$DUET_UCX_CUDA_LIB/bin/ucx_info" -d 2>/dev/null | grep -E "Transport: (cuda|sysv|posix|tcp)" | sort -u | sed 's/^/  ucx: /'
+fi
 export NCCL_NVLS_ENABLE=0
 export DUET_LOG_LEVEL=${DUET_LOG_LEVEL:-info}
 LOG=${OUT:+$OUT/disagg.log}
@@ -53,6 +65,10 @@ JSON
         sleep 0.2
     done
     grep -h "transfer path\|UCX CUDA" "$W/p.log" "$W/d.log" | sed 's/^/  /'
+    if [ "${DUET_KV_TRANSFER_PATH:-}" = direct ] && ! grep -q "transfer path ucx-cuda-direct" "$W/p.log"; then
+        echo "$name P=$P D=$D: DUET_UCX_CUDA_LIB set but the direct path is not running"
+        fails=$((fails + 1))
+    fi
     for prompt in "1 403 407 261 378" "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 500)"; do
         want=$("$BIN/duet" generate --backend cuda --model "$model" --prompt-ids "$prompt" \
                --max-tokens 24 --ignore-eos --output ids 2>/dev/null)

@@ -14,7 +14,25 @@
 #                                            [".devcarry/gxfer"]); ARGS go to
 #                                            bench_gpu_transfer; log in
 #                                            $OUT/gpu-transfer.log
+#   tests/gpu/run_gpu_transfer.sh --mirror device [ARGS]
+#                                            the device-direct path (device
+#                                            pools registered with UCX, puts
+#                                            over cuda_ipc): needs a UCX with
+#                                            CUDA transports, e.g.
+#                                            DUET_UCX_CUDA_LIB=.devcarry/ucxcuda
+#                                            (carry it too); without one the
+#                                            bench says so and exits 0
+#
+# DUET_UCX_CUDA_LIB=DIR: use the UCX build in DIR (libucp/libuct/libucs/libucm
+# .so files, its modules in DIR/ucx) instead of the carried Debian one.
 set -u
+if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
+    DUET_UCX_CUDA_LIB=$(cd "$DUET_UCX_CUDA_LIB" 2>/dev/null && pwd) || {
+        echo "DUET_UCX_CUDA_LIB: no such directory" >&2
+        exit 1
+    }
+    export -n DUET_UCX_CUDA_LIB # UCX warns about UCX_* variables it does not know
+fi
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 C=$ROOT/.devcarry/gxfer
@@ -49,12 +67,35 @@ if [ "${1:-}" = "--build" ]; then
         echo "a corrupted put passed verification"
         exit 1
     fi
+    # --mirror device needs the GPU: refused with --no-cuda (usage, exit 2)
+    set +e
+    "$BIN" --no-cuda --mirror device --tokens 512 --rounds 1 >/dev/null 2>&1
+    rc=$?
+    set -e
+    if [ $rc -ne 2 ]; then
+        echo "--mirror device --no-cuda: exit $rc, want 2 (usage)"
+        exit 1
+    fi
     echo "self-test ok"
     exit 0
 fi
 
 export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export UCX_MODULE_DIR=$C/lib/ucx
+UCX_DESC="Debian 1.13, no CUDA transports"
+if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
+    # ahead of the carried Debian libraries
+    export LD_LIBRARY_PATH=$DUET_UCX_CUDA_LIB:$LD_LIBRARY_PATH
+    export UCX_MODULE_DIR=$DUET_UCX_CUDA_LIB/ucx
+    # UCX 1.13: puts from device memory need the new protocols
+    export UCX_PROTO_ENABLE=${UCX_PROTO_ENABLE:-y}
+    UCX_DESC="DUET_UCX_CUDA_LIB"
+fi
+DEVICE=0
+for a in "$@"; do
+    [ "$a" = device ] && [ "${prev:-}" = --mirror ] && DEVICE=1
+    prev=$a
+done
 LOG=${OUT:+$OUT/gpu-transfer.log}
 LOG=${LOG:-/dev/null}
 exec > >(tee -a "$LOG") 2>&1
@@ -66,13 +107,19 @@ nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id,memory.total,pcie.li
 nvidia-smi topo -m
 echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(free -g | awk '/Mem/{print $2}') GiB"
 df -h /dev/shm | tail -1
-echo "# UCX modules from $UCX_MODULE_DIR (Debian 1.13, no CUDA transports)"
+echo "# UCX modules from $UCX_MODULE_DIR ($UCX_DESC)"
+if [ -x "${DUET_UCX_CUDA_LIB:-/nonexistent}/bin/ucx_info" ]; then
+    echo "# DUET_UCX_CUDA_LIB $DUET_UCX_CUDA_LIB: $("$DUET_UCX_CUDA_LIB/bin/ucx_info" -v | head -1 | sed 's/^# *//'); \
+transports: $("$DUET_UCX_CUDA_LIB/bin/ucx_info" -d 2>/dev/null | awk '/Transport:/{printf "%s ", $3}')"
+fi
 
 timeout 140 "$BIN" "$@"
 rc=$?
 echo "# bench_gpu_transfer exit $rc"
 
 # the checker itself, on the CUDA path: a corrupted put must fail the run
+# (on the staged path: --corrupt-put needs a host pool; the device-direct
+# path verifies with the same code)
 if timeout 25 "$BIN" --tokens 512 --rounds 1 --plans 1x1 --variants spread --corrupt-put 10 \
     >"$W/corrupt.log" 2>&1; then
     echo "# corrupted put: NOT detected (verification broken)"
@@ -81,7 +128,7 @@ else
     echo "# corrupted put: detected, as it must be: $(grep -m1 'decode rank' "$W/corrupt.log")"
 fi
 
-if [ $rc -ne 0 ]; then
+if [ $rc -ne 0 ] && [ $DEVICE = 0 ]; then
     # diagnosis: the same path with the mirror registered instead of
     # allocated by UCX (shared-memory limits on the host?)
     timeout 30 "$BIN" --mirror registered --tokens 512 --rounds 2 --plans 1x1

@@ -62,6 +62,15 @@ static void test_desc_roundtrip(void **state)
     assert_memory_equal(e.rkey, d.rkey, d.rkey_len);
     assert_int_equal(e.addr_len, d.addr_len);
     assert_memory_equal(e.addr, d.addr, d.addr_len);
+    assert_false(e.info.pool_device);
+    duet_free(blob);
+
+    /* a device pool travels as a flag */
+    d.info.pool_device = true;
+    assert_int_equal(duet__desc_encode(&d, &blob, &len), DUET_OK);
+    assert_int_equal(duet__desc_decode(blob, len, &e), DUET_OK);
+    assert_true(e.info.pool_device);
+    assert_memory_equal(&e.info, &d.info, sizeof(d.info));
     duet_free(blob);
 }
 
@@ -181,6 +190,15 @@ static void test_desc_mismatch(void **state)
     remote.layout.n_kv_heads = 2;
     assert_int_equal(duet__desc_check_peer(&local, &remote), DUET_ERR_MISMATCH);
     assert_string_equal(duet_error_msg(), "peer decode rank 1: kv_heads 4 != 8");
+
+    /* one side puts between device pools, the other stages through host
+     * memory: refused, naming both */
+    remote = d.info;
+    remote.pool_device = true;
+    assert_int_equal(duet__desc_check_peer(&local, &remote), DUET_ERR_MISMATCH);
+    assert_non_null(strstr(duet_error_msg(),
+                           "peer decode rank 1: KV pool in device memory, this daemon's in host "
+                           "memory"));
 }
 
 static void test_msg(void **state)
