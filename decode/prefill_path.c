@@ -110,8 +110,8 @@ static void duet__boot_task(void *arg)
     }
     resp = duet__v1__bootstrap_response__unpack(NULL, res.len, res.data);
     if (resp == NULL) {
-        st = duet_error(DUET_ERR_FORMAT, "bootstrap with prefill %s: malformed reply",
-                        link->target);
+        st =
+            duet_error(DUET_ERR_FORMAT, "bootstrap with prefill %s: malformed reply", link->target);
         goto out;
     }
     if (resp->tp < 1 || resp->tp > DUET_TP_MAX || resp->n_rank_descriptors != resp->tp) {
@@ -119,7 +119,8 @@ static void duet__boot_task(void *arg)
                         link->target, resp->tp, resp->n_rank_descriptors);
         goto out;
     }
-    if (resp->model_fingerprint != dc->ke.fingerprint || resp->kv_heads != (uint32_t)dc->ke.kv_heads) {
+    if (resp->model_fingerprint != dc->ke.fingerprint ||
+        resp->kv_heads != (uint32_t)dc->ke.kv_heads) {
         st = duet_error(DUET_ERR_MISMATCH,
                         "bootstrap with prefill %s: it serves model fingerprint %016llx (%u kv "
                         "heads), this decode %016llx (%d kv heads)",
@@ -141,13 +142,13 @@ static void duet__boot_task(void *arg)
         int n = duet_slice_plan_senders(link->plan, d, senders);
         for (int i = 0; i < n; i++) {
             int p = senders[i];
-            st = duet_xfer_peer_connect(duet_xfer_rank(dc->ke.xfer, d),
-                                        resp->rank_descriptors[p].data,
-                                        resp->rank_descriptors[p].len, deadline,
-                                        &link->peers[d * link->P + p]);
+            st = duet_xfer_peer_connect(
+                duet_xfer_rank(dc->ke.xfer, d), resp->rank_descriptors[p].data,
+                resp->rank_descriptors[p].len, deadline, &link->peers[d * link->P + p]);
             if (st != DUET_OK) {
-                st = duet_error_wrap(st, "bootstrap with prefill %s: decode rank %d -> prefill "
-                                         "rank %d: ",
+                st = duet_error_wrap(st,
+                                     "bootstrap with prefill %s: decode rank %d -> prefill "
+                                     "rank %d: ",
                                      link->target, d, p);
                 goto out;
             }
@@ -254,8 +255,7 @@ typedef struct {
     duet_dc_ev_t *ev; /* RPC_DONE, allocated with the call */
 } duet__rpc_arg_t;
 
-static void duet__rpc_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len,
-                              void *arg)
+static void duet__rpc_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len, void *arg)
 {
     /* the first token comes with the notifications; the reply's timings
      * are only logged */
@@ -489,8 +489,7 @@ void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev)
     }
 }
 
-void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
-                           const char *detail)
+void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st, const char *detail)
 {
     duet_decode_t *dc = arg;
     duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_PEER_ERROR, NULL);
@@ -615,8 +614,8 @@ bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
                     dc->cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,
                     duet_now_ns() + (int64_t)dc->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS,
                     duet__noop_message, duet__noop_done, NULL, NULL) != DUET_OK)
-                DUET_LOG_WARN("decode: cannot ask prefill %s to abort %s: %s",
-                              req->prefill_target, req->request_id, duet_error_msg());
+                DUET_LOG_WARN("decode: cannot ask prefill %s to abort %s: %s", req->prefill_target,
+                              req->request_id, duet_error_msg());
             duet_free(buf);
         }
         req->abort_sent = true;

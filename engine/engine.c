@@ -110,11 +110,9 @@ static duet_status_t duet__wait_ranks(duet_engine_t *e, const char *what)
     while (e->n_done < e->tp) {
         struct timespec ts = duet_deadline_timespec(
             duet_now_ns() + (int64_t)e->opts.comm_timeout_ms * DUET_NS_PER_MS);
-        if (pthread_cond_timedwait(&e->done_cv, &e->lock, &ts) == ETIMEDOUT &&
-            e->n_done < e->tp)
+        if (pthread_cond_timedwait(&e->done_cv, &e->lock, &ts) == ETIMEDOUT && e->n_done < e->tp)
             DUET_LOG_WARN("engine: %s running for %lld ms, %d of %d ranks done", what,
-                          (long long)((duet_now_ns() - start) / DUET_NS_PER_MS), e->n_done,
-                          e->tp);
+                          (long long)((duet_now_ns() - start) / DUET_NS_PER_MS), e->n_done, e->tp);
     }
     for (int r = 0; r < e->tp; r++) {
         if (e->ranks[r].status != DUET_OK) {
@@ -247,10 +245,9 @@ duet_status_t duet_engine_create(const duet_engine_opts_t *opts, duet_engine_t *
     } else
 #endif
     {
-        st = duet_comm_host_group_create(e->tp,
-                                         (size_t)opts->max_batch_tokens *
-                                             (size_t)e->model->cfg.hidden * sizeof(float),
-                                         opts->comm_timeout_ms, &e->comm_group);
+        st = duet_comm_host_group_create(
+            e->tp, (size_t)opts->max_batch_tokens * (size_t)e->model->cfg.hidden * sizeof(float),
+            opts->comm_timeout_ms, &e->comm_group);
         if (st != DUET_OK)
             goto err_free_bufs;
         duet_comm_host_group_set_spin(e->comm_group, e->spin);
@@ -373,13 +370,13 @@ static duet_status_t duet__check_seq(const duet_engine_t *e, const duet_engine_s
                           s->n_tokens, s->start_pos);
     if (total > cfg->max_pos)
         return duet_error(DUET_ERR_TOO_LONG,
-                          "sequence %d: %ld tokens exceed the model context of %d tokens", i,
-                          total, cfg->max_pos);
+                          "sequence %d: %ld tokens exceed the model context of %d tokens", i, total,
+                          cfg->max_pos);
     need = (total + ps - 1) / ps;
     if (need > e->opts.n_pages)
         return duet_error(DUET_ERR_EXHAUSTED,
-                          "sequence %d: %ld tokens need %ld pages, the pool has %d", i, total,
-                          need, e->opts.n_pages);
+                          "sequence %d: %ld tokens need %ld pages, the pool has %d", i, total, need,
+                          e->opts.n_pages);
     if (s->pages == NULL || s->n_pages < need)
         return duet_error(DUET_ERR_INVALID, "sequence %d: %ld tokens need %ld pages, %d given", i,
                           total, need, s->n_pages);
@@ -528,8 +525,7 @@ duet_status_t duet_engine_forward(duet_engine_t *e, const duet_engine_seq_t *seq
                     job->out[job->n_out++] = (duet__out_row_t){
                         .token = nt + k,
                         .seq = si,
-                        .logits = s->logits ? s->logits + (size_t)(off + k) * (size_t)vocab
-                                            : NULL,
+                        .logits = s->logits ? s->logits + (size_t)(off + k) * (size_t)vocab : NULL,
                         .sample = final && k == take - 1 && s->sample && sampled != NULL,
                     };
                 }

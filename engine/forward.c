@@ -19,19 +19,18 @@
 
 static duet_weight_src_t duet__rows(const duet_st_tensor_t *t, int row0, int rows)
 {
-    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], row0, rows, 0,
-                               (int)t->shape[1]};
+    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], row0,
+                               rows,    0,        (int)t->shape[1]};
 }
 
 static duet_weight_src_t duet__cols(const duet_st_tensor_t *t, int col0, int cols)
 {
-    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], 0, (int)t->shape[0], col0,
-                               cols};
+    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], 0, (int)t->shape[0],
+                               col0,    cols};
 }
 
 /* Stacked q/k/v bias slices as one act-dtype vector. */
-static duet_status_t duet__qkv_bias(duet__rank_t *rk, const duet_layer_weights_t *lw,
-                                    void **bias_p)
+static duet_status_t duet__qkv_bias(duet__rank_t *rk, const duet_layer_weights_t *lw, void **bias_p)
 {
     const duet_shard_t *s = &rk->shard;
     int hd = rk->e->model->cfg.head_dim;
@@ -80,8 +79,8 @@ static duet_status_t duet__load_layer(duet__rank_t *rk, int l)
     duet_weight_src_t wo = duet__cols(lw->wo, s->q_head0 * hd, s->n_q_heads * hd);
     duet_weight_src_t down = duet__cols(lw->w_down, s->ffn0, s->n_ffn);
 
-    if ((st = ops->vector_create(rk->br, lw->attn_norm->data, lw->attn_norm->dtype, 0,
-                                 cfg->hidden, &L->attn_norm)) != DUET_OK ||
+    if ((st = ops->vector_create(rk->br, lw->attn_norm->data, lw->attn_norm->dtype, 0, cfg->hidden,
+                                 &L->attn_norm)) != DUET_OK ||
         (st = ops->vector_create(rk->br, lw->mlp_norm->data, lw->mlp_norm->dtype, 0, cfg->hidden,
                                  &L->mlp_norm)) != DUET_OK ||
         (st = ops->weight_create(rk->br, qkv, 3, &L->wqkv)) != DUET_OK ||
@@ -150,8 +149,7 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
                 rk->kv_mirror_pinned =
                     ops->host_register(rk->br, rk->kv_mirror, kv_bytes) == DUET_OK;
                 if (!rk->kv_mirror_pinned)
-                    DUET_LOG_WARN("rank %d: kv mirror not pinned: %s", rk->rank,
-                                  duet_error_msg());
+                    DUET_LOG_WARN("rank %d: kv mirror not pinned: %s", rk->rank, duet_error_msg());
             }
         }
     }
@@ -188,8 +186,7 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
     rk->act = duet__act_alloc(rk, T * (size_t)s->n_ffn, &st);
     rk->last = duet__act_alloc(rk, DUET_LM_BLOCK * (size_t)cfg->hidden, &st);
     rk->logits = duet__act_alloc(rk, DUET_LM_BLOCK * (size_t)s->vocab_chunk, &st);
-    rk->gathered =
-        duet__act_alloc(rk, (size_t)e->tp * DUET_LM_BLOCK * (size_t)s->vocab_chunk, &st);
+    rk->gathered = duet__act_alloc(rk, (size_t)e->tp * DUET_LM_BLOCK * (size_t)s->vocab_chunk, &st);
     if (st != DUET_OK)
         return st;
     rk->host_sampled = duet_calloc((size_t)e->opts.max_seqs, sizeof(int32_t));
@@ -231,8 +228,8 @@ void duet__rank_cleanup(duet__rank_t *rk)
     ops->weight_destroy(rk->br, rk->embed);
     ops->weight_destroy(rk->br, rk->lm_head);
     ops->free(rk->br, rk->final_norm);
-    void *bufs[] = {rk->x,    rk->h,    rk->o,      rk->qkv,     rk->attn,
-                    rk->gu,   rk->act,  rk->last,   rk->logits,  rk->gathered};
+    void *bufs[] = {rk->x,  rk->h,   rk->o,    rk->qkv,    rk->attn,
+                    rk->gu, rk->act, rk->last, rk->logits, rk->gathered};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ops->free(rk->br, bufs[i]);
     if (rk->kv_registered) {
@@ -355,10 +352,9 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
             continue;
         const char *src = (const char *)all + (size_t)q * (size_t)nr * (size_t)s->vocab_chunk * es;
         for (int i = 0; i < nr; i++) {
-            st = ops->rows_to_host_f32(rk->br, rk->host_logits + (size_t)i * (size_t)cfg->vocab +
-                                                   sq.vocab0,
-                                       src + (size_t)i * (size_t)sq.n_vocab * es, 1, sq.n_vocab,
-                                       (size_t)sq.n_vocab);
+            st = ops->rows_to_host_f32(
+                rk->br, rk->host_logits + (size_t)i * (size_t)cfg->vocab + sq.vocab0,
+                src + (size_t)i * (size_t)sq.n_vocab * es, 1, sq.n_vocab, (size_t)sq.n_vocab);
             if (st != DUET_OK)
                 return st;
         }
@@ -397,8 +393,7 @@ static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
         const duet__layer_t *L = &rk->layers[l];
         if ((st = ops->rmsnorm(rk->br, rk->h, rk->x, L->attn_norm, n, H, (float)cfg->rms_eps)) ||
             (st = ops->matmul(rk->br, rk->qkv, rk->h, n, L->wqkv, L->qkv_bias)) ||
-            (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, (float)cfg->rope_theta,
-                                     l)))
+            (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, (float)cfg->rope_theta, l)))
             return st;
         /* layer l's KV is in the pool: a transfer may start reading it */
         if (e->opts.on_layer != NULL)

@@ -54,8 +54,7 @@ static duet_status_t duet__bind(void *arg)
  * Checksums need the mirror (the CPU reads what it checks).  Returns 1 for
  * direct, 0 for staged (*why says why), -1 for a bad value or a forced
  * direct path this UCX cannot run (duet_error set). */
-static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfer,
-                             const char **why)
+static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfer, const char **why)
 {
     const char *env = getenv("DUET_KV_TRANSFER_PATH");
     bool forced = env != NULL && strcmp(env, "direct") == 0;
@@ -149,8 +148,7 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     eo.page_size = opts->cluster->page_size;
     eo.n_pages = self->n_pages;
     eo.max_batch_tokens = self->max_batch_tokens;
-    eo.max_seqs = self->max_seqs < self->max_batch_tokens ? self->max_seqs
-                                                          : self->max_batch_tokens;
+    eo.max_seqs = self->max_seqs < self->max_batch_tokens ? self->max_seqs : self->max_batch_tokens;
     eo.kv_alloc = duet__kv_alloc;
     eo.kv_free = duet__kv_free;
     eo.kv_ud = ke;
@@ -197,8 +195,8 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
         ke->path = "staged-pinned-host";
         DUET_LOG_INFO("kv: pools in %s device memory; UCX CUDA memory support: %s; transfer "
                       "path %s (%s; per-layer device<->host copies around the puts)",
-                      ops->name, duet_xfer_supports_cuda_memory(ke->xfer) ? "yes" : "no",
-                      ke->path, why);
+                      ops->name, duet_xfer_supports_cuda_memory(ke->xfer) ? "yes" : "no", ke->path,
+                      why);
     } else {
         ke->path = "ucx-host";
     }

@@ -57,11 +57,9 @@ static duet_status_t duet__copy_pages(duet_backend_rank_t *r, int l0, int l1, co
                     run++;
                 size_t off = duet_kv_offset(&r->kv, l, kv, pages[i], 0);
                 char *d = (char *)r->kv_base + off, *h = (char *)host + off;
-                DUET__CUDA_TRY(cudaMemcpyAsync(to_host ? h : d, to_host ? d : h,
-                                               (size_t)run * page,
-                                               to_host ? cudaMemcpyDeviceToHost
-                                                       : cudaMemcpyHostToDevice,
-                                               stream));
+                DUET__CUDA_TRY(cudaMemcpyAsync(
+                    to_host ? h : d, to_host ? d : h, (size_t)run * page,
+                    to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream));
                 i += run;
             }
         }
@@ -83,9 +81,8 @@ duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, cons
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[layer], 0));
     /* host NULL: a pool registered for direct device puts; only done() is
      * ordered after the store */
-    if (host != NULL &&
-        (st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true, r->copy_stream)) !=
-            DUET_OK)
+    if (host != NULL && (st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true,
+                                               r->copy_stream)) != DUET_OK)
         return st;
     c = DUET_NEW(duet__export_ctx_t);
     if (c == NULL)
@@ -109,7 +106,7 @@ duet_status_t duet__cuda_kv_export_sync(duet_backend_rank_t *r)
 duet_status_t duet__cuda_kv_import(duet_backend_rank_t *r, const int32_t *pages, int n,
                                    const void *host)
 {
-    duet_status_t st = duet__copy_pages(r, 0, r->kv.n_layers, pages, n, (void *)host, false,
-                                        r->stream);
+    duet_status_t st =
+        duet__copy_pages(r, 0, r->kv.n_layers, pages, n, (void *)host, false, r->stream);
     return st != DUET_OK ? st : duet__cuda_wait(r, "kv import");
 }
