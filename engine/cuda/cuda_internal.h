@@ -145,6 +145,7 @@ struct duet_backend_rank {
     /* KV mirror copies (kv_mirror.c): their own stream, so a layer's
      * export overlaps the next layer's compute */
     cudaStream_t copy_stream;
+    void *host_pinned_elsewhere; /* host_register found it pinned already (UCX's cuda_copy) */
 };
 
 /* kv_mirror.c: the ops that move KV between the pool and its host mirror */

@@ -32,12 +32,28 @@ static void CUDART_CB duet__export_done(void *p)
 duet_status_t duet__cuda_host_register(duet_backend_rank_t *r, void *host, size_t bytes)
 {
     DUET__CUDA_TRY(cudaSetDevice(r->device));
-    DUET__CUDA_TRY(cudaHostRegister(host, bytes, cudaHostRegisterPortable));
+    cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+        /* a UCX with CUDA transports pins host memory it maps (cuda_copy):
+         * pinned already, and not ours to unpin.  The runtime keeps the
+         * error for the next launch check unless it is read here. */
+        (void)cudaGetLastError();
+        r->host_pinned_elsewhere = host;
+        return DUET_OK;
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return duet__cuda_check(e, "cudaHostRegister", __FILE__, __LINE__);
+    }
     return DUET_OK;
 }
 
 void duet__cuda_host_unregister(duet_backend_rank_t *r, void *host)
 {
+    if (host == r->host_pinned_elsewhere) {
+        r->host_pinned_elsewhere = NULL;
+        return;
+    }
     if (cudaHostUnregister(host) != cudaSuccess) {
         DUET_LOG_WARN("cuda rank %d: cudaHostUnregister: %s", r->rank,
                       cudaGetErrorString(cudaGetLastError()));
