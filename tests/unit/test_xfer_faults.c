@@ -3,6 +3,7 @@
  * pending, a peer killed mid-transfer (both directions) and restarted, and
  * allocation failures.  Real processes, real UCX (see
  * test_xfer_loopback.c). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -276,6 +277,101 @@ static void test_alloc_failures(void **state)
         fail_msg("allocation failure child exit %d", rc);
 }
 
+/* ---- device pools and progress-thread calls (what runs without CUDA) ------------------------ */
+
+static pthread_t run_thread;
+
+static duet_status_t run_on_thread(void *arg)
+{
+    run_thread = pthread_self();
+    return *(duet_status_t *)arg == DUET_OK
+               ? DUET_OK
+               : duet_error(*(duet_status_t *)arg, "bind test: refused on purpose");
+}
+
+static int device_child(void *arg)
+{
+    const spec_t *sp = arg;
+    duet_xfer_config_t cfg;
+    duet_xfer_t *x = NULL;
+    duet_status_t want;
+    const char *why = NULL;
+    xh_side_t sd;
+    void *base;
+    char *fake_device;
+
+    side_init(&sd, sp, DUET_XFER_PREFILL, 16);
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.role = sd.role;
+    cfg.tp = sd.tp;
+    cfg.kv_heads = sd.kv_heads;
+    cfg.dtype = sd.dtype;
+    cfg.layout = sd.layout;
+    duet_tp_kv_heads(sd.kv_heads, sd.tp, 0, &(int){0}, &cfg.layout.n_kv_heads);
+    cfg.tls = sp->tls;
+    XH_OK(duet_xfer_create(&cfg, &x));
+    duet_xfer_rank_t *r = duet_xfer_rank(x, 0);
+    fake_device = duet_aligned_alloc(4096, duet_kv_total_bytes(&cfg.layout));
+    XH_CHECK(fake_device != NULL, "no memory");
+
+    /* fn runs on the rank's progress thread; its status and message come back */
+    want = DUET_OK;
+    run_thread = pthread_self();
+    XH_OK(duet_xfer_rank_run(r, run_on_thread, &want));
+    XH_CHECK(!pthread_equal(run_thread, pthread_self()), "ran on the caller's thread");
+    want = DUET_ERR_IO;
+    XH_CHECK(duet_xfer_rank_run(r, run_on_thread, &want) == DUET_ERR_IO, "status lost");
+    XH_CHECK(strstr(duet_error_msg(), "refused on purpose") != NULL, "message lost: %s",
+             duet_error_msg());
+
+    /* a UCX without CUDA transports (CI's): device pools refused, naming why */
+    if (!duet_xfer_supports_cuda_memory(x)) {
+        XH_CHECK(!duet_xfer_device_puts(x, &why) && why != NULL && strstr(why, "CUDA") != NULL,
+                 "device puts: %s", why ? why : "(no reason)");
+        XH_CHECK(duet_xfer_pool_register_device(r, fake_device, duet_kv_total_bytes(&cfg.layout)) ==
+                     DUET_ERR_UNSUPPORTED,
+                 "device pool accepted without CUDA transports");
+        XH_CHECK(strstr(duet_error_msg(), "no puts from device memory") != NULL, "message: %s",
+                 duet_error_msg());
+        XH_CHECK(strcmp(duet_xfer_pool_kind(r), "none") == 0, "pool kind %s after a refusal",
+                 duet_xfer_pool_kind(r));
+    }
+    XH_CHECK(duet_xfer_ucx_version() >= 100, "ucx version %d", duet_xfer_ucx_version());
+
+    /* unregistering leaves a pool UCX allocated alone; a registered one goes */
+    XH_OK(duet_xfer_pool_alloc(r, duet_kv_total_bytes(&cfg.layout), &base));
+    duet_xfer_pool_unregister(r);
+    XH_CHECK(strcmp(duet_xfer_pool_kind(r), "ucx-alloc") == 0, "ucx-alloc pool unregistered");
+    duet_xfer_rank_t *r1 = sd.tp > 1 ? duet_xfer_rank(x, 1) : NULL;
+    if (r1 != NULL) {
+        XH_OK(duet_xfer_pool_register(r1, fake_device, duet_kv_total_bytes(&cfg.layout)));
+        XH_CHECK(strcmp(duet_xfer_pool_kind(r1), "registered") == 0, "kind %s",
+                 duet_xfer_pool_kind(r1));
+        duet_xfer_pool_unregister(r1);
+        XH_CHECK(strcmp(duet_xfer_pool_kind(r1), "none") == 0, "still registered");
+        XH_OK(duet_xfer_pool_register(r1, fake_device, duet_kv_total_bytes(&cfg.layout)));
+    }
+    duet_xfer_destroy(x); /* unmaps r1's pool; the memory stays ours */
+    duet_aligned_free(fake_device);
+    return 0;
+}
+
+static void test_device_pool(void **state)
+{
+    pid_t pid;
+    int rc;
+    spec_t sp;
+    (void)state;
+    memset(&sp, 0, sizeof(sp));
+    sp.P = sp.D = 2;
+    sp.H = 4;
+    sp.tls = tls_list[0];
+    pid = xh_spawn("device", device_child, &sp, NULL, 0);
+    xh_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc);
+    if (rc != 0)
+        fail_msg("device pool child exit %d", rc);
+}
+
 /* ---- killing a peer mid-transfer ----------------------------------------------------------- */
 
 #define KILL_DEADLINE_MS 4000
@@ -518,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_kill_prefill),
         cmocka_unit_test(test_kill_decode_reconnect),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_device_pool),
     };
     xs_init();
     return cmocka_run_group_tests(tests, NULL, NULL);
