@@ -399,25 +399,13 @@ static int rank_start(gside_t *g, int r, int dev)
     return 0;
 }
 
-/* xh_side_start without the pools (--mirror device): rank_start registers
- * each rank's device pool once it is allocated. */
+/* --mirror device: xh_side_start without the pools (rank_start registers
+ * each rank's device pool once it is allocated), on a UCX that can. */
 static int device_side_start(xh_side_t *sd)
 {
-    duet_xfer_config_t cfg;
-    int h0, nh;
-    sd->alloc_live0 = duet_alloc_live();
-    duet_tp_kv_heads(sd->kv_heads, sd->tp, 0, &h0, &nh);
-    sd->layout.n_kv_heads = nh;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.role = sd->role;
-    cfg.tp = sd->tp;
-    cfg.kv_heads = sd->kv_heads;
-    cfg.dtype = sd->dtype;
-    cfg.layout = sd->layout;
-    cfg.model_fingerprint = sd->fingerprint;
-    cfg.tls = sd->tls;
-    cfg.early_ttl_ms = sd->early_ttl_ms;
-    XH_OK(duet_xfer_create(&cfg, &sd->x));
+    sd->no_pools = 1;
+    if (xh_side_start(sd))
+        return 1;
     XH_CHECK(duet_xfer_supports_cuda_memory(sd->x),
              "--mirror device: this UCX build has no CUDA transports (UCX_TLS %s)", sd->tls);
     return 0;

@@ -182,25 +182,32 @@ static int cancel_decode(void *arg)
 
 /* Descriptors that do not match are refused, naming the field. */
 
+/* The transfer config of one side of sp, rank 0's share of the heads. */
+static duet_xfer_config_t config_of(const spec_t *sp, duet_xfer_role_t role)
+{
+    duet_xfer_config_t cfg;
+    xh_side_t sd;
+    side_init(&sd, sp, role, 16);
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.role = sd.role;
+    cfg.tp = sd.tp;
+    cfg.kv_heads = sd.kv_heads;
+    cfg.dtype = sd.dtype;
+    cfg.layout = sd.layout;
+    duet_tp_kv_heads(sd.kv_heads, sd.tp, 0, &(int){0}, &cfg.layout.n_kv_heads);
+    cfg.tls = sp->tls;
+    return cfg;
+}
+
 static int alloc_child(void *arg)
 {
     const spec_t *sp = arg;
     int created = 0;
     for (long n = 0; n < 400 && !created; n++) {
         long live0 = duet_alloc_live(), fails0 = duet_alloc_failures();
-        duet_xfer_config_t cfg;
+        duet_xfer_config_t cfg = config_of(sp, n % 2 ? DUET_XFER_DECODE : DUET_XFER_PREFILL);
         duet_status_t st;
         duet_xfer_t *x = NULL;
-        xh_side_t sd;
-        side_init(&sd, sp, n % 2 ? DUET_XFER_DECODE : DUET_XFER_PREFILL, 16);
-        memset(&cfg, 0, sizeof(cfg));
-        cfg.role = sd.role;
-        cfg.tp = sd.tp;
-        cfg.kv_heads = sd.kv_heads;
-        cfg.dtype = sd.dtype;
-        cfg.layout = sd.layout;
-        duet_tp_kv_heads(sd.kv_heads, sd.tp, 0, &(int){0}, &cfg.layout.n_kv_heads);
-        cfg.tls = sp->tls;
         duet_alloc_fail_after(n / 2);
         st = duet_xfer_create(&cfg, &x);
         duet_alloc_fail_after(-1);
@@ -261,20 +268,27 @@ static void test_cancel(void **state)
     scene(1, 1, 4, cancel_prefill, cancel_decode, 400);
 }
 
-static void test_alloc_failures(void **state)
+/* fn in a child process on a 2 x 2 spec with 4 heads; fails the test
+ * unless it exits 0 within timeout_ms. */
+static void run_child(const char *name, int (*fn)(void *), int64_t timeout_ms)
 {
     pid_t pid;
     int rc;
     spec_t sp;
-    (void)state;
     memset(&sp, 0, sizeof(sp));
     sp.P = sp.D = 2;
     sp.H = 4;
     sp.tls = tls_list[0];
-    pid = xh_spawn("alloc", alloc_child, &sp, NULL, 0);
-    xh_wait_all(&pid, 1, duet_deadline_in_ms(120000), &rc);
+    pid = xh_spawn(name, fn, &sp, NULL, 0);
+    xh_wait_all(&pid, 1, duet_deadline_in_ms(timeout_ms), &rc);
     if (rc != 0)
-        fail_msg("allocation failure child exit %d", rc);
+        fail_msg("%s child exit %d", name, rc);
+}
+
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    run_child("alloc", alloc_child, 120000);
 }
 
 /* ---- device pools and progress-thread calls (what runs without CUDA) ------------------------ */
@@ -292,23 +306,13 @@ static duet_status_t run_on_thread(void *arg)
 static int device_child(void *arg)
 {
     const spec_t *sp = arg;
-    duet_xfer_config_t cfg;
+    duet_xfer_config_t cfg = config_of(sp, DUET_XFER_PREFILL);
     duet_xfer_t *x = NULL;
     duet_status_t want;
     const char *why = NULL;
-    xh_side_t sd;
     void *base;
     char *fake_device;
 
-    side_init(&sd, sp, DUET_XFER_PREFILL, 16);
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.role = sd.role;
-    cfg.tp = sd.tp;
-    cfg.kv_heads = sd.kv_heads;
-    cfg.dtype = sd.dtype;
-    cfg.layout = sd.layout;
-    duet_tp_kv_heads(sd.kv_heads, sd.tp, 0, &(int){0}, &cfg.layout.n_kv_heads);
-    cfg.tls = sp->tls;
     XH_OK(duet_xfer_create(&cfg, &x));
     duet_xfer_rank_t *r = duet_xfer_rank(x, 0);
     fake_device = duet_aligned_alloc(4096, duet_kv_total_bytes(&cfg.layout));
@@ -342,7 +346,7 @@ static int device_child(void *arg)
     XH_OK(duet_xfer_pool_alloc(r, duet_kv_total_bytes(&cfg.layout), &base));
     duet_xfer_pool_unregister(r);
     XH_CHECK(strcmp(duet_xfer_pool_kind(r), "ucx-alloc") == 0, "ucx-alloc pool unregistered");
-    duet_xfer_rank_t *r1 = sd.tp > 1 ? duet_xfer_rank(x, 1) : NULL;
+    duet_xfer_rank_t *r1 = cfg.tp > 1 ? duet_xfer_rank(x, 1) : NULL;
     if (r1 != NULL) {
         XH_OK(duet_xfer_pool_register(r1, fake_device, duet_kv_total_bytes(&cfg.layout)));
         XH_CHECK(strcmp(duet_xfer_pool_kind(r1), "registered") == 0, "kind %s",
@@ -358,18 +362,8 @@ static int device_child(void *arg)
 
 static void test_device_pool(void **state)
 {
-    pid_t pid;
-    int rc;
-    spec_t sp;
     (void)state;
-    memset(&sp, 0, sizeof(sp));
-    sp.P = sp.D = 2;
-    sp.H = 4;
-    sp.tls = tls_list[0];
-    pid = xh_spawn("device", device_child, &sp, NULL, 0);
-    xh_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc);
-    if (rc != 0)
-        fail_msg("device pool child exit %d", rc);
+    run_child("device", device_child, 60000);
 }
 
 /* ---- killing a peer mid-transfer ----------------------------------------------------------- */

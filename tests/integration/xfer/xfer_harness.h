@@ -325,6 +325,7 @@ typedef struct {
     const char *tls;
     int early_ttl_ms;
     int registered; /* pools from our allocator + duet_xfer_pool_register */
+    int no_pools;   /* the caller sets each rank's pool up itself (device pools) */
     duet_xfer_t *x;
     void *owned[DUET_TP_MAX];
     unsigned char *base[DUET_TP_MAX];
@@ -349,7 +350,7 @@ static inline int xh_side_start(xh_side_t *sd)
     cfg.tls = sd->tls;
     cfg.early_ttl_ms = sd->early_ttl_ms;
     XH_OK(duet_xfer_create(&cfg, &sd->x));
-    for (int r = 0; r < sd->tp; r++) {
+    for (int r = 0; r < sd->tp && !sd->no_pools; r++) {
         size_t bytes = duet_kv_total_bytes(&sd->layout);
         void *base;
         if (sd->registered) {
