@@ -60,8 +60,8 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
                           m->request_id, m->n_prompt_ids, cfg->max_pos);
     for (size_t i = 0; i < m->n_prompt_ids; i++) {
         if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
-            return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d",
-                              m->request_id, m->prompt_ids[i], cfg->vocab - 1);
+            return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
+                              m->prompt_ids[i], cfg->vocab - 1);
     }
     size_t pages = (m->n_prompt_ids + (size_t)ps - 1) / (size_t)ps;
     if (m->n_dst_pages != pages)
@@ -138,6 +138,8 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
         return;
     }
     resp.found = duet_pf_abort(pf, m->caller_id ? m->caller_id : "", m->transfer_id);
+    DUET_LOG_DEBUG("prefill: Abort from %s for transfer %llu: %s", m->caller_id ? m->caller_id : "",
+                   (unsigned long long)m->transfer_id, resp.found ? "found" : "not found");
     duet__v1__abort_request__free_unpacked(m, NULL);
     duet_pb_reply(call, &resp.base);
 }

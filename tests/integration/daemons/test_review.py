@@ -155,7 +155,7 @@ def stale_prefill_write():
     victim = [1] + [40 + i for i in range(19)]   # 20 tokens
     stale = [1] + [200 + i for i in range(39)]   # 40 tokens
     try:
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": str(HOLD)})
+        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": str(HOLD), "DUET_LOG_LEVEL": "debug"})
         c.start("p1")
         c.start("d0")
         # time the decode: the victim must still be decoding when p0 writes,
@@ -198,6 +198,12 @@ def stale_prefill_write():
                "overwritten" % (same, len(ref)))
         bad = c.pages_at_baseline(timeout=HOLD / 1000.0 + 5)
         expect(not bad, "pages not back at baseline: %s" % bad)
+        # d0 asked p0 to abort once its expectations timed out (1 s in, before
+        # its Prefill call's deadline cancels the call at 2.5 s), so p0 dropped
+        # the held request before running it
+        log = c.log("p0")
+        expect("Abort from" in log and ": found" in log and "aborted before it ran" in log,
+               "p0 was not told to abort the held request:\n%s" % log[-3000:])
     finally:
         c.close()
 
