@@ -120,7 +120,10 @@ echo "# bench_gpu_transfer exit $rc"
 # the checker itself, on the CUDA path: a corrupted put must fail the run
 # (on the staged path: --corrupt-put needs a host pool; the device-direct
 # path verifies with the same code)
-if timeout 25 "$BIN" --tokens 512 --rounds 1 --plans 1x1 --variants spread --corrupt-put 10 \
+# (spread needs two GPUs: one GPU runs it as "same")
+VAR=spread
+[ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] || VAR=same
+if timeout 25 "$BIN" --tokens 512 --rounds 1 --plans 1x1 --variants $VAR --corrupt-put 10 \
     >"$W/corrupt.log" 2>&1; then
     echo "# corrupted put: NOT detected (verification broken)"
     rc=1
