@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 try:
@@ -405,6 +406,38 @@ def detok(model, ids):
         else:
             out += p.replace("\u2581", " ").encode()
     return out.decode("utf-8", errors="replace")
+
+
+def completion(cl, text, n):
+    """Greedy /v1/completions of n tokens after text: (HTTP status, body)."""
+    st, _, r = cl.post_json("/v1/completions", {"prompt": text, "max_tokens": n,
+                                                "temperature": 0})
+    return st, r
+
+
+def run_batch(cl, prompts, exp, rounds, threads=2):
+    """rounds x prompts ([(text, max_tokens)]) requests over `threads` client
+    threads; all must be 200 and equal the oracle exp[text] = (ids, text)."""
+    errors, lock = [], threading.Lock()
+    work = [p for _ in range(rounds) for p in prompts]
+
+    def worker():
+        while True:
+            with lock:
+                if not work:
+                    return
+                text, n = work.pop()
+            st, r = completion(cl, text, n)
+            if st != 200 or r["choices"][0]["text"] != exp[text][1] or \
+                    r["usage"]["completion_tokens"] != len(exp[text][0]):
+                errors.append("%s: %d %s" % (text, st, json.dumps(r)[:300]))
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    check(not any(t.is_alive() for t in ts), "a client hung")
+    check(not errors, "wrong results:\n" + "\n".join(errors))
 
 
 def main(test):

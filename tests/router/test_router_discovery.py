@@ -41,7 +41,7 @@ import time
 
 import grpc
 
-from router_cluster import Cluster, check, detok, fail, main, oracle
+from router_cluster import Cluster, check, completion, detok, fail, main, oracle, run_batch
 
 NSS_LIBS = ["/usr/lib/x86_64-linux-gnu/libnss_wrapper.so",
             "/usr/lib/aarch64-linux-gnu/libnss_wrapper.so", "/usr/lib/libnss_wrapper.so"]
@@ -219,34 +219,6 @@ def wait_healthy(cl, pod_or_name, tp=None, instance=None, timeout=20):
                                                       cl.procs["router"].log()))
 
 
-def completion(cl, text, n):
-    st, _, r = cl.post_json("/v1/completions", {"prompt": text, "max_tokens": n,
-                                                "temperature": 0})
-    return st, r
-
-
-def run_batch(cl, exp, rounds, threads=2):
-    errors, work, lock = [], [p for _ in range(rounds) for p in PROMPTS], threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                if not work:
-                    return
-                text, n = work.pop()
-            st, r = completion(cl, text, n)
-            if st != 200 or r["choices"][0]["text"] != exp[text][1] or \
-                    r["usage"]["completion_tokens"] != len(exp[text][0]):
-                errors.append("%s: %d %s" % (text, st, json.dumps(r)[:300]))
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    check(not any(t.is_alive() for t in ts), "a client hung")
-    check(not errors, "wrong results:\n" + "\n".join(errors))
-
-
 def totals(cl, pods):
     out = {p.host: p.info().requests_total for p in pods}
     out["p0"] = cl.info("p0").requests_total
@@ -386,7 +358,7 @@ def test(build, src):
         check(m.get("duet_router_workers_joined_total") == 2, "joined_total %s" %
               m.get("duet_router_workers_joined_total"))
         before = totals(cl, [pa, da])
-        run_batch(cl, exp, 2)
+        run_batch(cl, PROMPTS, exp, 2)
         d = delta(before, totals(cl, [pa, da]))
         check(d["p0"] > 0 and d["prefill-0"] > 0 and d["decode-0"] == 2 * len(PROMPTS),
               "start: spread %s" % d)
@@ -401,7 +373,7 @@ def test(build, src):
         r = row(cl, "decode/127.0.0.3")
         check(not r["healthy"] and "health check" in r["last_error"],
               "an address with no daemon behind it: %s" % r)
-        run_batch(cl, exp, 1, threads=1)
+        run_batch(cl, PROMPTS, exp, 1, threads=1)
         check(cl.metrics()["duet_router_retries_total"] == retries0,
               "requests were sent to the unchecked worker (retries %s -> %s)" %
               (retries0, cl.metrics()["duet_router_retries_total"]))
@@ -413,7 +385,7 @@ def test(build, src):
         wait_healthy(cl, db, tp=2)
         wait_healthy(cl, pb, tp=1)
         before = totals(cl, pods)
-        run_batch(cl, exp, 3)
+        run_batch(cl, PROMPTS, exp, 3)
         d = delta(before, totals(cl, pods))
         check(all(v > 0 for v in d.values()), "scale up: an instance got nothing: %s" % d)
         check(d["decode-0"] + d["decode-1"] == 3 * len(PROMPTS), "decode counts %s" % d)
@@ -436,7 +408,7 @@ def test(build, src):
         check(db.info().running > 0, "the streams on decode-1 ended before it left DNS "
               "(too fast to test)")
         n_db = db.info().requests_total
-        run_batch(cl, exp, 1)
+        run_batch(cl, PROMPTS, exp, 1)
         check(db.info().requests_total == n_db, "new requests went to decode-1 after it left DNS")
         # back in DNS while its streams run: the same worker returns (checked
         # first), then leaves again
@@ -476,7 +448,7 @@ def test(build, src):
         check("restarted: instance_id %s, was %s" % (new, old) in router_log(cl),
               "no restart line in the router log")
         n_pa = pa.info().requests_total
-        run_batch(cl, exp, 2)  # decode-0 meets the restarted prefill-0
+        run_batch(cl, PROMPTS, exp, 2)  # decode-0 meets the restarted prefill-0
         check(pa.info().requests_total > n_pa, "the restarted prefill-0 got no request")
         old_d = da.info().instance_id
         check(da.stop() == 0, "decode-0 exit on SIGTERM")
@@ -486,7 +458,7 @@ def test(build, src):
         check(new_d != old_d, "decode instance_id did not change")
         metrics_unique(cl)
         before = totals(cl, [pa, pb, da])
-        run_batch(cl, exp, 2)
+        run_batch(cl, PROMPTS, exp, 2)
         d = delta(before, totals(cl, [pa, pb, da]))
         check(d["prefill-0"] > 0 and d["decode-0"] == 2 * len(PROMPTS),
               "after the restarts: %s" % d)
@@ -498,7 +470,7 @@ def test(build, src):
         t0 = time.time()
         time.sleep(0.8)
         check(row(cl, "decode/127.0.0.2")["healthy"], "decode dropped before the grace period")
-        run_batch(cl, exp, 1, threads=1)
+        run_batch(cl, PROMPTS, exp, 1, threads=1)
         check(time.time() - t0 < 2.2, "the batch took too long to test the grace period")
         wait_for("decode/127.0.0.2 dropped after the grace period",
                  lambda: not (row(cl, "decode/127.0.0.2") or {}).get("healthy", False),
@@ -520,7 +492,7 @@ def test(build, src):
         hosts.set(D_NAME, ["127.0.0.2"])
         wait_healthy(cl, da, tp=1)
         cl.wait_router()
-        run_batch(cl, exp, 1)
+        run_batch(cl, PROMPTS, exp, 1)
         check(any("resolves again" in l for l in router_log(cl).splitlines()),
               "no recovery line in the router log")
         metrics_unique(cl)

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 
-from router_cluster import Cluster, check, detok, main, oracle
+from router_cluster import Cluster, check, detok, main, oracle, run_batch
 
 PROMPTS = [("Once upon a time", 20), ("The little dog", 12), ("Lily and Tom", 16),
            ("One day, a bird", 8)]
@@ -32,44 +32,12 @@ def totals(cl, names):
     return {n: cl.info(n).requests_total for n in names}
 
 
-def completion(cl, text, n):
-    st, _, r = cl.post_json("/v1/completions", {"prompt": text, "max_tokens": n,
-                                                "temperature": 0})
-    return st, r
-
-
-def run_batch(cl, exp, rounds, threads):
-    """rounds x PROMPTS requests over `threads` client threads; all must be
-    200 and equal the oracle."""
-    errors = []
-    work = [p for _ in range(rounds) for p in PROMPTS]
-    lock = threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                if not work:
-                    return
-                text, n = work.pop()
-            st, r = completion(cl, text, n)
-            if st != 200 or r["choices"][0]["text"] != exp[text][1] or \
-                    r["usage"]["completion_tokens"] != len(exp[text][0]):
-                errors.append("%s: %d %s" % (text, st, json.dumps(r)[:300]))
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    check(not any(t.is_alive() for t in ts), "a client hung")
-    check(not errors, "wrong results:\n" + "\n".join(errors))
-
-
 def policies(cl, exp):
     dec, pre = ["d2", "d4"], ["p1", "p2"]
     for policy, threads in (("round_robin", 1), ("least_load", 4), ("power_of_two", 4)):
         cl.start_router(args=["--policy", policy])
         before = totals(cl, dec + pre)
-        run_batch(cl, exp, 3, threads)
+        run_batch(cl, PROMPTS, exp, 3, threads)
         after = totals(cl, dec + pre)
         delta = {n: after[n] - before[n] for n in after}
         n_req = 3 * len(PROMPTS)
@@ -120,7 +88,7 @@ def kill_under_load(cl, exp):
         n_err += 1
     check(n_err > 0, "no stream saw the kill (all %d finished)" % len(results))
     print("kill: %d of %d streams ended with an error event" % (n_err, len(results)))
-    run_batch(cl, exp, 2, 2)
+    run_batch(cl, PROMPTS, exp, 2, 2)
     st, _, data = cl.http("GET", "/workers")
     w = {x["name"]: x for x in json.loads(data)["workers"]}
     check(not w["d4"]["healthy"] and w["d2"]["healthy"], "/workers after the kill: %s" % w)
@@ -145,7 +113,7 @@ def unnoticed_death(cl, exp):
     check(all(x["healthy"] for x in json.loads(data)["workers"]), "not all healthy: %s" % data)
     cl.procs["d4"].proc.send_signal(signal.SIGKILL)
     cl.procs["d4"].proc.wait()
-    run_batch(cl, exp, 1, 1)  # 4 sequential requests: round robin meets d4
+    run_batch(cl, PROMPTS, exp, 1, 1)  # 4 sequential requests: round robin meets d4
     # and over gRPC
     ids, _ = oracle(cl.build, cl.model, prompt="The little dog", max_tokens=12)
     for _ in range(2):
@@ -191,7 +159,7 @@ def drain(cl, exp):
     check(d4.running > 0, "nothing running on d4 before SIGTERM: %s" % d4)
     cl.procs["d4"].proc.send_signal(signal.SIGTERM)
     # new traffic while d4 drains: every request must succeed elsewhere
-    run_batch(cl, exp, 1, 2)
+    run_batch(cl, PROMPTS, exp, 1, 2)
     for t in ts:
         t.join(60)
     for st, ev, raw in results:

@@ -520,16 +520,21 @@ static int killd_decode2(void *arg)
     return scene_stop(&sd, plan);
 }
 
-static void test_kill_prefill(void **state)
+/* For each transport: prefill (P ranks) and decode (D ranks) in two
+ * processes; once prefill says "posted", side `victim` (0 prefill, 1 decode)
+ * is SIGKILLed and `restart` takes its place, told "killed" when
+ * tell_killed.  Both must then exit 0. */
+static void kill_scene(int P, int D, int victim, int (*prefill)(void *), int (*decode)(void *),
+                       int (*restart)(void *), const char *restart_name, int tell_killed)
 {
-    (void)state;
+    static const char *const roles[2] = {"prefill", "decode"};
     for (int t = 0; t < n_tls; t++) {
         spec_t sp;
         pid_t pids[2];
-        int rc[2], x[2];
+        int rc[2], x[2], killed = 0;
         memset(&sp, 0, sizeof(sp));
-        sp.P = 2;
-        sp.D = 1;
+        sp.P = P;
+        sp.D = D;
         sp.H = 4;
         sp.n_tokens = 37;
         sp.tls = tls_list[t];
@@ -539,66 +544,36 @@ static void test_kill_prefill(void **state)
         sp.fd_d2 = x[1];
         int close_p[] = {sp.fd_d, sp.fd_d2, sp.ctl_d, sp.ctl_p_par, sp.ctl_d_par};
         int close_d[] = {sp.fd_p, sp.fd_p2, sp.ctl_p, sp.ctl_p_par, sp.ctl_d_par};
-        pids[0] = xh_spawn("prefill-1", killp_prefill, &sp, close_p, 5);
-        pids[1] = xh_spawn("decode", killp_decode, &sp, close_d, 5);
-        rc[0] = -1;
+        pids[0] = xh_spawn(victim == 0 ? "prefill-1" : "prefill", prefill, &sp, close_p, 5);
+        pids[1] = xh_spawn(victim == 1 ? "decode-1" : "decode", decode, &sp, close_d, 5);
         if (xh_chan_expect(sp.ctl_p_par, "posted", WAIT_MS) == 0) {
-            kill(pids[0], SIGKILL);
-            waitpid(pids[0], NULL, 0);
-            rc[0] = 0;
-            pids[0] = xh_spawn("prefill-2", killp_prefill2, &sp, close_p, 5);
+            kill(pids[victim], SIGKILL);
+            waitpid(pids[victim], NULL, 0);
+            killed = 1;
+            pids[victim] = xh_spawn(restart_name, restart, &sp, victim == 0 ? close_p : close_d, 5);
+            if (tell_killed)
+                xh_chan_say(sp.ctl_p_par, "killed");
         }
-        {
-            int killed = rc[0] == 0;
-            xh_wait_all(pids, 2, duet_deadline_in_ms(killed ? 60000 : 1000), rc);
-            if (!killed)
-                rc[0] = -1; /* the peer never got to the kill */
-        }
+        xh_wait_all(pids, 2, duet_deadline_in_ms(killed ? 60000 : 1000), rc);
+        if (!killed)
+            rc[victim] = -1; /* the peer never got to the kill */
         pair_close(&sp);
         if (rc[0] != 0 || rc[1] != 0)
-            fail_msg("tls %s: new prefill exit %d, decode exit %d", sp.tls, rc[0], rc[1]);
+            fail_msg("tls %s: %s%s exit %d, %s%s exit %d", sp.tls, victim == 0 ? "new " : "",
+                     roles[0], rc[0], victim == 1 ? "new " : "", roles[1], rc[1]);
     }
+}
+
+static void test_kill_prefill(void **state)
+{
+    (void)state;
+    kill_scene(2, 1, 0, killp_prefill, killp_decode, killp_prefill2, "prefill-2", 0);
 }
 
 static void test_kill_decode_reconnect(void **state)
 {
     (void)state;
-    for (int t = 0; t < n_tls; t++) {
-        spec_t sp;
-        pid_t pids[2];
-        int rc[2], x[2];
-        memset(&sp, 0, sizeof(sp));
-        sp.P = 1;
-        sp.D = 2;
-        sp.H = 4;
-        sp.n_tokens = 37;
-        sp.tls = tls_list[t];
-        pair_channels(&sp);
-        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, x), 0);
-        sp.fd_p2 = x[0];
-        sp.fd_d2 = x[1];
-        int close_p[] = {sp.fd_d, sp.fd_d2, sp.ctl_d, sp.ctl_p_par, sp.ctl_d_par};
-        int close_d[] = {sp.fd_p, sp.fd_p2, sp.ctl_p, sp.ctl_p_par, sp.ctl_d_par};
-        pids[0] = xh_spawn("prefill", killd_prefill, &sp, close_p, 5);
-        pids[1] = xh_spawn("decode-1", killd_decode1, &sp, close_d, 5);
-        rc[1] = -1;
-        if (xh_chan_expect(sp.ctl_p_par, "posted", WAIT_MS) == 0) {
-            kill(pids[1], SIGKILL);
-            waitpid(pids[1], NULL, 0);
-            rc[1] = 0;
-            pids[1] = xh_spawn("decode-2", killd_decode2, &sp, close_d, 5);
-            xh_chan_say(sp.ctl_p_par, "killed");
-        }
-        {
-            int killed = rc[1] == 0;
-            xh_wait_all(pids, 2, duet_deadline_in_ms(killed ? 60000 : 1000), rc);
-            if (!killed)
-                rc[1] = -1; /* the peer never got to the kill */
-        }
-        pair_close(&sp);
-        if (rc[0] != 0 || rc[1] != 0)
-            fail_msg("tls %s: prefill exit %d, new decode exit %d", sp.tls, rc[0], rc[1]);
-    }
+    kill_scene(1, 2, 1, killd_prefill, killd_decode1, killd_decode2, "decode-2", 1);
 }
 
 int main(void)

@@ -19,6 +19,26 @@ import grpc
 _STUBS = None
 
 
+def run_cases(cases, names, what):
+    """Run each case (all, or those named in names), report each as ok or
+    FAIL with its time, and exit non-zero when any failed."""
+    wanted, failed = set(names), []
+    width = max(len(c.__name__) for c in cases) + 2
+    for case in cases:
+        if wanted and case.__name__ not in wanted:
+            continue
+        t0 = time.time()
+        try:
+            case()
+            print("%-*s ok (%.1fs)" % (width, case.__name__, time.time() - t0))
+        except Exception as e:  # noqa: BLE001 - every case reports
+            print("%-*s FAIL: %s" % (width, case.__name__, e))
+            failed.append(case.__name__)
+    if failed:
+        sys.exit("FAIL: " + ", ".join(failed))
+    print("all %s cases behave" % what)
+
+
 def stubs(src):
     """Generate the Python stubs once per process and import them."""
     global _STUBS

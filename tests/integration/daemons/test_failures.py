@@ -27,7 +27,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from duet_cluster import Cluster, mkmodel, reference_ids  # noqa: E402
+from duet_cluster import Cluster, mkmodel, reference_ids, run_cases  # noqa: E402
 
 BUILD, SRC = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(SRC, "models", "stories260K")
@@ -231,21 +231,7 @@ CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed
 
 
 def main():
-    wanted = set(sys.argv[3:])
-    failed = []
-    for case in CASES:
-        if wanted and case.__name__ not in wanted:
-            continue
-        t0 = time.time()
-        try:
-            case()
-            print("%-22s ok (%.1fs)" % (case.__name__, time.time() - t0))
-        except Exception as e:  # noqa: BLE001 - every case reports
-            print("%-22s FAIL: %s" % (case.__name__, e))
-            failed.append(case.__name__)
-    if failed:
-        sys.exit("FAIL: " + ", ".join(failed))
-    print("all failure cases behave")
+    run_cases(CASES, sys.argv[3:], "failure")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from duet_cluster import Cluster, mkmodel, stubs  # noqa: E402
+from duet_cluster import Cluster, mkmodel, run_cases, stubs  # noqa: E402
 
 BUILD, SRC = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(SRC, "models", "stories260K")
@@ -295,21 +295,7 @@ CASES = [idle_without_spinning, send_fails_mid_compute, pages_wake, stale_prefil
 
 
 def main():
-    wanted = set(sys.argv[3:])
-    failed = []
-    for case in CASES:
-        if wanted and case.__name__ not in wanted:
-            continue
-        t0 = time.time()
-        try:
-            case()
-            print("%-24s ok (%.1fs)" % (case.__name__, time.time() - t0))
-        except Exception as e:  # noqa: BLE001 - every case reports
-            print("%-24s FAIL: %s" % (case.__name__, e))
-            failed.append(case.__name__)
-    if failed:
-        sys.exit("FAIL: " + ", ".join(failed))
-    print("all review cases behave")
+    run_cases(CASES, sys.argv[3:], "review")
 
 
 if __name__ == "__main__":
