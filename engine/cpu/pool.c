@@ -77,28 +77,36 @@ static inline void duet__cpu_relax(void)
 #endif
 }
 
+/* Pacing of a spin-wait, called after the i-th failed check: pauses, and
+ * every 64 checks reads the clock; false once DUET__POOL_SPIN_NS passed
+ * since the first check (*until starts at 0), then the caller sleeps. */
+static inline bool duet__pool_spin_on(unsigned i, int64_t *until)
+{
+    if ((i & 63) == 0) {
+        int64_t now = duet_now_ns();
+        if (*until == 0)
+            *until = now + DUET__POOL_SPIN_NS;
+        else if (now >= *until)
+            return false;
+        /* Let a descheduled peer run when the CPUs are shared. */
+        if (i >= DUET__POOL_SPIN_BEFORE_YIELD)
+            sched_yield();
+    }
+    duet__cpu_relax();
+    return true;
+}
+
 /* Returns the new generation once it differs from seen. */
 static unsigned duet__pool_wait_gen(duet_cpu_pool_t *pool, unsigned seen)
 {
     unsigned g;
-    if (pool->spin) {
-        int64_t until = 0;
-        for (unsigned i = 0;; i++) {
-            g = atomic_load_explicit(&pool->gen, memory_order_acquire);
-            if (g != seen)
-                return g;
-            if ((i & 63) == 0) {
-                int64_t now = duet_now_ns();
-                if (until == 0)
-                    until = now + DUET__POOL_SPIN_NS;
-                else if (now >= until)
-                    break;
-                /* Let a descheduled peer run when the CPUs are shared. */
-                if (i >= DUET__POOL_SPIN_BEFORE_YIELD)
-                    sched_yield();
-            }
-            duet__cpu_relax();
-        }
+    int64_t until = 0;
+    for (unsigned i = 0; pool->spin; i++) {
+        g = atomic_load_explicit(&pool->gen, memory_order_acquire);
+        if (g != seen)
+            return g;
+        if (!duet__pool_spin_on(i, &until))
+            break;
     }
     atomic_fetch_add(&pool->gen_sleepers, 1);
     while ((g = atomic_load(&pool->gen)) == seen)
@@ -110,23 +118,12 @@ static unsigned duet__pool_wait_gen(duet_cpu_pool_t *pool, unsigned seen)
 static void duet__pool_wait_done(duet_cpu_pool_t *pool)
 {
     int p;
-    if (pool->spin) {
-        int64_t until = 0;
-        for (unsigned i = 0;; i++) {
-            if (atomic_load_explicit(&pool->pending, memory_order_acquire) == 0)
-                return;
-            if ((i & 63) == 0) {
-                int64_t now = duet_now_ns();
-                if (until == 0)
-                    until = now + DUET__POOL_SPIN_NS;
-                else if (now >= until)
-                    break;
-                /* Let a descheduled peer run when the CPUs are shared. */
-                if (i >= DUET__POOL_SPIN_BEFORE_YIELD)
-                    sched_yield();
-            }
-            duet__cpu_relax();
-        }
+    int64_t until = 0;
+    for (unsigned i = 0; pool->spin; i++) {
+        if (atomic_load_explicit(&pool->pending, memory_order_acquire) == 0)
+            return;
+        if (!duet__pool_spin_on(i, &until))
+            break;
     }
     atomic_store(&pool->pending_sleeping, 1);
     while ((p = atomic_load(&pool->pending)) != 0)

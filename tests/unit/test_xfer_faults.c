@@ -95,8 +95,11 @@ static int cancel_prefill(void *arg)
     x = send_desc(&sd, plan, 0, 55, 5, NPG, a, b, 0);
     XH_OK(duet_xfer_send_begin(r0, &x));
     XH_CHECK(xh_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0, "decode did not verify");
-    /* Only now may decode go: its endpoints closing would fail ours. */
+    /* Only now may decode go: its endpoints closing would fail ours.  And
+     * only once it stopped may we: ours closing first would end its
+     * expectation of 55 as a peer failure instead of at its shutdown. */
     XH_CHECK(xh_chan_say(sp->fd_p, "finished") == 0, "channel");
+    XH_CHECK(xh_chan_expect(sp->fd_p, "stopped", WAIT_MS) == 0, "decode did not stop");
     return scene_stop(&sd, plan);
 }
 
@@ -174,6 +177,7 @@ static int cancel_decode(void *arg)
     XH_CHECK(xh_chan_expect(sp->fd_d, "finished", WAIT_MS) == 0, "prefill did not finish");
     if (scene_stop(&sd, plan))
         return 1;
+    XH_CHECK(xh_chan_say(sp->fd_d, "stopped") == 0, "channel");
     XH_CHECK(atomic_load(&cb_count) == 2 && cb_status[2] == DUET_ERR_SHUTDOWN,
              "request 55 at shutdown: %d callbacks, status %s", atomic_load(&cb_count),
              duet_status_name(cb_status[2]));
