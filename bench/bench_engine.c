@@ -22,7 +22,7 @@
 #include "common/clock.h"
 #include "engine/cpu/matmul.h"
 #include "engine/engine.h"
-#include "engine/mkmodel.h"
+#include "synth/mkmodel.h"
 
 typedef struct {
     const char *dtype;

@@ -332,7 +332,7 @@ static int rank_start(gside_t *g, int r, int dev)
     size_t cbytes = g->cplane * 2 * (size_t)l->n_layers;
     unsigned char *src = NULL;
 
-    duet_tp_kv_heads(G_HEADS, g->tp, r, &k->head0, &k->n_heads);
+    duet_kv_heads_owned(G_HEADS, g->tp, r, &k->head0, &k->n_heads);
     k->st.cuda = g->b->cuda;
     k->st.dev = dev;
     for (int layer = 0; layer < G_LAYERS; layer++)
@@ -549,7 +549,7 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
         if (clear_pages(g, d, n))
             return 1;
     for (int d = 0; d < g->tp; d++) {
-        duet_xfer_expect_t e = {.req_id = id,
+        duet_xfer_expect_t e = {.transfer_id = id,
                                 .plan = plan,
                                 .peers = g->sd.peers[d],
                                 .pages = pages,
@@ -647,7 +647,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     XH_CHECK(xh_chan_say(b->fd_p, msg) == 0, "channel");
     XH_CHECK(xh_chan_expect(b->fd_p, "ok", G_TIMEOUT_MS) == 0, "decode did not register");
     for (int s = 0; s < g->tp; s++) {
-        duet_xfer_send_t x = {.req_id = id,
+        duet_xfer_send_t x = {.transfer_id = id,
                               .plan = plan,
                               .peers = g->sd.peers[s],
                               .src_pages = pages,

@@ -133,7 +133,7 @@ static int run_plan_once(run_t *rn, uint64_t id)
     for (int s = 0; s < rn->b->P; s++) {
         duet_xfer_send_t x;
         memset(&x, 0, sizeof(x));
-        x.req_id = id;
+        x.transfer_id = id;
         x.plan = rn->plan;
         x.peers = rn->sd->peers[s];
         x.src_pages = pages;
@@ -274,7 +274,7 @@ static int bench_decode(void *arg)
         XH_CHECK(sscanf(msg, "exp %llu %d", &id, &n) == 2, "bad message '%s'", (char *)msg);
         duet_free(msg);
         for (int d = 0; d < b->D; d++) {
-            duet_xfer_expect_t e = {.req_id = id,
+            duet_xfer_expect_t e = {.transfer_id = id,
                                     .plan = plan,
                                     .peers = sd.peers[d],
                                     .pages = pages,

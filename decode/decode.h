@@ -25,11 +25,11 @@
 #include "common/daemon.h"
 #include "common/rpc.h"
 #include "common/workq.h"
-#include "engine/page_alloc.h"
+#include "kv/pool.h"
 #include "engine/sampling.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "engine/tp.h"
-#include "transfer/kv_engine.h"
+#include "node/kv_engine.h"
 
 #define DUET_DC_MAX_STOPS 16
 #define DUET_DC_STOP_MAX_LEN 256
@@ -74,7 +74,7 @@ typedef struct {
 
 struct duet_dc_req {
     char request_id[128];
-    uint64_t xid;                 /* transfer id */
+    uint64_t transfer_id;                 /* transfer id */
     duet_rpc_call_t *call;        /* until the terminal call */
     duet_dc_state_t state;
     int64_t t_arrival, t_first, deadline_ns;
@@ -135,7 +135,7 @@ typedef struct duet_dc_ev {
     duet_dc_req_t *req;
     duet_dc_link_t *link;
     const void *peer;
-    uint64_t xid;                 /* KV_DONE: the transfer it reports on */
+    uint64_t transfer_id;                 /* KV_DONE: the transfer it reports on */
     uint64_t peer_instance;       /* PEER_ERROR: the remote side of peer */
     int rank;                     /* KV_DONE: decode rank; PEER_ERROR: remote rank */
     duet_status_t status;
@@ -150,7 +150,7 @@ typedef struct {
     duet_daemon_args_t args;
     duet_kv_engine_t ke;
     duet_tokenizer_t *tok;
-    duet_page_alloc_t *pages;
+    duet_kv_pool_t *pages;
     duet_rpc_server_t *srv;
     duet_rpc_health_t *health;
     duet_rpc_client_t *cli;
@@ -164,7 +164,7 @@ typedef struct {
     atomic_bool ready;
     atomic_bool draining;
     atomic_int waiting;           /* requests not yet running (queue limit) */
-    atomic_uint_fast64_t next_xid;
+    atomic_uint_fast64_t next_transfer_id;
     atomic_uint_fast64_t next_req;
     int next_prefill;             /* round-robin over the configured prefills */
 

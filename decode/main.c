@@ -82,7 +82,7 @@ static duet_status_t duet__start(duet_decode_t *dc)
     if ((st = duet_kv_engine_create(&ko, &dc->ke)) != DUET_OK)
         return st;
     dc->max_ctx = dc->ke.model_cfg.max_pos;
-    if ((st = duet_page_alloc_create(dc->args.self->n_pages, &dc->pages)) != DUET_OK)
+    if ((st = duet_kv_pool_create(dc->args.self->n_pages, &dc->pages)) != DUET_OK)
         return st;
     dc->descs = DUET_NEW_ARRAY(void *, (size_t)dc->ke.tp);
     dc->desc_lens = DUET_NEW_ARRAY(size_t, (size_t)dc->ke.tp);
@@ -90,7 +90,7 @@ static duet_status_t duet__start(duet_decode_t *dc)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory");
     if ((st = duet_kv_engine_descriptors(&dc->ke, dc->descs, dc->desc_lens)) != DUET_OK)
         return st;
-    atomic_store(&dc->next_xid, (duet_random_u64() & 0xffffffff00000000ull) | 1);
+    atomic_store(&dc->next_transfer_id, (duet_random_u64() & 0xffffffff00000000ull) | 1);
     /* fault injection for tests: every decode step takes at least this long */
     const char *delay = getenv("DUET_FAULT_DECODE_STEP_DELAY_MS");
     dc->fault_step_delay_ms = delay != NULL ? strtol(delay, NULL, 10) : 0;
@@ -138,7 +138,7 @@ static void duet__stop(duet_decode_t *dc)
     duet_free(dc->descs);
     duet_free(dc->desc_lens);
     duet_kv_engine_destroy(&dc->ke);
-    duet_page_alloc_destroy(dc->pages);
+    duet_kv_pool_destroy(dc->pages);
     duet_tokenizer_destroy(dc->tok);
     duet_free(dc->piece);
     /* events posted after the scheduler left (late callbacks) */

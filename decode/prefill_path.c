@@ -242,7 +242,7 @@ static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
     ev->type = DUET_DC_EV_KV_DONE;
     ev->req = ra->req;
     ev->rank = ra->rank;
-    ev->xid = id;
+    ev->transfer_id = id;
     ev->status = res->status;
     ev->first_token = res->first_token;
     snprintf(ev->detail, sizeof(ev->detail), "%s", res->detail);
@@ -296,7 +296,7 @@ static void duet__cancel_expectations(duet_decode_t *dc, duet_dc_req_t *req)
 {
     for (int d = 0; d < dc->ke.tp; d++) {
         if (req->expecting != NULL && req->expecting[d]) {
-            duet_xfer_recv_cancel(duet_xfer_rank(dc->ke.xfer, d), req->xid);
+            duet_xfer_recv_cancel(duet_xfer_rank(dc->ke.xfer, d), req->transfer_id);
             req->expecting[d] = false;
         }
     }
@@ -316,7 +316,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
 
     req->link = link;
     link->refs++;
-    req->xid = atomic_fetch_add(&dc->next_xid, 1);
+    req->transfer_id = atomic_fetch_add(&dc->next_transfer_id, 1);
     req->kv_ok = 0;
     req->kv_failed = false;
     req->state = DUET_DC_PREFILL;
@@ -332,7 +332,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
         }
         req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev};
         duet_xfer_expect_t e = {
-            .req_id = req->xid,
+            .transfer_id = req->transfer_id,
             .plan = link->plan,
             .peers = &link->peers[d * link->P],
             .pages = req->pages,
@@ -360,7 +360,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.n_dst_pages = (size_t)req->n_prompt_pages;
     pr.dst_pages = req->pages;
     pr.sampling = &sp;
-    pr.transfer_id = req->xid;
+    pr.transfer_id = req->transfer_id;
     ra = DUET_NEW(duet__rpc_arg_t);
     if (ra == NULL || (ra->ev = duet_dc_ev_new(DUET_DC_EV_RPC_DONE, req)) == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "no memory");
@@ -509,7 +509,7 @@ void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     int D = dc->ke.tp;
 
     /* a notification of an attempt that was retried (new transfer id) */
-    if (ev->xid != req->xid)
+    if (ev->transfer_id != req->transfer_id)
         return;
     if (req->expecting == NULL || !req->expecting[ev->rank])
         return; /* cancelled: no longer counted */
@@ -608,7 +608,7 @@ bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
             size_t len = 0;
             ab.request_id = req->request_id;
             ab.caller_id = dc->args.instance_id;
-            ab.transfer_id = req->xid;
+            ab.transfer_id = req->transfer_id;
             if (duet_pb_pack(&ab.base, &buf, &len) != DUET_OK ||
                 duet_rpc_client_stream(
                     dc->cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,

@@ -150,7 +150,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     duet__list_remove(&dc->ending, NULL, req);
     if (req->pages_held) {
-        duet_page_alloc_put(dc->pages, req->pages, req->n_pages);
+        duet_kv_pool_release(dc->pages, req->pages, req->n_pages);
         req->pages_held = false;
     }
     req->next = dc->zombies;
@@ -305,7 +305,7 @@ static void duet__admit(duet_decode_t *dc)
 {
     while (dc->queue_head != NULL) {
         duet_dc_req_t *req = dc->queue_head;
-        if (duet_page_alloc_get(dc->pages, req->n_pages, req->pages) != DUET_OK)
+        if (duet_kv_pool_alloc(dc->pages, req->n_pages, req->pages) != DUET_OK)
             break; /* wait: finishing requests free pages */
         req->pages_held = true;
         duet__list_remove(&dc->queue_head, &dc->queue_tail, req);

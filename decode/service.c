@@ -143,10 +143,10 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
     int span = req->n_prompt + req->max_tokens - 1;
     req->n_pages = (span + ps - 1) / ps;
     req->n_prompt_pages = (req->n_prompt + ps - 1) / ps;
-    if (req->n_pages > duet_page_alloc_total(dc->pages))
+    if (req->n_pages > duet_kv_pool_total(dc->pages))
         return duet_error(DUET_ERR_EXHAUSTED,
                           "request needs %d KV pages (%d tokens), the pool has %d", req->n_pages,
-                          span, duet_page_alloc_total(dc->pages));
+                          span, duet_kv_pool_total(dc->pages));
     req->pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
     req->rank_args = DUET_NEW_ARRAY(duet_dc_rank_arg_t, (size_t)dc->ke.tp);
     req->expecting = DUET_NEW_ARRAY(bool, (size_t)dc->ke.tp);
@@ -266,8 +266,8 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.model = dc->args.cluster->model;
     r.model_fingerprint = dc->ke.fingerprint;
     r.page_size = (uint32_t)dc->args.cluster->page_size;
-    r.total_pages = (uint32_t)duet_page_alloc_total(dc->pages);
-    r.free_pages = (uint32_t)duet_page_alloc_free_count(dc->pages);
+    r.total_pages = (uint32_t)duet_kv_pool_total(dc->pages);
+    r.free_pages = (uint32_t)duet_kv_pool_free_count(dc->pages);
     r.queue_depth = (uint32_t)queued;
     r.running = (uint32_t)running;
     r.draining = atomic_load(&dc->draining);

@@ -14,8 +14,8 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "engine/dtype.h"
-#include "engine/kv_layout.h"
+#include "kv/dtype.h"
+#include "kv/layout.h"
 
 typedef struct duet_backend_rank duet_backend_rank_t;
 typedef struct duet_weight duet_weight_t;

@@ -14,7 +14,7 @@
 #include <stddef.h>
 
 #include "common/status.h"
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 typedef struct duet_comm duet_comm_t;
 

@@ -3,7 +3,7 @@
  *
  * One caller (the daemon's scheduler, or duet generate) drives it: every
  * batch is decided by that caller and handed identically to every rank
- * thread.  Page ids are chosen by the caller (engine/page_alloc.h) and mean
+ * thread.  Page ids are chosen by the caller (kv/pool.h) and mean
  * the same pages on every rank.  Not thread-safe: one duet_engine_forward()
  * at a time. */
 #ifndef DUET_ENGINE_ENGINE_H
@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "engine/kv_layout.h"
+#include "kv/layout.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 

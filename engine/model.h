@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 
 typedef struct {
     const duet_st_tensor_t *attn_norm; /* [hidden] input_layernorm */

@@ -10,17 +10,7 @@ duet_status_t duet_tp_check_heads(int n_heads, int n_kv_heads, int tp)
     if (n_heads % tp != 0)
         return duet_error(DUET_ERR_CONFIG,
                           "tp %d: num_attention_heads %d is not divisible by tp", tp, n_heads);
-    if (n_kv_heads >= tp && n_kv_heads % tp != 0)
-        return duet_error(DUET_ERR_CONFIG,
-                          "tp %d: num_key_value_heads %d is not divisible by tp (kv heads >= tp "
-                          "must split evenly)",
-                          tp, n_kv_heads);
-    if (n_kv_heads < tp && tp % n_kv_heads != 0)
-        return duet_error(DUET_ERR_CONFIG,
-                          "tp %d: tp is not a multiple of num_key_value_heads %d (kv heads < tp "
-                          "are replicated on tp/kv ranks each)",
-                          tp, n_kv_heads);
-    return DUET_OK;
+    return duet_kv_heads_check(n_kv_heads, tp);
 }
 
 duet_status_t duet_tp_check(const duet_model_config_t *cfg, int tp)
@@ -34,17 +24,6 @@ duet_status_t duet_tp_check(const duet_model_config_t *cfg, int tp)
     return DUET_OK;
 }
 
-void duet_tp_kv_heads(int n_kv_heads, int tp, int rank, int *head0_p, int *count_p)
-{
-    if (n_kv_heads >= tp) {
-        *count_p = n_kv_heads / tp;
-        *head0_p = rank * (n_kv_heads / tp);
-    } else {
-        *count_p = 1;
-        *head0_p = rank * n_kv_heads / tp;
-    }
-}
-
 void duet_shard_init(const duet_model_config_t *cfg, int tp, int rank, duet_shard_t *shard_p)
 {
     duet_shard_t s;
@@ -52,7 +31,7 @@ void duet_shard_init(const duet_model_config_t *cfg, int tp, int rank, duet_shar
     s.rank = rank;
     s.n_q_heads = cfg->n_heads / tp;
     s.q_head0 = rank * s.n_q_heads;
-    duet_tp_kv_heads(cfg->n_kv_heads, tp, rank, &s.kv_head0, &s.n_kv_heads);
+    duet_kv_heads_owned(cfg->n_kv_heads, tp, rank, &s.kv_head0, &s.n_kv_heads);
     s.ffn0 = (int)((long)rank * cfg->intermediate / tp);
     s.n_ffn = (int)((long)(rank + 1) * cfg->intermediate / tp) - s.ffn0;
     s.vocab_chunk = (cfg->vocab + tp - 1) / tp;

@@ -5,15 +5,15 @@
  * all-reduce, lm_head is vocab-parallel followed by an all-gather.
  * Query heads must divide by TP.  KV heads: kv >= TP -> kv % TP == 0 and
  * each rank owns kv/TP consecutive heads; kv < TP -> TP % kv == 0 and head
- * r*kv/TP is replicated on TP/kv consecutive ranks.  The intermediate size
+ * r*kv/TP is replicated on TP/kv consecutive ranks (kv/heads.h, the one
+ * ownership rule the slice plan uses too).  The intermediate size
  * and the vocabulary may split unevenly: rank r owns [r*N/TP, (r+1)*N/TP). */
 #ifndef DUET_ENGINE_TP_H
 #define DUET_ENGINE_TP_H
 
 #include "common/status.h"
-#include "engine/model_config.h"
-
-#define DUET_TP_MAX 64
+#include "kv/heads.h"
+#include "model/model_config.h"
 
 typedef struct {
     int tp;
@@ -29,10 +29,6 @@ typedef struct {
  * message naming the numbers and the rule when not. */
 duet_status_t duet_tp_check_heads(int n_heads, int n_kv_heads, int tp);
 duet_status_t duet_tp_check(const duet_model_config_t *cfg, int tp);
-
-/* KV-head ownership only (shared with the slice plan): the first global KV
- * head rank owns and how many.  Valid only after duet_tp_check_heads. */
-void duet_tp_kv_heads(int n_kv_heads, int tp, int rank, int *head0_p, int *count_p);
 
 void duet_shard_init(const duet_model_config_t *cfg, int tp, int rank, duet_shard_t *shard_p);
 

@@ -69,7 +69,7 @@ static duet_status_t duet__start(duet_prefill_t *pf)
     };
     if ((st = duet_kv_engine_create(&ko, &pf->ke)) != DUET_OK)
         return st;
-    if ((st = duet_page_alloc_create(pf->args.self->n_pages, &pf->pages)) != DUET_OK)
+    if ((st = duet_kv_pool_create(pf->args.self->n_pages, &pf->pages)) != DUET_OK)
         return st;
     pf->descs = DUET_NEW_ARRAY(void *, (size_t)pf->ke.tp);
     pf->desc_lens = DUET_NEW_ARRAY(size_t, (size_t)pf->ke.tp);
@@ -136,7 +136,7 @@ static void duet__stop(duet_prefill_t *pf)
     duet_free(pf->descs);
     duet_free(pf->desc_lens);
     duet_kv_engine_destroy(&pf->ke);
-    duet_page_alloc_destroy(pf->pages);
+    duet_kv_pool_destroy(pf->pages);
 }
 
 int main(int argc, char **argv)

@@ -21,10 +21,10 @@
 #include "common/daemon.h"
 #include "common/rpc.h"
 #include "common/workq.h"
-#include "engine/page_alloc.h"
+#include "kv/pool.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
-#include "transfer/kv_engine.h"
+#include "node/kv_engine.h"
 
 /* A decode daemon that bootstrapped with us. */
 typedef struct duet_pf_link {
@@ -66,7 +66,7 @@ typedef struct duet_pf_req {
 typedef struct {
     duet_daemon_args_t args;
     duet_kv_engine_t ke;
-    duet_page_alloc_t *pages;
+    duet_kv_pool_t *pages;
     duet_rpc_server_t *srv;
     duet_rpc_health_t *health;
     duet_workq_t *workq;

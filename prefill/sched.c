@@ -27,7 +27,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     if (req == NULL)
         return;
     if (req->src_pages != NULL)
-        duet_page_alloc_put(pf->pages, req->src_pages, req->n_pages);
+        duet_kv_pool_release(pf->pages, req->src_pages, req->n_pages);
     duet_pf_link_put(pf, req->link);
     duet_free(req->prompt);
     duet_free(req->dst_pages);
@@ -172,7 +172,7 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
     atomic_store(&req->ranks_pending, P + 1);
     for (int s = 0; s < P; s++) {
         duet_xfer_send_t snd = {
-            .req_id = req->transfer_id,
+            .transfer_id = req->transfer_id,
             .plan = req->link->plan,
             .peers = &req->link->peers[s * D],
             .src_pages = req->src_pages,
@@ -287,7 +287,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         req->src_pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
         if (req->src_pages == NULL)
             break;
-        if (duet_page_alloc_get(pf->pages, req->n_pages, req->src_pages) != DUET_OK) {
+        if (duet_kv_pool_alloc(pf->pages, req->n_pages, req->src_pages) != DUET_OK) {
             duet_free(req->src_pages);
             req->src_pages = NULL;
             break; /* wait for pages: a send completing frees some */

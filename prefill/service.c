@@ -67,9 +67,9 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     if (m->n_dst_pages != pages)
         return duet_error(DUET_ERR_INVALID, "%s: %zu destination pages for %zu tokens (need %zu)",
                           m->request_id, m->n_dst_pages, m->n_prompt_ids, pages);
-    if ((int)pages > duet_page_alloc_total(pf->pages))
+    if ((int)pages > duet_kv_pool_total(pf->pages))
         return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
-                          m->request_id, pages, duet_page_alloc_total(pf->pages));
+                          m->request_id, pages, duet_kv_pool_total(pf->pages));
     if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
     req->n_prompt = (int)m->n_prompt_ids;
@@ -159,8 +159,8 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.model = pf->args.cluster->model;
     r.model_fingerprint = pf->ke.fingerprint;
     r.page_size = (uint32_t)pf->args.cluster->page_size;
-    r.total_pages = (uint32_t)duet_page_alloc_total(pf->pages);
-    r.free_pages = (uint32_t)duet_page_alloc_free_count(pf->pages);
+    r.total_pages = (uint32_t)duet_kv_pool_total(pf->pages);
+    r.free_pages = (uint32_t)duet_kv_pool_free_count(pf->pages);
     r.max_context = (uint32_t)pf->ke.model_cfg.max_pos;
     r.version = DUET_VERSION_STRING;
     r.transfer_path = (char *)pf->ke.path;

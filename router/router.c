@@ -15,7 +15,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/sync.h"
-#include "engine/model_config.h"
+#include "model/model_config.h"
 #include "router/router_internal.h"
 
 void duet_router_options_init(duet_router_options_t *opt)

@@ -17,7 +17,7 @@
 #include "common/cluster.h"
 #include "common/rpc.h"
 #include "duet/v1/generate.pb-c.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "router/chat_template.h"
 #include "router/metrics.h"
 #include "router/openai.h"

@@ -2,7 +2,7 @@
  *
  * Spreading rule: for global head h, let the decode ranks holding h be
  * d_0 < ... < d_{Rd-1} and the prefill ranks holding it p_0 < ... < p_{Rp-1}
- * (both from duet_tp_kv_heads).  Decode replica j is written by prefill
+ * (both from kv/heads.h).  Decode replica j is written by prefill
  * replica floor(j * Rp / Rd).  Each replica then serves floor(Rd/Rp) or
  * ceil(Rd/Rp) writes of h (the minimum possible maximum), and because both
  * sides lay heads out in rank order the chosen src_rank never decreases along
@@ -14,7 +14,7 @@
 #include <stddef.h>
 
 #include "common/alloc.h"
-#include "engine/tp.h"
+#include "kv/heads.h"
 
 struct duet_slice_plan {
     int P, D, H;
@@ -24,61 +24,28 @@ struct duet_slice_plan {
     int *src_off;           /* [P+1]: runs of prefill rank s are [src_off[s], src_off[s+1]) */
 };
 
-/* The KV-head half of duet_tp_check_heads: the plan never sees query heads. */
-static duet_status_t slice_plan_check_side(const char *side, int tp, int H)
+/* A side's tp must be able to hold the H heads (kv/heads.h). */
+static duet_status_t duet__slice_plan_check_side(const char *side, int tp, int H)
 {
-    if (tp < 1 || tp > DUET_TP_MAX)
-        return duet_error(DUET_ERR_CONFIG, "slice plan: %s tp %d: must be between 1 and %d", side,
-                          tp, DUET_TP_MAX);
-    if (H >= tp && H % tp != 0)
-        return duet_error(DUET_ERR_CONFIG,
-                          "slice plan: %s tp %d cannot shard %d kv heads: kv heads >= tp must "
-                          "divide evenly by tp",
-                          side, tp, H);
-    if (H < tp && tp % H != 0)
-        return duet_error(DUET_ERR_CONFIG,
-                          "slice plan: %s tp %d cannot shard %d kv heads: tp must be a multiple "
-                          "of the kv heads when kv heads < tp (each head is replicated on tp/kv "
-                          "ranks)",
-                          side, tp, H);
+    if (duet_kv_heads_check(H, tp) != DUET_OK)
+        return duet_error_wrap(DUET_ERR_CONFIG, "slice plan: %s side: ", side);
     return DUET_OK;
 }
 
-/* Scan the ranks of a tp group that hold global head h.  Returns how many do;
- * *index_p gets the position of `rank` among them and *nth_rank_p the rank of
- * holder number `nth` (each written only on a match). */
-static int slice_plan_holders(int H, int tp, int h, int rank, int *index_p, int nth,
-                              int *nth_rank_p)
-{
-    int count = 0;
-    for (int r = 0; r < tp; r++) {
-        int h0, n;
-        duet_tp_kv_heads(H, tp, r, &h0, &n);
-        if (h < h0 || h >= h0 + n)
-            continue;
-        if (r == rank)
-            *index_p = count;
-        if (count == nth)
-            *nth_rank_p = r;
-        count++;
-    }
-    return count;
-}
-
 /* Fill plan->runs and plan->dst_off for every decode rank. */
-static void slice_plan_fill(duet_slice_plan_t *plan)
+static void duet__slice_plan_fill(duet_slice_plan_t *plan)
 {
     int n_runs = 0;
     for (int d = 0; d < plan->D; d++) {
         int dh0, dn;
-        duet_tp_kv_heads(plan->H, plan->D, d, &dh0, &dn);
+        duet_kv_heads_owned(plan->H, plan->D, d, &dh0, &dn);
         plan->dst_off[d] = n_runs;
         for (int i = 0; i < dn; i++) {
-            int h = dh0 + i, j = 0, s = 0, sh0, sn;
-            int rd = slice_plan_holders(plan->H, plan->D, h, d, &j, -1, NULL);
-            int rp = slice_plan_holders(plan->H, plan->P, h, -1, NULL, -1, NULL);
-            slice_plan_holders(plan->H, plan->P, h, -1, NULL, j * rp / rd, &s);
-            duet_tp_kv_heads(plan->H, plan->P, s, &sh0, &sn);
+            int h = dh0 + i, d0, s0, sh0, sn;
+            int rd = duet_kv_heads_holders(plan->H, plan->D, h, &d0);
+            int rp = duet_kv_heads_holders(plan->H, plan->P, h, &s0);
+            int s = s0 + (d - d0) * rp / rd; /* decode replica j = d - d0 */
+            duet_kv_heads_owned(plan->H, plan->P, s, &sh0, &sn);
 
             duet_slice_run_t *last = n_runs > plan->dst_off[d] ? &plan->runs[n_runs - 1] : NULL;
             if (last && last->src_rank == s && last->src_head + last->n_heads == h - sh0 &&
@@ -95,8 +62,8 @@ static void slice_plan_fill(duet_slice_plan_t *plan)
 }
 
 /* Build src_off; fails if src_rank ever decreases (the spreading rule above
- * guarantees it does not for the engine/tp.h layout). */
-static duet_status_t slice_plan_index_sources(duet_slice_plan_t *plan)
+ * guarantees it does not for the kv/heads.h layout). */
+static duet_status_t duet__slice_plan_index_sources(duet_slice_plan_t *plan)
 {
     int s = 0; /* src_off[0..s-1] are set */
     for (int k = 0; k < plan->n_runs; k++) {
@@ -119,9 +86,9 @@ duet_status_t duet_slice_plan_create(int P, int D, int H, duet_slice_plan_t **pl
         return duet_error(DUET_ERR_INVALID, "slice plan: plan_p is NULL");
     if (H < 1)
         return duet_error(DUET_ERR_CONFIG, "slice plan: %d kv heads: must be at least 1", H);
-    if ((st = slice_plan_check_side("prefill", P, H)) != DUET_OK)
+    if ((st = duet__slice_plan_check_side("prefill", P, H)) != DUET_OK)
         return st;
-    if ((st = slice_plan_check_side("decode", D, H)) != DUET_OK)
+    if ((st = duet__slice_plan_check_side("decode", D, H)) != DUET_OK)
         return st;
 
     duet_slice_plan_t *plan = DUET_NEW(duet_slice_plan_t);
@@ -148,8 +115,8 @@ duet_status_t duet_slice_plan_create(int P, int D, int H, duet_slice_plan_t **pl
         goto err_free_dst_off;
     }
 
-    slice_plan_fill(plan);
-    if ((st = slice_plan_index_sources(plan)) != DUET_OK)
+    duet__slice_plan_fill(plan);
+    if ((st = duet__slice_plan_index_sources(plan)) != DUET_OK)
         goto err_free_src_off;
     *plan_p = plan;
     return DUET_OK;

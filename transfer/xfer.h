@@ -66,8 +66,8 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "engine/dtype.h"
-#include "engine/kv_layout.h"
+#include "kv/dtype.h"
+#include "kv/layout.h"
 #include "transfer/slice_plan.h"
 
 #define DUET_XFER_DESC_VERSION 1
@@ -96,7 +96,7 @@ typedef struct {
 
 /* Called once when a request ends on a rank (progress thread; see above).
  * `res` is valid during the call only. */
-typedef void (*duet_xfer_done_cb_t)(void *arg, uint64_t req_id, const duet_xfer_result_t *res);
+typedef void (*duet_xfer_done_cb_t)(void *arg, uint64_t transfer_id, const duet_xfer_result_t *res);
 
 /* A peer's connection failed (the remote process died or closed it).  Work
  * that depended on it has already been failed; disconnect the peer (from
@@ -245,7 +245,7 @@ const duet_xfer_desc_info_t *duet_xfer_peer_info(const duet_xfer_peer_t *peer);
 /* ---- decode side: expectations ------------------------------------------ */
 
 typedef struct {
-    uint64_t req_id;
+    uint64_t transfer_id;
     const duet_slice_plan_t *plan;  /* D = local tp; read during the call only */
     duet_xfer_peer_t *const *peers; /* [P] this rank's peers by prefill engine rank; every
                                        rank of senders(this rank) must be connected */
@@ -270,14 +270,14 @@ duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_
  * request's status), DUET_ERR_TIMEOUT if deadline_ns passed first (the
  * expectation stays), DUET_ERR_NOT_FOUND for an unknown id.  Not
  * callback-safe. */
-duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t req_id, int64_t deadline_ns,
+duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t transfer_id, int64_t deadline_ns,
                                   duet_xfer_result_t *res_p);
 
 /* Drop an expectation whatever its state; its callback will not run after
  * this returns.  Later notifications for it are dropped and counted
  * (dropped_late) and acknowledged as cancelled.  DUET_ERR_NOT_FOUND for an
  * unknown id.  Callback-safe. */
-duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t req_id);
+duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t transfer_id);
 
 /* ---- prefill side: sends ------------------------------------------------ */
 
@@ -286,7 +286,7 @@ enum {
 };
 
 typedef struct {
-    uint64_t req_id;
+    uint64_t transfer_id;
     const duet_slice_plan_t *plan;  /* P = local tp, D = the peers' tp; read during the call */
     duet_xfer_peer_t *const *peers; /* [D] by decode engine rank; every rank of
                                        receivers(this rank) must be connected */
@@ -310,13 +310,13 @@ duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *
  * Layers must be posted in order, each once: l0 is the first layer not yet
  * posted; otherwise the send fails with DUET_ERR_INVALID.  Returns at once;
  * unknown (e.g. cancelled) ids are ignored.  Callback-safe. */
-duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t req_id, int l0, int l1);
+duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t transfer_id, int l0, int l1);
 
 /* Finish: after all layers were posted, flush each receiver and send its
  * notification with `first_token`.  With status != DUET_OK the receivers get
  * a failure notification instead (once the puts already posted are flushed).
  * Returns at once.  Callback-safe. */
-duet_status_t duet_xfer_send_end(duet_xfer_rank_t *r, uint64_t req_id, duet_status_t status,
+duet_status_t duet_xfer_send_end(duet_xfer_rank_t *r, uint64_t transfer_id, duet_status_t status,
                                  int64_t first_token);
 
 /* begin + all layers + end. */
@@ -324,14 +324,14 @@ duet_status_t duet_xfer_send_post(duet_xfer_rank_t *r, const duet_xfer_send_t *s
                                   int64_t first_token);
 
 /* Like duet_xfer_recv_wait, for a send registered without a callback. */
-duet_status_t duet_xfer_send_wait(duet_xfer_rank_t *r, uint64_t req_id, int64_t deadline_ns,
+duet_status_t duet_xfer_send_wait(duet_xfer_rank_t *r, uint64_t transfer_id, int64_t deadline_ns,
                                   duet_xfer_result_t *res_p);
 
 /* Stop sending: no more puts are issued; receivers that were not yet
  * notified get a DUET_ERR_CANCELLED notification once the posted puts are
  * flushed; the state is released.  The callback does not run after this
  * returns.  DUET_ERR_NOT_FOUND for an unknown id.  Callback-safe. */
-duet_status_t duet_xfer_send_cancel(duet_xfer_rank_t *r, uint64_t req_id);
+duet_status_t duet_xfer_send_cancel(duet_xfer_rank_t *r, uint64_t transfer_id);
 
 /* ---- observation and diagnostics ---------------------------------------- */
 

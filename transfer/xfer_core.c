@@ -224,14 +224,14 @@ static void outcome_release(duet_xfer_rank_t *r, duet__outcome_t *o)
 
 static void exec_wait(duet_xfer_rank_t *r, duet__cmd_t *c)
 {
-    duet__outcome_t *o = outcome_get(r, c->u.wait.side, c->u.wait.req_id);
+    duet__outcome_t *o = outcome_get(r, c->u.wait.side, c->u.wait.transfer_id);
     if (o == NULL) {
         duet__cmd_done(r, c, DUET_ERR_NOT_FOUND, "xfer rank %d: request %" PRIu64 " not found",
-                       r->index, c->u.wait.req_id);
+                       r->index, c->u.wait.transfer_id);
     } else if (o->cb != NULL || o->waiter != NULL) {
         duet__cmd_done(r, c, DUET_ERR_INVALID,
                        "xfer rank %d: request %" PRIu64 " has a callback or another waiter",
-                       r->index, c->u.wait.req_id);
+                       r->index, c->u.wait.transfer_id);
     } else if (o->terminal) {
         *c->u.wait.res = o->res;
         outcome_release(r, o);
@@ -245,11 +245,11 @@ static void exec_unwait(duet_xfer_rank_t *r, duet__cmd_t *c)
 {
     duet__cmd_t *w = c->u.unwait;
     if (!w->done) {
-        duet__outcome_t *o = outcome_get(r, w->u.wait.side, w->u.wait.req_id);
+        duet__outcome_t *o = outcome_get(r, w->u.wait.side, w->u.wait.transfer_id);
         if (o != NULL && o->waiter == w)
             o->waiter = NULL;
         duet__cmd_done(r, w, DUET_ERR_TIMEOUT, "xfer rank %d: request %" PRIu64 " still running",
-                       r->index, w->u.wait.req_id);
+                       r->index, w->u.wait.transfer_id);
     }
     duet__cmd_done(r, c, DUET_OK, NULL);
 }
@@ -267,7 +267,7 @@ static int deliver(duet_xfer_rank_t *r)
             continue;
         if (o->cb != NULL) {
             o->in_callback = 1;
-            o->cb(o->arg, o->req_id, &o->res);
+            o->cb(o->arg, o->transfer_id, &o->res);
             o->in_callback = 0;
             outcome_release(r, o);
         } else if (o->waiter != NULL) {
@@ -289,7 +289,7 @@ static duet_status_t wait_outcome(duet_xfer_rank_t *r, int side, uint64_t id, in
     memset(&c, 0, sizeof(c));
     c.kind = DUET__CMD_WAIT;
     c.u.wait.side = side;
-    c.u.wait.req_id = id;
+    c.u.wait.transfer_id = id;
     c.u.wait.res = &res;
     if (on_thread(r))
         return duet_error(DUET_ERR_INVALID,
@@ -318,16 +318,16 @@ static duet_status_t wait_outcome(duet_xfer_rank_t *r, int side, uint64_t id, in
     return cmd_result(&c);
 }
 
-duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t req_id, int64_t deadline_ns,
+duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t transfer_id, int64_t deadline_ns,
                                   duet_xfer_result_t *res_p)
 {
-    return wait_outcome(r, DUET__SIDE_RECV, req_id, deadline_ns, res_p);
+    return wait_outcome(r, DUET__SIDE_RECV, transfer_id, deadline_ns, res_p);
 }
 
-duet_status_t duet_xfer_send_wait(duet_xfer_rank_t *r, uint64_t req_id, int64_t deadline_ns,
+duet_status_t duet_xfer_send_wait(duet_xfer_rank_t *r, uint64_t transfer_id, int64_t deadline_ns,
                                   duet_xfer_result_t *res_p)
 {
-    return wait_outcome(r, DUET__SIDE_SEND, req_id, deadline_ns, res_p);
+    return wait_outcome(r, DUET__SIDE_SEND, transfer_id, deadline_ns, res_p);
 }
 
 static duet_status_t cancel(duet_xfer_rank_t *r, int side, uint64_t id)
@@ -336,18 +336,18 @@ static duet_status_t cancel(duet_xfer_rank_t *r, int side, uint64_t id)
     memset(&c, 0, sizeof(c));
     c.kind = DUET__CMD_CANCEL;
     c.u.cancel.side = side;
-    c.u.cancel.req_id = id;
+    c.u.cancel.transfer_id = id;
     return duet__call(r, &c, 1);
 }
 
-duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t req_id)
+duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t transfer_id)
 {
-    return cancel(r, DUET__SIDE_RECV, req_id);
+    return cancel(r, DUET__SIDE_RECV, transfer_id);
 }
 
-duet_status_t duet_xfer_send_cancel(duet_xfer_rank_t *r, uint64_t req_id)
+duet_status_t duet_xfer_send_cancel(duet_xfer_rank_t *r, uint64_t transfer_id)
 {
-    return cancel(r, DUET__SIDE_SEND, req_id);
+    return cancel(r, DUET__SIDE_SEND, transfer_id);
 }
 
 /* ---- the progress thread ------------------------------------------------------ */
@@ -400,8 +400,8 @@ static void cmd_exec(duet_xfer_rank_t *r, duet__cmd_t *c)
     case DUET__CMD_CANCEL: {
         char msg[DUET_XFER_DETAIL_MAX] = "";
         duet_status_t st = c->u.cancel.side == DUET__SIDE_SEND
-                               ? duet__send_cancel(r, c->u.cancel.req_id, msg, sizeof(msg))
-                               : duet__recv_cancel(r, c->u.cancel.req_id, msg, sizeof(msg));
+                               ? duet__send_cancel(r, c->u.cancel.transfer_id, msg, sizeof(msg))
+                               : duet__recv_cancel(r, c->u.cancel.transfer_id, msg, sizeof(msg));
         duet__cmd_done(r, c, st, "%s", msg);
         break;
     }

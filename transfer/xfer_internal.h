@@ -88,23 +88,23 @@ struct duet__cmd {
         duet__expect_t *expect;
         duet__send_t *send;
         struct {
-            uint64_t req_id;
+            uint64_t transfer_id;
             int l0, l1;
         } layers;
         struct {
-            uint64_t req_id;
+            uint64_t transfer_id;
             duet_status_t status;
             int64_t first_token;
         } end;
         struct {
             int side;
-            uint64_t req_id;
+            uint64_t transfer_id;
             duet_xfer_result_t *res;
         } wait;
         duet__cmd_t *unwait; /* the wait command to detach */
         struct {
             int side;
-            uint64_t req_id;
+            uint64_t transfer_id;
         } cancel;
         struct {
             duet_xfer_peer_t *peer;
@@ -121,7 +121,7 @@ struct duet__cmd {
 /* The outcome half of a send or an expectation (first member of both). */
 typedef struct duet__outcome duet__outcome_t;
 struct duet__outcome {
-    uint64_t req_id;
+    uint64_t transfer_id;
     int side; /* DUET__SIDE_* */
     duet_xfer_done_cb_t cb;
     void *arg;

@@ -78,7 +78,7 @@ static void send_ack(duet_xfer_rank_t *r, const duet__msg_t *m, duet_status_t st
     memcpy(buf, &r, sizeof(r));
     memset(&a, 0, sizeof(a));
     a.kind = DUET__MSG_ACK;
-    a.req_id = m->req_id;
+    a.transfer_id = m->transfer_id;
     a.from_instance = r->info.instance;
     a.to_instance = m->from_instance;
     a.src_rank = m->src_rank;
@@ -200,7 +200,7 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
     }
     if (m->status != DUET_OK) {
         expect_fail(r, e, m->status, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
-                    e->o.req_id, s,
+                    e->o.transfer_id, s,
                     m->status == DUET_ERR_CANCELLED ? "cancelled it" : duet_status_str(m->status),
                     r->index);
         return;
@@ -210,7 +210,7 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
         expect_fail(r, e, DUET_ERR_MISMATCH,
                     "request %" PRIu64 ": prefill rank %d sent %" PRIu64
                     " bytes to decode rank %d, expected %" PRIu64,
-                    e->o.req_id, s, m->bytes, r->index, want);
+                    e->o.transfer_id, s, m->bytes, r->index, want);
         send_ack(r, m, DUET_ERR_MISMATCH);
         return;
     }
@@ -222,7 +222,7 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
             expect_fail(r, e, DUET_ERR_MISMATCH,
                         "request %" PRIu64 ": checksum mismatch on the slice from prefill rank "
                         "%d (decode rank %d computed %08x, sender %08x)",
-                        e->o.req_id, s, r->index, crc, m->crc);
+                        e->o.transfer_id, s, r->index, crc, m->crc);
             send_ack(r, m, DUET_ERR_MISMATCH);
             return;
         }
@@ -235,7 +235,7 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
             expect_fail(r, e, DUET_ERR_MISMATCH,
                         "request %" PRIu64 ": first token differs between prefill ranks %d "
                         "(%" PRId64 ") and %d (%" PRId64 ")",
-                        e->o.req_id, e->token_from, e->o.res.first_token, s, m->first_token);
+                        e->o.transfer_id, e->token_from, e->o.res.first_token, s, m->first_token);
             send_ack(r, m, DUET_ERR_MISMATCH);
             return;
         }
@@ -257,12 +257,12 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
         DUET__STAT_ADD(r, dropped_invalid, 1);
         return;
     }
-    e = duet__map_get(&r->expects, m->req_id);
+    e = duet__map_get(&r->expects, m->transfer_id);
     if (e != NULL) {
         apply(r, e, m);
         return;
     }
-    if (tomb_get(r, m->req_id, &st)) {
+    if (tomb_get(r, m->transfer_id, &st)) {
         DUET__STAT_ADD(r, dropped_late, 1);
         if (m->status == DUET_OK)
             send_ack(r, m, st == DUET_OK ? DUET_ERR_INVALID : st);
@@ -289,7 +289,7 @@ static void apply_early(duet_xfer_rank_t *r, duet__expect_t *e)
     int max = r->x->cfg.early_max, j = 0;
     for (int i = 0; i < r->n_early; i++) {
         duet__early_t ent = r->early[(r->early_head + i) % max];
-        if (ent.msg.req_id == e->o.req_id)
+        if (ent.msg.transfer_id == e->o.transfer_id)
             apply(r, e, &ent.msg);
         else
             r->early[(r->early_head + j++) % max] = ent;
@@ -306,11 +306,11 @@ void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c)
     duet_status_t st = DUET_OK;
     int bad_s = -1;
 
-    if (duet__map_get(&r->expects, e->o.req_id) != NULL) {
+    if (duet__map_get(&r->expects, e->o.transfer_id) != NULL) {
         duet__cmd_done(r, c, DUET_ERR_INVALID,
                        "request %" PRIu64 " is already expected on "
                        "decode rank %d",
-                       e->o.req_id, r->index);
+                       e->o.transfer_id, r->index);
         expect_free(e);
         return;
     }
@@ -330,17 +330,17 @@ void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c)
     }
     if (bad != NULL) {
         duet__cmd_done(r, c, st, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
-                       e->o.req_id, bad_s, bad, r->index);
+                       e->o.transfer_id, bad_s, bad, r->index);
         expect_free(e);
         return;
     }
-    if (duet__map_put(&r->expects, e->o.req_id, e) != DUET_OK) {
+    if (duet__map_put(&r->expects, e->o.transfer_id, e) != DUET_OK) {
         duet__cmd_done(r, c, DUET_ERR_NO_MEMORY, "request %" PRIu64 ": expectation table",
-                       e->o.req_id);
+                       e->o.transfer_id);
         expect_free(e);
         return;
     }
-    duet__map_del(&r->tombs, e->o.req_id); /* an id may come back after it ended */
+    duet__map_del(&r->tombs, e->o.transfer_id); /* an id may come back after it ended */
     DUET__STAT_ADD(r, active_recv, 1);
     duet__deadline_hint(r, e->o.deadline_ns);
     apply_early(r, e);
@@ -388,7 +388,7 @@ void duet__recv_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p, int disconne
                 expect_fail(r, e, DUET_ERR_PEER,
                             "request %" PRIu64 ": prefill rank %d %s%s "
                             "(decode rank %d)",
-                            e->o.req_id, s, p->failed != DUET_OK ? "failed: " : "disconnected",
+                            e->o.transfer_id, s, p->failed != DUET_OK ? "failed: " : "disconnected",
                             p->failed != DUET_OK ? p->why : "", r->index);
             if (disconnect)
                 e->peers[s] = NULL;
@@ -416,7 +416,7 @@ void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
         expect_fail(r, e, DUET_ERR_TIMEOUT,
                     "request %" PRIu64 ": deadline exceeded on decode rank %d waiting for prefill "
                     "ranks %s",
-                    e->o.req_id, r->index, missing);
+                    e->o.transfer_id, r->index, missing);
     }
     while (r->n_early > 0) {
         duet__early_t *ent = &r->early[r->early_head];
@@ -438,7 +438,7 @@ void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
     void *v;
     for (size_t it = 0; duet__map_next(&r->expects, &it, &v);) {
         duet__expect_t *e = v;
-        expect_fail(r, e, st, "request %" PRIu64 ": %s", e->o.req_id, why);
+        expect_fail(r, e, st, "request %" PRIu64 ": %s", e->o.transfer_id, why);
     }
 }
 
@@ -452,10 +452,10 @@ void duet__recv_release(duet_xfer_rank_t *r, duet__outcome_t *o)
 {
     duet__expect_t *e = (duet__expect_t *)o;
     duet__undue(r, o);
-    if (!e->o.cancelled && duet__map_get(&r->expects, o->req_id) == e) {
-        duet__map_del(&r->expects, o->req_id);
+    if (!e->o.cancelled && duet__map_get(&r->expects, o->transfer_id) == e) {
+        duet__map_del(&r->expects, o->transfer_id);
         DUET__STAT_SUB(r, active_recv, 1);
-        tomb_add(r, o->req_id, o->res.status);
+        tomb_add(r, o->transfer_id, o->res.status);
     }
     expect_free(e);
 }
@@ -499,7 +499,7 @@ static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_
             return duet_error(DUET_ERR_INVALID,
                               "xfer expect: request %" PRIu64 ": page %d outside the %d pages of "
                               "decode rank %d",
-                              in->req_id, (int)in->pages[i], r->info.layout.n_pages, r->index);
+                              in->transfer_id, (int)in->pages[i], r->info.layout.n_pages, r->index);
     P = duet_slice_plan_prefill_tp(in->plan);
     n_runs = duet_slice_plan_dst_runs(in->plan, r->index, &runs);
 
@@ -529,7 +529,7 @@ static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_
         e->run_cnt[s] = at - e->run_off[s];
     }
     e->token_from = -1;
-    e->o.req_id = in->req_id;
+    e->o.transfer_id = in->transfer_id;
     e->o.side = DUET__SIDE_RECV;
     e->o.cb = in->cb;
     e->o.arg = in->arg;

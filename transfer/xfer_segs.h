@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/kv_layout.h"
+#include "kv/layout.h"
 #include "transfer/slice_plan.h"
 
 typedef struct {

@@ -22,7 +22,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "engine/tp.h"
+#include "kv/heads.h"
 #include "transfer/xfer_crc32c.h"
 #include "transfer/xfer_segs.h"
 
@@ -185,7 +185,7 @@ static void am_cb(void *req, ucs_status_t status, void *user_data)
     s->inflight--;
     if (status != UCS_OK)
         dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": notifying decode rank %d: %s",
-                 s->o.req_id, dst->d, ucs_status_string(status));
+                 s->o.transfer_id, dst->d, ucs_status_string(status));
     else
         notified(r, dst);
     check_done(r, s);
@@ -200,13 +200,13 @@ static void notify(duet_xfer_rank_t *r, send_dst_t *dst)
     duet__msg_t m;
 
     if (dst->peer == NULL) {
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone", s->o.req_id,
+        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone", s->o.transfer_id,
                  dst->d);
         return;
     }
     memset(&m, 0, sizeof(m));
     m.kind = DUET__MSG_NOTIFY;
-    m.req_id = s->o.req_id;
+    m.transfer_id = s->o.transfer_id;
     m.from_instance = r->info.instance;
     m.to_instance = dst->peer->info.instance;
     m.src_rank = r->index;
@@ -233,7 +233,7 @@ static void notify(duet_xfer_rank_t *r, send_dst_t *dst)
         notified(r, dst);
     } else if (UCS_PTR_IS_ERR(req)) {
         dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": notifying decode rank %d: %s",
-                 s->o.req_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
+                 s->o.transfer_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
     } else {
         s->inflight++;
         r->ucx_reqs++;
@@ -250,7 +250,7 @@ static void flush_cb(void *req, ucs_status_t status, void *user_data)
     if (dst->state == DST_FLUSHING) {
         if (status != UCS_OK)
             dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": flush to decode rank %d: %s",
-                     s->o.req_id, dst->d, ucs_status_string(status));
+                     s->o.transfer_id, dst->d, ucs_status_string(status));
         else
             notify(r, dst);
     }
@@ -265,7 +265,7 @@ static void flush(duet_xfer_rank_t *r, send_dst_t *dst)
     ucs_status_ptr_t req;
 
     if (dst->peer == NULL) {
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone", s->o.req_id,
+        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone", s->o.transfer_id,
                  dst->d);
         return;
     }
@@ -279,7 +279,7 @@ static void flush(duet_xfer_rank_t *r, send_dst_t *dst)
         notify(r, dst);
     } else if (UCS_PTR_IS_ERR(req)) {
         dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": flush to decode rank %d: %s",
-                 s->o.req_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
+                 s->o.transfer_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
     } else {
         s->inflight++;
         r->ucx_reqs++;
@@ -330,7 +330,7 @@ static void put_cb(void *req, ucs_status_t status, void *user_data)
     r->put_reqs--;
     if (status != UCS_OK)
         dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": put to decode rank %d: %s",
-                 s->o.req_id, dst->d, ucs_status_string(status));
+                 s->o.transfer_id, dst->d, ucs_status_string(status));
     check_done(r, s);
     maybe_free(r, s);
 }
@@ -400,7 +400,7 @@ static int post_send(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *
                           dst->peer->rkey, &rp);
         if (UCS_PTR_IS_ERR(req)) {
             dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": put to decode rank %d: %s",
-                     s->o.req_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
+                     s->o.transfer_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
             cursor_next_dst(s);
             continue;
         }
@@ -450,12 +450,12 @@ static duet_status_t begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg
         snprintf(msg, cap,
                  "request %" PRIu64 ": checksums need a host pool (prefill rank %d's is device "
                  "memory)",
-                 s->o.req_id, r->index);
+                 s->o.transfer_id, r->index);
         return DUET_ERR_UNSUPPORTED;
     }
-    if (duet__map_get(&r->sends, s->o.req_id) != NULL) {
+    if (duet__map_get(&r->sends, s->o.transfer_id) != NULL) {
         snprintf(msg, cap, "request %" PRIu64 " is already being sent from prefill rank %d",
-                 s->o.req_id, r->index);
+                 s->o.transfer_id, r->index);
         return DUET_ERR_INVALID;
     }
     for (int k = 0; k < s->n_dst; k++) {
@@ -466,11 +466,11 @@ static duet_status_t begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg
             snprintf(msg, cap,
                      "request %" PRIu64 ": decode rank %d is not connected to prefill "
                      "rank %d",
-                     s->o.req_id, dst->d, r->index);
+                     s->o.transfer_id, dst->d, r->index);
             return DUET_ERR_INVALID;
         }
         if (p->failed != DUET_OK) {
-            snprintf(msg, cap, "request %" PRIu64 ": decode rank %d failed: %s", s->o.req_id,
+            snprintf(msg, cap, "request %" PRIu64 ": decode rank %d failed: %s", s->o.transfer_id,
                      dst->d, p->why);
             return DUET_ERR_PEER;
         }
@@ -480,7 +480,7 @@ static duet_status_t begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg
                 snprintf(msg, cap,
                          "request %" PRIu64 ": destination page %d outside decode rank "
                          "%d's %d pages",
-                         s->o.req_id, (int)pg, dst->d, p->info.layout.n_pages);
+                         s->o.transfer_id, (int)pg, dst->d, p->info.layout.n_pages);
                 return DUET_ERR_INVALID;
             }
         }
@@ -493,7 +493,7 @@ void duet__send_exec_begin(duet_xfer_rank_t *r, duet__cmd_t *c)
     duet__send_t *s = c->u.send;
     char msg[DUET_XFER_DETAIL_MAX];
     duet_status_t st = begin_check(r, s, msg, sizeof(msg));
-    if (st == DUET_OK && duet__map_put(&r->sends, s->o.req_id, s) != DUET_OK) {
+    if (st == DUET_OK && duet__map_put(&r->sends, s->o.transfer_id, s) != DUET_OK) {
         st = DUET_ERR_NO_MEMORY;
         snprintf(msg, sizeof(msg), "request table");
     }
@@ -515,18 +515,18 @@ void duet__send_exec_begin(duet_xfer_rank_t *r, duet__cmd_t *c)
 
 void duet__send_exec_layers(duet_xfer_rank_t *r, duet__cmd_t *c)
 {
-    duet__send_t *s = duet__map_get(&r->sends, c->u.layers.req_id);
+    duet__send_t *s = duet__map_get(&r->sends, c->u.layers.transfer_id);
     int l0 = c->u.layers.l0, l1 = c->u.layers.l1;
     if (s == NULL || s->o.terminal || s->failing || s->ended) {
         duet__cmd_done(r, c, DUET_ERR_NOT_FOUND, "request %" PRIu64 " not sending",
-                       c->u.layers.req_id);
+                       c->u.layers.transfer_id);
         return;
     }
     if (l0 != s->limit)
         fail_send(r, s, DUET_ERR_INVALID,
                   "request %" PRIu64 ": layers [%d, %d) posted out of order on prefill rank %d "
                   "(next layer is %d)",
-                  s->o.req_id, l0, l1, r->index, s->limit);
+                  s->o.transfer_id, l0, l1, r->index, s->limit);
     else {
         s->limit = l1;
         advance(r, s);
@@ -536,21 +536,21 @@ void duet__send_exec_layers(duet_xfer_rank_t *r, duet__cmd_t *c)
 
 void duet__send_exec_end(duet_xfer_rank_t *r, duet__cmd_t *c)
 {
-    duet__send_t *s = duet__map_get(&r->sends, c->u.end.req_id);
+    duet__send_t *s = duet__map_get(&r->sends, c->u.end.transfer_id);
     if (s == NULL || s->ended || s->o.terminal) {
         duet__cmd_done(r, c, DUET_ERR_NOT_FOUND, "request %" PRIu64 " not sending",
-                       c->u.end.req_id);
+                       c->u.end.transfer_id);
         return;
     }
     s->ended = 1;
     s->first_token = c->u.end.first_token;
     if (c->u.end.status != DUET_OK)
         fail_send(r, s, c->u.end.status, "request %" PRIu64 ": prefill rank %d ended it: %s",
-                  s->o.req_id, r->index, duet_status_str(c->u.end.status));
+                  s->o.transfer_id, r->index, duet_status_str(c->u.end.status));
     else if (s->limit != s->n_layers)
         fail_send(r, s, DUET_ERR_INVALID,
                   "request %" PRIu64 ": ended on prefill rank %d after %d of %d layers",
-                  s->o.req_id, r->index, s->limit, s->n_layers);
+                  s->o.transfer_id, r->index, s->limit, s->n_layers);
     else
         advance(r, s);
     maybe_free(r, s);
@@ -595,7 +595,7 @@ duet_status_t duet__send_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, siz
 
 void duet__send_on_ack(duet_xfer_rank_t *r, const duet__msg_t *m)
 {
-    duet__send_t *s = duet__map_get(&r->sends, m->req_id);
+    duet__send_t *s = duet__map_get(&r->sends, m->transfer_id);
     send_dst_t *dst = NULL;
     if (s != NULL && m->src_rank == r->index && m->to_instance == r->info.instance) {
         for (int k = 0; k < s->n_dst; k++)
@@ -612,7 +612,7 @@ void duet__send_on_ack(duet_xfer_rank_t *r, const duet__msg_t *m)
         dst_fail(r, dst, m->status,
                  "request %" PRIu64 ": decode rank %d refused the slice of "
                  "prefill rank %d: %s",
-                 s->o.req_id, dst->d, r->index, duet_status_str(m->status));
+                 s->o.transfer_id, dst->d, r->index, duet_status_str(m->status));
     else
         dst->state = DST_DONE;
     check_done(r, s);
@@ -626,7 +626,7 @@ void duet__send_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p)
             send_dst_t *dst = &s->dst[k];
             if (dst->peer != p)
                 continue;
-            dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d %s%s", s->o.req_id,
+            dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d %s%s", s->o.transfer_id,
                      dst->d, p->failed != DUET_OK ? "failed: " : "disconnected",
                      p->failed != DUET_OK ? p->why : "");
             dst->peer = NULL;
@@ -668,7 +668,7 @@ void duet__send_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
                 dst_fail(r, &s->dst[k], DUET_ERR_TIMEOUT,
                          "request %" PRIu64 ": deadline exceeded on prefill rank %d sending to "
                          "decode rank %d: %s (%d of %d layers posted)",
-                         s->o.req_id, r->index, s->dst[k].d, dst_waiting_for(s->dst[k].state),
+                         s->o.transfer_id, r->index, s->dst[k].d, dst_waiting_for(s->dst[k].state),
                          s->c_layer, s->n_layers);
         }
         check_done(r, s);
@@ -686,7 +686,7 @@ void duet__send_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
         s->stop_posting = 1;
         posting_remove(r, s);
         for (int k = 0; k < s->n_dst; k++)
-            dst_fail(r, &s->dst[k], st, "request %" PRIu64 ": %s", s->o.req_id, why);
+            dst_fail(r, &s->dst[k], st, "request %" PRIu64 ": %s", s->o.transfer_id, why);
         check_done(r, s);
         maybe_free(r, s);
     }
@@ -702,8 +702,8 @@ void duet__send_release(duet_xfer_rank_t *r, duet__outcome_t *o)
 {
     duet__send_t *s = (duet__send_t *)o;
     duet__undue(r, o);
-    if (s->in_table && duet__map_get(&r->sends, o->req_id) == s) {
-        duet__map_del(&r->sends, o->req_id);
+    if (s->in_table && duet__map_get(&r->sends, o->transfer_id) == s) {
+        duet__map_del(&r->sends, o->transfer_id);
         s->in_table = 0;
         DUET__STAT_SUB(r, active_send, 1);
     }
@@ -747,7 +747,7 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
             return duet_error(DUET_ERR_INVALID,
                               "xfer send: request %" PRIu64 ": source page %d outside the %d "
                               "pages of prefill rank %d",
-                              in->req_id, (int)in->src_pages[i], r->info.layout.n_pages, r->index);
+                              in->transfer_id, (int)in->src_pages[i], r->info.layout.n_pages, r->index);
     D = duet_slice_plan_decode_tp(in->plan);
     n_recv = duet_slice_plan_receivers(in->plan, r->index, recv);
     n_runs = duet_slice_plan_src_runs(in->plan, r->index, &runs);
@@ -780,7 +780,7 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
         }
         dst->state = DST_POSTING;
     }
-    s->o.req_id = in->req_id;
+    s->o.transfer_id = in->transfer_id;
     s->o.side = DUET__SIDE_SEND;
     s->o.cb = in->cb;
     s->o.arg = in->arg;
@@ -809,7 +809,7 @@ duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *
     return st;
 }
 
-duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t req_id, int l0, int l1)
+duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t transfer_id, int l0, int l1)
 {
     duet__cmd_t *c;
     if (l0 < 0 || l1 <= l0 || l1 > r->info.layout.n_layers)
@@ -819,20 +819,20 @@ duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t req_id, int l0
     if (c == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "xfer send: layers");
     c->kind = DUET__CMD_SEND_LAYERS;
-    c->u.layers.req_id = req_id;
+    c->u.layers.transfer_id = transfer_id;
     c->u.layers.l0 = l0;
     c->u.layers.l1 = l1;
     return duet__post_async(r, c);
 }
 
-duet_status_t duet_xfer_send_end(duet_xfer_rank_t *r, uint64_t req_id, duet_status_t status,
+duet_status_t duet_xfer_send_end(duet_xfer_rank_t *r, uint64_t transfer_id, duet_status_t status,
                                  int64_t first_token)
 {
     duet__cmd_t *c = DUET_NEW(duet__cmd_t);
     if (c == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "xfer send: end");
     c->kind = DUET__CMD_SEND_END;
-    c->u.end.req_id = req_id;
+    c->u.end.transfer_id = transfer_id;
     c->u.end.status = status;
     c->u.end.first_token = first_token;
     return duet__post_async(r, c);
@@ -843,8 +843,8 @@ duet_status_t duet_xfer_send_post(duet_xfer_rank_t *r, const duet_xfer_send_t *s
 {
     duet_status_t st = duet_xfer_send_begin(r, s);
     if (st == DUET_OK)
-        st = duet_xfer_send_layers(r, s->req_id, 0, r->info.layout.n_layers);
+        st = duet_xfer_send_layers(r, s->transfer_id, 0, r->info.layout.n_layers);
     if (st == DUET_OK)
-        st = duet_xfer_send_end(r, s->req_id, DUET_OK, first_token);
+        st = duet_xfer_send_end(r, s->transfer_id, DUET_OK, first_token);
     return st;
 }

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "engine/tp.h"
+#include "kv/heads.h"
 #include "transfer/xfer_crc32c.h"
 
 /* ---- little-endian cursor ---------------------------------------------- */
@@ -91,7 +91,7 @@ duet_status_t duet__desc_check_info(const duet_xfer_desc_info_t *in, const char 
                           "%s: layout out of range (layers %d, pages %d, page_size %d, "
                           "head_dim %d)",
                           what, l->n_layers, l->n_pages, l->page_size, l->head_dim);
-    duet_tp_kv_heads(in->kv_heads, in->tp, in->rank, &h0, &nh);
+    duet_kv_heads_owned(in->kv_heads, in->tp, in->rank, &h0, &nh);
     if (l->n_kv_heads != nh)
         return duet_error(DUET_ERR_FORMAT,
                           "%s: %d local kv heads, but %d kv heads over tp %d give %d per rank",
@@ -279,7 +279,7 @@ void duet__msg_encode(const duet__msg_t *m, uint8_t out[DUET__MSG_BYTES])
     put_u32(out + 0, DUET__MSG_MAGIC);
     put_u16(out + 4, 1);
     put_u16(out + 6, (uint16_t)m->kind);
-    put_u64(out + 8, m->req_id);
+    put_u64(out + 8, m->transfer_id);
     put_u64(out + 16, m->from_instance);
     put_u64(out + 24, m->to_instance);
     put_u16(out + 32, (uint16_t)m->src_rank);
@@ -306,7 +306,7 @@ duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)
     m.kind = get_u16(b + 6);
     if (m.kind != DUET__MSG_NOTIFY && m.kind != DUET__MSG_ACK)
         return duet_error(DUET_ERR_FORMAT, "notification: kind %d unknown", m.kind);
-    m.req_id = get_u64(b + 8);
+    m.transfer_id = get_u64(b + 8);
     m.from_instance = get_u64(b + 16);
     m.to_instance = get_u64(b + 24);
     m.src_rank = get_u16(b + 32);

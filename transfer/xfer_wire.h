@@ -68,7 +68,7 @@ enum { DUET__MSG_NOTIFY = 1, DUET__MSG_ACK = 2 };
 
 typedef struct {
     int kind;
-    uint64_t req_id;
+    uint64_t transfer_id;
     uint64_t from_instance, to_instance;
     int src_rank, dst_rank;
     duet_status_t status;

@@ -19,7 +19,7 @@
 
 #include "common/status.h"
 #include "engine/cpu/pool.h"
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 typedef struct {
     duet_dtype_t dtype; /* storage dtype: F32, F16 or BF16 */

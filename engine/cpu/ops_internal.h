@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "engine/cpu/matmul_internal.h"
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 /* Keys per attention block: the online softmax advances by blocks of this
  * many consecutive key positions (pages smaller than a block are gathered

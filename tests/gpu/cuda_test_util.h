@@ -14,7 +14,7 @@
 #include "common/alloc.h"
 #include "engine/backend.h"
 #include "engine/cuda/backend_cuda.h"
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 /* skip() unless a CUDA device is present (CI builds have nvcc, no GPU) */
 #define DUET_TEST_NEED_GPU()                                                                       \

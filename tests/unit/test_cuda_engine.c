@@ -28,7 +28,7 @@
 #include "common/alloc.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
-#include "engine/mkmodel.h"
+#include "synth/mkmodel.h"
 
 #ifdef DUET_HAVE_CUDA
 #include "tests/gpu/cuda_test_util.h"

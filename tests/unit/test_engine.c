@@ -20,8 +20,8 @@
 
 #include "common/alloc.h"
 #include "engine/engine.h"
-#include "engine/mkmodel.h"
-#include "engine/tokenizer.h"
+#include "synth/mkmodel.h"
+#include "tokenizer/tokenizer.h"
 
 static char tmpdir[256];
 

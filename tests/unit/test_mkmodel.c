@@ -18,9 +18,9 @@
 
 #include "common/alloc.h"
 #include "common/status.h"
-#include "engine/mkmodel.h"
+#include "synth/mkmodel.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static char tmpdir[64];
 

@@ -18,8 +18,8 @@
 #include "common/json.h"
 #include "common/status.h"
 #include "engine/model.h"
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 
 static char tmpdir[256];
 

@@ -13,7 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/status.h"
-#include "engine/tp.h"
+#include "kv/heads.h"
 #include "transfer/slice_plan.h"
 
 #define MAX_TP 64
@@ -28,7 +28,7 @@ static bool side_valid(int tp, int H)
 static bool holds(int H, int tp, int rank, int h)
 {
     int h0, n;
-    duet_tp_kv_heads(H, tp, rank, &h0, &n);
+    duet_kv_heads_owned(H, tp, rank, &h0, &n);
     return h >= h0 && h < h0 + n;
 }
 
@@ -62,9 +62,9 @@ static const char *check_plan(const duet_slice_plan_t *plan, int P, int D, int H
     CHECK(duet_slice_plan_decode_tp(plan) == D, "decode_tp");
     CHECK(duet_slice_plan_kv_heads(plan) == H, "kv_heads");
     for (int d = 0; d < D; d++)
-        duet_tp_kv_heads(H, D, d, &dh0[d], &dn[d]);
+        duet_kv_heads_owned(H, D, d, &dh0[d], &dn[d]);
     for (int s = 0; s < P; s++)
-        duet_tp_kv_heads(H, P, s, &sh0[s], &sn[s]);
+        duet_kv_heads_owned(H, P, s, &sh0[s], &sn[s]);
     memset(cov, 0, sizeof cov);
     memset(loadh, 0, sizeof loadh);
 

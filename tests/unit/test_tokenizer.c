@@ -17,8 +17,8 @@
 #include "common/clock.h"
 #include "common/json.h"
 #include "common/status.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_text.h" /* scanners and NFC, tested directly */
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_text.h" /* scanners and NFC, tested directly */
 
 static const char *src_dir(void)
 {

@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "common/alloc.h"
-#include "engine/tp.h"
+#include "kv/heads.h"
 #include "transfer/slice_plan.h"
 #include "transfer/xfer_crc32c.h"
 #include "transfer/xfer_map.h"
@@ -208,7 +208,7 @@ static void test_msg(void **state)
     (void)state;
     memset(&m, 0, sizeof(m));
     m.kind = DUET__MSG_NOTIFY;
-    m.req_id = 0x1122334455667788ULL;
+    m.transfer_id = 0x1122334455667788ULL;
     m.from_instance = 7;
     m.to_instance = 9;
     m.src_rank = 3;
@@ -287,14 +287,14 @@ static void check_plan_cover(int P, int D, int H, int page_size, const int32_t *
     duet_kv_layout_t sl = {2, 24, page_size, 0, 2, 4}, dl = sl;
     int h0;
     assert_int_equal(duet_slice_plan_create(P, D, H, &plan), DUET_OK);
-    duet_tp_kv_heads(H, P, 0, &h0, &sl.n_kv_heads);
-    duet_tp_kv_heads(H, D, 0, &h0, &dl.n_kv_heads);
+    duet_kv_heads_owned(H, P, 0, &h0, &sl.n_kv_heads);
+    duet_kv_heads_owned(H, D, 0, &h0, &dl.n_kv_heads);
     size_t dbytes = duet_kv_total_bytes(&dl), hb = duet_kv_head_bytes(&sl);
     for (int d = 0; d < D; d++) {
         unsigned char *hits = calloc(dbytes, 1);
         uint32_t *tag = calloc(dbytes / 4, 4); /* source (rank, offset) that wrote each word */
         int dh0, dn;
-        duet_tp_kv_heads(H, D, d, &dh0, &dn);
+        duet_kv_heads_owned(H, D, d, &dh0, &dn);
         for (int s = 0; s < P; s++) {
             const duet_slice_run_t *runs;
             int nr = duet_slice_plan_src_runs(plan, s, &runs), k0 = 0, k1;

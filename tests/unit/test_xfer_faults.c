@@ -17,9 +17,9 @@
 static atomic_int cb_count;
 static duet_status_t cb_status[4];
 
-static void count_cb(void *arg, uint64_t req_id, const duet_xfer_result_t *res)
+static void count_cb(void *arg, uint64_t transfer_id, const duet_xfer_result_t *res)
 {
-    (void)req_id;
+    (void)transfer_id;
     cb_status[(intptr_t)arg] = res->status;
     atomic_fetch_add(&cb_count, 1);
 }
@@ -121,7 +121,7 @@ static int cancel_decode(void *arg)
         expect_all(&sd, plan, 56, 6, NPG, duet_deadline_in_ms(WAIT_MS)))
         return 1;
     {
-        duet_xfer_expect_t e = {.req_id = 51,
+        duet_xfer_expect_t e = {.transfer_id = 51,
                                 .plan = plan,
                                 .peers = sd.peers[0],
                                 .pages = pages,
@@ -133,7 +133,7 @@ static int cancel_decode(void *arg)
     XH_OK(duet_xfer_recv_cancel(r0, 50));
     XH_CHECK(duet_xfer_recv_cancel(r0, 50) == DUET_ERR_NOT_FOUND, "cancelled twice");
     for (int k = 0; k < 2; k++) {
-        duet_xfer_expect_t e = {.req_id = 54 + (uint64_t)k,
+        duet_xfer_expect_t e = {.transfer_id = 54 + (uint64_t)k,
                                 .plan = plan,
                                 .peers = sd.peers[0],
                                 .pages = pages,
@@ -198,7 +198,7 @@ static duet_xfer_config_t config_of(const spec_t *sp, duet_xfer_role_t role)
     cfg.kv_heads = sd.kv_heads;
     cfg.dtype = sd.dtype;
     cfg.layout = sd.layout;
-    duet_tp_kv_heads(sd.kv_heads, sd.tp, 0, &(int){0}, &cfg.layout.n_kv_heads);
+    duet_kv_heads_owned(sd.kv_heads, sd.tp, 0, &(int){0}, &cfg.layout.n_kv_heads);
     cfg.tls = sp->tls;
     return cfg;
 }
@@ -234,7 +234,7 @@ static int alloc_child(void *arg)
                     duet_free(blob);
                 duet_alloc_fail_after(m);
                 if (cfg.role == DUET_XFER_DECODE) {
-                    duet_xfer_expect_t e = {.req_id = 1,
+                    duet_xfer_expect_t e = {.transfer_id = 1,
                                             .plan = plan,
                                             .peers = none,
                                             .pages = pages,
@@ -242,7 +242,7 @@ static int alloc_child(void *arg)
                                             .deadline_ns = duet_deadline_in_ms(1000)};
                     st = duet_xfer_recv_expect(r, &e);
                 } else {
-                    duet_xfer_send_t e = {.req_id = 1,
+                    duet_xfer_send_t e = {.transfer_id = 1,
                                           .plan = plan,
                                           .peers = none,
                                           .src_pages = pages,

@@ -11,7 +11,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "engine/engine.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/duet/commands.h"
 
 typedef enum { DUET__OUT_TEXT, DUET__OUT_IDS } duet__out_t;

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "engine/mkmodel.h"
+#include "synth/mkmodel.h"
 #include "tools/duet/commands.h"
 
 static void duet__mkmodel_usage(FILE *f)

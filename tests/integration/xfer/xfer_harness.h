@@ -31,7 +31,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
-#include "engine/tp.h"
+#include "kv/heads.h"
 #include "transfer/xfer.h"
 
 #define XH_MAX_CHILD 8
@@ -338,7 +338,7 @@ static inline int xh_side_start(xh_side_t *sd)
     duet_xfer_config_t cfg;
     int h0, nh;
     sd->alloc_live0 = duet_alloc_live();
-    duet_tp_kv_heads(sd->kv_heads, sd->tp, 0, &h0, &nh);
+    duet_kv_heads_owned(sd->kv_heads, sd->tp, 0, &h0, &nh);
     sd->layout.n_kv_heads = nh;
     memset(&cfg, 0, sizeof(cfg));
     cfg.role = sd->role;

@@ -73,7 +73,7 @@ static inline void side_init(xh_side_t *sd, const spec_t *sp, duet_xfer_role_t r
 static inline int head0_of(int H, int tp, int rank)
 {
     int h0, n;
-    duet_tp_kv_heads(H, tp, rank, &h0, &n);
+    duet_kv_heads_owned(H, tp, rank, &h0, &n);
     return h0;
 }
 
@@ -149,7 +149,7 @@ static inline int expect_all(xh_side_t *sd, const duet_slice_plan_t *plan, uint6
     int32_t pages[POOL_PAGES];
     req_pages(pages, n, 0, req);
     for (int d = 0; d < sd->tp; d++) {
-        duet_xfer_expect_t e = {.req_id = id,
+        duet_xfer_expect_t e = {.transfer_id = id,
                                 .plan = plan,
                                 .peers = sd->peers[d],
                                 .pages = pages,
@@ -168,7 +168,7 @@ static inline duet_xfer_send_t send_desc(xh_side_t *sd, const duet_slice_plan_t 
     req_pages(sp, n, 1, req);
     req_pages(dp, n, 0, req);
     memset(&x, 0, sizeof(x));
-    x.req_id = id;
+    x.transfer_id = id;
     x.plan = plan;
     x.peers = sd->peers[s];
     x.src_pages = sp;
@@ -188,7 +188,7 @@ static inline uint64_t puts_expected(xh_side_t *sd, const duet_slice_plan_t *pla
     int32_t sp[POOL_PAGES], dp[POOL_PAGES];
     duet_kv_layout_t dl = sd->layout;
     int h0;
-    duet_tp_kv_heads(sd->kv_heads, sd->remote_tp, 0, &h0, &dl.n_kv_heads);
+    duet_kv_heads_owned(sd->kv_heads, sd->remote_tp, 0, &h0, &dl.n_kv_heads);
     req_pages(sp, n, 1, req);
     req_pages(dp, n, 0, req);
     return duet__seg_count(&sd->layout, &dl, runs, nr, sp, dp, n);

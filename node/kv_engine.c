@@ -1,4 +1,4 @@
-#include "transfer/kv_engine.h"
+#include "node/kv_engine.h"
 
 #include <stdlib.h>
 #include <string.h>

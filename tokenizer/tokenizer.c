@@ -9,7 +9,7 @@
 
 #include "common/alloc.h"
 #include "common/json.h"
-#include "engine/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #define DUET__TOK_MAX_IDS (1 << 24)
 

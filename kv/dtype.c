@@ -1,4 +1,4 @@
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 #include <math.h>
 

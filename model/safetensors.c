@@ -5,7 +5,7 @@
  * need them, but they are harmless); overlaps are not.  Tensor data is not
  * aligned beyond what the file gives: the data region starts 8-byte aligned
  * when the writer padded the header as Hugging Face does. */
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -11,14 +11,14 @@
  * Gaps between tensors are accepted.  Tensor data is only as aligned as the
  * file makes it (the data region starts 8-byte aligned in files written by
  * Hugging Face or duet_st_write_file). */
-#ifndef DUET_ENGINE_SAFETENSORS_H
-#define DUET_ENGINE_SAFETENSORS_H
+#ifndef DUET_MODEL_SAFETENSORS_H
+#define DUET_MODEL_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 #define DUET_ST_MAX_DIMS 4
 

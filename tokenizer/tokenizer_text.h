@@ -3,8 +3,8 @@
  * point table, the hand-written scanners for the known split regexes, and a
  * growable byte buffer.  All functions are pure or work on caller state, so
  * they are thread-safe. */
-#ifndef DUET_ENGINE_TOKENIZER_TEXT_H
-#define DUET_ENGINE_TOKENIZER_TEXT_H
+#ifndef DUET_TOKENIZER_TOKENIZER_TEXT_H
+#define DUET_TOKENIZER_TOKENIZER_TEXT_H
 
 #include <stdbool.h>
 #include <stddef.h>

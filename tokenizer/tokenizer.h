@@ -9,8 +9,8 @@
  * Added/special tokens in the text are matched as whole tokens.
  *
  * A loaded tokenizer is immutable and safe to share between threads. */
-#ifndef DUET_ENGINE_TOKENIZER_H
-#define DUET_ENGINE_TOKENIZER_H
+#ifndef DUET_TOKENIZER_TOKENIZER_H
+#define DUET_TOKENIZER_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>

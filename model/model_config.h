@@ -1,6 +1,6 @@
 /* The model hyper-parameters read from a Hugging Face config.json. */
-#ifndef DUET_ENGINE_MODEL_CONFIG_H
-#define DUET_ENGINE_MODEL_CONFIG_H
+#ifndef DUET_MODEL_MODEL_CONFIG_H
+#define DUET_MODEL_MODEL_CONFIG_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -8,7 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/status.h"
-#include "engine/dtype.h"
+#include "kv/dtype.h"
 
 #define DUET_MAX_EOS_IDS 8
 

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "engine/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #define DUET__SYN_MAX_VOCAB (1 << 22)
 

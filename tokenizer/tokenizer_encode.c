@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "engine/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #define DUET__TOK_MAX_TEXT (1 << 28)
 

@@ -1,6 +1,6 @@
 /* Element types of weights, activations and KV. */
-#ifndef DUET_ENGINE_DTYPE_H
-#define DUET_ENGINE_DTYPE_H
+#ifndef DUET_KV_DTYPE_H
+#define DUET_KV_DTYPE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * pools are allocated by UCX (duet_xfer_pool_alloc) so that shared-memory
  * puts into them are one-sided, and the transfer context is configured from
  * the engine's layout and the model's fingerprint. */
-#ifndef DUET_TRANSFER_KV_ENGINE_H
-#define DUET_TRANSFER_KV_ENGINE_H
+#ifndef DUET_NODE_KV_ENGINE_H
+#define DUET_NODE_KV_ENGINE_H
 
 #include "common/cluster.h"
 #include "engine/engine.h"

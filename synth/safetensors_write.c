@@ -1,6 +1,6 @@
 /* safetensors writer: header built by hand (names are escaped), data
  * streamed straight to a temp file next to the target, renamed at the end. */
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,8 +5,8 @@
  * so one head's slice of one page is contiguous ("HND"), and within a
  * (layer, K|V) a run of pages is contiguous when it covers all local heads.
  * Page ids are shared by every rank of a daemon. */
-#ifndef DUET_ENGINE_KV_LAYOUT_H
-#define DUET_ENGINE_KV_LAYOUT_H
+#ifndef DUET_KV_LAYOUT_H
+#define DUET_KV_LAYOUT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
  * change the computation and that duet does not implement (RoPE scaling,
  * sliding windows shorter than the context, another activation, MLP bias)
  * is refused rather than ignored. */
-#include "engine/model_config.h"
+#include "model/model_config.h"
 
 #include <limits.h>
 #include <math.h>

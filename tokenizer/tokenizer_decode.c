@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "engine/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 /* ---- per-id bytes ---- */
 

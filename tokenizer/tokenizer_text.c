@@ -1,6 +1,6 @@
 /* Text primitives of the tokenizer: UTF-8, Unicode classes, NFC, the GPT-2
  * byte alphabet and the split-pattern scanners. */
-#include "engine/tokenizer_text.h"
+#include "tokenizer/tokenizer_text.h"
 
 #include <string.h>
 

@@ -16,16 +16,16 @@
  * models included): tested with a reference forward pass in test_mkmodel.
  * The values are the same on every machine and compiler (integer hashing,
  * exactly rounded float operations, no libm). */
-#ifndef DUET_ENGINE_MKMODEL_H
-#define DUET_ENGINE_MKMODEL_H
+#ifndef DUET_SYNTH_MKMODEL_H
+#define DUET_SYNTH_MKMODEL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
-#include "engine/dtype.h"
-#include "engine/model_config.h"
+#include "kv/dtype.h"
+#include "model/model_config.h"
 
 typedef struct {
     duet_arch_t arch; /* qwen2 gets q/k/v biases */

@@ -6,7 +6,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/alloc.h"
-#include "engine/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 /* ---- normalizer / pre-tokenizer / post-processor / decoder ---- */
 

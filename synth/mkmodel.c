@@ -1,5 +1,5 @@
 /* duet mkmodel: synthetic Llama-family checkpoints, streamed to disk. */
-#include "engine/mkmodel.h"
+#include "synth/mkmodel.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
-#include "engine/safetensors.h"
-#include "engine/tokenizer.h"
+#include "model/safetensors.h"
+#include "tokenizer/tokenizer.h"
 
 /* Linear layers get std GAIN / sqrt(fan_in), a bit above 1, and the
  * embeddings a small std, so that each block's output outweighs the token

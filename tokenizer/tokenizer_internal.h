@@ -1,7 +1,7 @@
 /* The tokenizer object shared by tokenizer.c (loading), tokenizer_encode.c,
  * tokenizer_decode.c and tokenizer_synth.c.  Internal. */
-#ifndef DUET_ENGINE_TOKENIZER_INTERNAL_H
-#define DUET_ENGINE_TOKENIZER_INTERNAL_H
+#ifndef DUET_TOKENIZER_TOKENIZER_INTERNAL_H
+#define DUET_TOKENIZER_TOKENIZER_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -9,8 +9,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_text.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_text.h"
 
 typedef enum {
     DUET__TOK_NORM_PREPEND, /* a: text to prepend to a non-empty segment */
