@@ -8,14 +8,14 @@ duet_status_t duet_kv_heads_check(int n_kv_heads, int tp)
         return duet_error(DUET_ERR_CONFIG, "tp %d: model has %d kv heads", tp, n_kv_heads);
     if (n_kv_heads >= tp && n_kv_heads % tp != 0)
         return duet_error(DUET_ERR_CONFIG,
-                          "tp %d: num_key_value_heads %d is not divisible by tp (kv heads >= tp "
-                          "must split evenly)",
-                          tp, n_kv_heads);
+                          "tp %d: num_key_value_heads %d is not divisible by tp (%d kv heads >= "
+                          "tp must split evenly)",
+                          tp, n_kv_heads, n_kv_heads);
     if (n_kv_heads < tp && tp % n_kv_heads != 0)
         return duet_error(DUET_ERR_CONFIG,
-                          "tp %d: tp is not a multiple of num_key_value_heads %d (kv heads < tp "
-                          "are replicated on tp/kv ranks each)",
-                          tp, n_kv_heads);
+                          "tp %d: tp is not a multiple of num_key_value_heads %d (%d kv heads < "
+                          "tp are replicated on tp/kv ranks each)",
+                          tp, n_kv_heads, n_kv_heads);
     return DUET_OK;
 }
 

@@ -28,7 +28,7 @@ struct duet_slice_plan {
 static duet_status_t duet__slice_plan_check_side(const char *side, int tp, int H)
 {
     if (duet_kv_heads_check(H, tp) != DUET_OK)
-        return duet_error_wrap(DUET_ERR_CONFIG, "slice plan: %s side: ", side);
+        return duet_error_wrap(DUET_ERR_CONFIG, "slice plan: %s ", side);
     return DUET_OK;
 }
 

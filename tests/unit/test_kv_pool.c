@@ -1,5 +1,6 @@
-/* KV page allocator: all-or-nothing, contiguous when it can be, no double
- * free, counts return to the baseline. */
+/* KV page pool: all-or-nothing, contiguous when it can be, no double
+ * free, counts return to the baseline; shared pages are freed only with
+ * their last reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -44,8 +45,48 @@ static void test_page_alloc(void **state)
     assert_int_equal(duet_kv_pool_create(0, &pa), DUET_ERR_INVALID);
 }
 
+/* A page shared by two owners stays held until both released it; ref on a
+ * free or foreign page changes nothing. */
+static void test_refcounts(void **state)
+{
+    (void)state;
+    duet_kv_pool_t *pool;
+    int32_t a[4], b[4];
+
+    assert_int_equal(duet_kv_pool_create(8, &pool), DUET_OK);
+    assert_int_equal(duet_kv_pool_alloc(pool, 4, a), DUET_OK);
+    assert_int_equal(duet_kv_pool_refs(pool, a[0]), 1);
+    /* a second owner shares the first two pages */
+    assert_int_equal(duet_kv_pool_ref(pool, a, 2), DUET_OK);
+    assert_int_equal(duet_kv_pool_refs(pool, a[1]), 2);
+    assert_int_equal(duet_kv_pool_refs(pool, a[2]), 1);
+    /* the first owner lets go of all four: only the unshared two are free */
+    assert_int_equal(duet_kv_pool_release(pool, a, 4), 2);
+    assert_int_equal(duet_kv_pool_free_count(pool), 6);
+    assert_int_equal(duet_kv_pool_refs(pool, a[0]), 1);
+    assert_int_equal(duet_kv_pool_refs(pool, a[3]), 0);
+    /* a new allocation never hands out a page that is still shared */
+    assert_int_equal(duet_kv_pool_alloc(pool, 4, b), DUET_OK);
+    for (int i = 0; i < 4; i++)
+        assert_true(b[i] != a[0] && b[i] != a[1]);
+    /* ref is all-or-nothing: a free page in the list changes no count */
+    assert_int_equal(duet_kv_pool_refs(pool, a[2]), 0); /* b took pages 4..7 */
+    int32_t mixed[2] = {a[0], a[2]};
+    assert_int_equal(duet_kv_pool_ref(pool, mixed, 2), DUET_ERR_INVALID);
+    assert_int_equal(duet_kv_pool_refs(pool, a[0]), 1);
+    int32_t out_of_range = 8;
+    assert_int_equal(duet_kv_pool_ref(pool, &out_of_range, 1), DUET_ERR_INVALID);
+    assert_int_equal(duet_kv_pool_refs(pool, 8), -1);
+    /* the second owner releases: everything is back */
+    assert_int_equal(duet_kv_pool_release(pool, a, 2), 2);
+    assert_int_equal(duet_kv_pool_release(pool, b, 4), 4);
+    assert_int_equal(duet_kv_pool_free_count(pool), 8);
+    duet_kv_pool_destroy(pool);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_page_alloc)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_page_alloc),
+                                       cmocka_unit_test(test_refcounts)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
