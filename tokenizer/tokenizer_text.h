@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 
-/* ---- generated tables (engine/tokenizer_unicode_tables.c) ---- */
+/* ---- generated tables (tokenizer/tokenizer_unicode_tables.c) ---- */
 
 typedef struct {
     uint32_t first, last, value;

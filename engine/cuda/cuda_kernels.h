@@ -33,7 +33,7 @@ typedef struct {
     const int32_t *page_table; /* [n_seqs][hdr[2]] */
 } duet__cuda_batch_t;
 
-/* The rank's bf16 KV pool (engine/kv_layout.h). */
+/* The rank's bf16 KV pool (kv/layout.h). */
 typedef struct {
     void *base;
     int n_pages, page_size, n_kv_heads, head_dim;

@@ -1,4 +1,4 @@
-/* engine/mkmodel: written values equal regenerated ones for every dtype,
+/* synth/mkmodel: written values equal regenerated ones for every dtype,
  * sharding, Qwen2 biases, tied/untied heads, fingerprints, option checks,
  * and a reference forward pass showing the synthetic models decode
  * decisively (greedy argmax far from ties, output not degenerate). */

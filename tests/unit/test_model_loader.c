@@ -1,4 +1,4 @@
-/* engine/safetensors, engine/model_config, engine/model: the validation
+/* model/safetensors, model/model_config, engine/model: the validation
  * matrix (bad files are written into a temp dir), sharded checkpoints, the
  * writer, stories260K, fingerprints and out-of-memory unwinding. */
 #include <dirent.h>

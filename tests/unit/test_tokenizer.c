@@ -1,4 +1,4 @@
-/* engine/tokenizer: encode/decode against reference ids from an independent
+/* tokenizer/: encode/decode against reference ids from an independent
  * implementation (tests/data/tokenizers/README.md), streaming decode,
  * malformed files, the synthetic writer, leaks and allocation failures. */
 #include <setjmp.h>
