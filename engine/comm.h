@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/status.h"
 #include "kv/dtype.h"
@@ -32,33 +33,47 @@ typedef struct duet_comm_ops {
     void (*destroy)(duet_comm_t *c);
 } duet_comm_ops_t;
 
-/* Backends embed this as their first member. */
+/* Backends embed this as their first member (zero-initialised). */
 struct duet_comm {
     const duet_comm_ops_t *ops;
     int rank;
     int size;
+    /* Collectives this rank issued to the backend (the calls below; the
+     * size-1 shortcuts issue none).  Only the rank's thread touches it:
+     * tests count what a forward step costs. */
+    uint64_t n_issued;
 };
 
 static inline duet_status_t duet_comm_all_reduce_sum(duet_comm_t *c, void *buf, size_t count,
                                                      duet_dtype_t dtype)
 {
-    return c->size == 1 ? DUET_OK : c->ops->all_reduce_sum(c, buf, count, dtype);
+    if (c->size == 1)
+        return DUET_OK;
+    c->n_issued++;
+    return c->ops->all_reduce_sum(c, buf, count, dtype);
 }
 
 static inline duet_status_t duet_comm_all_gather(duet_comm_t *c, const void *send, void *recv,
                                                  size_t bytes)
 {
+    c->n_issued++;
     return c->ops->all_gather(c, send, recv, bytes);
 }
 
 static inline duet_status_t duet_comm_broadcast(duet_comm_t *c, void *buf, size_t bytes, int root)
 {
-    return c->size == 1 ? DUET_OK : c->ops->broadcast(c, buf, bytes, root);
+    if (c->size == 1)
+        return DUET_OK;
+    c->n_issued++;
+    return c->ops->broadcast(c, buf, bytes, root);
 }
 
 static inline duet_status_t duet_comm_barrier(duet_comm_t *c)
 {
-    return c->size == 1 ? DUET_OK : c->ops->barrier(c);
+    if (c->size == 1)
+        return DUET_OK;
+    c->n_issued++;
+    return c->ops->barrier(c);
 }
 
 /* Host backend.  The group is shared by the rank threads; each thread uses

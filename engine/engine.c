@@ -338,24 +338,9 @@ const duet_model_t *duet_engine_model(const duet_engine_t *e)
     return e->model;
 }
 
-int duet_engine_tp(const duet_engine_t *e)
-{
-    return e->tp;
-}
-
 const duet_kv_layout_t *duet_engine_kv_layout(const duet_engine_t *e)
 {
     return &e->kv_layout;
-}
-
-void *duet_engine_kv_base(const duet_engine_t *e, int rank)
-{
-    return rank >= 0 && rank < e->tp ? e->ranks[rank].kv_base : NULL;
-}
-
-const char *duet_engine_backend_name(const duet_engine_t *e)
-{
-    return e->ops->name;
 }
 
 static duet_status_t duet__check_seq(const duet_engine_t *e, const duet_engine_seq_t *s, int i)
@@ -431,13 +416,6 @@ duet_status_t duet_engine_thread_bind(duet_engine_t *e, int rank)
 bool duet_engine_kv_registered(const duet_engine_t *e)
 {
     return e->ranks[0].kv_registered;
-}
-
-void *duet_engine_kv_host(const duet_engine_t *e, int rank)
-{
-    if (rank < 0 || rank >= e->tp)
-        return NULL;
-    return e->ranks[rank].kv_mirror != NULL ? e->ranks[rank].kv_mirror : e->ranks[rank].kv_base;
 }
 
 duet_status_t duet_engine_kv_export_layer(duet_engine_t *e, int rank, int layer,

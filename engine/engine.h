@@ -63,12 +63,9 @@ duet_status_t duet_engine_create(const duet_engine_opts_t *opts, duet_engine_t *
 void duet_engine_destroy(duet_engine_t *e);
 
 const duet_model_t *duet_engine_model(const duet_engine_t *e);
-int duet_engine_tp(const duet_engine_t *e);
 /* The layout of each rank's KV pool (local heads of rank 0; all ranks
- * have the same count) and the pool of one rank. */
+ * have the same count). */
 const duet_kv_layout_t *duet_engine_kv_layout(const duet_engine_t *e);
-void *duet_engine_kv_base(const duet_engine_t *e, int rank);
-const char *duet_engine_backend_name(const duet_engine_t *e);
 
 /* ---- KV in device memory --------------------------------------------
  * With a backend whose pool is device memory (cuda), kv_alloc provides a
@@ -83,8 +80,6 @@ duet_status_t duet_engine_thread_bind(duet_engine_t *e, int rank);
  * only order the hook's done() after the layer's KV store, imports are
  * no-ops (the KV lands in the pool itself). */
 bool duet_engine_kv_registered(const duet_engine_t *e);
-/* The memory kv_alloc provided for rank (the pool, or its mirror). */
-void *duet_engine_kv_host(const duet_engine_t *e, int rank);
 /* From the on_layer hook (rank thread): copy layer's KV of pages[0..n) to
  * the mirror after it was stored, then done(arg) on a driver thread (no
  * blocking, no engine calls).  Without a mirror, done runs at once. */

@@ -33,7 +33,7 @@ typedef struct {
     const duet_engine_seq_t *seqs; /* caller's array */
     duet__out_row_t *out;
     int n_out;
-    int32_t *sampled;    /* caller's array, indexed by seq */
+    int32_t *sampled;    /* caller's array, indexed by seq: rank 0 writes it */
     bool last_chunk;     /* the final chunk of the forward call */
 } duet__job_t;
 
@@ -43,6 +43,7 @@ typedef struct {
     void *qkv_bias;      /* [(nq + 2 nkv) * head_dim] or NULL */
     duet_weight_t *wqkv; /* [(nq + 2 nkv) * head_dim][hidden]: q, k, v shards stacked */
     duet_weight_t *wo;   /* [hidden][nq * head_dim]: row-parallel, output partial */
+    void *o_bias;        /* [hidden] whole, added after the all-reduce, or NULL */
     duet_weight_t *wgu;  /* [2 * n_ffn][hidden]: gate shard then up shard */
     duet_weight_t *wdown;/* [hidden][n_ffn]: row-parallel, output partial */
 } duet__layer_t;
@@ -70,7 +71,6 @@ typedef struct duet__rank {
     void *gathered;          /* [tp][DUET_LM_BLOCK][vocab_chunk] */
     float *host_logits;      /* rank 0: [DUET_LM_BLOCK][vocab] */
     float *sample_scratch;   /* rank 0: [2 * vocab] */
-    int32_t *host_sampled;   /* [max_seqs] broadcast from rank 0 */
     duet_status_t status;
     char errmsg[512];
 } duet__rank_t;

@@ -6,8 +6,19 @@
  * input features) and each is all-reduced exactly once, right after the
  * matmul.  Everything else is complete on every rank: the residual stream
  * x, the norms, and the column-parallel q/k/v and gate/up outputs, which
- * are local slices by construction.  lm_head is vocab-parallel: each rank
- * computes its vocab rows and an all-gather assembles the row. */
+ * are local slices by construction (so their biases, sliced like their
+ * rows, go into the matmul).  o_proj's bias (Llama with attention_bias) is
+ * whole on every rank and added once to the reduced, complete output --
+ * never to a rank's partial sum, which would add it TP times.  lm_head is
+ * vocab-parallel: each rank computes its vocab rows and an all-gather
+ * assembles the row.
+ *
+ * Sampling (DESIGN §3 rule 1): rank 0 alone looks at the gathered logits
+ * and writes the sampled ids into the caller's array.  The caller (the
+ * scheduler) builds the next batch from those ids and hands the same batch
+ * to every rank, so no other rank needs them: a step broadcasts nothing,
+ * and a decode step issues 2 all-reduces per layer plus one all-gather per
+ * DUET_LM_BLOCK output rows, nothing else. */
 #include <stdio.h>
 #include <string.h>
 
@@ -90,6 +101,10 @@ static duet_status_t duet__load_layer(duet__rank_t *rk, int l)
         return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
     if (lw->bq != NULL && (st = duet__qkv_bias(rk, lw, &L->qkv_bias)) != DUET_OK)
         return st;
+    /* the whole o_proj bias on every rank: it is added to the reduced sum */
+    if (lw->bo != NULL && (st = ops->vector_create(rk->br, lw->bo->data, lw->bo->dtype, 0,
+                                                   cfg->hidden, &L->o_bias)) != DUET_OK)
+        return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
     return DUET_OK;
 }
 
@@ -189,9 +204,6 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
     rk->gathered = duet__act_alloc(rk, (size_t)e->tp * DUET_LM_BLOCK * (size_t)s->vocab_chunk, &st);
     if (st != DUET_OK)
         return st;
-    rk->host_sampled = duet_calloc((size_t)e->opts.max_seqs, sizeof(int32_t));
-    if (rk->host_sampled == NULL)
-        return duet_error(DUET_ERR_NO_MEMORY, "rank %d: no memory", rk->rank);
     if (rk->rank == 0) {
         rk->host_logits = duet_malloc((size_t)DUET_LM_BLOCK * (size_t)cfg->vocab * sizeof(float));
         rk->sample_scratch = duet_malloc(2u * (size_t)cfg->vocab * sizeof(float));
@@ -219,6 +231,7 @@ void duet__rank_cleanup(duet__rank_t *rk)
             ops->free(rk->br, L->attn_norm);
             ops->free(rk->br, L->mlp_norm);
             ops->free(rk->br, L->qkv_bias);
+            ops->free(rk->br, L->o_bias);
             ops->weight_destroy(rk->br, L->wqkv);
             ops->weight_destroy(rk->br, L->wo);
             ops->weight_destroy(rk->br, L->wgu);
@@ -252,7 +265,6 @@ out_host:
     duet_free(rk->layers);
     duet_free(rk->host_logits);
     duet_free(rk->sample_scratch);
-    duet_free(rk->host_sampled);
     if (rk->comm != NULL)
         rk->comm->ops->destroy(rk->comm);
 }
@@ -304,7 +316,7 @@ static duet_status_t duet__logits_argmax(duet__rank_t *rk, const duet__job_t *jo
         }
     }
     for (int i = 0; i < nr; i++)
-        rk->host_sampled[job->out[r0 + i].seq - job->out[0].seq] = id[i];
+        job->sampled[job->out[r0 + i].seq] = id[i];
     return DUET_OK;
 }
 
@@ -366,7 +378,7 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
             memcpy(o->logits, lg, (size_t)cfg->vocab * sizeof(float));
         if (o->sample) {
             const duet_engine_seq_t *sq = &job->seqs[o->seq];
-            rk->host_sampled[o->seq - job->out[0].seq] =
+            job->sampled[o->seq] =
                 duet_sample(lg, cfg->vocab, &sq->sampling, sq->sample_index, rk->sample_scratch);
         }
     }
@@ -401,6 +413,7 @@ static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
         if ((st = ops->attention(rk->br, rk->attn, rk->qkv, n, nq, nkv, hd, l)) ||
             (st = ops->matmul(rk->br, rk->o, rk->attn, n, L->wo, NULL)) ||
             (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
+            (L->o_bias != NULL && (st = ops->add_bias(rk->br, rk->o, L->o_bias, n, H))) ||
             (st = ops->add(rk->br, rk->x, rk->o, nH)) ||
             (st = ops->rmsnorm(rk->br, rk->h, rk->x, L->mlp_norm, n, H, (float)cfg->rms_eps)) ||
             (st = ops->matmul(rk->br, rk->gu, rk->h, n, L->wgu, NULL)) ||
@@ -436,20 +449,6 @@ duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
         int nr = job->n_out - r0 < DUET_LM_BLOCK ? job->n_out - r0 : DUET_LM_BLOCK;
         if ((st = duet__logits_block(rk, job, r0, nr)) != DUET_OK)
             return st;
-    }
-    /* rank 0 decided the samples; every rank gets the same ids (rule 1) */
-    if (job->n_out > 0) {
-        int n_seq = job->out[job->n_out - 1].seq - job->out[0].seq + 1;
-        st = duet_comm_broadcast(rk->comm, rk->host_sampled, (size_t)n_seq * sizeof(int32_t), 0);
-        if (st != DUET_OK)
-            return st;
-        if (rk->rank == 0) {
-            for (int i = 0; i < job->n_out; i++) {
-                const duet__out_row_t *o = &job->out[i];
-                if (o->sample)
-                    job->sampled[o->seq] = rk->host_sampled[o->seq - job->out[0].seq];
-            }
-        }
     }
     return ops->sync(rk->br);
 }

@@ -2,9 +2,10 @@
  * implies bound by its Hugging Face name and checked for shape and dtype.
  *
  * Tensors the config does not imply (rotary_emb.inv_freq in old exports,
- * a saved lm_head.weight of a tied model) are ignored, except q/k/v biases
- * in a model whose config says it has none: running without them would be
- * silently wrong, so that is an error (vLLM refuses such a checkpoint too). */
+ * a saved lm_head.weight of a tied model) are ignored, except attention
+ * biases (q/k/v, o_proj) in a model whose config says it has none: running
+ * without them would be silently wrong, so that is an error (vLLM refuses
+ * such a checkpoint too). */
 #include "engine/model.h"
 
 #include <limits.h>
@@ -92,9 +93,10 @@ static uint64_t duet__model_fingerprint(const duet_model_t *m)
     duet__fp_tensor(&fp, m->embed);
     for (int l = 0; l < c->n_layers; l++) {
         const duet_layer_weights_t *w = &m->layers[l];
-        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,     w->wk,   w->wv,
-                                        w->bq,        w->bk,     w->bv,   w->wo,
-                                        w->mlp_norm,  w->w_gate, w->w_up, w->w_down};
+        /* o_bias follows from arch and qkv_bias; absent tensors add nothing */
+        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,    w->wv, w->bq,
+                                        w->bk,        w->bv,   w->wo,    w->bo, w->mlp_norm,
+                                        w->w_gate,    w->w_up, w->w_down};
         for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
             if (ts[i] != NULL)
                 duet__fp_tensor(&fp, ts[i]);
@@ -167,18 +169,21 @@ static duet_status_t duet__model_bind_layer(duet_model_t *m, int l)
         {"self_attn.q_proj.bias", q, -1, &w->bq},
         {"self_attn.k_proj.bias", kv, -1, &w->bk},
         {"self_attn.v_proj.bias", kv, -1, &w->bv},
+        {"self_attn.o_proj.bias", c->hidden, -1, &w->bo},
     };
 
     for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
         bool is_bias = strstr(specs[i].suffix, ".bias") != NULL;
+        bool is_o = strstr(specs[i].suffix, "o_proj") != NULL;
         snprintf(name, sizeof(name), "model.layers.%d.%s", l, specs[i].suffix);
-        if (is_bias && !c->qkv_bias) {
+        if (is_bias && !(is_o ? c->o_bias : c->qkv_bias)) {
             const duet_st_tensor_t *t = duet_st_find(m->st, name);
             if (t != NULL)
                 return duet_error(DUET_ERR_FORMAT,
-                                  "%s: tensor %s: present, but config.json has no attention "
-                                  "bias (attention_bias is false)",
-                                  t->file, name);
+                                  "%s: tensor %s: present, but config.json implies none (%s)",
+                                  t->file, name,
+                                  is_o && c->arch == DUET_ARCH_QWEN2 ? "Qwen2 has no o_proj bias"
+                                                                     : "attention_bias is false");
             continue;
         }
         if ((st = duet__model_bind(m, name, specs[i].d0, specs[i].d1, specs[i].dst)) != DUET_OK)

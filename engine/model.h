@@ -19,6 +19,7 @@ typedef struct {
     const duet_st_tensor_t *bk;        /* [n_kv_heads*head_dim] or NULL */
     const duet_st_tensor_t *bv;        /* [n_kv_heads*head_dim] or NULL */
     const duet_st_tensor_t *wo;        /* [hidden][n_heads*head_dim] */
+    const duet_st_tensor_t *bo;        /* [hidden] or NULL (cfg.o_bias) */
     const duet_st_tensor_t *mlp_norm;  /* [hidden] post_attention_layernorm */
     const duet_st_tensor_t *w_gate;    /* [intermediate][hidden] */
     const duet_st_tensor_t *w_up;      /* [intermediate][hidden] */
@@ -36,7 +37,7 @@ typedef struct {
     /* Identity of the weights and shapes: equal fingerprints mean the same
      * model to both sides of a KV transfer.  A 64-bit hash of the config
      * fields that change the computation (arch, sizes, rope_theta, rms_eps,
-     * tying, q/k/v bias; not max_pos or token ids) and, for every weight
+     * tying, attention bias; not max_pos or token ids) and, for every weight
      * used, its name, dtype, shape and first and last 4 KiB of data: cheap
      * for any model size, independent of how the files are sharded. */
     uint64_t fingerprint;
@@ -46,8 +47,9 @@ typedef struct {
  * exist with exactly the implied shape and a float dtype; a missing tensor or
  * a shape mismatch is DUET_ERR_FORMAT naming the file and tensor.  lm_head is
  * the embedding when tie_word_embeddings is true (a saved lm_head.weight is
- * then ignored) and required otherwise.  q/k/v biases present in a model
- * without attention bias are an error, other extra tensors are ignored.  An
+ * then ignored) and required otherwise.  q/k/v or o_proj biases present in
+ * a model whose config implies none are an error, other extra tensors are
+ * ignored.  An
  * open model is immutable: share it between threads freely.  close accepts
  * NULL. */
 duet_status_t duet_model_open(const char *dir, duet_model_t **model_p);

@@ -4,7 +4,8 @@
  * num_key_value_heads = num_attention_heads, head_dim = hidden_size /
  * num_attention_heads, max_position_embeddings = 2048, rope_theta = 10000,
  * rms_norm_eps = 1e-6, tie_word_embeddings = false, attention_bias = false
- * (always true for Qwen2), torch_dtype = float32.  Anything that would
+ * (q/k/v biases always for Qwen2; attention_bias: true gives q/k/v and o
+ * biases, as in LlamaAttention), torch_dtype = float32.  Anything that would
  * change the computation and that duet does not implement (RoPE scaling,
  * sliding windows shorter than the context, another activation, MLP bias)
  * is refused rather than ignored. */
@@ -350,6 +351,7 @@ duet_status_t duet_model_config_parse(const cJSON *json, const char *what,
         (st = duet__cfg_mlp(json, what)) != DUET_OK)
         return st;
     c.qkv_bias = c.arch == DUET_ARCH_QWEN2 || attention_bias;
+    c.o_bias = c.arch != DUET_ARCH_QWEN2 && attention_bias;
     *cfg_p = c;
     return DUET_OK;
 }

@@ -32,6 +32,7 @@ typedef struct {
     double rms_eps;
     bool tie_embeddings; /* tie_word_embeddings */
     bool qkv_bias;       /* Qwen2, or attention_bias: true */
+    bool o_bias;         /* attention_bias: true outside Qwen2 (Llama's o_proj.bias) */
     int bos_id;          /* -1 when none */
     int eos_ids[DUET_MAX_EOS_IDS];
     int n_eos;

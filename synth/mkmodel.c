@@ -189,6 +189,7 @@ duet_status_t duet_mkmodel_preset(const char *name, duet_mkmodel_opts_t *o)
         if (strcmp(name, presets[i].name) != 0)
             continue;
         o->arch = DUET_ARCH_LLAMA;
+        o->attention_bias = false;
         o->layers = presets[i].layers;
         o->hidden = presets[i].hidden;
         o->heads = presets[i].heads;
@@ -216,7 +217,7 @@ static void duet__mk_dims(const duet_mkmodel_opts_t *o, duet__mk_dims_t *d)
 
 static size_t duet__mk_tensor_count(const duet_mkmodel_opts_t *o)
 {
-    size_t per_layer = o->arch == DUET_ARCH_QWEN2 ? 12 : 9;
+    size_t per_layer = o->arch == DUET_ARCH_QWEN2 ? 12 : o->attention_bias ? 13 : 9;
     return 2 + (size_t)o->layers * per_layer + (o->tied ? 0 : 1);
 }
 
@@ -234,6 +235,10 @@ duet_status_t duet_mkmodel_check(const duet_mkmodel_opts_t *o)
 
     if (o->arch != DUET_ARCH_LLAMA && o->arch != DUET_ARCH_MISTRAL && o->arch != DUET_ARCH_QWEN2)
         return duet_error(DUET_ERR_INVALID, "mkmodel: arch %d: unknown", (int)o->arch);
+    if (o->attention_bias && o->arch != DUET_ARCH_LLAMA)
+        return duet_error(DUET_ERR_INVALID,
+                          "mkmodel: attention_bias: only for llama (qwen2 always has q/k/v "
+                          "biases, mistral none)");
     DUET__MK_RANGE(o->layers, 1, 1024);
     DUET__MK_RANGE(o->hidden, 1, 1 << 20);
     DUET__MK_RANGE(o->heads, 1, 1 << 12);
@@ -310,12 +315,14 @@ static duet_status_t duet__mk_specs(const duet_mkmodel_opts_t *o, duet__mk_spec_
         DUET__MK_LAYER("self_attn.q_proj.weight", q, h, 0.0f, lin_h);
         DUET__MK_LAYER("self_attn.k_proj.weight", kv, h, 0.0f, lin_h);
         DUET__MK_LAYER("self_attn.v_proj.weight", kv, h, 0.0f, lin_h);
-        if (o->arch == DUET_ARCH_QWEN2) {
+        if (o->arch == DUET_ARCH_QWEN2 || o->attention_bias) {
             DUET__MK_LAYER("self_attn.q_proj.bias", q, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
             DUET__MK_LAYER("self_attn.k_proj.bias", kv, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
             DUET__MK_LAYER("self_attn.v_proj.bias", kv, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
         }
         DUET__MK_LAYER("self_attn.o_proj.weight", h, q, 0.0f, DUET_MKMODEL_GAIN / sqrtf((float)q));
+        if (o->attention_bias)
+            DUET__MK_LAYER("self_attn.o_proj.bias", h, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
         DUET__MK_LAYER("post_attention_layernorm.weight", h, -1, 1.0f, DUET_MKMODEL_NORM_STD);
         DUET__MK_LAYER("mlp.gate_proj.weight", ff, h, 0.0f, lin_h);
         DUET__MK_LAYER("mlp.up_proj.weight", ff, h, 0.0f, lin_h);
@@ -592,7 +599,8 @@ static void duet__mk_config_body(FILE *f, const void *arg)
             o->hidden, o->intermediate, o->layers, o->heads, d.kv_heads, d.head_dim, o->vocab,
             o->max_pos, theta, eps, o->tied ? "true" : "false");
     if (o->arch == DUET_ARCH_LLAMA)
-        fprintf(f, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
+        fprintf(f, "  \"attention_bias\": %s,\n  \"mlp_bias\": false,\n",
+                o->attention_bias ? "true" : "false");
     else if (o->arch == DUET_ARCH_MISTRAL)
         fprintf(f, "  \"sliding_window\": null,\n");
     else

@@ -9,7 +9,7 @@
  *   q/k/v/o, gate/up/down   U, std 1.5 / sqrt(fan_in)
  *   lm_head (untied)        U, std 1.5 / sqrt(hidden), times a per-row scale
  *   norm weights            1 + U, std 0.1
- *   q/k/v biases            U, std 0.5
+ *   q/k/v and o biases      U, std 0.5
  * so that a forward pass stays well-conditioned, greedy decoding is
  * decisive (median top-1/top-2 logit gap around 0.1 of the top logit's
  * distance to the mean) and not degenerate (no endless repetition, tied
@@ -28,7 +28,8 @@
 #include "model/model_config.h"
 
 typedef struct {
-    duet_arch_t arch; /* qwen2 gets q/k/v biases */
+    duet_arch_t arch;    /* qwen2 gets q/k/v biases */
+    bool attention_bias; /* llama only: q/k/v and o_proj biases (attention_bias: true) */
     int layers;
     int hidden;
     int heads;
@@ -51,8 +52,9 @@ typedef struct {
  * untied, F32, seed 1, 1 shard. */
 duet_mkmodel_opts_t duet_mkmodel_opts_default(void);
 
-/* Overwrite the shape fields (arch, layers, hidden, heads, kv_heads,
- * head_dim, intermediate, vocab, max_pos, rope_theta, rms_eps, tied) with a
+/* Overwrite the shape fields (arch, attention_bias, layers, hidden, heads,
+ * kv_heads, head_dim, intermediate, vocab, max_pos, rope_theta, rms_eps,
+ * tied) with a
  * preset of ../shared/BENCHMARKS.md: "bench-124m", "llama-3.2-1b-shape",
  * "llama-3-8b-shape".  dtype, seed, shards, threads are left alone.
  * DUET_ERR_NOT_FOUND for an unknown name. */

@@ -316,6 +316,22 @@ static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, s
     return DUET_OK;
 }
 
+static void duet__add_bias_job(void *arg, int ti, int nt)
+{
+    duet__rows_job_t *j = arg;
+    long b, e;
+    duet_cpu_split(j->n, ti, nt, &b, &e);
+    for (long t = b; t < e; t++)
+        j->r->ops->add(j->out + (size_t)t * (size_t)j->d, j->w, (size_t)j->d);
+}
+
+static duet_status_t duet__add_bias(duet_backend_rank_t *r, void *x, const void *bias, int n, int d)
+{
+    duet__rows_job_t j = {.r = r, .out = x, .w = bias, .n = n, .d = d};
+    duet__cpu_run(r, (size_t)n * (size_t)d, duet__add_bias_job, &j);
+    return DUET_OK;
+}
+
 static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
                                        const void *src, int n, int d, size_t src_ld)
 {
@@ -366,6 +382,7 @@ const duet_backend_ops_t duet_backend_cpu = {
     .attention = duet__cpu_attention,
     .silu_mul = duet__silu_mul,
     .add = duet__add,
+    .add_bias = duet__add_bias,
     .gather_rows = duet__gather_rows,
     .rows_to_host_f32 = duet__rows_to_host_f32,
     .argmax_rows = duet__argmax_rows,

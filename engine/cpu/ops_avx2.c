@@ -20,7 +20,7 @@
 #define DUET__DT     4
 #define DUET__SR     4
 #define DUET__DV     2
-#define DUET__SFX(x) x##_avx2
+#define DUET__SFX(x) duet__##x##_avx2
 #define DUET__NAME   "avx2"
 #define DUET__KERNEL
 
@@ -29,74 +29,74 @@ typedef __m256 m_t;
 
 #define DUET__V static inline __attribute__((always_inline))
 
-DUET__V __m256i v_mask_n(int n)
+DUET__V __m256i duet__v_mask_n(int n)
 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-DUET__V v_t v_zero(void)
+DUET__V v_t duet__v_zero(void)
 {
     return _mm256_setzero_ps();
 }
-DUET__V v_t v_set1(float x)
+DUET__V v_t duet__v_set1(float x)
 {
     return _mm256_set1_ps(x);
 }
-DUET__V v_t v_load(const float *p)
+DUET__V v_t duet__v_load(const float *p)
 {
     return _mm256_loadu_ps(p);
 }
-DUET__V void v_store(float *p, v_t v)
+DUET__V void duet__v_store(float *p, v_t v)
 {
     _mm256_storeu_ps(p, v);
 }
-DUET__V v_t v_load_n(const float *p, int n)
+DUET__V v_t duet__v_load_n(const float *p, int n)
 {
-    return _mm256_maskload_ps(p, v_mask_n(n));
+    return _mm256_maskload_ps(p, duet__v_mask_n(n));
 }
-DUET__V void v_store_n(float *p, v_t v, int n)
+DUET__V void duet__v_store_n(float *p, v_t v, int n)
 {
-    _mm256_maskstore_ps(p, v_mask_n(n), v);
+    _mm256_maskstore_ps(p, duet__v_mask_n(n), v);
 }
-DUET__V v_t v_add(v_t a, v_t b)
+DUET__V v_t duet__v_add(v_t a, v_t b)
 {
     return _mm256_add_ps(a, b);
 }
-DUET__V v_t v_sub(v_t a, v_t b)
+DUET__V v_t duet__v_sub(v_t a, v_t b)
 {
     return _mm256_sub_ps(a, b);
 }
-DUET__V v_t v_mul(v_t a, v_t b)
+DUET__V v_t duet__v_mul(v_t a, v_t b)
 {
     return _mm256_mul_ps(a, b);
 }
-DUET__V v_t v_div(v_t a, v_t b)
+DUET__V v_t duet__v_div(v_t a, v_t b)
 {
     return _mm256_div_ps(a, b);
 }
-DUET__V v_t v_max(v_t a, v_t b)
+DUET__V v_t duet__v_max(v_t a, v_t b)
 {
     return _mm256_max_ps(a, b);
 }
-DUET__V v_t v_fma(v_t a, v_t b, v_t c)
+DUET__V v_t duet__v_fma(v_t a, v_t b, v_t c)
 {
     return _mm256_fmadd_ps(a, b, c);
 }
-DUET__V m_t v_ge(v_t a, v_t b)
+DUET__V m_t duet__v_ge(v_t a, v_t b)
 {
     return _mm256_cmp_ps(a, b, _CMP_GE_OQ);
 }
-DUET__V m_t v_gt(v_t a, v_t b)
+DUET__V m_t duet__v_gt(v_t a, v_t b)
 {
     return _mm256_cmp_ps(a, b, _CMP_GT_OQ);
 }
-DUET__V v_t v_sel(m_t m, v_t a, v_t b)
+DUET__V v_t duet__v_sel(m_t m, v_t a, v_t b)
 {
     return _mm256_blendv_ps(b, a, m);
 }
 /* 2^x = 2^n 2^f as in ops_avx512.c; 2^n is built in the exponent field,
  * so x is clamped to [-126, 127] (results below 2^-126 come out as
  * denormals near 2^-126 instead of 0: harmless where used). */
-DUET__V v_t v_exp2(v_t x)
+DUET__V v_t duet__v_exp2(v_t x)
 {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
     v_t n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -112,14 +112,14 @@ DUET__V v_t v_exp2(v_t x)
                                   23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
-DUET__V float v_hsum(v_t v)
+DUET__V float duet__v_hsum(v_t v)
 {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
 }
-DUET__V float v_hmax(v_t v)
+DUET__V float duet__v_hmax(v_t v)
 {
     __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     q = _mm_max_ps(q, _mm_movehl_ps(q, q));
@@ -128,7 +128,7 @@ DUET__V float v_hmax(v_t v)
 }
 /* 8 x 8 transpose: interleave row pairs, then 4-element groups within
  * 128-bit lanes, then swap 128-bit lanes; 24 shuffles. */
-DUET__V void v_transpose(v_t r[8])
+DUET__V void duet__v_transpose(v_t r[8])
 {
     v_t a[8], b[8];
 #pragma GCC unroll 16
@@ -150,15 +150,15 @@ DUET__V void v_transpose(v_t r[8])
         r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x31);
     }
 }
-DUET__V v_t v_lane_index(void)
+DUET__V v_t duet__v_lane_index(void)
 {
     return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
 }
-DUET__V v_t v_load_f16(const uint16_t *p)
+DUET__V v_t duet__v_load_f16(const uint16_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
-DUET__V v_t v_load_bf16(const uint16_t *p)
+DUET__V v_t duet__v_load_bf16(const uint16_t *p)
 {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));

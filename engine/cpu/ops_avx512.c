@@ -20,7 +20,7 @@
 #define DUET__DT     8
 #define DUET__SR     8
 #define DUET__DV     4
-#define DUET__SFX(x) x##_avx512
+#define DUET__SFX(x) duet__##x##_avx512
 #define DUET__NAME   "avx512"
 #define DUET__KERNEL
 
@@ -29,70 +29,70 @@ typedef __mmask16 m_t;
 
 #define DUET__V static inline __attribute__((always_inline))
 
-DUET__V v_t v_zero(void)
+DUET__V v_t duet__v_zero(void)
 {
     return _mm512_setzero_ps();
 }
-DUET__V v_t v_set1(float x)
+DUET__V v_t duet__v_set1(float x)
 {
     return _mm512_set1_ps(x);
 }
-DUET__V v_t v_load(const float *p)
+DUET__V v_t duet__v_load(const float *p)
 {
     return _mm512_loadu_ps(p);
 }
-DUET__V void v_store(float *p, v_t v)
+DUET__V void duet__v_store(float *p, v_t v)
 {
     _mm512_storeu_ps(p, v);
 }
-DUET__V v_t v_load_n(const float *p, int n)
+DUET__V v_t duet__v_load_n(const float *p, int n)
 {
     return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
 }
-DUET__V void v_store_n(float *p, v_t v, int n)
+DUET__V void duet__v_store_n(float *p, v_t v, int n)
 {
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
 }
-DUET__V v_t v_add(v_t a, v_t b)
+DUET__V v_t duet__v_add(v_t a, v_t b)
 {
     return _mm512_add_ps(a, b);
 }
-DUET__V v_t v_sub(v_t a, v_t b)
+DUET__V v_t duet__v_sub(v_t a, v_t b)
 {
     return _mm512_sub_ps(a, b);
 }
-DUET__V v_t v_mul(v_t a, v_t b)
+DUET__V v_t duet__v_mul(v_t a, v_t b)
 {
     return _mm512_mul_ps(a, b);
 }
-DUET__V v_t v_div(v_t a, v_t b)
+DUET__V v_t duet__v_div(v_t a, v_t b)
 {
     return _mm512_div_ps(a, b);
 }
-DUET__V v_t v_max(v_t a, v_t b)
+DUET__V v_t duet__v_max(v_t a, v_t b)
 {
     return _mm512_max_ps(a, b);
 }
-DUET__V v_t v_fma(v_t a, v_t b, v_t c)
+DUET__V v_t duet__v_fma(v_t a, v_t b, v_t c)
 {
     return _mm512_fmadd_ps(a, b, c);
 }
-DUET__V m_t v_ge(v_t a, v_t b)
+DUET__V m_t duet__v_ge(v_t a, v_t b)
 {
     return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ);
 }
-DUET__V m_t v_gt(v_t a, v_t b)
+DUET__V m_t duet__v_gt(v_t a, v_t b)
 {
     return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ);
 }
-DUET__V v_t v_sel(m_t m, v_t a, v_t b)
+DUET__V v_t duet__v_sel(m_t m, v_t a, v_t b)
 {
     return _mm512_mask_blend_ps(m, b, a);
 }
 /* 2^x = 2^n 2^f, n = round(x), |f| <= 1/2; 2^f by its Taylor series to
  * degree 6 (relative error < 1.2e-7), 2^n applied by vscalefps, which also
  * gives 0 for n below the denormals.  2^0 is exactly 1. */
-DUET__V v_t v_exp2(v_t x)
+DUET__V v_t duet__v_exp2(v_t x)
 {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-160.0f)), _mm512_set1_ps(128.0f));
     v_t n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -106,7 +106,7 @@ DUET__V v_t v_exp2(v_t x)
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
-DUET__V float v_hsum(v_t v)
+DUET__V float duet__v_hsum(v_t v)
 {
     __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -114,7 +114,7 @@ DUET__V float v_hsum(v_t v)
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
 }
-DUET__V float v_hmax(v_t v)
+DUET__V float duet__v_hmax(v_t v)
 {
     __m256 s = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 q = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -125,7 +125,7 @@ DUET__V float v_hmax(v_t v)
 /* 16 x 16 transpose: interleave row pairs, then 4-element groups within
  * 128-bit lanes, then transpose the 4 x 4 grid of 128-bit lanes in two
  * steps; 64 shuffles. */
-DUET__V void v_transpose(v_t r[16])
+DUET__V void duet__v_transpose(v_t r[16])
 {
     v_t a[16], b[16];
 #pragma GCC unroll 16
@@ -153,15 +153,15 @@ DUET__V void v_transpose(v_t r[16])
         r[12 + c] = _mm512_shuffle_f32x4(e1, e3, 0xdd);
     }
 }
-DUET__V v_t v_lane_index(void)
+DUET__V v_t duet__v_lane_index(void)
 {
     return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
-DUET__V v_t v_load_f16(const uint16_t *p)
+DUET__V v_t duet__v_load_f16(const uint16_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
-DUET__V v_t v_load_bf16(const uint16_t *p)
+DUET__V v_t duet__v_load_bf16(const uint16_t *p)
 {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));

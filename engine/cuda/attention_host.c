@@ -84,7 +84,6 @@ duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int
             cudaEventRecordWithFlags(r->ev_kv[layer], r->stream, cudaEventRecordExternal));
     } else {
         DUET__CUDA_TRY(cudaEventRecord(r->ev_kv[layer], r->stream));
-        atomic_store(&r->kv_seq[layer], r->fwd_seq);
     }
     return DUET_OK;
 }

@@ -34,16 +34,6 @@ int duet_cuda_rank_device(const duet_backend_rank_t *r)
     return r->device;
 }
 
-void *duet_cuda_kv_layer_event(duet_backend_rank_t *r, int layer)
-{
-    return layer >= 0 && layer < r->kv.n_layers ? r->ev_kv[layer] : NULL;
-}
-
-uint64_t duet_cuda_kv_layer_seq(duet_backend_rank_t *r, int layer)
-{
-    return layer >= 0 && layer < r->kv.n_layers ? atomic_load(&r->kv_seq[layer]) : 0;
-}
-
 void duet__cuda_set_watch(duet_backend_rank_t *r, duet__cuda_watch_fn fn, void *ud)
 {
     r->watch = fn;
@@ -134,7 +124,6 @@ static void duet__rank_destroy(duet_backend_rank_t *r)
         }
     }
     duet_free(r->ev_kv);
-    duet_free((void *)r->kv_seq);
     if (r->ev_meta != NULL)
         cudaEventDestroy(r->ev_meta);
     if (r->ev_wait != NULL)
@@ -171,8 +160,7 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_wait, cudaEventDisableTiming));
     DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_meta, cudaEventDisableTiming));
     r->ev_kv = DUET_NEW_ARRAY(cudaEvent_t, (size_t)r->kv.n_layers);
-    r->kv_seq = duet_calloc((size_t)r->kv.n_layers, sizeof(*r->kv_seq));
-    if (r->ev_kv == NULL || r->kv_seq == NULL)
+    if (r->ev_kv == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no memory", r->rank);
     for (int l = 0; l < r->kv.n_layers; l++)
         DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_kv[l], cudaEventDisableTiming));
@@ -426,6 +414,11 @@ static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, s
     return duet__cuda_add(r->stream, x, y, count);
 }
 
+static duet_status_t duet__add_bias(duet_backend_rank_t *r, void *x, const void *bias, int n, int d)
+{
+    return duet__cuda_add_bias(r->stream, x, bias, n, d);
+}
+
 static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const void *in,
                                        const int32_t *rows, int n_rows, int d)
 {
@@ -512,6 +505,7 @@ const duet_backend_ops_t duet_backend_cuda = {
     .attention = duet__cuda_op_attention,
     .silu_mul = duet__silu_mul,
     .add = duet__add,
+    .add_bias = duet__add_bias,
     .gather_rows = duet__gather_rows,
     .rows_to_host_f32 = duet__rows_to_host_f32,
     .step_begin = duet__cuda_op_step_begin,

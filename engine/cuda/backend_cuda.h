@@ -32,10 +32,11 @@
  *    time (embed + every layer, NCCL collectives included) and replayed
  *    from then on (batch.c).  DUET_CUDA_GRAPHS=0 turns graphs off; they are
  *    also off while the engine has a per-layer hook (on_layer).
- *  - KV completion per layer: the event below, recorded right after
- *    rope_kv_store of the layer, for the KV-transfer stream to wait on.
- *    With the cuda backend the engine's on_layer hook runs when layer l's
- *    work is enqueued, not finished: a consumer waits on this event. */
+ *  - KV completion per layer: an event recorded right after rope_kv_store
+ *    of the layer.  With the cuda backend the engine's on_layer hook runs
+ *    when layer l's work is enqueued, not finished: the export of the
+ *    layer's pages (ops->kv_export_layer, kv_mirror.c) makes its copy
+ *    stream wait on that event. */
 #ifndef DUET_ENGINE_CUDA_BACKEND_CUDA_H
 #define DUET_ENGINE_CUDA_BACKEND_CUDA_H
 
@@ -50,17 +51,5 @@ int duet_cuda_device_count(void);
 /* The rank's compute stream (cudaStream_t) and device ordinal. */
 void *duet_cuda_rank_stream(duet_backend_rank_t *r);
 int duet_cuda_rank_device(const duet_backend_rank_t *r);
-
-/* "K/V of layer l are stored": a cudaEvent_t recorded on the rank's stream
- * right after rope_kv_store of layer l in every forward (graph replays
- * included), and the number of the forward that last recorded it
- * (forwards are numbered from 1 by batch_prepare; 0 = never).  A consumer
- * on another thread (the KV transfer) waits for kv_layer_seq(l) >= the
- * forward it needs, then makes its own stream wait on the event
- * (cudaStreamWaitEvent) before reading the layer's pages; a later record of
- * the same event only adds work to wait for, never removes any.  The event
- * handles live as long as the rank.  Both calls are thread-safe. */
-void *duet_cuda_kv_layer_event(duet_backend_rank_t *r, int layer);
-uint64_t duet_cuda_kv_layer_seq(duet_backend_rank_t *r, int layer);
 
 #endif

@@ -168,7 +168,6 @@ duet_status_t duet__cuda_op_batch_prepare(duet_backend_rank_t *r, const duet_bat
     r->n_seqs = b->n_seqs;
     r->max_q = max_q;
     r->n_tiles = n_tiles;
-    r->fwd_seq++;
     return DUET_OK;
 }
 
@@ -191,12 +190,6 @@ void duet__cuda_graphs_reset(duet_backend_rank_t *r)
     }
 }
 
-static void duet__kv_seq_all(duet_backend_rank_t *r)
-{
-    for (int l = 0; l < r->kv.n_layers; l++)
-        atomic_store(&r->kv_seq[l], r->fwd_seq);
-}
-
 duet_status_t duet__cuda_op_step_begin(duet_backend_rank_t *r, bool *replayed_p)
 {
     int n = r->n_tokens;
@@ -207,7 +200,6 @@ duet_status_t duet__cuda_op_step_begin(duet_backend_rank_t *r, bool *replayed_p)
         return DUET_OK;
     if (r->graph[n] != NULL) {
         DUET__CUDA_TRY(cudaGraphLaunch(r->graph[n], r->stream));
-        duet__kv_seq_all(r);
         *replayed_p = true;
         return DUET_OK;
     }
@@ -254,6 +246,5 @@ duet_status_t duet__cuda_op_step_end(duet_backend_rank_t *r, duet_status_t st, b
     }
     r->graph[n] = x;
     DUET__CUDA_TRY(cudaGraphLaunch(x, r->stream));
-    duet__kv_seq_all(r);
     return DUET_OK;
 }

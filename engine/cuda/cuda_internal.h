@@ -5,7 +5,6 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -89,9 +88,7 @@ struct duet_backend_rank {
     bool meta_pending;
     duet_kv_layout_t kv;
     void *kv_base;
-    cudaEvent_t *ev_kv;       /* [n_layers] K/V of the layer stored */
-    _Atomic uint64_t *kv_seq; /* [n_layers] forward that recorded ev_kv */
-    uint64_t fwd_seq;
+    cudaEvent_t *ev_kv; /* [n_layers] K/V of the layer stored (kv_mirror.c waits) */
 
     /* cuBLASLt */
     cublasLtHandle_t lt;

@@ -94,6 +94,8 @@ duet_status_t duet__cuda_gemv(cudaStream_t s, void *y, const void *x, int n, con
                               int rows, int cols, const void *bias);
 duet_status_t duet__cuda_silu_mul(cudaStream_t s, void *out, const void *gu, int n, int m);
 duet_status_t duet__cuda_add(cudaStream_t s, void *x, const void *y, size_t count);
+/* x[t][j] += bias[j] for t < n, j < d */
+duet_status_t duet__cuda_add_bias(cudaStream_t s, void *x, const void *bias, int n, int d);
 /* rows: host array of n_rows row indices (passed in the launch) */
 duet_status_t duet__cuda_gather_rows(cudaStream_t s, void *out, const void *in, const int32_t *rows,
                                      int n_rows, int d);

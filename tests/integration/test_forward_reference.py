@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Forward correctness: duet's CPU logits against the independent numpy
 reference (tests/reference/llama_ref.py) on stories260K and synthetic
-models of several shapes and dtypes, at TP 1 and 2.
+models of several shapes and dtypes (Qwen2 q/k/v biases, a Llama with
+attention_bias: q/k/v and o_proj biases), at TP 1 and 2.
 
 Tolerance: max |duet - ref| <= 2e-4 * (1 + max |ref|) over every position
 of the prompt and every vocab entry.  duet computes in float32, the
@@ -35,6 +36,9 @@ MODELS = [
     ("qwen2-bias", ["--arch", "qwen2", "--layers", "2", "--hidden", "64", "--heads", "8",
                     "--kv-heads", "2", "--intermediate", "128", "--vocab", "320",
                     "--rope-theta", "1000000", "--seed", "10"]),
+    ("llama-attn-bias", ["--attention-bias", "--layers", "2", "--hidden", "64", "--heads", "4",
+                         "--kv-heads", "2", "--intermediate", "96", "--vocab", "300",
+                         "--dtype", "bf16", "--seed", "12"]),
     ("mistral-sharded", ["--arch", "mistral", "--layers", "2", "--hidden", "64", "--heads", "8",
                          "--kv-heads", "8", "--intermediate", "64", "--vocab", "290",
                          "--shards", "3", "--seed", "11"]),

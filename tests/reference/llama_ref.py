@@ -4,8 +4,9 @@
 Reads config.json and model.safetensors (or a sharded index) directly and
 computes the logits of every position of a prompt in float64, following the
 transformers implementation (RMSNorm, rotate-half RoPE, GQA attention,
-SwiGLU MLP, q/k/v bias for Qwen2, tied embeddings).  It shares no code with
-duet: it is the oracle for tests/integration/test_forward_reference.py.
+SwiGLU MLP, q/k/v bias for Qwen2, q/k/v and o_proj bias for a Llama with
+attention_bias, tied embeddings).  It shares no code with duet: it is the
+oracle for tests/integration/test_forward_reference.py.
 
 usage: llama_ref.py MODEL_DIR "1 2 3" OUT.f32   (writes [n][vocab] float32)
 """
@@ -80,6 +81,11 @@ def forward(cfg, t, ids):
     eps = cfg.get("rms_norm_eps", 1e-6)
     theta = cfg.get("rope_theta", 10000.0)
     L = cfg["num_hidden_layers"]
+    # LlamaAttention: every projection, o_proj included, has a bias when
+    # attention_bias is set; Qwen2Attention: q/k/v only, always
+    qwen2 = cfg.get("architectures", [""])[0] == "Qwen2ForCausalLM" or \
+        cfg.get("model_type") == "qwen2"
+    o_bias = cfg.get("attention_bias", False) and not qwen2
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
     x = t["model.embed_tokens.weight"][ids]
@@ -106,7 +112,10 @@ def forward(cfg, t, ids):
             s = np.exp(s - s.max(-1, keepdims=True))
             s = s / s.sum(-1, keepdims=True)
             out[:, hh, :] = s @ vh
-        x = x + out.reshape(n, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
+        o = out.reshape(n, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
+        if o_bias:
+            o = o + t[p + "self_attn.o_proj.bias"]
+        x = x + o
         h = rms_norm(x, t[p + "post_attention_layernorm.weight"], eps)
         gate = h @ t[p + "mlp.gate_proj.weight"].T
         up = h @ t[p + "mlp.up_proj.weight"].T

@@ -4,6 +4,11 @@
  *  - a mixed-length batch (and a chunked one) equals the prompts run one by
  *    one;
  *  - seeded sampling is reproducible and the same across TP sizes;
+ *  - a Llama with attention_bias (q/k/v and o_proj biases) gives the same
+ *    greedy tokens at TP 1, 2, 4 (o_proj's bias is added once, after the
+ *    all-reduce);
+ *  - a forward step issues exactly the collectives the math needs (no
+ *    broadcast of the sampled ids);
  *  - stories260K continues "Once upon a time" as llama2.c does;
  *  - bad input and bad sharding are clear errors. */
 #include <math.h>
@@ -20,6 +25,7 @@
 
 #include "common/alloc.h"
 #include "engine/engine.h"
+#include "engine/engine_internal.h" /* collective counts of the rank comms */
 #include "synth/mkmodel.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,6 +47,29 @@ static const char *model_dir(int kv_heads, int intermediate)
     o.vocab = 300;
     o.max_pos = 256;
     o.seed = 100 + (uint64_t)kv_heads;
+    o.threads = 1;
+    assert_int_equal(duet_mkmodel_write(path, &o), DUET_OK);
+    return path;
+}
+
+/* A Llama with attention_bias: true (q/k/v and o_proj biases). */
+static const char *bias_model_dir(void)
+{
+    static char path[512];
+    snprintf(path, sizeof(path), "%s/m_attn_bias", tmpdir);
+    if (access(path, F_OK) == 0)
+        return path;
+    duet_mkmodel_opts_t o = duet_mkmodel_opts_default();
+    o.attention_bias = true;
+    o.layers = 2;
+    o.hidden = 64;
+    o.heads = 8;
+    o.kv_heads = 2;
+    o.head_dim = 8;
+    o.intermediate = 96;
+    o.vocab = 300;
+    o.max_pos = 256;
+    o.seed = 300;
     o.threads = 1;
     assert_int_equal(duet_mkmodel_write(path, &o), DUET_OK);
     return path;
@@ -130,6 +159,111 @@ static void test_tp_equivalence(void **state)
             }
         }
     }
+}
+
+/* o_proj's output is a partial sum on every rank; its bias must be added
+ * once, to the reduced sum: added to each rank's partial sum it would
+ * count TP times and TP 2 / 4 would decode differently from TP 1. */
+static void test_attention_bias_tp(void **state)
+{
+    (void)state;
+    static float ref_logits[NG * VOCAB], logits[NG * VOCAB];
+    int32_t prompt[NP], ref[NG], got[NG];
+    duet_sampling_t g = duet_sampling_greedy();
+    const char *dir = bias_model_dir();
+    prompt_of(prompt, NP, 5);
+
+    duet_engine_t *e = engine(dir, 1, 16, 64, 64);
+    const duet_model_t *m = duet_engine_model(e);
+    assert_true(m->cfg.qkv_bias && m->cfg.o_bias);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        assert_non_null(m->layers[l].bo);
+        assert_int_equal(m->layers[l].bo->shape[0], 64);
+    }
+    generate(e, prompt, NP, NG, &g, ref, ref_logits, VOCAB);
+    duet_engine_destroy(e);
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        e = engine(dir, tp, 16, 64, 64);
+        generate(e, prompt, NP, NG, &g, got, logits, VOCAB);
+        duet_engine_destroy(e);
+        double maxd = 0, maxa = 0;
+        for (int i = 0; i < NG * VOCAB; i++) {
+            maxd = fmax(maxd, fabs((double)logits[i] - ref_logits[i]));
+            maxa = fmax(maxa, fabs((double)ref_logits[i]));
+        }
+        if (memcmp(got, ref, sizeof(ref)) != 0 || maxd > 1e-4 * (1 + maxa))
+            fail_msg("attention bias tp %d: tokens %s, max |dlogit| %g (scale %g)", tp,
+                     memcmp(got, ref, sizeof(ref)) ? "differ" : "equal", maxd, maxa);
+    }
+}
+
+/* Collectives rank r has issued so far. */
+static uint64_t issued(const duet_engine_t *e, int r)
+{
+    return e->ranks[r].comm->n_issued;
+}
+
+static void forward_counted(duet_engine_t *e, const duet_engine_seq_t *seqs, int n, int32_t *next,
+                            uint64_t want, const char *what)
+{
+    uint64_t before[2] = {issued(e, 0), issued(e, 1)};
+    if (duet_engine_forward(e, seqs, n, next) != DUET_OK)
+        fail_msg("%s: forward: %s", what, duet_error_msg());
+    for (int r = 0; r < 2; r++) {
+        uint64_t got = issued(e, r) - before[r];
+        if (got != want)
+            fail_msg("%s: rank %d issued %llu collectives, want %llu", what, r,
+                     (unsigned long long)got, (unsigned long long)want);
+    }
+}
+
+/* At TP 2 a forward step costs an all-reduce after o_proj and one after
+ * down_proj per layer, plus one all-gather of the lm_head shards per
+ * DUET_LM_BLOCK output rows.  Sampling costs nothing more: rank 0 samples
+ * and the caller hands the next batch to every rank (DESIGN §3 rule 1). */
+static void test_step_collectives(void **state)
+{
+    (void)state;
+    static float all_logits[70 * VOCAB];
+    static int32_t prompts[4][NP], long_prompt[70], pages[5][25];
+    int32_t next[4], last[4];
+    duet_engine_seq_t seqs[4];
+    duet_sampling_t seeded = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7};
+    duet_engine_t *e = engine(model_dir(2, 96), 2, 4, 128, 256); /* one chunk */
+    uint64_t L2 = 2u * (uint64_t)duet_engine_model(e)->cfg.n_layers;
+
+    for (int i = 0; i < 25; i++) {
+        for (int s = 0; s < 4; s++)
+            pages[s][i] = s + 4 * i; /* 0..99 */
+        pages[4][i] = 100 + i;
+    }
+    for (int s = 0; s < 4; s++) {
+        prompt_of(prompts[s], NP, 20 + s);
+        seqs[s] = (duet_engine_seq_t){.tokens = prompts[s], .n_tokens = NP, .pages = pages[s],
+                                      .n_pages = 25, .sample = true,
+                                      .sampling = s % 2 ? seeded : duet_sampling_greedy()};
+    }
+    /* prefill of 4 x 37 tokens, 4 sampled rows; then a decode step */
+    forward_counted(e, seqs, 4, next, L2 + 1, "prefill");
+    for (int s = 0; s < 4; s++) {
+        last[s] = next[s]; /* forward() clears next[] first */
+        seqs[s].start_pos = NP;
+        seqs[s].tokens = &last[s];
+        seqs[s].n_tokens = 1;
+        seqs[s].sample_index = 1;
+    }
+    forward_counted(e, seqs, 4, next, L2 + 1, "decode");
+    /* 70 rows of logits: two lm_head blocks */
+    prompt_of(long_prompt, 70, 30);
+    duet_engine_seq_t lg = {.tokens = long_prompt, .n_tokens = 70, .pages = pages[4],
+                            .n_pages = 25, .logits = all_logits, .all_logits = true};
+    assert_true(70 > DUET_LM_BLOCK && 70 <= 2 * DUET_LM_BLOCK);
+    forward_counted(e, &lg, 1, NULL, L2 + 2, "all logits");
+    /* nothing sampled, no logits: the layers alone */
+    lg.logits = NULL;
+    lg.all_logits = false;
+    forward_counted(e, &lg, 1, NULL, L2, "kv only");
+    duet_engine_destroy(e);
 }
 
 static void test_uneven_ffn_split(void **state)
@@ -313,6 +447,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp_equivalence),
+        cmocka_unit_test(test_attention_bias_tp),
+        cmocka_unit_test(test_step_collectives),
         cmocka_unit_test(test_uneven_ffn_split),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_seeded_sampling_across_tp),

@@ -1,5 +1,6 @@
 /* synth/mkmodel: written values equal regenerated ones for every dtype,
- * sharding, Qwen2 biases, tied/untied heads, fingerprints, option checks,
+ * sharding, Qwen2 biases, Llama attention biases (q/k/v and o_proj),
+ * tied/untied heads, fingerprints, option checks,
  * and a reference forward pass showing the synthetic models decode
  * decisively (greedy argmax far from ties, output not degenerate). */
 #include <dirent.h>
@@ -266,7 +267,29 @@ static void test_qwen2_and_tied(void **state)
     assert_int_equal(m->cfg.arch, DUET_ARCH_MISTRAL);
     assert_false(m->cfg.qkv_bias);
     assert_null(m->layers[0].bq);
+    assert_null(m->layers[0].bo);
     assert_non_null(duet_st_find(m->st, "lm_head.weight"));
+    duet_model_close(m);
+
+    /* llama with attention_bias: q/k/v and o_proj biases */
+    o.arch = DUET_ARCH_LLAMA;
+    o.attention_bias = true;
+    m = make("llama-attn-bias", &o);
+    assert_true(m->cfg.qkv_bias);
+    assert_true(m->cfg.o_bias);
+    assert_int_equal(duet_st_count(m->st), 3 + 2 * 13);
+    for (int l = 0; l < 2; l++) {
+        assert_non_null(m->layers[l].bq);
+        assert_non_null(m->layers[l].bo);
+        assert_int_equal(m->layers[l].bo->shape[0], 64);
+    }
+    float ob[64];
+    duet_dtype_to_f32(DUET_DTYPE_F16, m->layers[1].bo->data, ob, 64);
+    sq = 0;
+    for (int i = 0; i < 64; i++)
+        sq += ob[i] * ob[i];
+    assert_true(sqrt(sq / 64) > 0.2);
+    check_values(m, &o);
     duet_model_close(m);
 }
 
@@ -358,6 +381,8 @@ static void test_opts(void **state)
     expect_opts_error(&v, "dtype I32");
     v = o, v.rope_theta = 0;
     expect_opts_error(&v, "rope_theta");
+    v = o, v.arch = DUET_ARCH_QWEN2, v.attention_bias = true;
+    expect_opts_error(&v, "attention_bias");
 
     /* BENCHMARKS.md: bench-124m has 124.7 M parameters */
     assert_int_equal(duet_mkmodel_preset("bench-124m", &o), DUET_OK);
@@ -438,7 +463,7 @@ static void test_write_alloc_failures(void **state)
 /* ---- reference forward pass (fp32 weights, double accumulation) ---- */
 
 typedef struct {
-    float *an, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *mn, *wg, *wu, *wd;
+    float *an, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *mn, *wg, *wu, *wd, *bo;
 } ref_layer_t;
 
 typedef struct {
@@ -470,7 +495,8 @@ static void ref_init(ref_t *r, const duet_model_t *m)
         r->l[i] = (ref_layer_t){ref_load(w->attn_norm), ref_load(w->wq),   ref_load(w->wk),
                                 ref_load(w->wv),        ref_load(w->bq),   ref_load(w->bk),
                                 ref_load(w->bv),        ref_load(w->wo),   ref_load(w->mlp_norm),
-                                ref_load(w->w_gate),    ref_load(w->w_up), ref_load(w->w_down)};
+                                ref_load(w->w_gate),    ref_load(w->w_up), ref_load(w->w_down),
+                                ref_load(w->bo)};
     }
 }
 
@@ -521,7 +547,8 @@ static void ref_rope(float *v, int n_heads, int hd, int pos, double theta)
     }
 }
 
-/* Logits of the last of n tokens; use_bias = false drops q/k/v biases. */
+/* Logits of the last of n tokens; use_bias = false drops the attention
+ * biases (q/k/v, o). */
 static void ref_logits(const ref_t *r, const int *tok, int n, bool use_bias, float *logits)
 {
     const duet_model_config_t *c = &r->c;
@@ -567,7 +594,7 @@ static void ref_logits(const ref_t *r, const int *tok, int n, bool use_bias, flo
                     att[h * hd + d] = (float)(s / sum);
                 }
             }
-            ref_matvec(w->wo, NULL, att, H, Q, o);
+            ref_matvec(w->wo, use_bias ? w->bo : NULL, att, H, Q, o);
             for (int i = 0; i < H; i++)
                 x[(size_t)t * H + i] += o[i];
             ref_rmsnorm(x + (size_t)t * H, w->mn, H, c->rms_eps, xn);
@@ -638,7 +665,8 @@ static greedy_stats_t ref_greedy(const ref_t *r, int steps, bool use_bias, int *
 }
 
 /* The generated models decode decisively and not degenerately, for the
- * default shape, a GQA shape with more layers, tied and Qwen2 variants. */
+ * default shape, a GQA shape with more layers, tied, Qwen2 and
+ * attention-bias variants. */
 static void test_decisive(void **state)
 {
     (void)state;
@@ -647,11 +675,13 @@ static void test_decisive(void **state)
         int layers, hidden, heads, kv, inter, vocab;
         bool tied;
         duet_arch_t arch;
+        bool attention_bias;
     } cases[] = {
-        {"dec-default", 2, 64, 4, 2, 128, 512, false, DUET_ARCH_LLAMA},
-        {"dec-tied", 2, 64, 4, 2, 128, 512, true, DUET_ARCH_LLAMA},
-        {"dec-deep", 6, 96, 6, 2, 256, 1024, false, DUET_ARCH_LLAMA},
-        {"dec-qwen2", 3, 64, 8, 2, 160, 600, true, DUET_ARCH_QWEN2},
+        {"dec-default", 2, 64, 4, 2, 128, 512, false, DUET_ARCH_LLAMA, false},
+        {"dec-tied", 2, 64, 4, 2, 128, 512, true, DUET_ARCH_LLAMA, false},
+        {"dec-deep", 6, 96, 6, 2, 256, 1024, false, DUET_ARCH_LLAMA, false},
+        {"dec-qwen2", 3, 64, 8, 2, 160, 600, true, DUET_ARCH_QWEN2, false},
+        {"dec-attn-bias", 2, 64, 8, 2, 96, 512, false, DUET_ARCH_LLAMA, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         duet_mkmodel_opts_t o = duet_mkmodel_opts_default();
@@ -666,6 +696,7 @@ static void test_decisive(void **state)
         o.vocab = cases[i].vocab;
         o.tied = cases[i].tied;
         o.arch = cases[i].arch;
+        o.attention_bias = cases[i].attention_bias;
         duet_model_t *m = make(cases[i].sub, &o);
         ref_init(&r, m);
         greedy_stats_t s = ref_greedy(&r, 24, true, with_bias);
@@ -675,7 +706,7 @@ static void test_decisive(void **state)
         if (s.distinct < 6 || s.median_gap < 0.02 || s.min_gap < 1e-4)
             fail_msg("%s: distinct %d median gap %g min gap %g", cases[i].sub, s.distinct,
                      s.median_gap, s.min_gap);
-        if (cases[i].arch == DUET_ARCH_QWEN2) {
+        if (cases[i].arch == DUET_ARCH_QWEN2 || cases[i].attention_bias) {
             /* a backend that forgot the biases would decode differently */
             ref_greedy(&r, 24, false, without_bias);
             assert_memory_not_equal(with_bias, without_bias, sizeof(with_bias));

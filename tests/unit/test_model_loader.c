@@ -416,6 +416,7 @@ static void test_config(void **state)
     assert_true(c.rms_eps == 1e-6);
     assert_false(c.tie_embeddings);
     assert_false(c.qkv_bias);
+    assert_false(c.o_bias);
     assert_int_equal(c.bos_id, -1);
     assert_int_equal(c.n_eos, 0);
     assert_int_equal(c.torch_dtype, DUET_DTYPE_F32);
@@ -430,6 +431,7 @@ static void test_config(void **state)
                      DUET_OK);
     assert_int_equal(c.arch, DUET_ARCH_QWEN2);
     assert_true(c.qkv_bias);
+    assert_false(c.o_bias); /* Qwen2's o_proj has no bias */
     assert_int_equal(c.n_kv_heads, 2);
     assert_int_equal(c.head_dim, 16);
     assert_true(c.rope_theta == 1e6);
@@ -447,8 +449,17 @@ static void test_config(void **state)
                      DUET_OK);
     assert_int_equal(c.arch, DUET_ARCH_MISTRAL);
     assert_true(c.qkv_bias);
+    assert_true(c.o_bias);
     assert_int_equal(c.eos_ids[0], 3);
     assert_int_equal(c.max_pos, 512);
+
+    /* LlamaAttention with attention_bias: every projection has a bias */
+    assert_int_equal(parse_cfg("{\"architectures\": [\"LlamaForCausalLM\"], " BASE
+                               ", \"attention_bias\": true}",
+                               &c),
+                     DUET_OK);
+    assert_true(c.qkv_bias);
+    assert_true(c.o_bias);
     assert_string_equal(duet_arch_name(DUET_ARCH_QWEN2), "qwen2");
     assert_int_equal(duet_arch_parse("MistralForCausalLM"), DUET_ARCH_MISTRAL);
     assert_int_equal(duet_arch_parse("gpt2"), -1);
@@ -588,6 +599,7 @@ typedef enum {
     BROKEN_SHAPE,
     BROKEN_DTYPE,
     BROKEN_BIAS,
+    BROKEN_O_BIAS,
     BROKEN_NO_LM_HEAD
 } broken_t;
 
@@ -627,6 +639,8 @@ static void write_tiny(const char *sub, broken_t what, bool tied)
     T("model.layers.0.mlp.down_proj.weight", DUET_DTYPE_F32, 8, 16);
     if (what == BROKEN_BIAS)
         T("model.layers.0.self_attn.q_proj.bias", DUET_DTYPE_F32, 8, 0);
+    if (what == BROKEN_O_BIAS)
+        T("model.layers.0.self_attn.o_proj.bias", DUET_DTYPE_F32, 8, 0);
     if (what != BROKEN_NO_LM_HEAD)
         T("lm_head.weight", DUET_DTYPE_F32, 16, 8);
 #undef T
@@ -684,6 +698,9 @@ static void test_model_errors(void **state)
     expect_model_error("dtype", "tensor model.layers.0.mlp.up_proj.weight", "dtype I32");
     write_tiny("bias", BROKEN_BIAS, false);
     expect_model_error("bias", "tensor model.layers.0.self_attn.q_proj.bias", "attention_bias");
+    /* an o_proj bias the config does not announce would be dropped */
+    write_tiny("obias", BROKEN_O_BIAS, false);
+    expect_model_error("obias", "tensor model.layers.0.self_attn.o_proj.bias", "attention_bias");
     write_tiny("nohead", BROKEN_NO_LM_HEAD, false);
     expect_model_error("nohead", "tensor lm_head.weight", "tie_word_embeddings is false");
     write_tiny("nohead_tied", BROKEN_NO_LM_HEAD, true);

@@ -16,6 +16,7 @@ static void duet__mkmodel_usage(FILE *f)
                "  --preset NAME       bench-124m | llama-3.2-1b-shape | llama-3-8b-shape\n"
                "                      (applied first; other flags override it)\n"
                "  --arch A            llama | mistral | qwen2 (qwen2 has q/k/v biases)\n"
+               "  --attention-bias    llama with q/k/v and o_proj biases (attention_bias: true)\n"
                "  --layers N          --hidden N   --heads N   --kv-heads N   --head-dim N\n"
                "  --intermediate N    --vocab N (>= 260)       --max-pos N\n"
                "  --rope-theta X      --rms-eps X  --tied | --untied   --dtype f32|f16|bf16\n"
@@ -127,7 +128,8 @@ static int duet__mkmodel_flag(const char *flag, const char *v, duet_mkmodel_opts
 static int duet__mkmodel_takes_value(const char *flag)
 {
     return strcmp(flag, "--tied") != 0 && strcmp(flag, "--untied") != 0 &&
-           strcmp(flag, "--help") != 0 && strcmp(flag, "-h") != 0;
+           strcmp(flag, "--attention-bias") != 0 && strcmp(flag, "--help") != 0 &&
+           strcmp(flag, "-h") != 0;
 }
 
 /* Library messages start with "mkmodel: " already. */
@@ -175,6 +177,10 @@ int duet_cmd_mkmodel(int argc, char **argv)
             o.tied = strcmp(flag, "--tied") == 0;
             continue;
         }
+        if (strcmp(flag, "--attention-bias") == 0) {
+            o.attention_bias = true;
+            continue;
+        }
         if (strcmp(flag, "--out") != 0 && strcmp(flag, "--preset") != 0 &&
             (rc = duet__mkmodel_flag(flag, argv[i + 1], &o)) != 0)
             return rc;
@@ -191,10 +197,11 @@ int duet_cmd_mkmodel(int argc, char **argv)
         return 1;
     }
     printf("mkmodel out %s arch %s layers %d hidden %d heads %d/%d params %llu (%.2fM) bytes "
-           "%llu dtype %s shards %d seed %llu%s\n",
+           "%llu dtype %s shards %d seed %llu%s%s\n",
            out, duet_arch_name(o.arch), o.layers, o.hidden, o.heads,
            o.kv_heads > 0 ? o.kv_heads : o.heads, (unsigned long long)params, params / 1e6,
            (unsigned long long)bytes, duet_dtype_name(o.dtype), o.shards,
-           (unsigned long long)o.seed, o.tied ? " tied" : "");
+           (unsigned long long)o.seed, o.tied ? " tied" : "",
+           o.attention_bias ? " attention_bias" : "");
     return 0;
 }
