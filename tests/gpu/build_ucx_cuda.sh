@@ -44,7 +44,7 @@ LIBRARY_PATH=$NVML_LIB UCX_BUILD_DIR=$W/build scripts/build_ucx.sh --prefix "$W/
     --nvml "$W/nvml/usr/include"
 
 rm -rf "$OUTDIR"
-mkdir -p "$OUTDIR/ucx" "$OUTDIR/bin" "$OUTDIR/pkgconfig"
+mkdir -p "$OUTDIR/ucx" "$OUTDIR/bin"
 for l in ucm ucs uct ucp; do cp -L "$W/inst/lib/lib$l.so.0" "$OUTDIR/"; done
 cp -L "$W"/inst/lib/ucx/*.so.0 "$OUTDIR/ucx/"
 cp "$W/inst/bin/ucx_info" "$OUTDIR/bin/"
