@@ -15,7 +15,8 @@
  *              connect every local rank to every remote one.
  *
  * UCX is only ever initialised in children: the parent stays fork-safe.
- * Nothing here is thread-safe; each process uses it from one thread. */
+ * duet_testkit_fail may be called from any thread (reports may interleave);
+ * a channel or a side is used by one thread at a time. */
 #ifndef DUET_TESTKIT_TESTKIT_H
 #define DUET_TESTKIT_TESTKIT_H
 
