@@ -69,15 +69,20 @@
  * CUDA is only initialised in children (fork after CUDA init is not
  * allowed), like UCX. */
 #include <cuda_runtime.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/sync.h"
-#include "tests/integration/xfer/xfer_harness.h"
+#include "testkit/testkit.h"
 #include "transfer/slice_plan.h"
 
 #define G_LAYERS      32
@@ -97,7 +102,7 @@
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
         if (e_ != cudaSuccess) {                                                                   \
-            xh_fail("%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));              \
+            duet_testkit_fail("%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
@@ -236,7 +241,7 @@ typedef struct {
 struct gside {
     const bench_t *b;
     duet_xfer_role_t role;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     grank_t rk[G_MAX_TP];
     int tp;
     int max_pages;     /* of the largest request */
@@ -343,11 +348,12 @@ static int rank_start(gside_t *g, int r, int dev)
         G_CUDA(cudaStreamCreateWithFlags(&k->st.s, cudaStreamNonBlocking));
         G_CUDA(cudaMalloc((void **)&k->pool, g->pool_bytes));
         if (g->b->device) {
-            XH_OK(
+            DUET_TESTKIT_OK(
                 duet_xfer_pool_register_device(duet_xfer_rank(g->sd.x, r), k->pool, g->pool_bytes));
             /* UCX's CUDA transports use the progress thread's current
              * context: the rank's GPU (transfer/kv_engine.c does the same) */
-            XH_OK(duet_xfer_rank_run(duet_xfer_rank(g->sd.x, r), bind_device, &k->st.dev));
+            DUET_TESTKIT_OK(
+                duet_xfer_rank_run(duet_xfer_rank(g->sd.x, r), bind_device, &k->st.dev));
         } else {
             e = cudaHostRegister(g->sd.base[r], g->pool_bytes, cudaHostRegisterPortable);
             k->pinned = e == cudaSuccess;
@@ -361,7 +367,7 @@ static int rank_start(gside_t *g, int r, int dev)
         }
     } else {
         k->pool = duet_aligned_alloc(4096, g->pool_bytes);
-        XH_CHECK(k->pool != NULL, "out of memory");
+        DUET_TESTKIT_CHECK(k->pool != NULL, "out of memory");
     }
     if (g->role == DUET_XFER_PREFILL) {
         if (!g->b->cuda) {
@@ -372,7 +378,7 @@ static int rank_start(gside_t *g, int r, int dev)
         if (g->b->device)
             G_CUDA(cudaMallocHost((void **)&k->src, cbytes));
         src = g->b->device ? k->src : duet_aligned_alloc(4096, cbytes);
-        XH_CHECK(src != NULL, "out of memory");
+        DUET_TESTKIT_CHECK(src != NULL, "out of memory");
         fill_pattern(l, src, g->cplane, k->head0, g->max_pages);
         for (int p = 0; p < 2 * l->n_layers; p++) {
             cudaError_t e =
@@ -389,31 +395,32 @@ static int rank_start(gside_t *g, int r, int dev)
         return 0;
     }
     k->ref = duet_aligned_alloc(4096, cbytes);
-    XH_CHECK(k->ref != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(k->ref != NULL, "out of memory");
     fill_pattern(l, k->ref, g->cplane, k->head0, g->max_pages);
     if (g->b->cuda)
         G_CUDA(cudaMallocHost((void **)&k->back, cbytes));
     else
         k->back = duet_aligned_alloc(4096, cbytes);
-    XH_CHECK(k->back != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(k->back != NULL, "out of memory");
     return 0;
 }
 
-/* --mirror device: xh_side_start without the pools (rank_start registers
+/* --mirror device: duet_testkit_side_start without the pools (rank_start registers
  * each rank's device pool once it is allocated), on a UCX that can. */
-static int device_side_start(xh_side_t *sd)
+static int device_side_start(duet_testkit_side_t *sd)
 {
     sd->no_pools = 1;
-    if (xh_side_start(sd))
+    if (duet_testkit_side_start(sd))
         return 1;
-    XH_CHECK(duet_xfer_supports_cuda_memory(sd->x),
-             "--mirror device: this UCX build has no CUDA transports (UCX_TLS %s)", sd->tls);
+    DUET_TESTKIT_CHECK(duet_xfer_supports_cuda_memory(sd->x),
+                       "--mirror device: this UCX build has no CUDA transports (UCX_TLS %s)",
+                       sd->tls);
     return 0;
 }
 
 static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int fd)
 {
-    xh_side_t *sd = &g->sd;
+    duet_testkit_side_t *sd = &g->sd;
     const int *devs = role == DUET_XFER_PREFILL ? b->pdev : b->ddev;
     memset(g, 0, sizeof(*g));
     g->b = b;
@@ -434,7 +441,7 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
     sd->fingerprint = 0x11a3a3b8b0000002ULL;
     sd->tls = b->tls;
     sd->registered = b->registered;
-    if (b->device ? device_side_start(sd) : xh_side_start(sd))
+    if (b->device ? device_side_start(sd) : duet_testkit_side_start(sd))
         return 1;
     g->pool_bytes = duet_kv_total_bytes(&sd->layout);
     g->cplane = (size_t)g->max_pages * duet_kv_page_bytes(&sd->layout);
@@ -457,7 +464,7 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
                                  : "NO",
                duet_xfer_supports_cuda_memory(sd->x) ? "yes (unused)" : "no");
     fflush(stdout);
-    return xh_side_connect(sd, fd);
+    return duet_testkit_side_connect(sd, fd);
 }
 
 /* Unpin the mirrors and unregister the device pools, stop the transfer
@@ -482,7 +489,7 @@ static int gside_stop(gside_t *g)
         if (g->b->device)
             duet_xfer_pool_unregister(duet_xfer_rank(g->sd.x, r)); /* before cudaFree */
     }
-    rc = xh_side_stop(&g->sd);
+    rc = duet_testkit_side_stop(&g->sd);
     for (int r = 0; g->b->cuda && r < g->tp; r++) {
         grank_t *k = &g->rk[r];
         cudaSetDevice(k->st.dev);
@@ -555,14 +562,14 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
                                 .pages = pages,
                                 .n_pages = n,
                                 .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
-        XH_OK(duet_xfer_recv_expect(duet_xfer_rank(g->sd.x, d), &e));
+        DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(g->sd.x, d), &e));
     }
-    XH_CHECK(xh_chan_say(fd, "ok") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(fd, "ok") == 0, "channel");
     for (int d = 0; d < g->tp; d++) {
         duet_xfer_result_t res;
-        XH_OK(duet_xfer_recv_wait(duet_xfer_rank(g->sd.x, d), id, duet_deadline_in_ms(G_TIMEOUT_MS),
-                                  &res));
-        XH_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
+        DUET_TESTKIT_OK(duet_xfer_recv_wait(duet_xfer_rank(g->sd.x, d), id,
+                                            duet_deadline_in_ms(G_TIMEOUT_MS), &res));
+        DUET_TESTKIT_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
     }
     t_recv = duet_now_ns();
     /* --mirror device: the KV already is in the device pages, nothing to import */
@@ -576,14 +583,14 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
     for (int d = 0; d < g->tp; d++) {
         char why[200];
         if (verify(g, d, n, why, sizeof(why))) {
-            xh_fail("request %llu, %d pages: %s", (unsigned long long)id, n, why);
+            duet_testkit_fail("request %llu, %d pages: %s", (unsigned long long)id, n, why);
             snprintf(msg, sizeof(msg), "bad %s", why);
-            xh_chan_say(fd, msg);
+            duet_testkit_chan_say(fd, msg);
             return 1;
         }
     }
     snprintf(msg, sizeof(msg), "done %lld %lld", (long long)t_recv, (long long)t1);
-    XH_CHECK(xh_chan_say(fd, msg) == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(fd, msg) == 0, "channel");
     return 0;
 }
 
@@ -594,25 +601,26 @@ static int bench_decode(void *arg)
     int32_t *pages;
     gside_t *g = DUET_NEW(gside_t);
     int rc = 0;
-    XH_CHECK(g != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(g != NULL, "out of memory");
     if (gside_start(g, b, DUET_XFER_DECODE, b->fd_d))
         return 1;
-    XH_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
+    DUET_TESTKIT_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
     pages = seq_pages(g->max_pages);
-    XH_CHECK(pages != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(pages != NULL, "out of memory");
     while (rc == 0) {
         unsigned long long id;
         uint32_t len;
         void *msg;
         int n;
-        XH_CHECK(xh_chan_recv(b->fd_d, &msg, &len, 300000) == 0, "prefill went away");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_recv(b->fd_d, &msg, &len, 300000) == 0,
+                           "prefill went away");
         if (strcmp(msg, "bye") == 0) {
             duet_free(msg);
             break;
         }
         if (sscanf(msg, "exp %llu %d", &id, &n) != 2)
             n = -1;
-        XH_CHECK(n > 0 && n <= g->max_pages, "bad message '%s'", (char *)msg);
+        DUET_TESTKIT_CHECK(n > 0 && n <= g->max_pages, "bad message '%s'", (char *)msg);
         duet_free(msg);
         rc = decode_request(g, plan, pages, id, n);
     }
@@ -644,8 +652,9 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
         if (clear_pages(g, s, n))
             return 1;
     snprintf(msg, sizeof(msg), "exp %llu %d", (unsigned long long)id, n);
-    XH_CHECK(xh_chan_say(b->fd_p, msg) == 0, "channel");
-    XH_CHECK(xh_chan_expect(b->fd_p, "ok", G_TIMEOUT_MS) == 0, "decode did not register");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, msg) == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(b->fd_p, "ok", G_TIMEOUT_MS) == 0,
+                       "decode did not register");
     for (int s = 0; s < g->tp; s++) {
         duet_xfer_send_t x = {.transfer_id = id,
                               .plan = plan,
@@ -655,7 +664,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                               .n_pages = n,
                               .flags = 0, /* no DUET_XFER_SEND_CRC: device pools have none */
                               .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
-        XH_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
+        DUET_TESTKIT_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
     }
     atomic_store(&g->cur_id, id);
     atomic_store(&g->landed, 0);
@@ -673,19 +682,21 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
         if (gs_sync(&g->rk[s].st))
             return 1;
     for (int s = 0; s < g->tp; s++)
-        XH_OK(duet_xfer_send_end(duet_xfer_rank(g->sd.x, s), id, DUET_OK, 1));
+        DUET_TESTKIT_OK(duet_xfer_send_end(duet_xfer_rank(g->sd.x, s), id, DUET_OK, 1));
     for (int s = 0; s < g->tp; s++) {
         duet_xfer_result_t res;
-        XH_OK(duet_xfer_send_wait(duet_xfer_rank(g->sd.x, s), id, duet_deadline_in_ms(G_TIMEOUT_MS),
-                                  &res));
-        XH_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
+        DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(g->sd.x, s), id,
+                                            duet_deadline_in_ms(G_TIMEOUT_MS), &res));
+        DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
     }
-    XH_CHECK(atomic_load(&g->landed) == G_LAYERS * g->tp && atomic_load(&g->post_errors) == 0,
-             "%d of %d layers landed, %d posts refused", atomic_load(&g->landed), G_LAYERS * g->tp,
-             atomic_load(&g->post_errors));
-    XH_CHECK(xh_chan_recv(b->fd_p, &reply, &len, G_TIMEOUT_MS) == 0, "no word from decode");
+    DUET_TESTKIT_CHECK(atomic_load(&g->landed) == G_LAYERS * g->tp &&
+                           atomic_load(&g->post_errors) == 0,
+                       "%d of %d layers landed, %d posts refused", atomic_load(&g->landed),
+                       G_LAYERS * g->tp, atomic_load(&g->post_errors));
+    DUET_TESTKIT_CHECK(duet_testkit_chan_recv(b->fd_p, &reply, &len, G_TIMEOUT_MS) == 0,
+                       "no word from decode");
     if (sscanf(reply, "done %lld %lld", &t_recv, &t1) != 2) {
-        xh_fail("decode: %s", (char *)reply);
+        duet_testkit_fail("decode: %s", (char *)reply);
         duet_free(reply);
         return 1;
     }
@@ -697,7 +708,8 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     /* one put of the same bytes, mirror to mirror (--mirror device: device
      * pool to device pool) */
     t_put = duet_now_ns();
-    XH_OK(duet_xfer_debug_put(g->sd.peers[0][0], 0, 0, bytes, duet_deadline_in_ms(G_TIMEOUT_MS)));
+    DUET_TESTKIT_OK(
+        duet_xfer_debug_put(g->sd.peers[0][0], 0, 0, bytes, duet_deadline_in_ms(G_TIMEOUT_MS)));
     t[T_PUT1] = (double)(duet_now_ns() - t_put) / 1e9;
     return 0;
 }
@@ -721,12 +733,12 @@ static int bench_prefill(void *arg)
     int32_t *pages;
     gside_t *g = DUET_NEW(gside_t);
     uint64_t id = 1;
-    XH_CHECK(g != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(g != NULL, "out of memory");
     if (gside_start(g, b, DUET_XFER_PREFILL, b->fd_p))
         return 1;
-    XH_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
+    DUET_TESTKIT_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
     pages = seq_pages(g->max_pages);
-    XH_CHECK(pages != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(pages != NULL, "out of memory");
     duet_xfer_debug_corrupt_put(duet_xfer_rank(g->sd.x, 0), b->corrupt_put);
     for (int i = 0; i < b->n_tokens; i++) {
         double t[T_N][G_MAX_ROUNDS], med[T_N], r[T_N];
@@ -754,7 +766,7 @@ static int bench_prefill(void *arg)
                med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0);
         fflush(stdout);
     }
-    XH_CHECK(xh_chan_say(b->fd_p, "bye") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, "bye") == 0, "channel");
     duet_free(pages);
     duet_slice_plan_destroy(plan);
     int rc = gside_stop(g);
@@ -857,7 +869,7 @@ static int probe_ucx_cuda(const bench_t *b, int *yes_p)
                                     .elem_size = G_ELEM};
     cfg.model_fingerprint = 1;
     cfg.tls = b->tls;
-    XH_OK(duet_xfer_create(&cfg, &x));
+    DUET_TESTKIT_OK(duet_xfer_create(&cfg, &x));
     *yes_p = duet_xfer_supports_cuda_memory(x);
     duet_xfer_destroy(x);
     return 0;
@@ -876,14 +888,14 @@ static int bench_baseline(void *arg)
             return 1;
         if (!r.ucx_cuda) {
             /* nothing to measure: say so to the parent */
-            XH_CHECK(xh_chan_send(b->fd_d, &r, sizeof(r)) == 0, "channel");
+            DUET_TESTKIT_CHECK(duet_testkit_chan_send(b->fd_d, &r, sizeof(r)) == 0, "channel");
             return 0;
         }
     }
     if (b->cuda) {
         if (describe_gpus(&r))
             return 1;
-        XH_CHECK(r.n_dev >= 1, "no GPU (--no-cuda runs without one)");
+        DUET_TESTKIT_CHECK(r.n_dev >= 1, "no GPU (--no-cuda runs without one)");
         G_CUDA(cudaSetDevice(0));
         G_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         G_CUDA(cudaMallocHost(&host, max));
@@ -903,7 +915,7 @@ static int bench_baseline(void *arg)
         d0 = duet_aligned_alloc(4096, max);
         d0b = duet_aligned_alloc(4096, max);
         d1 = duet_aligned_alloc(4096, max);
-        XH_CHECK(host && d0 && d0b && d1, "out of memory");
+        DUET_TESTKIT_CHECK(host && d0 && d0b && d1, "out of memory");
         memset(host, 0x3c, max);
         memset(d0, 0x3c, max);
         memset(d0b, 0, max);
@@ -937,7 +949,7 @@ static int bench_baseline(void *arg)
         duet_aligned_free(d0b);
         duet_aligned_free(d1);
     }
-    XH_CHECK(xh_chan_send(b->fd_d, &r, sizeof(r)) == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_send(b->fd_d, &r, sizeof(r)) == 0, "channel");
     return 0;
 }
 
@@ -979,13 +991,13 @@ static int run_baseline(bench_t *b)
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
         return 1;
     b->fd_d = fds[1];
-    pid = xh_spawn("baseline", bench_baseline, b, &fds[0], 1);
-    if (xh_chan_recv(fds[0], &msg, &len, 300000) == 0 && len == sizeof(b->base))
+    pid = duet_testkit_spawn("baseline", bench_baseline, b, &fds[0], 1);
+    if (duet_testkit_chan_recv(fds[0], &msg, &len, 300000) == 0 && len == sizeof(b->base))
         memcpy(&b->base, msg, sizeof(b->base));
     else
         len = 0;
     duet_free(msg);
-    if (xh_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc) != 0 || len == 0) {
+    if (duet_testkit_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc) != 0 || len == 0) {
         fprintf(stderr, "baseline copies failed (exit %d)\n", rc);
         rc = 1;
     }
@@ -1119,9 +1131,9 @@ int main(int argc, char **argv)
                 return 1;
             b.fd_p = fds[0];
             b.fd_d = fds[1];
-            pids[0] = xh_spawn("prefill", bench_prefill, &b, &fds[1], 1);
-            pids[1] = xh_spawn("decode", bench_decode, &b, &fds[0], 1);
-            if (xh_wait_all(pids, 2, duet_deadline_in_ms(600000), rc) != 0) {
+            pids[0] = duet_testkit_spawn("prefill", bench_prefill, &b, &fds[1], 1);
+            pids[1] = duet_testkit_spawn("decode", bench_decode, &b, &fds[0], 1);
+            if (duet_testkit_wait_all(pids, 2, duet_deadline_in_ms(600000), rc) != 0) {
                 fprintf(stderr, "%s %s: prefill exit %d, decode exit %d\n", var, pl, rc[0], rc[1]);
                 bad++;
             }

@@ -21,13 +21,18 @@
  *               ~1 GB/s there, a 1 GiB request takes a second per round)
  *
  * Each (transport, plan) runs in a fresh pair of processes. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/sync.h"
-#include "tests/integration/xfer/xfer_harness.h"
+#include "testkit/testkit.h"
 #include "transfer/slice_plan.h"
 
 #define B_LAYERS      32
@@ -61,7 +66,7 @@ static int max_pages(const bench_t *b)
 
 /* Every rank's pool can hold a whole request, so rank 0 can also take the
  * single large put. */
-static int side_setup(xh_side_t *sd, const bench_t *b, duet_xfer_role_t role, int fd)
+static int side_setup(duet_testkit_side_t *sd, const bench_t *b, duet_xfer_role_t role, int fd)
 {
     int tp = role == DUET_XFER_PREFILL ? b->P : b->D;
     memset(sd, 0, sizeof(*sd));
@@ -77,10 +82,10 @@ static int side_setup(xh_side_t *sd, const bench_t *b, duet_xfer_role_t role, in
     sd->dtype = DUET_DTYPE_BF16;
     sd->fingerprint = 0x11a3a3b8b0000001ULL;
     sd->tls = b->tls;
-    if (xh_side_start(sd))
+    if (duet_testkit_side_start(sd))
         return 1;
     /* Pages are faulted in by each size's untimed warm-up round. */
-    return xh_side_connect(sd, fd);
+    return duet_testkit_side_connect(sd, fd);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -97,7 +102,7 @@ static double median(double *v, int n)
 
 typedef struct {
     const bench_t *b;
-    xh_side_t *sd;
+    duet_testkit_side_t *sd;
     const duet_slice_plan_t *plan;
     int n_pages;
     size_t bytes;
@@ -112,8 +117,9 @@ static int run_plan_setup(run_t *rn, uint64_t id)
 {
     char msg[64];
     snprintf(msg, sizeof(msg), "exp %llu %d", (unsigned long long)id, rn->n_pages);
-    XH_CHECK(xh_chan_say(rn->b->fd_p, msg) == 0, "channel");
-    XH_CHECK(xh_chan_expect(rn->b->fd_p, "ok", 60000) == 0, "decode did not register");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(rn->b->fd_p, msg) == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(rn->b->fd_p, "ok", 60000) == 0,
+                       "decode did not register");
     return 0;
 }
 
@@ -129,7 +135,7 @@ static int run_plan_once(run_t *rn, uint64_t id)
 {
     int32_t *pages = seq_pages(rn->n_pages);
     uint64_t puts = 0;
-    XH_CHECK(pages != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(pages != NULL, "out of memory");
     for (int s = 0; s < rn->b->P; s++) {
         duet_xfer_send_t x;
         memset(&x, 0, sizeof(x));
@@ -140,13 +146,13 @@ static int run_plan_once(run_t *rn, uint64_t id)
         x.dst_pages = pages;
         x.n_pages = rn->n_pages;
         x.deadline_ns = duet_deadline_in_ms(60000);
-        XH_OK(duet_xfer_send_post(duet_xfer_rank(rn->sd->x, s), &x, 1));
+        DUET_TESTKIT_OK(duet_xfer_send_post(duet_xfer_rank(rn->sd->x, s), &x, 1));
     }
     for (int s = 0; s < rn->b->P; s++) {
         duet_xfer_result_t res;
-        XH_OK(duet_xfer_send_wait(duet_xfer_rank(rn->sd->x, s), id, duet_deadline_in_ms(60000),
-                                  &res));
-        XH_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
+        DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(rn->sd->x, s), id,
+                                            duet_deadline_in_ms(60000), &res));
+        DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
         puts += res.puts;
     }
     duet_free(pages);
@@ -167,13 +173,14 @@ static double time_plan(run_t *rn)
     if (run_plan_once(rn, id) != 0)
         return -1;
     t = (double)(duet_now_ns() - t0) / 1e9;
-    return xh_chan_expect(rn->b->fd_p, "done", 60000) == 0 ? t : -1;
+    return duet_testkit_chan_expect(rn->b->fd_p, "done", 60000) == 0 ? t : -1;
 }
 
 static double time_put(run_t *rn)
 {
     int64_t t0 = duet_now_ns();
-    XH_OK(duet_xfer_debug_put(rn->sd->peers[0][0], 0, 0, rn->bytes, duet_deadline_in_ms(60000)));
+    DUET_TESTKIT_OK(
+        duet_xfer_debug_put(rn->sd->peers[0][0], 0, 0, rn->bytes, duet_deadline_in_ms(60000)));
     return (double)(duet_now_ns() - t0) / 1e9;
 }
 
@@ -220,34 +227,35 @@ static int bench_prefill(void *arg)
 {
     const bench_t *b = arg;
     duet_slice_plan_t *plan;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     run_t rn;
     if (side_setup(&sd, b, DUET_XFER_PREFILL, b->fd_p))
         return 1;
-    XH_OK(duet_slice_plan_create(b->P, b->D, B_HEADS, &plan));
+    DUET_TESTKIT_OK(duet_slice_plan_create(b->P, b->D, B_HEADS, &plan));
     memset(&rn, 0, sizeof(rn));
     rn.b = b;
     rn.sd = &sd;
     rn.plan = plan;
     rn.next_id = 1;
     rn.scratch = malloc((size_t)max_pages(b) * B_PAGE * B_TOKEN_BYTES);
-    XH_CHECK(rn.scratch != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(rn.scratch != NULL, "out of memory");
     for (int i = 0; i < b->n_tokens; i++) {
         double t_plan, t_put, t_cpy, ratio;
         if (b->tokens[i] > b->max_tokens)
             continue;
         rn.n_pages = (b->tokens[i] + B_PAGE - 1) / B_PAGE;
         rn.bytes = (size_t)rn.n_pages * B_PAGE * B_TOKEN_BYTES;
-        XH_CHECK(measure(&rn, &t_plan, &t_put, &t_cpy, &ratio) == 0, "measurement failed");
+        DUET_TESTKIT_CHECK(measure(&rn, &t_plan, &t_put, &t_cpy, &ratio) == 0,
+                           "measurement failed");
         printf("%-9s %2d %2d %6d %8.1f %7llu %9.2f %9.2f %9.2f %7.2f\n", b->tls, b->P, b->D,
                b->tokens[i], rn.bytes / 1048576.0, (unsigned long long)rn.puts,
                rn.bytes / t_plan / 1e9, rn.bytes / t_put / 1e9, rn.bytes / t_cpy / 1e9, ratio);
         fflush(stdout);
     }
     free(rn.scratch);
-    XH_CHECK(xh_chan_say(b->fd_p, "bye") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, "bye") == 0, "channel");
     duet_slice_plan_destroy(plan);
-    return xh_side_stop(&sd);
+    return duet_testkit_side_stop(&sd);
 }
 
 static int bench_decode(void *arg)
@@ -255,23 +263,25 @@ static int bench_decode(void *arg)
     const bench_t *b = arg;
     duet_slice_plan_t *plan;
     int32_t *pages;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     if (side_setup(&sd, b, DUET_XFER_DECODE, b->fd_d))
         return 1;
-    XH_OK(duet_slice_plan_create(b->P, b->D, B_HEADS, &plan));
+    DUET_TESTKIT_OK(duet_slice_plan_create(b->P, b->D, B_HEADS, &plan));
     pages = seq_pages(max_pages(b));
-    XH_CHECK(pages != NULL, "out of memory");
+    DUET_TESTKIT_CHECK(pages != NULL, "out of memory");
     for (;;) {
         unsigned long long id;
         uint32_t len;
         void *msg;
         int n;
-        XH_CHECK(xh_chan_recv(b->fd_d, &msg, &len, 300000) == 0, "prefill went away");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_recv(b->fd_d, &msg, &len, 300000) == 0,
+                           "prefill went away");
         if (strcmp(msg, "bye") == 0) {
             duet_free(msg);
             break;
         }
-        XH_CHECK(sscanf(msg, "exp %llu %d", &id, &n) == 2, "bad message '%s'", (char *)msg);
+        DUET_TESTKIT_CHECK(sscanf(msg, "exp %llu %d", &id, &n) == 2, "bad message '%s'",
+                           (char *)msg);
         duet_free(msg);
         for (int d = 0; d < b->D; d++) {
             duet_xfer_expect_t e = {.transfer_id = id,
@@ -280,20 +290,20 @@ static int bench_decode(void *arg)
                                     .pages = pages,
                                     .n_pages = n,
                                     .deadline_ns = duet_deadline_in_ms(60000)};
-            XH_OK(duet_xfer_recv_expect(duet_xfer_rank(sd.x, d), &e));
+            DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(sd.x, d), &e));
         }
-        XH_CHECK(xh_chan_say(b->fd_d, "ok") == 0, "channel");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_d, "ok") == 0, "channel");
         for (int d = 0; d < b->D; d++) {
             duet_xfer_result_t res;
-            XH_OK(
+            DUET_TESTKIT_OK(
                 duet_xfer_recv_wait(duet_xfer_rank(sd.x, d), id, duet_deadline_in_ms(60000), &res));
-            XH_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
+            DUET_TESTKIT_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
         }
-        XH_CHECK(xh_chan_say(b->fd_d, "done") == 0, "channel");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_d, "done") == 0, "channel");
     }
     duet_free(pages);
     duet_slice_plan_destroy(plan);
-    return xh_side_stop(&sd);
+    return duet_testkit_side_stop(&sd);
 }
 
 static int parse_ints(const char *s, int *out, int max)
@@ -377,9 +387,9 @@ int main(int argc, char **argv)
                 return 1;
             b.fd_p = fds[0];
             b.fd_d = fds[1];
-            pids[0] = xh_spawn("prefill", bench_prefill, &b, &fds[1], 1);
-            pids[1] = xh_spawn("decode", bench_decode, &b, &fds[0], 1);
-            if (xh_wait_all(pids, 2, duet_deadline_in_ms(600000), rc) != 0) {
+            pids[0] = duet_testkit_spawn("prefill", bench_prefill, &b, &fds[1], 1);
+            pids[1] = duet_testkit_spawn("decode", bench_decode, &b, &fds[0], 1);
+            if (duet_testkit_wait_all(pids, 2, duet_deadline_in_ms(600000), rc) != 0) {
                 fprintf(stderr, "%s %s: prefill exit %d, decode exit %d\n", tls, pl, rc[0], rc[1]);
                 bad++;
             }

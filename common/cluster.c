@@ -34,7 +34,7 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, name, "router", "router name (--name)"),
     DUET_CFG_F_STRING(duet_router_config_t, http, "127.0.0.1:8000", "HTTP listen host:port (\"\" = off)"),
     DUET_CFG_F_STRING(duet_router_config_t, grpc, "127.0.0.1:8001", "gRPC listen host:port (\"\" = off)"),
-    DUET_CFG_F_STRING(duet_router_config_t, policy, "least_load", "round_robin, least_load or power_of_two"),
+    DUET_CFG_F_STRING(duet_router_config_t, policy, "least_load", "worker selection policy (checked by duet-router: see its --help)"),
     DUET_CFG_F_INT(duet_router_config_t, max_concurrent, 1, 1 << 20, 256, "requests in flight before queueing"),
     DUET_CFG_F_INT(duet_router_config_t, queue_limit, 0, 1 << 20, 1024, "queued requests before 429"),
     DUET_CFG_F_STRING(duet_router_config_t, api_key, "", "required bearer token (\"\" = none)"),
@@ -214,14 +214,6 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
     cfg->transfer_timeout_ms = tr.timeout_ms;
     cfg->transfer_checksum = tr.checksum;
     cfg->rpc_timeout_ms = tr.rpc_timeout_ms;
-    if (strcmp(cfg->router.policy, "round_robin") != 0 &&
-        strcmp(cfg->router.policy, "least_load") != 0 &&
-        strcmp(cfg->router.policy, "power_of_two") != 0) {
-        st = duet_error(DUET_ERR_CONFIG,
-                        "router.policy: '%s' is not round_robin, least_load or power_of_two",
-                        cfg->router.policy);
-        goto err;
-    }
     item = cJSON_GetObjectItemCaseSensitive(root, "prefill");
     if (item != NULL &&
         (st = duet__parse_instances(item, "prefill", &cfg->prefill, &cfg->n_prefill)) != DUET_OK)
@@ -316,30 +308,13 @@ duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char
     return duet_cfg_set_str(duet__instance_fields, N_OF(duet__instance_fields), inst, key, value);
 }
 
-static void duet__describe(FILE *out, const char *section, const duet_cfg_field_t *f, size_t n)
-{
-    static const char *const types[] = {"int", "int", "number", "bool", "string", "list"};
-    for (size_t i = 0; i < n; i++) {
-        fprintf(out, "  %s%-22s %-7s", section, f[i].name, types[f[i].type]);
-        if (f[i].type == DUET_CFG_STRING)
-            fprintf(out, " default %-14s", f[i].def_str ? f[i].def_str : "(none)");
-        else if (f[i].type != DUET_CFG_CUSTOM)
-            fprintf(out, " default %-14g", f[i].def_num);
-        else
-            fprintf(out, " %-22s", "");
-        if (f[i].min < f[i].max && f[i].type != DUET_CFG_BOOL)
-            fprintf(out, " [%g..%g]", f[i].min, f[i].max);
-        fprintf(out, "  %s\n", f[i].doc);
-    }
-}
-
 void duet_cluster_describe(FILE *out)
 {
     fprintf(out, "cluster config keys:\n  model                   string  (required) model "
                  "directory, relative to the config file\n");
-    duet__describe(out, "kv.", duet__kv_fields, N_OF(duet__kv_fields));
-    duet__describe(out, "transfer.", duet__transfer_fields, N_OF(duet__transfer_fields));
-    duet__describe(out, "router.", duet__router_fields, N_OF(duet__router_fields));
-    duet__describe(out, "prefill[]./decode[].", duet__instance_fields,
-                   N_OF(duet__instance_fields));
+    duet_cfg_describe(out, "kv.", duet__kv_fields, N_OF(duet__kv_fields));
+    duet_cfg_describe(out, "transfer.", duet__transfer_fields, N_OF(duet__transfer_fields));
+    duet_cfg_describe(out, "router.", duet__router_fields, N_OF(duet__router_fields));
+    duet_cfg_describe(out, "prefill[]./decode[].", duet__instance_fields,
+                      N_OF(duet__instance_fields));
 }

@@ -57,7 +57,7 @@ typedef struct {
     char *name;
     char *http;           /* host:port, "" = off */
     char *grpc;           /* host:port, "" = off */
-    char *policy;         /* round_robin | least_load | power_of_two */
+    char *policy;         /* a router policy name (router/policy.h checks it) */
     int max_concurrent;   /* requests in flight before queueing */
     int queue_limit;      /* queued before 429 */
     char *api_key;        /* "" = no auth */

@@ -112,16 +112,31 @@ duet_status_t duet_cfg_defaults(const duet_cfg_field_t *fields, size_t n, void *
     return DUET_OK;
 }
 
+/* v as the field's type reads: an integer field's whole values in full
+ * ("1048576", not %g's "1.04858e+06"), anything else as %g. */
+static const char *duet__cfg_num_str(const duet_cfg_field_t *f, double v, char *buf, size_t cap)
+{
+    bool integral = f->type == DUET_CFG_INT || f->type == DUET_CFG_I64;
+    if (integral && v == floor(v) && fabs(v) < 1e18)
+        snprintf(buf, cap, "%lld", (long long)v);
+    else
+        snprintf(buf, cap, "%g", v);
+    return buf;
+}
+
 static duet_status_t duet__cfg_number(const duet_cfg_field_t *f, double v, const char *key,
                                       void *p)
 {
+    char vs[32], lo[32], hi[32];
     if (f->type == DUET_CFG_INT || f->type == DUET_CFG_I64) {
         if (v != floor(v))
             return duet_error(DUET_ERR_CONFIG, "%s: %g is not an integer", key, v);
     }
     if (f->min < f->max && (v < f->min || v > f->max))
-        return duet_error(DUET_ERR_CONFIG, "%s: %g is out of range %g..%g", key, v, f->min,
-                          f->max);
+        return duet_error(DUET_ERR_CONFIG, "%s: %s is out of range %s..%s", key,
+                          duet__cfg_num_str(f, v, vs, sizeof(vs)),
+                          duet__cfg_num_str(f, f->min, lo, sizeof(lo)),
+                          duet__cfg_num_str(f, f->max, hi, sizeof(hi)));
     switch (f->type) {
     case DUET_CFG_INT:
         *(int *)p = (int)v;
@@ -253,6 +268,26 @@ void duet_cfg_free(const duet_cfg_field_t *fields, size_t n, void *obj)
             duet_free(*sp);
             *sp = NULL;
         }
+    }
+}
+
+void duet_cfg_describe(FILE *out, const char *prefix, const duet_cfg_field_t *fields, size_t n)
+{
+    static const char *const types[] = {"int", "int", "number", "bool", "string", "list"};
+    for (size_t i = 0; i < n; i++) {
+        const duet_cfg_field_t *f = &fields[i];
+        char a[32], b[32];
+        fprintf(out, "  %s%-22s %-7s", prefix, f->name, types[f->type]);
+        if (f->type == DUET_CFG_STRING)
+            fprintf(out, " default %-14s", f->def_str ? f->def_str : "(none)");
+        else if (f->type != DUET_CFG_CUSTOM)
+            fprintf(out, " default %-14s", duet__cfg_num_str(f, f->def_num, a, sizeof(a)));
+        else
+            fprintf(out, " %-22s", "");
+        if (f->min < f->max && f->type != DUET_CFG_BOOL)
+            fprintf(out, " [%s..%s]", duet__cfg_num_str(f, f->min, a, sizeof(a)),
+                    duet__cfg_num_str(f, f->max, b, sizeof(b)));
+        fprintf(out, "  %s\n", f->doc);
     }
 }
 

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cjson/cJSON.h>
 
@@ -80,6 +81,10 @@ duet_status_t duet_cfg_parse(const cJSON *json, const char *path, const duet_cfg
  * Unknown names are DUET_ERR_NOT_FOUND. */
 duet_status_t duet_cfg_set_str(const duet_cfg_field_t *fields, size_t n, void *obj,
                                const char *name, const char *value);
+
+/* Print one line per field: prefix + name, type, default, range (integer
+ * fields' numbers as integers) and doc, as --help shows them. */
+void duet_cfg_describe(FILE *out, const char *prefix, const duet_cfg_field_t *fields, size_t n);
 
 /* Free the STRING fields of obj. */
 void duet_cfg_free(const duet_cfg_field_t *fields, size_t n, void *obj);

@@ -157,8 +157,6 @@ int64_t duet_rpc_call_deadline_ns(const duet_rpc_call_t *call);
  * absent.  Valid until the terminal function. */
 const char *duet_rpc_call_metadata(const duet_rpc_call_t *call, const char *key, size_t *len_p);
 
-bool duet_rpc_call_is_cancelled(duet_rpc_call_t *call);
-
 /* Register the cancellation callback (replacing an earlier one).  Returns
  * DUET_ERR_CANCELLED, and never calls cb, when the call is already
  * cancelled. */
@@ -175,9 +173,6 @@ duet_status_t duet_rpc_call_write(duet_rpc_call_t *call, const void *data, size_
  * (DUET_ERR_CANCELLED) or deadline_ns passes (DUET_ERR_TIMEOUT).  Not from a
  * CQ thread (handlers, callbacks): DUET_ERR_INVALID. */
 duet_status_t duet_rpc_call_wait_writable(duet_rpc_call_t *call, int64_t deadline_ns);
-
-/* Messages queued and not yet accepted by gRPC flow control. */
-size_t duet_rpc_call_queued(duet_rpc_call_t *call);
 
 /* Terminal functions (see "Call ownership" above).
  * reply:  unary OK with one message (on a stream: a last message, then OK).

@@ -15,7 +15,7 @@
 #include "common/rpc_internal.h"
 #include "common/sync.h"
 
-static void call_free(duet_rpc_call_t *call)
+static void duet__call_free(duet_rpc_call_t *call)
 {
     duet_rpc_server_t *srv = call->srv;
 
@@ -38,18 +38,18 @@ static void call_free(duet_rpc_call_t *call)
     duet__rpc_server_call_removed(srv);
 }
 
-static void call_unref(duet_rpc_call_t *call)
+static void duet__call_unref(duet_rpc_call_t *call)
 {
     if (atomic_fetch_sub_explicit(&call->refs, 1, memory_order_acq_rel) == 1)
-        call_free(call);
+        duet__call_free(call);
 }
 
-static void call_ref(duet_rpc_call_t *call)
+static void duet__call_ref(duet_rpc_call_t *call)
 {
     atomic_fetch_add_explicit(&call->refs, 1, memory_order_relaxed);
 }
 
-static void call_drop_queue_locked(duet_rpc_call_t *call)
+static void duet__call_drop_queue_locked(duet_rpc_call_t *call)
 {
     while (call->queue_len > 0) {
         grpc_byte_buffer_destroy(call->queue[call->queue_head]);
@@ -60,7 +60,8 @@ static void call_drop_queue_locked(duet_rpc_call_t *call)
 }
 
 /* Ring buffer push; grows up to `limit` entries (0 = no limit). */
-static duet_status_t call_push_locked(duet_rpc_call_t *call, grpc_byte_buffer *bb, size_t limit)
+static duet_status_t duet__call_push_locked(duet_rpc_call_t *call, grpc_byte_buffer *bb,
+                                            size_t limit)
 {
     if (limit > 0 && call->queue_len >= limit)
         return DUET_ERR_EXHAUSTED;
@@ -84,7 +85,7 @@ static duet_status_t call_push_locked(duet_rpc_call_t *call, grpc_byte_buffer *b
 /* Start the next send batch: initial metadata if not sent yet, the next queued
  * message, and the status once the queue is empty.  Requires no send batch in
  * flight. */
-static void call_send_next_locked(duet_rpc_call_t *call)
+static void duet__call_send_next_locked(duet_rpc_call_t *call)
 {
     grpc_op ops[3];
     size_t n = 0;
@@ -117,7 +118,7 @@ static void call_send_next_locked(duet_rpc_call_t *call)
         n++;
         status = true;
     }
-    call_ref(call);
+    duet__call_ref(call);
     grpc_call_error rc = grpc_call_start_batch(call->gcall, ops, n, &call->send_tag, NULL);
     if (rc != GRPC_CALL_OK) {
         /* Only a bug in this file can get here; fail the call rather than
@@ -126,7 +127,7 @@ static void call_send_next_locked(duet_rpc_call_t *call)
                        grpc_call_error_to_string(rc));
         atomic_fetch_sub_explicit(&call->refs, 1, memory_order_relaxed);
         call->cancelled = true;
-        call_drop_queue_locked(call);
+        duet__call_drop_queue_locked(call);
         grpc_call_cancel_with_status(call->gcall, GRPC_STATUS_INTERNAL, "server send failed", NULL);
         return;
     }
@@ -185,13 +186,13 @@ duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_meth
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &call->close_cancelled;
-    call_ref(call);
+    duet__call_ref(call);
     grpc_call_error rc = grpc_call_start_batch(gcall, &op, 1, &call->close_tag, NULL);
     if (rc != GRPC_CALL_OK) {
         /* The call is freed with the only reference left. */
         atomic_fetch_sub_explicit(&call->refs, 1, memory_order_relaxed);
         grpc_call_cancel_with_status(gcall, GRPC_STATUS_INTERNAL, "server error", NULL);
-        call_unref(call);
+        duet__call_unref(call);
         return duet_error(DUET_ERR_INTERNAL, "rpc: recv_close batch: %s",
                           grpc_call_error_to_string(rc));
     }
@@ -220,10 +221,10 @@ err_cancel:
 /* CQ thread, under the lock: the call is dead.  Whichever notices first (a
  * failed send or RECV_CLOSE) runs on_cancel, once, unless the application
  * has already ended the call. */
-static void call_cancelled_locked(duet_rpc_call_t *call)
+static void duet__call_cancelled_locked(duet_rpc_call_t *call)
 {
     call->cancelled = true;
-    call_drop_queue_locked(call);
+    duet__call_drop_queue_locked(call);
     if (call->app_done || call->cancel_notified)
         return;
     call->cancel_notified = true;
@@ -244,10 +245,10 @@ void duet__rpc_call_on_close(duet_rpc_call_t *call)
     pthread_mutex_lock(&call->lock);
     call->closed = true;
     if (call->close_cancelled)
-        call_cancelled_locked(call);
+        duet__call_cancelled_locked(call);
     pthread_cond_broadcast(&call->cond);
     pthread_mutex_unlock(&call->lock);
-    call_unref(call);
+    duet__call_unref(call);
 }
 
 void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success)
@@ -259,13 +260,13 @@ void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success)
         call->sending = NULL;
     }
     if (!success) {
-        call_cancelled_locked(call);
+        duet__call_cancelled_locked(call);
     } else if (!call->cancelled) {
-        call_send_next_locked(call);
+        duet__call_send_next_locked(call);
     }
     pthread_cond_broadcast(&call->cond);
     pthread_mutex_unlock(&call->lock);
-    call_unref(call);
+    duet__call_unref(call);
 }
 
 const char *duet_rpc_call_method(const duet_rpc_call_t *call)
@@ -294,14 +295,6 @@ const char *duet_rpc_call_metadata(const duet_rpc_call_t *call, const char *key,
         }
     }
     return NULL;
-}
-
-bool duet_rpc_call_is_cancelled(duet_rpc_call_t *call)
-{
-    pthread_mutex_lock(&call->lock);
-    bool c = call->cancelled;
-    pthread_mutex_unlock(&call->lock);
-    return c;
 }
 
 duet_status_t duet_rpc_call_on_cancel(duet_rpc_call_t *call, duet_rpc_cancel_cb cb, void *arg)
@@ -337,11 +330,11 @@ duet_status_t duet_rpc_call_write(duet_rpc_call_t *call, const void *data, size_
         st = duet_error(DUET_ERR_INVALID, "rpc: write after finish on %s",
                         duet_rpc_call_method(call));
     } else {
-        st = call_push_locked(call, bb, duet__rpc_server_queue_limit(call->srv));
+        st = duet__call_push_locked(call, bb, duet__rpc_server_queue_limit(call->srv));
         if (st == DUET_OK) {
             bb = NULL;
             if (!call->send_in_flight)
-                call_send_next_locked(call);
+                duet__call_send_next_locked(call);
         } else if (st == DUET_ERR_EXHAUSTED) {
             duet_error(st, "rpc: %s stream queue full (%zu)", duet_rpc_call_method(call),
                        call->queue_len);
@@ -378,18 +371,10 @@ duet_status_t duet_rpc_call_wait_writable(duet_rpc_call_t *call, int64_t deadlin
     return st;
 }
 
-size_t duet_rpc_call_queued(duet_rpc_call_t *call)
-{
-    pthread_mutex_lock(&call->lock);
-    size_t n = call->queue_len + (call->send_in_flight && call->sending ? 1 : 0);
-    pthread_mutex_unlock(&call->lock);
-    return n;
-}
-
 /* The common tail of every terminal function: an optional last message, the
  * status, and the release of the application's reference. */
-static duet_status_t call_terminate(duet_rpc_call_t *call, grpc_byte_buffer *last,
-                                    grpc_status_code code, const char *msg)
+static duet_status_t duet__call_terminate(duet_rpc_call_t *call, grpc_byte_buffer *last,
+                                          grpc_status_code code, const char *msg)
 {
     duet_status_t st = DUET_OK;
     pthread_t self = pthread_self();
@@ -403,7 +388,7 @@ static duet_status_t call_terminate(duet_rpc_call_t *call, grpc_byte_buffer *las
         st = duet_error(DUET_ERR_CANCELLED, "rpc: %s cancelled", duet_rpc_call_method(call));
     } else {
         if (last) {
-            st = call_push_locked(call, last, 0);
+            st = duet__call_push_locked(call, last, 0);
             if (st == DUET_OK) {
                 last = NULL;
             } else {
@@ -418,13 +403,13 @@ static duet_status_t call_terminate(duet_rpc_call_t *call, grpc_byte_buffer *las
         }
         call->finish_pending = true;
         if (!call->send_in_flight)
-            call_send_next_locked(call);
+            duet__call_send_next_locked(call);
     }
     pthread_cond_broadcast(&call->cond);
     pthread_mutex_unlock(&call->lock);
     if (last)
         grpc_byte_buffer_destroy(last);
-    call_unref(call);
+    duet__call_unref(call);
     return st;
 }
 
@@ -432,8 +417,9 @@ duet_status_t duet_rpc_call_reply(duet_rpc_call_t *call, const void *data, size_
 {
     grpc_byte_buffer *bb = duet__rpc_bb_from(data, len);
     if (!bb)
-        return call_terminate(call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of memory");
-    return call_terminate(call, bb, GRPC_STATUS_OK, NULL);
+        return duet__call_terminate(call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                    "server out of memory");
+    return duet__call_terminate(call, bb, GRPC_STATUS_OK, NULL);
 }
 
 duet_status_t duet_rpc_call_fail(duet_rpc_call_t *call, grpc_status_code code, const char *msg)
@@ -443,7 +429,7 @@ duet_status_t duet_rpc_call_fail(duet_rpc_call_t *call, grpc_status_code code, c
                        duet_rpc_call_method(call));
         code = GRPC_STATUS_INTERNAL;
     }
-    return call_terminate(call, NULL, code, msg);
+    return duet__call_terminate(call, NULL, code, msg);
 }
 
 duet_status_t duet_rpc_call_fail_status(duet_rpc_call_t *call, duet_status_t st, const char *msg)
@@ -456,7 +442,7 @@ duet_status_t duet_rpc_call_finish(duet_rpc_call_t *call, grpc_status_code code,
     if (code == GRPC_STATUS_OK && duet_rpc_call_kind(call) == DUET_RPC_UNARY) {
         DUET_LOG_ERROR("rpc: unary %s finished without a reply; sending INTERNAL",
                        duet_rpc_call_method(call));
-        return call_terminate(call, NULL, GRPC_STATUS_INTERNAL, "no reply");
+        return duet__call_terminate(call, NULL, GRPC_STATUS_INTERNAL, "no reply");
     }
-    return call_terminate(call, NULL, code, msg);
+    return duet__call_terminate(call, NULL, code, msg);
 }

@@ -18,17 +18,17 @@
 #include "common/rpc_internal.h"
 #include "common/sync.h"
 
-typedef struct channel_entry {
-    struct channel_entry *next;
+typedef struct duet__channel_entry {
+    struct duet__channel_entry *next;
     char *target;
     grpc_channel *channel;
     int refs; /* the cache's own + borrowers; under cli->lock */
-} channel_entry_t;
+} duet__channel_entry_t;
 
 typedef struct {
     duet_rpc_client_t *cli;
     int index;
-} client_worker_t;
+} duet__client_worker_t;
 
 struct duet_rpc_client {
     duet_rpc_client_config_t cfg;
@@ -38,7 +38,7 @@ struct duet_rpc_client {
 
     pthread_mutex_t lock;
     pthread_cond_t cond; /* a stream left the live list */
-    channel_entry_t *channels;
+    duet__channel_entry_t *channels;
     duet_rpc_stream_t *streams; /* live: batches outstanding */
     size_t n_streams;
     bool closing;
@@ -47,7 +47,7 @@ struct duet_rpc_client {
     int n_threads;
     grpc_completion_queue *cqs[DUET__RPC_MAX_THREADS];
     pthread_t threads[DUET__RPC_MAX_THREADS];
-    client_worker_t workers[DUET__RPC_MAX_THREADS];
+    duet__client_worker_t workers[DUET__RPC_MAX_THREADS];
 };
 
 /* refs: the caller's handle (if any) + 1 while batches are outstanding.
@@ -88,7 +88,7 @@ void duet_rpc_client_config_init(duet_rpc_client_config_t *cfg)
     cfg->n_threads = 1;
 }
 
-static grpc_arg int_arg(const char *key, int value)
+static grpc_arg duet__int_arg(const char *key, int value)
 {
     grpc_arg a;
     memset(&a, 0, sizeof(a));
@@ -98,23 +98,23 @@ static grpc_arg int_arg(const char *key, int value)
     return a;
 }
 
-static int clamp_ms(int64_t ms)
+static int duet__clamp_ms(int64_t ms)
 {
     return ms > INT_MAX ? INT_MAX : (int)ms;
 }
 
 /* ---- channel cache ---- */
 
-static channel_entry_t *channel_get(duet_rpc_client_t *cli, const char *target)
+static duet__channel_entry_t *duet__channel_get(duet_rpc_client_t *cli, const char *target)
 {
-    channel_entry_t *e;
+    duet__channel_entry_t *e;
 
     pthread_mutex_lock(&cli->lock);
     for (e = cli->channels; e; e = e->next)
         if (strcmp(e->target, target) == 0)
             break;
     if (!e) {
-        e = DUET_NEW(channel_entry_t);
+        e = DUET_NEW(duet__channel_entry_t);
         if (e)
             e->target = duet_strdup(target);
         if (!e || !e->target) {
@@ -133,7 +133,7 @@ static channel_entry_t *channel_get(duet_rpc_client_t *cli, const char *target)
     return e;
 }
 
-static void channel_put(duet_rpc_client_t *cli, channel_entry_t *e)
+static void duet__channel_put(duet_rpc_client_t *cli, duet__channel_entry_t *e)
 {
     pthread_mutex_lock(&cli->lock);
     bool last = --e->refs == 0;
@@ -147,7 +147,7 @@ static void channel_put(duet_rpc_client_t *cli, channel_entry_t *e)
 
 void duet_rpc_client_forget(duet_rpc_client_t *cli, const char *target)
 {
-    channel_entry_t *e, **pp;
+    duet__channel_entry_t *e, **pp;
 
     pthread_mutex_lock(&cli->lock);
     for (pp = &cli->channels; (e = *pp) != NULL; pp = &e->next)
@@ -157,11 +157,11 @@ void duet_rpc_client_forget(duet_rpc_client_t *cli, const char *target)
         *pp = e->next;
     pthread_mutex_unlock(&cli->lock);
     if (e)
-        channel_put(cli, e);
+        duet__channel_put(cli, e);
 }
 
-static grpc_call *channel_call(channel_entry_t *e, grpc_completion_queue *cq, const char *method,
-                               int64_t deadline_ns)
+static grpc_call *duet__channel_call(duet__channel_entry_t *e, grpc_completion_queue *cq,
+                                     const char *method, int64_t deadline_ns)
 {
     return grpc_channel_create_call(e->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                     grpc_slice_from_static_string(method), NULL,
@@ -179,12 +179,12 @@ void duet_rpc_result_cleanup(duet_rpc_result_t *res)
     memset(res, 0, sizeof(*res));
 }
 
-static char *slice_strdup(grpc_slice s)
+static char *duet__slice_strdup(grpc_slice s)
 {
     return duet_strndup((const char *)GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
 }
 
-static bool method_ok(const char *method)
+static bool duet__method_ok(const char *method)
 {
     return method && method[0] == '/' && strchr(method + 1, '/');
 }
@@ -194,7 +194,7 @@ duet_status_t duet_rpc_client_unary(duet_rpc_client_t *cli, const char *target, 
                                     duet_rpc_result_t *res)
 {
     duet_status_t st;
-    channel_entry_t *e;
+    duet__channel_entry_t *e;
     grpc_completion_queue *cq;
     grpc_call *call;
     grpc_byte_buffer *send_bb, *recv_bb = NULL;
@@ -205,18 +205,18 @@ duet_status_t duet_rpc_client_unary(duet_rpc_client_t *cli, const char *target, 
 
     memset(res, 0, sizeof(*res));
     res->code = GRPC_STATUS_INTERNAL;
-    if (!target || !*target || !method_ok(method)) {
+    if (!target || !*target || !duet__method_ok(method)) {
         res->message = duet_strdup("bad target or method");
         return duet_error(DUET_ERR_INVALID, "rpc: bad target or method path");
     }
-    e = channel_get(cli, target);
+    e = duet__channel_get(cli, target);
     if (!e) {
         res->message = duet_strdup("out of memory");
         return DUET_ERR_NO_MEMORY;
     }
     send_bb = duet__rpc_bb_from(req, req_len);
     cq = grpc_completion_queue_create_for_pluck(NULL);
-    call = channel_call(e, cq, method, deadline_ns);
+    call = duet__channel_call(e, cq, method, deadline_ns);
     grpc_metadata_array_init(&init_md);
     grpc_metadata_array_init(&trail_md);
 
@@ -238,7 +238,7 @@ duet_status_t duet_rpc_client_unary(duet_rpc_client_t *cli, const char *target, 
         /* The call's own deadline bounds this wait. */
         grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         res->code = code;
-        res->message = slice_strdup(details);
+        res->message = duet__slice_strdup(details);
         if (code == GRPC_STATUS_OK && recv_bb)
             st = duet__rpc_bb_flatten(recv_bb, &res->data, &res->len);
         else
@@ -271,13 +271,13 @@ duet_status_t duet_rpc_client_unary(duet_rpc_client_t *cli, const char *target, 
     grpc_call_unref(call);
     grpc_completion_queue_shutdown(cq);
     grpc_completion_queue_destroy(cq);
-    channel_put(cli, e);
+    duet__channel_put(cli, e);
     return st;
 }
 
 /* ---- streams ---- */
 
-static void stream_unref(duet_rpc_stream_t *s)
+static void duet__stream_unref(duet_rpc_stream_t *s)
 {
     if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
@@ -290,7 +290,7 @@ static void stream_unref(duet_rpc_stream_t *s)
 
 /* A batch completed (called with s->lock held, which it releases).  When it
  * was the last one, the call is released and the stream leaves the list. */
-static void stream_batch_done_unlock(duet_rpc_stream_t *s)
+static void duet__stream_batch_done_unlock(duet_rpc_stream_t *s)
 {
     bool last = --s->pending == 0;
     grpc_call *gcall = NULL;
@@ -318,28 +318,28 @@ static void stream_batch_done_unlock(duet_rpc_stream_t *s)
     cli->n_streams--;
     pthread_cond_broadcast(&cli->cond);
     pthread_mutex_unlock(&cli->lock);
-    stream_unref(s);
+    duet__stream_unref(s);
 }
 
 /* Under s->lock: report the end once the status is in and no receive is
  * outstanding, so on_done is last.  Releases the lock. */
-static void stream_maybe_done_unlock(duet_rpc_stream_t *s)
+static void duet__stream_maybe_done_unlock(duet_rpc_stream_t *s)
 {
     if (s->done || !s->status_received || s->recv_pending) {
-        stream_batch_done_unlock(s);
+        duet__stream_batch_done_unlock(s);
         return;
     }
     s->done = true;
     grpc_status_code code = s->cancelled ? GRPC_STATUS_CANCELLED : s->code;
-    char *msg = s->cancelled ? NULL : slice_strdup(s->details);
+    char *msg = s->cancelled ? NULL : duet__slice_strdup(s->details);
     pthread_mutex_unlock(&s->lock);
     s->on_done(s, code, msg ? msg : (s->cancelled ? "cancelled by client" : ""), s->arg);
     duet_free(msg);
     pthread_mutex_lock(&s->lock);
-    stream_batch_done_unlock(s);
+    duet__stream_batch_done_unlock(s);
 }
 
-static bool stream_post_recv_locked(duet_rpc_stream_t *s)
+static bool duet__stream_post_recv_locked(duet_rpc_stream_t *s)
 {
     grpc_op ops[2];
     size_t n = 0;
@@ -361,7 +361,7 @@ static bool stream_post_recv_locked(duet_rpc_stream_t *s)
     return true;
 }
 
-static void stream_on_message(duet_rpc_stream_t *s, bool success)
+static void duet__stream_on_message(duet_rpc_stream_t *s, bool success)
 {
     pthread_mutex_lock(&s->lock);
     grpc_byte_buffer *bb = s->recv_bb;
@@ -380,26 +380,26 @@ static void stream_on_message(duet_rpc_stream_t *s, bool success)
             s->cancelled = true;
             grpc_call_cancel_with_status(s->gcall, GRPC_STATUS_RESOURCE_EXHAUSTED,
                                          "client out of memory", NULL);
-        } else if (!s->cancelled && !stream_post_recv_locked(s)) {
+        } else if (!s->cancelled && !duet__stream_post_recv_locked(s)) {
             s->cancelled = true;
             grpc_call_cancel(s->gcall, NULL);
         }
     }
     if (bb)
         grpc_byte_buffer_destroy(bb);
-    stream_maybe_done_unlock(s);
+    duet__stream_maybe_done_unlock(s);
 }
 
-static void stream_on_status(duet_rpc_stream_t *s)
+static void duet__stream_on_status(duet_rpc_stream_t *s)
 {
     pthread_mutex_lock(&s->lock);
     s->status_received = true;
-    stream_maybe_done_unlock(s);
+    duet__stream_maybe_done_unlock(s);
 }
 
-static void *client_cq_main(void *p)
+static void *duet__client_cq_main(void *p)
 {
-    client_worker_t *w = p;
+    duet__client_worker_t *w = p;
     grpc_completion_queue *cq = w->cli->cqs[w->index];
 
     duet_thread_set_name("rpc-cli-%d", w->index);
@@ -416,15 +416,15 @@ static void *client_cq_main(void *p)
         case DUET__RPC_TAG_STREAM_START:
             s = (duet_rpc_stream_t *)((char *)tag - offsetof(duet_rpc_stream_t, start_tag));
             pthread_mutex_lock(&s->lock);
-            stream_maybe_done_unlock(s);
+            duet__stream_maybe_done_unlock(s);
             break;
         case DUET__RPC_TAG_STREAM_MSG:
             s = (duet_rpc_stream_t *)((char *)tag - offsetof(duet_rpc_stream_t, msg_tag));
-            stream_on_message(s, ev.success != 0);
+            duet__stream_on_message(s, ev.success != 0);
             break;
         case DUET__RPC_TAG_STREAM_STATUS:
             s = (duet_rpc_stream_t *)((char *)tag - offsetof(duet_rpc_stream_t, status_tag));
-            stream_on_status(s);
+            duet__stream_on_status(s);
             break;
         default:
             DUET_LOG_ERROR("rpc: client got a foreign tag kind %d", (int)tag->kind);
@@ -443,11 +443,11 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
 {
     duet_status_t st;
     duet_rpc_stream_t *s;
-    channel_entry_t *e;
+    duet__channel_entry_t *e;
     grpc_byte_buffer *bb;
     grpc_op ops[3];
 
-    if (!target || !*target || !method_ok(method) || !on_message || !on_done)
+    if (!target || !*target || !duet__method_ok(method) || !on_message || !on_done)
         return duet_error(DUET_ERR_INVALID, "rpc: stream needs a target, method and callbacks");
     s = DUET_NEW(duet_rpc_stream_t);
     if (!s)
@@ -466,7 +466,7 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
     pthread_mutex_init(&s->lock, NULL);
     atomic_init(&s->refs, stream_p ? 2 : 1);
 
-    e = channel_get(cli, target);
+    e = duet__channel_get(cli, target);
     if (!e) {
         st = DUET_ERR_NO_MEMORY;
         goto err_free;
@@ -476,7 +476,7 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
     if (cli->closing) {
         pthread_mutex_unlock(&cli->lock);
         grpc_byte_buffer_destroy(bb);
-        channel_put(cli, e);
+        duet__channel_put(cli, e);
         st = duet_error(DUET_ERR_SHUTDOWN, "rpc: client is closing");
         goto err_free;
     }
@@ -488,8 +488,8 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
     cli->streams = s;
     cli->n_streams++;
     pthread_mutex_unlock(&cli->lock);
-    s->gcall = channel_call(e, cq, method, deadline_ns);
-    channel_put(cli, e);
+    s->gcall = duet__channel_call(e, cq, method, deadline_ns);
+    duet__channel_put(cli, e);
 
     pthread_mutex_lock(&s->lock);
     memset(ops, 0, sizeof(ops));
@@ -512,7 +512,7 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
             s->pending++;
     }
     if (ok)
-        ok = stream_post_recv_locked(s);
+        ok = duet__stream_post_recv_locked(s);
     if (!ok) {
         /* Cannot happen with a fresh call; keep the contract anyway: on_done
          * (CANCELLED) fires when the batches already started come back, or
@@ -523,7 +523,7 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
         grpc_call_cancel(s->gcall, NULL);
         if (s->pending == 0) {
             s->pending = 1;
-            stream_maybe_done_unlock(s);
+            duet__stream_maybe_done_unlock(s);
         } else {
             pthread_mutex_unlock(&s->lock);
         }
@@ -555,7 +555,7 @@ void duet_rpc_stream_cancel(duet_rpc_stream_t *s)
 void duet_rpc_stream_release(duet_rpc_stream_t *s)
 {
     if (s)
-        stream_unref(s);
+        duet__stream_unref(s);
 }
 
 /* ---- blocking stream helper ---- */
@@ -566,11 +566,12 @@ typedef struct {
     duet_rpc_messages_t *out;
     size_t cap, max;
     bool done, overflow, oom;
-} collect_t;
+} duet__collect_t;
 
-static void collect_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg)
+static void duet__collect_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len,
+                                     void *arg)
 {
-    collect_t *c = arg;
+    duet__collect_t *c = arg;
     duet_rpc_messages_t *out = c->out;
     uint8_t *copy = NULL;
 
@@ -608,9 +609,10 @@ static void collect_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t
     out->count++;
 }
 
-static void collect_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg, void *arg)
+static void duet__collect_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
+                                  void *arg)
 {
-    collect_t *c = arg;
+    duet__collect_t *c = arg;
     pthread_mutex_lock(&c->lock);
     c->out->code = code;
     c->out->message = duet_strdup(msg);
@@ -636,7 +638,7 @@ duet_status_t duet_rpc_client_stream_collect(duet_rpc_client_t *cli, const char 
                                              int64_t deadline_ns, size_t max_messages,
                                              duet_rpc_messages_t *out)
 {
-    collect_t c;
+    duet__collect_t c;
     duet_status_t st;
 
     memset(out, 0, sizeof(*out));
@@ -648,8 +650,8 @@ duet_status_t duet_rpc_client_stream_collect(duet_rpc_client_t *cli, const char 
     pthread_cond_init(&c.cond, NULL);
     c.out = out;
     c.max = max_messages;
-    st = duet_rpc_client_stream(cli, target, method, req, req_len, deadline_ns, collect_on_message,
-                                collect_on_done, &c, NULL);
+    st = duet_rpc_client_stream(cli, target, method, req, req_len, deadline_ns,
+                                duet__collect_on_message, duet__collect_on_done, &c, NULL);
     if (st == DUET_OK) {
         pthread_mutex_lock(&c.lock);
         while (!c.done)
@@ -695,23 +697,25 @@ duet_status_t duet_rpc_client_create(const duet_rpc_client_config_t *cfg, duet_r
     duet__rpc_grpc_acquire();
     cli->creds = grpc_insecure_credentials_create();
 
-    cli->args[n++] = int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
-    cli->args[n++] = int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    cli->args[n++] =
+        duet__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    cli->args[n++] = duet__int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
     /* Own subchannels per client: forget() really reconnects, and clients in
      * one process (tests, router) do not share connections. */
-    cli->args[n++] = int_arg(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    cli->args[n++] = int_arg(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    cli->args[n++] = int_arg(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    cli->args[n++] = duet__int_arg(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    cli->args[n++] = duet__int_arg(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    cli->args[n++] = duet__int_arg(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     cli->args[n++] =
-        int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, clamp_ms(cfg->reconnect_backoff_ms));
+        duet__int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, duet__clamp_ms(cfg->reconnect_backoff_ms));
     if (cfg->keepalive_ms > 0) {
-        cli->args[n++] = int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, clamp_ms(cfg->keepalive_ms));
         cli->args[n++] =
-            int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, clamp_ms(cfg->keepalive_timeout_ms));
-        cli->args[n++] = int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+            duet__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, duet__clamp_ms(cfg->keepalive_ms));
+        cli->args[n++] =
+            duet__int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, duet__clamp_ms(cfg->keepalive_timeout_ms));
+        cli->args[n++] = duet__int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
         /* Otherwise core stops pinging after 2 pings without data, and a
          * quiet stream (health Watch) to a vanished peer is never noticed. */
-        cli->args[n++] = int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+        cli->args[n++] = duet__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     }
     cli->chargs.num_args = (size_t)n;
     cli->chargs.args = cli->args;
@@ -721,7 +725,7 @@ duet_status_t duet_rpc_client_create(const duet_rpc_client_config_t *cfg, duet_r
         cli->cqs[i] = grpc_completion_queue_create_for_next(NULL);
         cli->workers[i].cli = cli;
         cli->workers[i].index = i;
-        int rc = pthread_create(&cli->threads[i], NULL, client_cq_main, &cli->workers[i]);
+        int rc = pthread_create(&cli->threads[i], NULL, duet__client_cq_main, &cli->workers[i]);
         if (rc != 0) {
             grpc_completion_queue_shutdown(cli->cqs[i]);
             grpc_completion_queue_destroy(cli->cqs[i]);
@@ -750,7 +754,7 @@ void duet_rpc_client_destroy(duet_rpc_client_t *cli)
         duet_rpc_stream_cancel(s);
     while (cli->n_streams > 0)
         pthread_cond_wait(&cli->cond, &cli->lock);
-    channel_entry_t *channels = cli->channels;
+    duet__channel_entry_t *channels = cli->channels;
     cli->channels = NULL;
     pthread_mutex_unlock(&cli->lock);
 
@@ -761,8 +765,8 @@ void duet_rpc_client_destroy(duet_rpc_client_t *cli)
         grpc_completion_queue_destroy(cli->cqs[i]);
     }
     while (channels) {
-        channel_entry_t *next = channels->next;
-        channel_put(cli, channels);
+        duet__channel_entry_t *next = channels->next;
+        duet__channel_put(cli, channels);
         channels = next;
     }
     grpc_channel_credentials_release(cli->creds);

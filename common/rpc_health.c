@@ -18,43 +18,43 @@
 #define HEALTH_CHECK_PATH        "/grpc.health.v1.Health/Check"
 #define HEALTH_WATCH_PATH        "/grpc.health.v1.Health/Watch"
 
-typedef struct health_entry {
-    struct health_entry *next;
+typedef struct duet__health_entry {
+    struct duet__health_entry *next;
     char *service;
     duet_rpc_health_status_t status;
-} health_entry_t;
+} duet__health_entry_t;
 
-typedef struct watcher {
-    struct watcher *next;
+typedef struct duet__watcher {
+    struct duet__watcher *next;
     duet_rpc_health_t *health;
     duet_rpc_call_t *call;
     char *service;
     duet_rpc_health_status_t last; /* last status written */
-} watcher_t;
+} duet__watcher_t;
 
 struct duet_rpc_health {
     pthread_mutex_t lock;
-    health_entry_t *entries;
-    watcher_t *watchers;
+    duet__health_entry_t *entries;
+    duet__watcher_t *watchers;
     size_t n_watchers;
     bool shut;
 };
 
-static void *pb_alloc(void *data, size_t size)
+static void *duet__pb_alloc(void *data, size_t size)
 {
     (void)data;
     return duet_malloc(size);
 }
 
-static void pb_free(void *data, void *ptr)
+static void duet__pb_free(void *data, void *ptr)
 {
     (void)data;
     duet_free(ptr);
 }
 
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+static ProtobufCAllocator duet__pb_allocator = {duet__pb_alloc, duet__pb_free, NULL};
 
-static size_t pack_status(duet_rpc_health_status_t status, uint8_t *buf)
+static size_t duet__pack_status(duet_rpc_health_status_t status, uint8_t *buf)
 {
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     resp.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
@@ -62,10 +62,10 @@ static size_t pack_status(duet_rpc_health_status_t status, uint8_t *buf)
 }
 
 /* The requested service name, or NULL after failing the call. */
-static char *parse_request(duet_rpc_call_t *call, const uint8_t *req, size_t len)
+static char *duet__parse_request(duet_rpc_call_t *call, const uint8_t *req, size_t len)
 {
     Grpc__Health__V1__HealthCheckRequest *msg =
-        grpc__health__v1__health_check_request__unpack(&pb_allocator, len, req);
+        grpc__health__v1__health_check_request__unpack(&duet__pb_allocator, len, req);
     if (!msg) {
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed HealthCheckRequest");
         return NULL;
@@ -75,27 +75,27 @@ static char *parse_request(duet_rpc_call_t *call, const uint8_t *req, size_t len
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "service name too long");
     else if (!(service = duet_strdup(msg->service)))
         duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    grpc__health__v1__health_check_request__free_unpacked(msg, &pb_allocator);
+    grpc__health__v1__health_check_request__free_unpacked(msg, &duet__pb_allocator);
     return service;
 }
 
-static health_entry_t *find_locked(duet_rpc_health_t *h, const char *service)
+static duet__health_entry_t *duet__find_locked(duet_rpc_health_t *h, const char *service)
 {
-    for (health_entry_t *e = h->entries; e; e = e->next)
+    for (duet__health_entry_t *e = h->entries; e; e = e->next)
         if (strcmp(e->service, service) == 0)
             return e;
     return NULL;
 }
 
-static duet_rpc_health_status_t status_locked(duet_rpc_health_t *h, const char *service)
+static duet_rpc_health_status_t duet__status_locked(duet_rpc_health_t *h, const char *service)
 {
-    health_entry_t *e = find_locked(h, service);
+    duet__health_entry_t *e = duet__find_locked(h, service);
     return e ? e->status : DUET_RPC_HEALTH_SERVICE_UNKNOWN;
 }
 
-static bool unlink_locked(duet_rpc_health_t *h, watcher_t *w)
+static bool duet__unlink_locked(duet_rpc_health_t *h, duet__watcher_t *w)
 {
-    for (watcher_t **pp = &h->watchers; *pp; pp = &(*pp)->next) {
+    for (duet__watcher_t **pp = &h->watchers; *pp; pp = &(*pp)->next) {
         if (*pp == w) {
             *pp = w->next;
             h->n_watchers--;
@@ -105,7 +105,7 @@ static bool unlink_locked(duet_rpc_health_t *h, watcher_t *w)
     return false;
 }
 
-static void watcher_finish(watcher_t *w, grpc_status_code code, const char *msg)
+static void duet__watcher_finish(duet__watcher_t *w, grpc_status_code code, const char *msg)
 {
     duet_rpc_call_finish(w->call, code, msg);
     duet_free(w->service);
@@ -115,18 +115,19 @@ static void watcher_finish(watcher_t *w, grpc_status_code code, const char *msg)
 /* Under the lock: send `status` to w unless it already has it.  Returns
  * false when w has been unlinked because it does not keep up (the caller
  * finishes it after unlocking). */
-static bool notify_locked(duet_rpc_health_t *h, watcher_t *w, duet_rpc_health_status_t status)
+static bool duet__notify_locked(duet_rpc_health_t *h, duet__watcher_t *w,
+                                duet_rpc_health_status_t status)
 {
     uint8_t buf[16];
     if (w->last == status)
         return true;
-    duet_status_t st = duet_rpc_call_write(w->call, buf, pack_status(status, buf));
+    duet_status_t st = duet_rpc_call_write(w->call, buf, duet__pack_status(status, buf));
     if (st == DUET_OK) {
         w->last = status;
         return true;
     }
     if (st == DUET_ERR_EXHAUSTED) {
-        unlink_locked(h, w);
+        duet__unlink_locked(h, w);
         return false;
     }
     return true; /* cancelled: on_cancel unlinks it */
@@ -134,13 +135,14 @@ static bool notify_locked(duet_rpc_health_t *h, watcher_t *w, duet_rpc_health_st
 
 /* Notify the watchers of `service` (all when NULL); the slow ones are moved
  * to *slow_p. */
-static void notify_all_locked(duet_rpc_health_t *h, const char *service, watcher_t **slow_p)
+static void duet__notify_all_locked(duet_rpc_health_t *h, const char *service,
+                                    duet__watcher_t **slow_p)
 {
-    watcher_t *w = h->watchers;
+    duet__watcher_t *w = h->watchers;
     while (w) {
-        watcher_t *next = w->next;
+        duet__watcher_t *next = w->next;
         if (!service || strcmp(service, w->service) == 0) {
-            if (!notify_locked(h, w, status_locked(h, w->service))) {
+            if (!duet__notify_locked(h, w, duet__status_locked(h, w->service))) {
                 w->next = *slow_p;
                 *slow_p = w;
             }
@@ -149,51 +151,51 @@ static void notify_all_locked(duet_rpc_health_t *h, const char *service, watcher
     }
 }
 
-static void finish_slow(watcher_t *slow)
+static void duet__finish_slow(duet__watcher_t *slow)
 {
     while (slow) {
-        watcher_t *next = slow->next;
-        watcher_finish(slow, GRPC_STATUS_RESOURCE_EXHAUSTED, "health watcher not reading");
+        duet__watcher_t *next = slow->next;
+        duet__watcher_finish(slow, GRPC_STATUS_RESOURCE_EXHAUSTED, "health watcher not reading");
         slow = next;
     }
 }
 
-static void health_check(duet_rpc_call_t *call, const uint8_t *req, size_t len, void *arg)
+static void duet__health_check(duet_rpc_call_t *call, const uint8_t *req, size_t len, void *arg)
 {
     duet_rpc_health_t *h = arg;
     uint8_t buf[16];
-    char *service = parse_request(call, req, len);
+    char *service = duet__parse_request(call, req, len);
     if (!service)
         return;
     pthread_mutex_lock(&h->lock);
-    duet_rpc_health_status_t status = status_locked(h, service);
+    duet_rpc_health_status_t status = duet__status_locked(h, service);
     pthread_mutex_unlock(&h->lock);
     if (status == DUET_RPC_HEALTH_SERVICE_UNKNOWN)
         duet_rpc_call_fail(call, GRPC_STATUS_NOT_FOUND, "unknown service");
     else
-        duet_rpc_call_reply(call, buf, pack_status(status, buf));
+        duet_rpc_call_reply(call, buf, duet__pack_status(status, buf));
     duet_free(service);
 }
 
-static void watch_cancelled(duet_rpc_call_t *call, void *arg)
+static void duet__watch_cancelled(duet_rpc_call_t *call, void *arg)
 {
-    watcher_t *w = arg;
+    duet__watcher_t *w = arg;
     duet_rpc_health_t *h = w->health;
 
     pthread_mutex_lock(&h->lock);
-    bool mine = unlink_locked(h, w);
+    bool mine = duet__unlink_locked(h, w);
     pthread_mutex_unlock(&h->lock);
     if (mine)
-        watcher_finish(w, GRPC_STATUS_CANCELLED, "cancelled");
+        duet__watcher_finish(w, GRPC_STATUS_CANCELLED, "cancelled");
 }
 
-static void health_watch(duet_rpc_call_t *call, const uint8_t *req, size_t len, void *arg)
+static void duet__health_watch(duet_rpc_call_t *call, const uint8_t *req, size_t len, void *arg)
 {
     duet_rpc_health_t *h = arg;
-    char *service = parse_request(call, req, len);
+    char *service = duet__parse_request(call, req, len);
     if (!service)
         return;
-    watcher_t *w = DUET_NEW(watcher_t);
+    duet__watcher_t *w = DUET_NEW(duet__watcher_t);
     if (!w) {
         duet_free(service);
         duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -205,29 +207,29 @@ static void health_watch(duet_rpc_call_t *call, const uint8_t *req, size_t len, 
     w->last = (duet_rpc_health_status_t)-1;
 
     pthread_mutex_lock(&h->lock);
-    duet_rpc_health_status_t status = status_locked(h, service);
+    duet_rpc_health_status_t status = duet__status_locked(h, service);
     if (h->shut) {
-        notify_locked(h, w, status);
+        duet__notify_locked(h, w, status);
         pthread_mutex_unlock(&h->lock);
-        watcher_finish(w, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+        duet__watcher_finish(w, GRPC_STATUS_UNAVAILABLE, "server shutting down");
         return;
     }
-    if (duet_rpc_call_on_cancel(call, watch_cancelled, w) != DUET_OK) {
+    if (duet_rpc_call_on_cancel(call, duet__watch_cancelled, w) != DUET_OK) {
         pthread_mutex_unlock(&h->lock);
-        watcher_finish(w, GRPC_STATUS_CANCELLED, "cancelled");
+        duet__watcher_finish(w, GRPC_STATUS_CANCELLED, "cancelled");
         return;
     }
     w->next = h->watchers;
     h->watchers = w;
     h->n_watchers++;
-    watcher_t *slow = NULL;
-    if (!notify_locked(h, w, status))
+    duet__watcher_t *slow = NULL;
+    if (!duet__notify_locked(h, w, status))
         slow = w;
     pthread_mutex_unlock(&h->lock);
-    finish_slow(slow);
+    duet__finish_slow(slow);
 }
 
-static void health_on_server_shutdown(duet_rpc_server_t *srv, void *arg)
+static void duet__health_on_server_shutdown(duet_rpc_server_t *srv, void *arg)
 {
     (void)srv;
     duet_rpc_health_shutdown(arg);
@@ -245,14 +247,14 @@ duet_status_t duet_rpc_health_create(duet_rpc_server_t *srv, duet_rpc_health_sta
     st = duet_rpc_health_set(h, "", overall);
     if (st != DUET_OK)
         goto err_free;
-    st = duet_rpc_server_add_method(srv, HEALTH_CHECK_PATH, DUET_RPC_UNARY, health_check, h);
+    st = duet_rpc_server_add_method(srv, HEALTH_CHECK_PATH, DUET_RPC_UNARY, duet__health_check, h);
     if (st != DUET_OK)
         goto err_free;
-    st = duet_rpc_server_add_method(srv, HEALTH_WATCH_PATH, DUET_RPC_SERVER_STREAMING, health_watch,
-                                    h);
+    st = duet_rpc_server_add_method(srv, HEALTH_WATCH_PATH, DUET_RPC_SERVER_STREAMING,
+                                    duet__health_watch, h);
     if (st != DUET_OK)
         goto err_free;
-    st = duet_rpc_server_on_shutdown(srv, health_on_server_shutdown, h);
+    st = duet_rpc_server_on_shutdown(srv, duet__health_on_server_shutdown, h);
     if (st != DUET_OK)
         goto err_free;
     *health_p = h;
@@ -268,7 +270,7 @@ err_free:
 duet_status_t duet_rpc_health_set(duet_rpc_health_t *h, const char *service,
                                   duet_rpc_health_status_t status)
 {
-    watcher_t *slow = NULL;
+    duet__watcher_t *slow = NULL;
 
     if (strlen(service) > DUET__HEALTH_MAX_SERVICE)
         return duet_error(DUET_ERR_INVALID, "rpc: health service name longer than %d",
@@ -281,9 +283,9 @@ duet_status_t duet_rpc_health_set(duet_rpc_health_t *h, const char *service,
         pthread_mutex_unlock(&h->lock);
         return duet_error(DUET_ERR_SHUTDOWN, "rpc: health service shut down");
     }
-    health_entry_t *e = find_locked(h, service);
+    duet__health_entry_t *e = duet__find_locked(h, service);
     if (!e) {
-        e = DUET_NEW(health_entry_t);
+        e = DUET_NEW(duet__health_entry_t);
         if (e)
             e->service = duet_strdup(service);
         if (!e || !e->service) {
@@ -295,23 +297,23 @@ duet_status_t duet_rpc_health_set(duet_rpc_health_t *h, const char *service,
         h->entries = e;
     }
     e->status = status;
-    notify_all_locked(h, service, &slow); /* each watcher skips what it has */
+    duet__notify_all_locked(h, service, &slow); /* each watcher skips what it has */
     pthread_mutex_unlock(&h->lock);
-    finish_slow(slow);
+    duet__finish_slow(slow);
     return DUET_OK;
 }
 
 duet_status_t duet_rpc_health_clear(duet_rpc_health_t *h, const char *service)
 {
-    watcher_t *slow = NULL;
+    duet__watcher_t *slow = NULL;
 
     pthread_mutex_lock(&h->lock);
     if (h->shut) {
         pthread_mutex_unlock(&h->lock);
         return duet_error(DUET_ERR_SHUTDOWN, "rpc: health service shut down");
     }
-    for (health_entry_t **pp = &h->entries; *pp; pp = &(*pp)->next) {
-        health_entry_t *e = *pp;
+    for (duet__health_entry_t **pp = &h->entries; *pp; pp = &(*pp)->next) {
+        duet__health_entry_t *e = *pp;
         if (strcmp(e->service, service) == 0) {
             *pp = e->next;
             duet_free(e->service);
@@ -319,16 +321,16 @@ duet_status_t duet_rpc_health_clear(duet_rpc_health_t *h, const char *service)
             break;
         }
     }
-    notify_all_locked(h, service, &slow);
+    duet__notify_all_locked(h, service, &slow);
     pthread_mutex_unlock(&h->lock);
-    finish_slow(slow);
+    duet__finish_slow(slow);
     return DUET_OK;
 }
 
 duet_rpc_health_status_t duet_rpc_health_get(duet_rpc_health_t *h, const char *service)
 {
     pthread_mutex_lock(&h->lock);
-    duet_rpc_health_status_t status = status_locked(h, service);
+    duet_rpc_health_status_t status = duet__status_locked(h, service);
     pthread_mutex_unlock(&h->lock);
     return status;
 }
@@ -343,7 +345,7 @@ size_t duet_rpc_health_watchers(duet_rpc_health_t *h)
 
 void duet_rpc_health_shutdown(duet_rpc_health_t *h)
 {
-    watcher_t *slow = NULL, *all;
+    duet__watcher_t *slow = NULL, *all;
 
     pthread_mutex_lock(&h->lock);
     if (h->shut) {
@@ -351,18 +353,18 @@ void duet_rpc_health_shutdown(duet_rpc_health_t *h)
         return;
     }
     h->shut = true;
-    for (health_entry_t *e = h->entries; e; e = e->next)
+    for (duet__health_entry_t *e = h->entries; e; e = e->next)
         e->status = DUET_RPC_HEALTH_NOT_SERVING;
-    notify_all_locked(h, NULL, &slow);
+    duet__notify_all_locked(h, NULL, &slow);
     all = h->watchers;
     h->watchers = NULL;
     h->n_watchers = 0;
     pthread_mutex_unlock(&h->lock);
-    finish_slow(slow);
+    duet__finish_slow(slow);
     /* NOT_SERVING is queued ahead of the status, so watchers see the drain. */
     while (all) {
-        watcher_t *next = all->next;
-        watcher_finish(all, GRPC_STATUS_UNAVAILABLE, "server shutting down");
+        duet__watcher_t *next = all->next;
+        duet__watcher_finish(all, GRPC_STATUS_UNAVAILABLE, "server shutting down");
         all = next;
     }
 }
@@ -375,7 +377,7 @@ void duet_rpc_health_destroy(duet_rpc_health_t *h)
         DUET_LOG_ERROR("rpc: health destroyed with %zu watchers (server still running?)",
                        h->n_watchers);
     while (h->entries) {
-        health_entry_t *next = h->entries->next;
+        duet__health_entry_t *next = h->entries->next;
         duet_free(h->entries->service);
         duet_free(h->entries);
         h->entries = next;

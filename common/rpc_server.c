@@ -33,12 +33,12 @@ typedef struct {
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
     grpc_call_details details;
-} request_slot_t;
+} duet__request_slot_t;
 
 typedef struct {
     duet_rpc_server_t *srv;
     int index;
-} cq_worker_t;
+} duet__cq_worker_t;
 
 struct duet_rpc_server {
     duet__rpc_tag_t shutdown_tag;
@@ -49,12 +49,12 @@ struct duet_rpc_server {
 
     grpc_completion_queue *cqs[DUET__RPC_MAX_THREADS];
     pthread_t threads[DUET__RPC_MAX_THREADS];
-    cq_worker_t workers[DUET__RPC_MAX_THREADS];
+    duet__cq_worker_t workers[DUET__RPC_MAX_THREADS];
     int n_threads_started;
 
     duet__rpc_method_t *methods;
     size_t n_methods;
-    request_slot_t *slots;
+    duet__request_slot_t *slots;
     size_t n_slots;
 
     struct {
@@ -115,7 +115,7 @@ int duet_rpc_server_port(const duet_rpc_server_t *srv)
     return srv->port;
 }
 
-static grpc_arg int_arg(const char *key, int value)
+static grpc_arg duet__int_arg(const char *key, int value)
 {
     grpc_arg a;
     memset(&a, 0, sizeof(a));
@@ -126,7 +126,7 @@ static grpc_arg int_arg(const char *key, int value)
 }
 
 /* Post (or re-post) a request slot; false when the server refused. */
-static bool slot_post(request_slot_t *slot)
+static bool duet__slot_post(duet__request_slot_t *slot)
 {
     duet_rpc_server_t *srv = slot->srv;
     grpc_call_error rc;
@@ -145,7 +145,7 @@ static bool slot_post(request_slot_t *slot)
     return true;
 }
 
-static void on_request(request_slot_t *slot, bool success)
+static void duet__on_request(duet__request_slot_t *slot, bool success)
 {
     duet_rpc_server_t *srv = slot->srv;
     const duet__rpc_method_t *method = slot->method;
@@ -159,7 +159,7 @@ static void on_request(request_slot_t *slot, bool success)
     if (!success)
         return; /* shutting down: the slot stays idle */
     /* Counted before the re-post so that shutdown, which waits for the count
-     * to reach zero, cannot destroy the server under slot_post. */
+     * to reach zero, cannot destroy the server under duet__slot_post. */
     duet__rpc_server_call_added(srv);
     if (!method) {
         size_t n = GRPC_SLICE_LENGTH(slot->details.method);
@@ -175,7 +175,7 @@ static void on_request(request_slot_t *slot, bool success)
     grpc_metadata_array_init(&slot->md);
     /* Re-post before the handler runs.  The call just received holds the
      * server open, so shutdown cannot complete underneath this. */
-    slot_post(slot);
+    duet__slot_post(slot);
 
     duet_status_t st =
         duet__rpc_call_create(srv, method, path, gcall, deadline, &md, payload, &call);
@@ -208,9 +208,9 @@ static void on_request(request_slot_t *slot, bool success)
     method->handler(call, call->req, call->req_len, method->arg);
 }
 
-static void *cq_thread_main(void *p)
+static void *duet__cq_thread_main(void *p)
 {
-    cq_worker_t *w = p;
+    duet__cq_worker_t *w = p;
     duet_rpc_server_t *srv = w->srv;
     grpc_completion_queue *cq = srv->cqs[w->index];
 
@@ -225,7 +225,7 @@ static void *cq_thread_main(void *p)
         duet__rpc_tag_t *tag = ev.tag;
         switch (tag->kind) {
         case DUET__RPC_TAG_REQUEST:
-            on_request((request_slot_t *)tag, ev.success != 0);
+            duet__on_request((duet__request_slot_t *)tag, ev.success != 0);
             break;
         case DUET__RPC_TAG_CALL_CLOSE:
             duet__rpc_call_on_close(
@@ -253,7 +253,7 @@ static void *cq_thread_main(void *p)
 
 /* A server that never started still needs shutdown before destroy; nobody
  * polls its queues, so poll here. */
-static void server_shutdown_unstarted(duet_rpc_server_t *srv)
+static void duet__server_shutdown_unstarted(duet_rpc_server_t *srv)
 {
     grpc_server_shutdown_and_notify(srv->server, srv->cqs[0], &srv->shutdown_tag);
     for (;;) {
@@ -266,7 +266,7 @@ static void server_shutdown_unstarted(duet_rpc_server_t *srv)
     srv->server = NULL;
 }
 
-static void server_free(duet_rpc_server_t *srv)
+static void duet__server_free(duet_rpc_server_t *srv)
 {
     for (int i = 0; i < srv->cfg.n_threads; i++) {
         if (!srv->cqs[i])
@@ -280,7 +280,7 @@ static void server_free(duet_rpc_server_t *srv)
         grpc_completion_queue_destroy(srv->cqs[i]);
     }
     for (size_t i = 0; i < srv->n_slots; i++) {
-        request_slot_t *slot = &srv->slots[i];
+        duet__request_slot_t *slot = &srv->slots[i];
         grpc_metadata_array_destroy(&slot->md);
         grpc_call_details_destroy(&slot->details);
         if (slot->payload)
@@ -329,16 +329,16 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
     duet_cond_init_monotonic(&srv->cond);
     duet__rpc_grpc_acquire();
 
-    args[0] = int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
-    args[1] = int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    args[0] = duet__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    args[1] = duet__int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
     /* Two daemons configured with one port must not silently share it. */
-    args[2] = int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    args[2] = duet__int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0);
     /* Notice clients that vanished without closing (node loss) so that their
      * streams get cancelled, and accept client keepalives down to 5 s. */
-    args[3] = int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
-    args[4] = int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
-    args[5] = int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-    args[6] = int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    args[3] = duet__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+    args[4] = duet__int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    args[5] = duet__int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+    args[6] = duet__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     chargs.num_args = sizeof(args) / sizeof(args[0]);
     chargs.args = args;
     srv->server = grpc_server_create(&chargs, NULL);
@@ -352,8 +352,8 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
     if (srv->port == 0) {
         duet_status_t st = duet_error(
             DUET_ERR_IO, "rpc: cannot listen on %s (in use or bad address)", srv->bind_addr);
-        server_shutdown_unstarted(srv);
-        server_free(srv);
+        duet__server_shutdown_unstarted(srv);
+        duet__server_free(srv);
         return st;
     }
     *srv_p = srv;
@@ -418,12 +418,12 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
 
     if (srv->started)
         return duet_error(DUET_ERR_INVALID, "rpc: server started twice");
-    srv->slots = DUET_NEW_ARRAY(request_slot_t, per_cq * (size_t)n);
+    srv->slots = DUET_NEW_ARRAY(duet__request_slot_t, per_cq * (size_t)n);
     if (!srv->slots)
         return duet_error(DUET_ERR_NO_MEMORY, "rpc: request slots");
     srv->n_slots = per_cq * (size_t)n;
     for (size_t i = 0; i < srv->n_slots; i++) {
-        request_slot_t *slot = &srv->slots[i];
+        duet__request_slot_t *slot = &srv->slots[i];
         size_t m = (i % per_cq) / DUET__RPC_SLOTS;
         slot->tag.kind = DUET__RPC_TAG_REQUEST;
         slot->srv = srv;
@@ -435,11 +435,11 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
     grpc_server_start(srv->server);
     srv->started = true;
     for (size_t i = 0; i < srv->n_slots; i++)
-        slot_post(&srv->slots[i]);
+        duet__slot_post(&srv->slots[i]);
     for (int i = 0; i < n; i++) {
         srv->workers[i].srv = srv;
         srv->workers[i].index = i;
-        int rc = pthread_create(&srv->threads[i], NULL, cq_thread_main, &srv->workers[i]);
+        int rc = pthread_create(&srv->threads[i], NULL, duet__cq_thread_main, &srv->workers[i]);
         if (rc != 0) {
             /* Threads already running are joined by shutdown. */
             DUET_LOG_ERROR("rpc: pthread_create: %s", strerror(rc));
@@ -454,7 +454,7 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
 
 /* Wait until every call handle is gone (and, with need_notify, the shutdown
  * tag is back), or until deadline_ns; true when done. */
-static bool server_wait_drained(duet_rpc_server_t *srv, int64_t deadline_ns, bool need_notify)
+static bool duet__server_wait_drained(duet_rpc_server_t *srv, int64_t deadline_ns, bool need_notify)
 {
     pthread_mutex_lock(&srv->lock);
     while (!((srv->shutdown_notified || !need_notify) && srv->active_calls == 0) &&
@@ -488,14 +488,15 @@ duet_status_t duet_rpc_server_shutdown(duet_rpc_server_t *srv, int64_t grace_ms)
     /* The grace is for calls.  Open client connections also hold the
      * shutdown tag back (gRPC waits for them to close), so once no call is
      * left, cancelling closes them at once. */
-    if (!server_wait_drained(srv, duet_deadline_in_ms(grace_ms < 0 ? 0 : grace_ms), false)) {
+    if (!duet__server_wait_drained(srv, duet_deadline_in_ms(grace_ms < 0 ? 0 : grace_ms), false)) {
         DUET_LOG_INFO("rpc: shutdown grace over port %d calls %zu: cancelling", srv->port,
                       duet_rpc_server_active_calls(srv));
         st = duet_error(DUET_ERR_TIMEOUT, "rpc: calls still running after %lld ms grace",
                         (long long)grace_ms);
     }
     grpc_server_cancel_all_calls(srv->server);
-    while (!server_wait_drained(srv, duet_deadline_in_ms(DUET__RPC_SHUTDOWN_WARN_S * 1000), true))
+    while (!duet__server_wait_drained(srv, duet_deadline_in_ms(DUET__RPC_SHUTDOWN_WARN_S * 1000),
+                                      true))
         DUET_LOG_WARN("rpc: shutdown waiting port %d calls %zu not finished by their owners",
                       srv->port, duet_rpc_server_active_calls(srv));
     grpc_server_destroy(srv->server);
@@ -524,7 +525,7 @@ void duet_rpc_server_destroy(duet_rpc_server_t *srv)
         return;
     }
     if (!srv->started || srv->n_threads_started == 0)
-        server_shutdown_unstarted(srv);
+        duet__server_shutdown_unstarted(srv);
     else if (!srv->shutting_down)
         duet_rpc_server_shutdown(srv, srv->cfg.shutdown_grace_ms);
     /* Both paths above leave every queue idle (no thread or joined). */
@@ -532,5 +533,5 @@ void duet_rpc_server_destroy(duet_rpc_server_t *srv)
         DUET_LOG_ERROR("rpc: server destroy while another thread shuts it down");
         return;
     }
-    server_free(srv);
+    duet__server_free(srv);
 }

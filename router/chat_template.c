@@ -15,7 +15,7 @@ struct duet__arena_chunk {
     max_align_t data[];
 };
 
-void *duet__arena_alloc(duet__arena_t *a, size_t n)
+void *duet__tmpl_arena_alloc(duet__arena_t *a, size_t n)
 {
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     if (a->head == NULL || a->used + n > a->cap) {
@@ -35,9 +35,9 @@ void *duet__arena_alloc(duet__arena_t *a, size_t n)
     return p;
 }
 
-char *duet__arena_strndup(duet__arena_t *a, const char *s, size_t n)
+char *duet__tmpl_arena_strndup(duet__arena_t *a, const char *s, size_t n)
 {
-    char *p = duet__arena_alloc(a, n + 1);
+    char *p = duet__tmpl_arena_alloc(a, n + 1);
     if (p) {
         memcpy(p, s, n);
         p[n] = '\0';
@@ -45,7 +45,7 @@ char *duet__arena_strndup(duet__arena_t *a, const char *s, size_t n)
     return p;
 }
 
-void duet__arena_free(duet__arena_t *a)
+void duet__tmpl_arena_free(duet__arena_t *a)
 {
     duet__arena_chunk_t *c = a->head;
     while (c) {
@@ -99,7 +99,7 @@ static bool duet__seg_push(duet__parser_t *ps, duet__seg_kind_t kind, const char
         return true;
     if (ps->nsegs == ps->cap) {
         size_t cap = ps->cap ? ps->cap * 2 : 64;
-        duet__seg_t *s = duet__arena_alloc(ps->arena, cap * sizeof(*s));
+        duet__seg_t *s = duet__tmpl_arena_alloc(ps->arena, cap * sizeof(*s));
         if (s == NULL)
             return false;
         if (ps->nsegs)
@@ -281,7 +281,7 @@ static bool duet__expect(duet__parser_t *ps, const char *s)
 
 static duet__node_t *duet__node(duet__parser_t *ps, duet__node_kind_t kind)
 {
-    duet__node_t *n = duet__arena_alloc(ps->arena, sizeof(*n));
+    duet__node_t *n = duet__tmpl_arena_alloc(ps->arena, sizeof(*n));
     if (n == NULL) {
         duet__perr(ps, DUET_ERR_NO_MEMORY, "out of memory");
         return NULL;
@@ -295,7 +295,7 @@ static duet__node_t *duet__node(duet__parser_t *ps, duet__node_kind_t kind)
 static duet__node_t *duet__string_lit(duet__parser_t *ps, duet__tok_t tk)
 {
     duet__node_t *n = duet__node(ps, DUET__E_STR);
-    char *out = n ? duet__arena_alloc(ps->arena, tk.n) : NULL;
+    char *out = n ? duet__tmpl_arena_alloc(ps->arena, tk.n) : NULL;
     size_t k = 0;
     if (out == NULL)
         return NULL;
@@ -333,7 +333,7 @@ static bool duet__args(duet__parser_t *ps, duet__node_t *n, const char *close, b
         duet__tok_t name = duet__next(ps);
         if (!dict && name.kind == DUET__T_NAME && duet__tok_is(duet__peek(ps), "=")) {
             duet__next(ps);
-            kws[k] = duet__arena_strndup(ps->arena, name.p, name.n);
+            kws[k] = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
         } else {
             ps->t = save;
         }
@@ -346,8 +346,8 @@ static bool duet__args(duet__parser_t *ps, duet__node_t *n, const char *close, b
         }
     }
     n->nargs = k;
-    n->args = duet__arena_alloc(ps->arena, (k ? k : 1) * sizeof(*n->args));
-    n->kw = duet__arena_alloc(ps->arena, (k ? k : 1) * sizeof(*n->kw));
+    n->args = duet__tmpl_arena_alloc(ps->arena, (k ? k : 1) * sizeof(*n->args));
+    n->kw = duet__tmpl_arena_alloc(ps->arena, (k ? k : 1) * sizeof(*n->kw));
     if (n->args == NULL || n->kw == NULL)
         return duet__perr(ps, DUET_ERR_NO_MEMORY, "out of memory"), false;
     memcpy(n->args, items, k * sizeof(*items));
@@ -368,7 +368,7 @@ static duet__node_t *duet__primary(duet__parser_t *ps)
         /* adjacent literals concatenate, as in Python */
         while (n && duet__peek(ps).kind == DUET__T_STR) {
             duet__node_t *m = duet__string_lit(ps, duet__next(ps));
-            char *s = m ? duet__arena_alloc(ps->arena, n->slen + m->slen + 1) : NULL;
+            char *s = m ? duet__tmpl_arena_alloc(ps->arena, n->slen + m->slen + 1) : NULL;
             if (s == NULL)
                 return NULL;
             memcpy(s, n->s, n->slen);
@@ -391,7 +391,7 @@ static duet__node_t *duet__primary(duet__parser_t *ps)
         if (duet__tok_is(tk, "none") || duet__tok_is(tk, "None"))
             return duet__node(ps, DUET__E_NONE);
         if ((n = duet__node(ps, DUET__E_NAME)))
-            n->s = duet__arena_strndup(ps->arena, tk.p, tk.n);
+            n->s = duet__tmpl_arena_strndup(ps->arena, tk.p, tk.n);
         return n;
     case DUET__T_OP:
         if (duet__tok_is(tk, "(")) {
@@ -426,7 +426,7 @@ static duet__node_t *duet__postfix(duet__parser_t *ps)
             if ((m = duet__node(ps, DUET__E_ATTR)) == NULL)
                 return NULL;
             m->a = n;
-            m->s = duet__arena_strndup(ps->arena, name.p, name.n);
+            m->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
             n = m;
         } else if (duet__accept(ps, "[")) {
             duet__node_t *lo = NULL, *hi = NULL;
@@ -468,7 +468,7 @@ static duet__node_t *duet__filtered(duet__parser_t *ps)
         if ((m = duet__node(ps, DUET__E_FILTER)) == NULL)
             return NULL;
         m->a = n;
-        m->s = duet__arena_strndup(ps->arena, name.p, name.n);
+        m->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
         if (duet__accept(ps, "(") && !duet__args(ps, m, ")", false))
             return NULL;
         n = m;
@@ -566,7 +566,7 @@ static duet__node_t *duet__compare(duet__parser_t *ps)
             if (name.kind != DUET__T_NAME)
                 return duet__perr(ps, DUET_ERR_FORMAT, "expected a test name after 'is'"), NULL;
             m->a = n;
-            m->s = duet__arena_strndup(ps->arena, name.p, name.n);
+            m->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
             n = m;
             continue;
         }
@@ -684,12 +684,12 @@ static duet__node_t *duet__for(duet__parser_t *ps)
 
     if (n == NULL || name.kind != DUET__T_NAME)
         return duet__perr(ps, DUET_ERR_FORMAT, "expected a loop variable"), NULL;
-    n->s = duet__arena_strndup(ps->arena, name.p, name.n);
+    n->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
     if (duet__accept(ps, ",")) {
         name = duet__next(ps);
         if (name.kind != DUET__T_NAME)
             return duet__perr(ps, DUET_ERR_FORMAT, "expected a loop variable"), NULL;
-        n->s2 = duet__arena_strndup(ps->arena, name.p, name.n);
+        n->s2 = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
     }
     if (!duet__expect(ps, "in") || (n->a = duet__logic(ps, true)) == NULL)
         return NULL;
@@ -718,12 +718,12 @@ static duet__node_t *duet__set(duet__parser_t *ps)
 
     if (n == NULL || name.kind != DUET__T_NAME)
         return duet__perr(ps, DUET_ERR_FORMAT, "expected a name after set"), NULL;
-    n->s = duet__arena_strndup(ps->arena, name.p, name.n);
+    n->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
     if (duet__accept(ps, ".")) {
         name = duet__next(ps);
         if (name.kind != DUET__T_NAME)
             return duet__perr(ps, DUET_ERR_FORMAT, "expected an attribute name"), NULL;
-        n->s2 = duet__arena_strndup(ps->arena, name.p, name.n);
+        n->s2 = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
     }
     if (!duet__tok_is(duet__peek(ps), "="))
         return duet__perr(ps, DUET_ERR_UNSUPPORTED, "block set is not supported"), NULL;
@@ -807,7 +807,7 @@ duet_status_t duet_router_chat_tmpl_compile(const char *src, duet_router_chat_tm
     ps.arena = &t->arena;
     ps.line = 1;
     /* the source is referenced by text nodes: keep a copy in the arena */
-    char *copy = duet__arena_strndup(&t->arena, src, strlen(src));
+    char *copy = duet__tmpl_arena_strndup(&t->arena, src, strlen(src));
     if (copy == NULL || duet__segment(&ps, copy) != DUET_OK) {
         duet_status_t st = ps.err ? ps.err : duet_error(DUET_ERR_NO_MEMORY, "out of memory");
         duet_router_chat_tmpl_destroy(t);
@@ -827,6 +827,6 @@ void duet_router_chat_tmpl_destroy(duet_router_chat_tmpl_t *tmpl)
 {
     if (tmpl == NULL)
         return;
-    duet__arena_free(&tmpl->arena);
+    duet__tmpl_arena_free(&tmpl->arena);
     duet_free(tmpl);
 }

@@ -7,7 +7,7 @@
 
 #include "router/chat_template_internal.h"
 
-#define DUET__ARG(k) (n->nargs > (k) ? argv[k] : &duet__undef)
+#define DUET__ARG(k) (n->nargs > (k) ? argv[k] : &duet__tmpl_undef)
 
 static duet__val_t *duet__strip(duet__rs_t *rs, duet__val_t *s, bool left, bool right)
 {
@@ -16,16 +16,16 @@ static duet__val_t *duet__strip(duet__rs_t *rs, duet__val_t *s, bool left, bool 
         p++;
     while (right && e > p && isspace((unsigned char)e[-1]))
         e--;
-    return duet__str(rs, p, (size_t)(e - p), false);
+    return duet__tmpl_str(rs, p, (size_t)(e - p), false);
 }
 
 static duet__val_t *duet__case(duet__rs_t *rs, duet__val_t *s, int mode)
 {
     /* mode 0 lower, 1 upper, 2 title, 3 capitalize (ASCII letters only) */
-    char *o = duet__arena_strndup(&rs->arena, s->s, s->n);
+    char *o = duet__tmpl_arena_strndup(&rs->arena, s->s, s->n);
     bool start = true;
     if (o == NULL)
-        return duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
+        return duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
     for (size_t i = 0; i < s->n; i++) {
         unsigned char c = (unsigned char)o[i];
         bool up = mode == 1 || ((mode == 2 || mode == 3) && start);
@@ -34,7 +34,7 @@ static duet__val_t *duet__case(duet__rs_t *rs, duet__val_t *s, int mode)
         o[i] = (char)(up ? toupper(c) : tolower(c));
         start = !isalnum(c);
     }
-    return duet__str(rs, o, s->n, false);
+    return duet__tmpl_str(rs, o, s->n, false);
 }
 
 static duet__val_t *duet__replace(duet__rs_t *rs, duet__val_t *s, duet__val_t *from,
@@ -44,7 +44,7 @@ static duet__val_t *duet__replace(duet__rs_t *rs, duet__val_t *s, duet__val_t *f
     duet__val_t *r;
 
     if (s->kind != DUET__V_STR || from->kind != DUET__V_STR || to->kind != DUET__V_STR)
-        return duet__fail(rs, DUET_ERR_INVALID, line, "%s", "replace needs strings");
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, line, "%s", "replace needs strings");
     if (from->n == 0)
         return s;
     duet_router_buf_init(&b);
@@ -56,8 +56,8 @@ static duet__val_t *duet__replace(duet__rs_t *rs, duet__val_t *s, duet__val_t *f
             duet_router_buf_append(&b, s->s + i++, 1);
         }
     }
-    r = b.oom ? duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
-              : duet__str(rs, b.data ? b.data : "", b.len, true);
+    r = b.oom ? duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
+              : duet__tmpl_str(rs, b.data ? b.data : "", b.len, true);
     duet_router_buf_cleanup(&b);
     return r;
 }
@@ -100,69 +100,69 @@ static void duet__tojson(duet_router_buf_t *b, const duet__val_t *v)
     }
 }
 
-duet__val_t *duet__filter(duet__rs_t *rs, const duet__node_t *n, duet__val_t *v)
+duet__val_t *duet__tmpl_filter(duet__rs_t *rs, const duet__node_t *n, duet__val_t *v)
 {
     duet__val_t *argv[8];
     const char *f = n->s;
 
-    if (!duet__eval_args(rs, n, argv))
+    if (!duet__tmpl_eval_args(rs, n, argv))
         return NULL;
     if (strcmp(f, "default") == 0 || strcmp(f, "d") == 0) {
-        bool boolean = n->nargs > 1 && duet__truthy(argv[1]);
-        return (v->kind == DUET__V_UNDEF || (boolean && !duet__truthy(v)))
-                   ? (n->nargs ? argv[0] : duet__str(rs, "", 0, false))
+        bool boolean = n->nargs > 1 && duet__tmpl_truthy(argv[1]);
+        return (v->kind == DUET__V_UNDEF || (boolean && !duet__tmpl_truthy(v)))
+                   ? (n->nargs ? argv[0] : duet__tmpl_str(rs, "", 0, false))
                    : v;
     }
     if (strcmp(f, "length") == 0 || strcmp(f, "count") == 0) {
         if (v->kind != DUET__V_STR && v->kind != DUET__V_LIST && v->kind != DUET__V_DICT)
-            return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "length of a non-sequence");
-        return duet__int(rs, DUET__V_INT, (int64_t)v->n);
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "length of a non-sequence");
+        return duet__tmpl_int(rs, DUET__V_INT, (int64_t)v->n);
     }
     if (strcmp(f, "string") == 0)
-        return duet__to_str(rs, v);
+        return duet__tmpl_to_str(rs, v);
     if (strcmp(f, "tojson") == 0) {
         duet_router_buf_t b;
         duet_router_buf_init(&b);
         duet__tojson(&b, v);
-        duet__val_t *r = b.oom ? duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
-                               : duet__str(rs, b.data ? b.data : "", b.len, true);
+        duet__val_t *r = b.oom ? duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
+                               : duet__tmpl_str(rs, b.data ? b.data : "", b.len, true);
         duet_router_buf_cleanup(&b);
         return r;
     }
     if (strcmp(f, "int") == 0) {
         if (v->kind == DUET__V_INT || v->kind == DUET__V_BOOL)
-            return duet__int(rs, DUET__V_INT, v->i);
+            return duet__tmpl_int(rs, DUET__V_INT, v->i);
         if (v->kind == DUET__V_STR) {
             char tmp[32];
             snprintf(tmp, sizeof(tmp), "%.*s", (int)(v->n < 31 ? v->n : 31), v->s);
-            return duet__int(rs, DUET__V_INT, strtoll(tmp, NULL, 10));
+            return duet__tmpl_int(rs, DUET__V_INT, strtoll(tmp, NULL, 10));
         }
-        return duet__int(rs, DUET__V_INT, 0);
+        return duet__tmpl_int(rs, DUET__V_INT, 0);
     }
     if (strcmp(f, "first") == 0 || strcmp(f, "last") == 0) {
         if (v->kind != DUET__V_LIST)
-            return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "first/last of a non-list");
-        return v->n == 0 ? &duet__undef : v->items[f[0] == 'f' ? 0 : v->n - 1];
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "first/last of a non-list");
+        return v->n == 0 ? &duet__tmpl_undef : v->items[f[0] == 'f' ? 0 : v->n - 1];
     }
     if (strcmp(f, "join") == 0) {
         duet_router_buf_t b;
         duet__val_t *sep = n->nargs ? argv[0] : NULL, *r;
         if (v->kind != DUET__V_LIST || (sep && sep->kind != DUET__V_STR))
-            return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "join needs a list");
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "join needs a list");
         duet_router_buf_init(&b);
         for (size_t i = 0; i < v->n; i++) {
             if (i && sep)
                 duet_router_buf_append(&b, sep->s, sep->n);
-            duet__repr(&b, v->items[i], false);
+            duet__tmpl_repr(&b, v->items[i], false);
         }
-        r = b.oom ? duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
-                  : duet__str(rs, b.data ? b.data : "", b.len, true);
+        r = b.oom ? duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
+                  : duet__tmpl_str(rs, b.data ? b.data : "", b.len, true);
         duet_router_buf_cleanup(&b);
         return r;
     }
     if (v->kind != DUET__V_STR && v->kind != DUET__V_UNDEF)
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "filter '%s' needs a string", f);
-    if (v->kind == DUET__V_UNDEF && (v = duet__str(rs, "", 0, false)) == NULL)
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "filter '%s' needs a string", f);
+    if (v->kind == DUET__V_UNDEF && (v = duet__tmpl_str(rs, "", 0, false)) == NULL)
         return NULL;
     if (strcmp(f, "trim") == 0)
         return duet__strip(rs, v, true, true);
@@ -174,12 +174,12 @@ duet__val_t *duet__filter(duet__rs_t *rs, const duet__node_t *n, duet__val_t *v)
         return duet__case(rs, v, 3);
     if (strcmp(f, "replace") == 0)
         return duet__replace(rs, v, DUET__ARG(0), DUET__ARG(1), n->line);
-    return duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "unsupported filter '%s'", f);
+    return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "unsupported filter '%s'", f);
 }
 
-duet__val_t *duet__test(duet__rs_t *rs, const duet__node_t *n)
+duet__val_t *duet__tmpl_test(duet__rs_t *rs, const duet__node_t *n)
 {
-    duet__val_t *v = duet__eval(rs, n->a);
+    duet__val_t *v = duet__tmpl_eval(rs, n->a);
     const char *t = n->s;
     bool r;
 
@@ -206,16 +206,16 @@ duet__val_t *duet__test(duet__rs_t *rs, const duet__node_t *n)
     else if (strcmp(t, "even") == 0 || strcmp(t, "odd") == 0)
         r = v->kind == DUET__V_INT && (v->i % 2 == 0) == (t[0] == 'e');
     else
-        return duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "unsupported test '%s'", t);
-    return duet__int(rs, DUET__V_BOOL, r != (n->i != 0));
+        return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "unsupported test '%s'", t);
+    return duet__tmpl_int(rs, DUET__V_BOOL, r != (n->i != 0));
 }
 
-duet__val_t *duet__method(duet__rs_t *rs, const duet__node_t *n, const duet__val_t *self,
-                          const char *m)
+duet__val_t *duet__tmpl_method(duet__rs_t *rs, const duet__node_t *n, const duet__val_t *self,
+                               const char *m)
 {
     duet__val_t *argv[8], *s = (duet__val_t *)self;
 
-    if (!duet__eval_args(rs, n, argv))
+    if (!duet__tmpl_eval_args(rs, n, argv))
         return NULL;
     if (self->kind == DUET__V_STR) {
         if (strcmp(m, "strip") == 0 || strcmp(m, "lstrip") == 0 || strcmp(m, "rstrip") == 0)
@@ -229,21 +229,22 @@ duet__val_t *duet__method(duet__rs_t *rs, const duet__node_t *n, const duet__val
         if (strcmp(m, "startswith") == 0 || strcmp(m, "endswith") == 0) {
             duet__val_t *x = DUET__ARG(0);
             if (x->kind != DUET__V_STR)
-                return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s needs a string", m);
+                return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s needs a string", m);
             bool r =
                 x->n <= s->n && memcmp(m[0] == 's' ? s->s : s->s + s->n - x->n, x->s, x->n) == 0;
-            return duet__int(rs, DUET__V_BOOL, r);
+            return duet__tmpl_int(rs, DUET__V_BOOL, r);
         }
         if (strcmp(m, "split") == 0) {
-            duet__val_t *sep = DUET__ARG(0), *list = duet__new(rs, DUET__V_LIST);
+            duet__val_t *sep = DUET__ARG(0), *list = duet__tmpl_new(rs, DUET__V_LIST);
             if (list == NULL || sep->kind != DUET__V_STR || sep->n == 0)
-                return list ? duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
-                                         "split needs a separator")
+                return list ? duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
+                                              "split needs a separator")
                             : NULL;
             size_t start = 0;
             for (size_t i = 0; i + sep->n <= s->n;) {
                 if (memcmp(s->s + i, sep->s, sep->n) == 0) {
-                    if (!duet__push(rs, list, duet__str(rs, s->s + start, i - start, false), NULL))
+                    if (!duet__tmpl_push(rs, list,
+                                         duet__tmpl_str(rs, s->s + start, i - start, false), NULL))
                         return NULL;
                     i += sep->n;
                     start = i;
@@ -251,7 +252,8 @@ duet__val_t *duet__method(duet__rs_t *rs, const duet__node_t *n, const duet__val
                     i++;
                 }
             }
-            if (!duet__push(rs, list, duet__str(rs, s->s + start, s->n - start, false), NULL))
+            if (!duet__tmpl_push(rs, list, duet__tmpl_str(rs, s->s + start, s->n - start, false),
+                                 NULL))
                 return NULL;
             return list;
         }
@@ -259,24 +261,25 @@ duet__val_t *duet__method(duet__rs_t *rs, const duet__node_t *n, const duet__val
         if (strcmp(m, "get") == 0) {
             duet__val_t *k = DUET__ARG(0), *r;
             if (k->kind != DUET__V_STR)
-                return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "get needs a string key");
-            r = duet__dict_get(self, k->s, k->n);
-            return r ? r : n->nargs > 1 ? argv[1] : duet__new(rs, DUET__V_NONE);
+                return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s",
+                                       "get needs a string key");
+            r = duet__tmpl_dict_get(self, k->s, k->n);
+            return r ? r : n->nargs > 1 ? argv[1] : duet__tmpl_new(rs, DUET__V_NONE);
         }
         if (strcmp(m, "items") == 0 || strcmp(m, "keys") == 0 || strcmp(m, "values") == 0) {
-            duet__val_t *list = duet__new(rs, DUET__V_LIST);
+            duet__val_t *list = duet__tmpl_new(rs, DUET__V_LIST);
             for (size_t i = 0; list && i < self->n; i++) {
-                duet__val_t *key = duet__str(rs, self->keys[i], strlen(self->keys[i]), false);
+                duet__val_t *key = duet__tmpl_str(rs, self->keys[i], strlen(self->keys[i]), false);
                 duet__val_t *item = m[0] == 'k' ? key : m[0] == 'v' ? self->items[i] : NULL;
-                if (m[0] == 'i' && (item = duet__new(rs, DUET__V_LIST)) != NULL &&
-                    (!duet__push(rs, item, key, NULL) ||
-                     !duet__push(rs, item, self->items[i], NULL)))
+                if (m[0] == 'i' && (item = duet__tmpl_new(rs, DUET__V_LIST)) != NULL &&
+                    (!duet__tmpl_push(rs, item, key, NULL) ||
+                     !duet__tmpl_push(rs, item, self->items[i], NULL)))
                     return NULL;
-                if (item == NULL || !duet__push(rs, list, item, NULL))
+                if (item == NULL || !duet__tmpl_push(rs, list, item, NULL))
                     return NULL;
             }
             return list;
         }
     }
-    return duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "unsupported method '%s'", m);
+    return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "unsupported method '%s'", m);
 }

@@ -16,10 +16,10 @@
 #define DUET__MAX_STEPS  10000000u
 
 /* never written: every undefined value is this one */
-duet__val_t duet__undef = {.kind = DUET__V_UNDEF};
+duet__val_t duet__tmpl_undef = {.kind = DUET__V_UNDEF};
 
-duet__val_t *duet__fail(duet__rs_t *rs, duet_status_t st, int line, const char *fmt,
-                        const char *arg)
+duet__val_t *duet__tmpl_fail(duet__rs_t *rs, duet_status_t st, int line, const char *fmt,
+                             const char *arg)
 {
     if (rs->err == DUET_OK) {
         char msg[512];
@@ -31,43 +31,43 @@ duet__val_t *duet__fail(duet__rs_t *rs, duet_status_t st, int line, const char *
     return NULL;
 }
 
-duet__val_t *duet__new(duet__rs_t *rs, duet__vkind_t kind)
+duet__val_t *duet__tmpl_new(duet__rs_t *rs, duet__vkind_t kind)
 {
-    duet__val_t *v = duet__arena_alloc(&rs->arena, sizeof(*v));
+    duet__val_t *v = duet__tmpl_arena_alloc(&rs->arena, sizeof(*v));
     if (v == NULL)
-        return duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
+        return duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
     v->kind = kind;
     return v;
 }
 
-duet__val_t *duet__int(duet__rs_t *rs, duet__vkind_t kind, int64_t i)
+duet__val_t *duet__tmpl_int(duet__rs_t *rs, duet__vkind_t kind, int64_t i)
 {
-    duet__val_t *v = duet__new(rs, kind);
+    duet__val_t *v = duet__tmpl_new(rs, kind);
     if (v)
         v->i = i;
     return v;
 }
 
-duet__val_t *duet__str(duet__rs_t *rs, const char *s, size_t n, bool copy)
+duet__val_t *duet__tmpl_str(duet__rs_t *rs, const char *s, size_t n, bool copy)
 {
-    duet__val_t *v = duet__new(rs, DUET__V_STR);
+    duet__val_t *v = duet__tmpl_new(rs, DUET__V_STR);
     if (v == NULL)
         return NULL;
-    v->s = copy ? duet__arena_strndup(&rs->arena, s, n) : s;
+    v->s = copy ? duet__tmpl_arena_strndup(&rs->arena, s, n) : s;
     v->n = n;
     if (v->s == NULL)
-        return duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
+        return duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
     return v;
 }
 
-bool duet__push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const char *key)
+bool duet__tmpl_push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const char *key)
 {
     if (coll->n == coll->cap) {
         size_t cap = coll->cap ? coll->cap * 2 : 8;
-        duet__val_t **items = duet__arena_alloc(&rs->arena, cap * sizeof(*items));
-        const char **keys = duet__arena_alloc(&rs->arena, cap * sizeof(*keys));
+        duet__val_t **items = duet__tmpl_arena_alloc(&rs->arena, cap * sizeof(*items));
+        const char **keys = duet__tmpl_arena_alloc(&rs->arena, cap * sizeof(*keys));
         if (items == NULL || keys == NULL)
-            return duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory"), false;
+            return duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory"), false;
         if (coll->n) {
             memcpy(items, coll->items, coll->n * sizeof(*items));
             memcpy(keys, coll->keys, coll->n * sizeof(*keys));
@@ -81,7 +81,7 @@ bool duet__push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const char
     return true;
 }
 
-duet__val_t *duet__dict_get(const duet__val_t *d, const char *key, size_t klen)
+duet__val_t *duet__tmpl_dict_get(const duet__val_t *d, const char *key, size_t klen)
 {
     for (size_t i = 0; i < d->n; i++)
         if (strlen(d->keys[i]) == klen && memcmp(d->keys[i], key, klen) == 0)
@@ -89,7 +89,7 @@ duet__val_t *duet__dict_get(const duet__val_t *d, const char *key, size_t klen)
     return NULL;
 }
 
-bool duet__dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t *v)
+bool duet__tmpl_dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t *v)
 {
     for (size_t i = 0; i < d->n; i++) {
         if (strcmp(d->keys[i], key) == 0) {
@@ -97,10 +97,10 @@ bool duet__dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t
             return true;
         }
     }
-    return duet__push(rs, d, v, key);
+    return duet__tmpl_push(rs, d, v, key);
 }
 
-bool duet__truthy(const duet__val_t *v)
+bool duet__tmpl_truthy(const duet__val_t *v)
 {
     switch (v->kind) {
     case DUET__V_BOOL:
@@ -142,7 +142,7 @@ static bool duet__equal(const duet__val_t *a, const duet__val_t *b)
     }
 }
 
-void duet__repr(duet_router_buf_t *b, const duet__val_t *v, bool quote)
+void duet__tmpl_repr(duet_router_buf_t *b, const duet__val_t *v, bool quote)
 {
     switch (v->kind) {
     case DUET__V_UNDEF:
@@ -168,7 +168,7 @@ void duet__repr(duet_router_buf_t *b, const duet__val_t *v, bool quote)
         for (size_t i = 0; i < v->n; i++) {
             if (i)
                 duet_router_buf_puts(b, ", ");
-            duet__repr(b, v->items[i], true);
+            duet__tmpl_repr(b, v->items[i], true);
         }
         duet_router_buf_puts(b, "]");
         break;
@@ -176,7 +176,7 @@ void duet__repr(duet_router_buf_t *b, const duet__val_t *v, bool quote)
         duet_router_buf_puts(b, "{");
         for (size_t i = 0; i < v->n; i++) {
             duet_router_buf_printf(b, "%s'%s': ", i ? ", " : "", v->keys[i]);
-            duet__repr(b, v->items[i], true);
+            duet__tmpl_repr(b, v->items[i], true);
         }
         duet_router_buf_puts(b, "}");
         break;
@@ -187,7 +187,7 @@ void duet__repr(duet_router_buf_t *b, const duet__val_t *v, bool quote)
 }
 
 /* The value as a string (Jinja's str()). */
-duet__val_t *duet__to_str(duet__rs_t *rs, duet__val_t *v)
+duet__val_t *duet__tmpl_to_str(duet__rs_t *rs, duet__val_t *v)
 {
     duet_router_buf_t b;
     duet__val_t *r;
@@ -195,9 +195,9 @@ duet__val_t *duet__to_str(duet__rs_t *rs, duet__val_t *v)
     if (v->kind == DUET__V_STR)
         return v;
     duet_router_buf_init(&b);
-    duet__repr(&b, v, false);
-    r = b.oom ? duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
-              : duet__str(rs, b.data ? b.data : "", b.len, true);
+    duet__tmpl_repr(&b, v, false);
+    r = b.oom ? duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
+              : duet__tmpl_str(rs, b.data ? b.data : "", b.len, true);
     duet_router_buf_cleanup(&b);
     return r;
 }
@@ -208,7 +208,7 @@ static duet__val_t *duet__lookup(duet__rs_t *rs, const char *name)
         for (size_t i = f->n; i-- > 0;)
             if (strcmp(f->names[i], name) == 0)
                 return f->vals[i];
-    return &duet__undef;
+    return &duet__tmpl_undef;
 }
 
 static bool duet__bind(duet__rs_t *rs, const char *name, duet__val_t *v)
@@ -221,7 +221,7 @@ static bool duet__bind(duet__rs_t *rs, const char *name, duet__val_t *v)
         }
     }
     if (f->n == sizeof(f->names) / sizeof(f->names[0]))
-        return duet__fail(rs, DUET_ERR_UNSUPPORTED, 0, "%s", "too many variables in a scope"),
+        return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, 0, "%s", "too many variables in a scope"),
                false;
     f->names[f->n] = name;
     f->vals[f->n++] = v;
@@ -229,12 +229,13 @@ static bool duet__bind(duet__rs_t *rs, const char *name, duet__val_t *v)
 }
 
 /* Evaluated arguments of a call or filter (at most 8). */
-bool duet__eval_args(duet__rs_t *rs, const duet__node_t *n, duet__val_t **argv)
+bool duet__tmpl_eval_args(duet__rs_t *rs, const duet__node_t *n, duet__val_t **argv)
 {
     if (n->nargs > 8)
-        return duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s", "too many arguments"), false;
+        return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s", "too many arguments"),
+               false;
     for (size_t i = 0; i < n->nargs; i++)
-        if ((argv[i] = duet__eval(rs, n->args[i])) == NULL)
+        if ((argv[i] = duet__tmpl_eval(rs, n->args[i])) == NULL)
             return false;
     return true;
 }
@@ -244,33 +245,34 @@ static duet__val_t *duet__call(duet__rs_t *rs, const duet__node_t *n)
     duet__val_t *f, *argv[8];
 
     if (n->a->kind == DUET__E_ATTR) {
-        duet__val_t *self = duet__eval(rs, n->a->a);
+        duet__val_t *self = duet__tmpl_eval(rs, n->a->a);
         if (self == NULL)
             return NULL;
-        if (self->kind != DUET__V_DICT || duet__dict_get(self, n->a->s, strlen(n->a->s)) == NULL)
-            return duet__method(rs, n, self, n->a->s);
+        if (self->kind != DUET__V_DICT ||
+            duet__tmpl_dict_get(self, n->a->s, strlen(n->a->s)) == NULL)
+            return duet__tmpl_method(rs, n, self, n->a->s);
     }
-    if ((f = duet__eval(rs, n->a)) == NULL)
+    if ((f = duet__tmpl_eval(rs, n->a)) == NULL)
         return NULL;
     if (f->kind != DUET__V_FUNC)
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "calling a non-function");
-    if (!duet__eval_args(rs, n, argv))
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "calling a non-function");
+    if (!duet__tmpl_eval_args(rs, n, argv))
         return NULL;
     if (f->i == DUET__F_RAISE) {
-        duet__val_t *msg = n->nargs ? duet__to_str(rs, argv[0]) : NULL;
+        duet__val_t *msg = n->nargs ? duet__tmpl_to_str(rs, argv[0]) : NULL;
         if (n->nargs && msg == NULL)
             return NULL;
-        return duet__fail(rs, DUET_ERR_INVALID, 0, "%s",
-                          msg ? duet__arena_strndup(&rs->arena, msg->s, msg->n)
-                              : "the chat template raised an error");
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, 0, "%s",
+                               msg ? duet__tmpl_arena_strndup(&rs->arena, msg->s, msg->n)
+                                   : "the chat template raised an error");
     }
     /* namespace(k=v, ...) */
-    duet__val_t *d = duet__new(rs, DUET__V_DICT);
+    duet__val_t *d = duet__tmpl_new(rs, DUET__V_DICT);
     for (size_t i = 0; d && i < n->nargs; i++) {
         if (n->kw[i] == NULL)
-            return duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
-                              "namespace() takes keyword arguments only");
-        if (!duet__dict_set(rs, d, n->kw[i], argv[i]))
+            return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
+                                   "namespace() takes keyword arguments only");
+        if (!duet__tmpl_dict_set(rs, d, n->kw[i], argv[i]))
             return NULL;
     }
     return d;
@@ -282,31 +284,31 @@ static duet__val_t *duet__index(duet__rs_t *rs, const duet__node_t *n, duet__val
     if (obj->kind == DUET__V_DICT) {
         duet__val_t *r;
         if (key->kind != DUET__V_STR)
-            return &duet__undef;
-        r = duet__dict_get(obj, key->s, key->n);
-        return r ? r : &duet__undef;
+            return &duet__tmpl_undef;
+        r = duet__tmpl_dict_get(obj, key->s, key->n);
+        return r ? r : &duet__tmpl_undef;
     }
     if ((obj->kind == DUET__V_LIST || obj->kind == DUET__V_STR) && key->kind == DUET__V_INT) {
         int64_t i = key->i < 0 ? key->i + (int64_t)obj->n : key->i;
         if (i < 0 || i >= (int64_t)obj->n)
-            return &duet__undef;
-        return obj->kind == DUET__V_LIST ? obj->items[i] : duet__str(rs, obj->s + i, 1, false);
+            return &duet__tmpl_undef;
+        return obj->kind == DUET__V_LIST ? obj->items[i] : duet__tmpl_str(rs, obj->s + i, 1, false);
     }
     if (obj->kind == DUET__V_UNDEF)
-        return &duet__undef;
-    return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "cannot index this value");
+        return &duet__tmpl_undef;
+    return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "cannot index this value");
 }
 
 static duet__val_t *duet__slice(duet__rs_t *rs, const duet__node_t *n)
 {
-    duet__val_t *obj = duet__eval(rs, n->a), *lo = NULL, *hi = NULL, *r;
+    duet__val_t *obj = duet__tmpl_eval(rs, n->a), *lo = NULL, *hi = NULL, *r;
     int64_t len, a = 0, b;
 
-    if (obj == NULL || (n->b && (lo = duet__eval(rs, n->b)) == NULL) ||
-        (n->c && (hi = duet__eval(rs, n->c)) == NULL))
+    if (obj == NULL || (n->b && (lo = duet__tmpl_eval(rs, n->b)) == NULL) ||
+        (n->c && (hi = duet__tmpl_eval(rs, n->c)) == NULL))
         return NULL;
     if (obj->kind != DUET__V_LIST && obj->kind != DUET__V_STR)
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "slicing a non-sequence");
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "slicing a non-sequence");
     len = (int64_t)obj->n;
     b = len;
     if (lo && lo->kind == DUET__V_INT)
@@ -316,52 +318,52 @@ static duet__val_t *duet__slice(duet__rs_t *rs, const duet__node_t *n)
     a = a < 0 ? 0 : a > len ? len : a;
     b = b < a ? a : b > len ? len : b;
     if (obj->kind == DUET__V_STR)
-        return duet__str(rs, obj->s + a, (size_t)(b - a), false);
-    if ((r = duet__new(rs, DUET__V_LIST)) == NULL)
+        return duet__tmpl_str(rs, obj->s + a, (size_t)(b - a), false);
+    if ((r = duet__tmpl_new(rs, DUET__V_LIST)) == NULL)
         return NULL;
     for (int64_t i = a; i < b; i++)
-        if (!duet__push(rs, r, obj->items[i], NULL))
+        if (!duet__tmpl_push(rs, r, obj->items[i], NULL))
             return NULL;
     return r;
 }
 
 static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
 {
-    duet__val_t *a = duet__eval(rs, n->a), *b, *r;
-    if (a == NULL || (b = duet__eval(rs, n->b)) == NULL)
+    duet__val_t *a = duet__tmpl_eval(rs, n->a), *b, *r;
+    if (a == NULL || (b = duet__tmpl_eval(rs, n->b)) == NULL)
         return NULL;
     bool ints = (a->kind == DUET__V_INT || a->kind == DUET__V_BOOL) &&
                 (b->kind == DUET__V_INT || b->kind == DUET__V_BOOL);
     switch (n->op) {
     case DUET__OP_EQ:
-        return duet__int(rs, DUET__V_BOOL, duet__equal(a, b));
+        return duet__tmpl_int(rs, DUET__V_BOOL, duet__equal(a, b));
     case DUET__OP_NE:
-        return duet__int(rs, DUET__V_BOOL, !duet__equal(a, b));
+        return duet__tmpl_int(rs, DUET__V_BOOL, !duet__equal(a, b));
     case DUET__OP_CONCAT:
-        if ((a = duet__to_str(rs, a)) == NULL || (b = duet__to_str(rs, b)) == NULL)
+        if ((a = duet__tmpl_to_str(rs, a)) == NULL || (b = duet__tmpl_to_str(rs, b)) == NULL)
             return NULL;
         /* fall through */
     case DUET__OP_ADD:
         if (ints)
-            return duet__int(rs, DUET__V_INT, a->i + b->i);
+            return duet__tmpl_int(rs, DUET__V_INT, a->i + b->i);
         if (a->kind == DUET__V_STR && b->kind == DUET__V_STR) {
-            char *s = duet__arena_alloc(&rs->arena, a->n + b->n + 1);
+            char *s = duet__tmpl_arena_alloc(&rs->arena, a->n + b->n + 1);
             if (s == NULL)
-                return duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
+                return duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
             memcpy(s, a->s, a->n);
             memcpy(s + a->n, b->s, b->n);
-            return duet__str(rs, s, a->n + b->n, false);
+            return duet__tmpl_str(rs, s, a->n + b->n, false);
         }
         if (a->kind == DUET__V_LIST && b->kind == DUET__V_LIST) {
-            if ((r = duet__new(rs, DUET__V_LIST)) == NULL)
+            if ((r = duet__tmpl_new(rs, DUET__V_LIST)) == NULL)
                 return NULL;
             for (size_t i = 0; i < a->n + b->n; i++)
-                if (!duet__push(rs, r, i < a->n ? a->items[i] : b->items[i - a->n], NULL))
+                if (!duet__tmpl_push(rs, r, i < a->n ? a->items[i] : b->items[i - a->n], NULL))
                     return NULL;
             return r;
         }
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s",
-                          "'+' needs two numbers, strings or lists");
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s",
+                               "'+' needs two numbers, strings or lists");
     case DUET__OP_IN:
     case DUET__OP_NOT_IN: {
         bool found = false;
@@ -372,11 +374,11 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
             for (size_t i = 0; !found && i < b->n; i++)
                 found = duet__equal(a, b->items[i]);
         } else if (b->kind == DUET__V_DICT && a->kind == DUET__V_STR) {
-            found = duet__dict_get(b, a->s, a->n) != NULL;
+            found = duet__tmpl_dict_get(b, a->s, a->n) != NULL;
         } else if (b->kind != DUET__V_UNDEF) {
-            return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "'in' needs a container");
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "'in' needs a container");
         }
-        return duet__int(rs, DUET__V_BOOL, found == (n->op == DUET__OP_IN));
+        return duet__tmpl_int(rs, DUET__V_BOOL, found == (n->op == DUET__OP_IN));
     }
     default:
         break;
@@ -391,63 +393,63 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
                    : n->op == DUET__OP_GT ? c > 0
                    : n->op == DUET__OP_LE ? c <= 0
                                           : c >= 0;
-        return duet__int(rs, DUET__V_BOOL, res);
+        return duet__tmpl_int(rs, DUET__V_BOOL, res);
     }
     if (!ints)
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "arithmetic on non-numbers");
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "arithmetic on non-numbers");
     switch (n->op) {
     case DUET__OP_SUB:
-        return duet__int(rs, DUET__V_INT, a->i - b->i);
+        return duet__tmpl_int(rs, DUET__V_INT, a->i - b->i);
     case DUET__OP_MUL:
-        return duet__int(rs, DUET__V_INT, a->i * b->i);
+        return duet__tmpl_int(rs, DUET__V_INT, a->i * b->i);
     case DUET__OP_LT:
-        return duet__int(rs, DUET__V_BOOL, a->i < b->i);
+        return duet__tmpl_int(rs, DUET__V_BOOL, a->i < b->i);
     case DUET__OP_GT:
-        return duet__int(rs, DUET__V_BOOL, a->i > b->i);
+        return duet__tmpl_int(rs, DUET__V_BOOL, a->i > b->i);
     case DUET__OP_LE:
-        return duet__int(rs, DUET__V_BOOL, a->i <= b->i);
+        return duet__tmpl_int(rs, DUET__V_BOOL, a->i <= b->i);
     case DUET__OP_GE:
-        return duet__int(rs, DUET__V_BOOL, a->i >= b->i);
+        return duet__tmpl_int(rs, DUET__V_BOOL, a->i >= b->i);
     default:
         break;
     }
     if (b->i == 0)
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "division by zero");
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "division by zero");
     int64_t q = a->i / b->i, m = a->i % b->i;
     if (m != 0 && ((m < 0) != (b->i < 0))) { /* Python floor semantics */
         q--;
         m += b->i;
     }
-    return duet__int(rs, DUET__V_INT, n->op == DUET__OP_MOD ? m : q);
+    return duet__tmpl_int(rs, DUET__V_INT, n->op == DUET__OP_MOD ? m : q);
 }
 
-duet__val_t *duet__eval(duet__rs_t *rs, const duet__node_t *n)
+duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
 {
     duet__val_t *v, *w;
 
     if (rs->err)
         return NULL;
     if (++rs->steps > DUET__MAX_STEPS)
-        return duet__fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "template runs too long");
+        return duet__tmpl_fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "template runs too long");
     switch (n->kind) {
     case DUET__E_STR:
-        return duet__str(rs, n->s, n->slen, false);
+        return duet__tmpl_str(rs, n->s, n->slen, false);
     case DUET__E_INT:
-        return duet__int(rs, DUET__V_INT, n->i);
+        return duet__tmpl_int(rs, DUET__V_INT, n->i);
     case DUET__E_BOOL:
-        return duet__int(rs, DUET__V_BOOL, n->i);
+        return duet__tmpl_int(rs, DUET__V_BOOL, n->i);
     case DUET__E_NONE:
-        return duet__new(rs, DUET__V_NONE);
+        return duet__tmpl_new(rs, DUET__V_NONE);
     case DUET__E_NAME:
         return duet__lookup(rs, n->s);
     case DUET__E_ATTR:
-        if ((v = duet__eval(rs, n->a)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
             return NULL;
-        if (v->kind == DUET__V_DICT && (w = duet__dict_get(v, n->s, strlen(n->s))) != NULL)
+        if (v->kind == DUET__V_DICT && (w = duet__tmpl_dict_get(v, n->s, strlen(n->s))) != NULL)
             return w;
-        return &duet__undef;
+        return &duet__tmpl_undef;
     case DUET__E_INDEX:
-        if ((v = duet__eval(rs, n->a)) == NULL || (w = duet__eval(rs, n->b)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL || (w = duet__tmpl_eval(rs, n->b)) == NULL)
             return NULL;
         return duet__index(rs, n, v, w);
     case DUET__E_SLICE:
@@ -455,58 +457,58 @@ duet__val_t *duet__eval(duet__rs_t *rs, const duet__node_t *n)
     case DUET__E_CALL:
         return duet__call(rs, n);
     case DUET__E_FILTER:
-        if ((v = duet__eval(rs, n->a)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
             return NULL;
-        return duet__filter(rs, n, v);
+        return duet__tmpl_filter(rs, n, v);
     case DUET__E_TEST:
-        return duet__test(rs, n);
+        return duet__tmpl_test(rs, n);
     case DUET__E_NOT:
-        if ((v = duet__eval(rs, n->a)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
             return NULL;
-        return duet__int(rs, DUET__V_BOOL, !duet__truthy(v));
+        return duet__tmpl_int(rs, DUET__V_BOOL, !duet__tmpl_truthy(v));
     case DUET__E_NEG:
-        if ((v = duet__eval(rs, n->a)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
             return NULL;
         if (v->kind != DUET__V_INT)
-            return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "negating a non-number");
-        return duet__int(rs, DUET__V_INT, -v->i);
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "negating a non-number");
+        return duet__tmpl_int(rs, DUET__V_INT, -v->i);
     case DUET__E_BINOP:
         return duet__binary(rs, n);
     case DUET__E_AND:
     case DUET__E_OR:
-        if ((v = duet__eval(rs, n->a)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
             return NULL;
-        if (duet__truthy(v) == (n->kind == DUET__E_OR))
+        if (duet__tmpl_truthy(v) == (n->kind == DUET__E_OR))
             return v;
-        return duet__eval(rs, n->b);
+        return duet__tmpl_eval(rs, n->b);
     case DUET__E_COND:
-        if ((v = duet__eval(rs, n->a)) == NULL)
+        if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
             return NULL;
-        if (duet__truthy(v))
-            return duet__eval(rs, n->b);
-        return n->c ? duet__eval(rs, n->c) : &duet__undef;
+        if (duet__tmpl_truthy(v))
+            return duet__tmpl_eval(rs, n->b);
+        return n->c ? duet__tmpl_eval(rs, n->c) : &duet__tmpl_undef;
     case DUET__E_LIST:
     case DUET__E_DICT:
-        if ((v = duet__new(rs, n->kind == DUET__E_LIST ? DUET__V_LIST : DUET__V_DICT)) == NULL)
+        if ((v = duet__tmpl_new(rs, n->kind == DUET__E_LIST ? DUET__V_LIST : DUET__V_DICT)) == NULL)
             return NULL;
         for (size_t i = 0; i < n->nargs; i += n->kind == DUET__E_LIST ? 1 : 2) {
             const char *key = NULL;
             if (n->kind == DUET__E_DICT) {
-                duet__val_t *k = duet__eval(rs, n->args[i]);
+                duet__val_t *k = duet__tmpl_eval(rs, n->args[i]);
                 if (k == NULL)
                     return NULL;
                 if (k->kind != DUET__V_STR)
-                    return duet__fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
-                                      "dict keys must be strings");
-                key = duet__arena_strndup(&rs->arena, k->s, k->n);
+                    return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
+                                           "dict keys must be strings");
+                key = duet__tmpl_arena_strndup(&rs->arena, k->s, k->n);
             }
-            if ((w = duet__eval(rs, n->args[i + (key != NULL)])) == NULL ||
-                !duet__push(rs, v, w, key))
+            if ((w = duet__tmpl_eval(rs, n->args[i + (key != NULL)])) == NULL ||
+                !duet__tmpl_push(rs, v, w, key))
                 return NULL;
         }
         return v;
     default:
-        return duet__fail(rs, DUET_ERR_INTERNAL, n->line, "%s", "bad expression node");
+        return duet__tmpl_fail(rs, DUET_ERR_INTERNAL, n->line, "%s", "bad expression node");
     }
 }
 
@@ -514,7 +516,7 @@ static duet_status_t duet__exec(duet__rs_t *rs, const duet__node_t *n);
 
 static duet_status_t duet__exec_for(duet__rs_t *rs, const duet__node_t *n)
 {
-    duet__val_t *seq = duet__eval(rs, n->a), *items;
+    duet__val_t *seq = duet__tmpl_eval(rs, n->a), *items;
     duet__frame_t frame;
 
     if (seq == NULL)
@@ -522,18 +524,18 @@ static duet_status_t duet__exec_for(duet__rs_t *rs, const duet__node_t *n)
     if (seq->kind == DUET__V_UNDEF || seq->kind == DUET__V_NONE)
         return n->orelse ? duet__exec(rs, n->orelse) : DUET_OK;
     if (seq->kind == DUET__V_DICT) { /* iterating a dict yields its keys */
-        if ((items = duet__new(rs, DUET__V_LIST)) == NULL)
+        if ((items = duet__tmpl_new(rs, DUET__V_LIST)) == NULL)
             return rs->err;
         for (size_t i = 0; i < seq->n; i++)
-            if (!duet__push(rs, items, duet__str(rs, seq->keys[i], strlen(seq->keys[i]), false),
-                            NULL))
+            if (!duet__tmpl_push(
+                    rs, items, duet__tmpl_str(rs, seq->keys[i], strlen(seq->keys[i]), false), NULL))
                 return rs->err;
         seq = items;
     }
     if (seq->kind != DUET__V_LIST)
-        return duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "for over a non-list"), rs->err;
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "for over a non-list"), rs->err;
     /* With a filter, loop.* counts the items that pass: select them first. */
-    if ((items = duet__new(rs, DUET__V_LIST)) == NULL)
+    if ((items = duet__tmpl_new(rs, DUET__V_LIST)) == NULL)
         return rs->err;
     memset(&frame, 0, sizeof(frame));
     frame.up = rs->env;
@@ -542,28 +544,31 @@ static duet_status_t duet__exec_for(duet__rs_t *rs, const duet__node_t *n)
         frame.n = 0;
         if (!duet__bind(rs, n->s, seq->items[i]))
             break;
-        duet__val_t *keep = n->b ? duet__eval(rs, n->b) : NULL;
+        duet__val_t *keep = n->b ? duet__tmpl_eval(rs, n->b) : NULL;
         if (rs->err)
             break;
-        if ((!n->b || duet__truthy(keep)) && !duet__push(rs, items, seq->items[i], NULL))
+        if ((!n->b || duet__tmpl_truthy(keep)) && !duet__tmpl_push(rs, items, seq->items[i], NULL))
             break;
     }
     for (size_t i = 0; i < items->n && !rs->err; i++) {
-        duet__val_t *loop = duet__new(rs, DUET__V_DICT), *item = items->items[i];
+        duet__val_t *loop = duet__tmpl_new(rs, DUET__V_DICT), *item = items->items[i];
         int64_t len = (int64_t)items->n, k = (int64_t)i;
         frame.n = 0;
-        if (loop == NULL || !duet__dict_set(rs, loop, "index0", duet__int(rs, DUET__V_INT, k)) ||
-            !duet__dict_set(rs, loop, "index", duet__int(rs, DUET__V_INT, k + 1)) ||
-            !duet__dict_set(rs, loop, "revindex", duet__int(rs, DUET__V_INT, len - k)) ||
-            !duet__dict_set(rs, loop, "revindex0", duet__int(rs, DUET__V_INT, len - k - 1)) ||
-            !duet__dict_set(rs, loop, "first", duet__int(rs, DUET__V_BOOL, k == 0)) ||
-            !duet__dict_set(rs, loop, "last", duet__int(rs, DUET__V_BOOL, k == len - 1)) ||
-            !duet__dict_set(rs, loop, "length", duet__int(rs, DUET__V_INT, len)) ||
+        if (loop == NULL ||
+            !duet__tmpl_dict_set(rs, loop, "index0", duet__tmpl_int(rs, DUET__V_INT, k)) ||
+            !duet__tmpl_dict_set(rs, loop, "index", duet__tmpl_int(rs, DUET__V_INT, k + 1)) ||
+            !duet__tmpl_dict_set(rs, loop, "revindex", duet__tmpl_int(rs, DUET__V_INT, len - k)) ||
+            !duet__tmpl_dict_set(rs, loop, "revindex0",
+                                 duet__tmpl_int(rs, DUET__V_INT, len - k - 1)) ||
+            !duet__tmpl_dict_set(rs, loop, "first", duet__tmpl_int(rs, DUET__V_BOOL, k == 0)) ||
+            !duet__tmpl_dict_set(rs, loop, "last",
+                                 duet__tmpl_int(rs, DUET__V_BOOL, k == len - 1)) ||
+            !duet__tmpl_dict_set(rs, loop, "length", duet__tmpl_int(rs, DUET__V_INT, len)) ||
             !duet__bind(rs, "loop", loop))
             break;
         if (n->s2) { /* for k, v in pairs */
             if (item->kind != DUET__V_LIST || item->n != 2) {
-                duet__fail(rs, DUET_ERR_INVALID, n->line, "%s", "cannot unpack a loop item");
+                duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "cannot unpack a loop item");
                 break;
             }
             if (!duet__bind(rs, n->s, item->items[0]) || !duet__bind(rs, n->s2, item->items[1]))
@@ -589,44 +594,44 @@ static duet_status_t duet__exec(duet__rs_t *rs, const duet__node_t *n)
             duet_router_buf_append(&rs->out, n->s, n->slen);
             break;
         case DUET__N_OUTPUT:
-            if ((v = duet__eval(rs, n->a)) == NULL)
+            if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
                 break;
             if (v->kind == DUET__V_STR) {
                 duet_router_buf_append(&rs->out, v->s, v->n);
             } else {
-                duet__repr(&rs->out, v, false);
+                duet__tmpl_repr(&rs->out, v, false);
             }
             break;
         case DUET__N_IF:
-            if ((v = duet__eval(rs, n->a)) == NULL)
+            if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
                 break;
-            duet__exec(rs, duet__truthy(v) ? n->body : n->orelse);
+            duet__exec(rs, duet__tmpl_truthy(v) ? n->body : n->orelse);
             break;
         case DUET__N_FOR:
             duet__exec_for(rs, n);
             break;
         case DUET__N_SET:
-            if ((v = duet__eval(rs, n->a)) == NULL)
+            if ((v = duet__tmpl_eval(rs, n->a)) == NULL)
                 break;
             if (n->s2) {
                 duet__val_t *ns = duet__lookup(rs, n->s);
                 if (ns->kind != DUET__V_DICT)
-                    duet__fail(rs, DUET_ERR_INVALID, n->line, "%s",
-                               "set on an attribute of a non-namespace");
+                    duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s",
+                                    "set on an attribute of a non-namespace");
                 else
-                    duet__dict_set(rs, ns, n->s2, v);
+                    duet__tmpl_dict_set(rs, ns, n->s2, v);
             } else {
                 duet__bind(rs, n->s, v);
             }
             break;
         default:
-            duet__fail(rs, DUET_ERR_INTERNAL, n->line, "%s", "bad statement node");
+            duet__tmpl_fail(rs, DUET_ERR_INTERNAL, n->line, "%s", "bad statement node");
             break;
         }
         if (rs->out.oom)
-            duet__fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
+            duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory");
         else if (rs->out.len > DUET__MAX_OUTPUT || rs->arena.total > 8 * (size_t)DUET__MAX_OUTPUT)
-            duet__fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "rendered prompt is too long");
+            duet__tmpl_fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "rendered prompt is too long");
     }
     return rs->err;
 }
@@ -644,25 +649,28 @@ duet_status_t duet_router_chat_tmpl_render(const duet_router_chat_tmpl_t *tmpl,
     memset(&globals, 0, sizeof(globals));
     rs.env = &globals;
     duet_router_buf_init(&rs.out);
-    if ((msgs = duet__new(&rs, DUET__V_LIST)) == NULL)
+    if ((msgs = duet__tmpl_new(&rs, DUET__V_LIST)) == NULL)
         goto out;
     for (size_t i = 0; i < vars->n_msgs; i++) {
-        duet__val_t *m = duet__new(&rs, DUET__V_DICT);
+        duet__val_t *m = duet__tmpl_new(&rs, DUET__V_DICT);
         const duet_router_chat_msg_t *cm = &vars->msgs[i];
         if (m == NULL ||
-            !duet__dict_set(&rs, m, "role", duet__str(&rs, cm->role, strlen(cm->role), false)) ||
-            !duet__dict_set(&rs, m, "content",
-                            duet__str(&rs, cm->content, strlen(cm->content), false)) ||
-            !duet__push(&rs, msgs, m, NULL))
+            !duet__tmpl_dict_set(&rs, m, "role",
+                                 duet__tmpl_str(&rs, cm->role, strlen(cm->role), false)) ||
+            !duet__tmpl_dict_set(&rs, m, "content",
+                                 duet__tmpl_str(&rs, cm->content, strlen(cm->content), false)) ||
+            !duet__tmpl_push(&rs, msgs, m, NULL))
             goto out;
     }
     duet__bind(&rs, "messages", msgs);
-    duet__bind(&rs, "bos_token", duet__str(&rs, vars->bos_token, strlen(vars->bos_token), false));
-    duet__bind(&rs, "eos_token", duet__str(&rs, vars->eos_token, strlen(vars->eos_token), false));
+    duet__bind(&rs, "bos_token",
+               duet__tmpl_str(&rs, vars->bos_token, strlen(vars->bos_token), false));
+    duet__bind(&rs, "eos_token",
+               duet__tmpl_str(&rs, vars->eos_token, strlen(vars->eos_token), false));
     duet__bind(&rs, "add_generation_prompt",
-               duet__int(&rs, DUET__V_BOOL, vars->add_generation_prompt));
-    duet__bind(&rs, "raise_exception", duet__int(&rs, DUET__V_FUNC, DUET__F_RAISE));
-    duet__bind(&rs, "namespace", duet__int(&rs, DUET__V_FUNC, DUET__F_NAMESPACE));
+               duet__tmpl_int(&rs, DUET__V_BOOL, vars->add_generation_prompt));
+    duet__bind(&rs, "raise_exception", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_RAISE));
+    duet__bind(&rs, "namespace", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_NAMESPACE));
     if (rs.err == DUET_OK)
         duet__exec(&rs, tmpl->root);
 out:
@@ -680,6 +688,6 @@ out:
         }
     }
     duet_router_buf_cleanup(&rs.out);
-    duet__arena_free(&rs.arena);
+    duet__tmpl_arena_free(&rs.arena);
     return st;
 }

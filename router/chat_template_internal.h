@@ -16,9 +16,9 @@ typedef struct {
     size_t total; /* bytes handed out, for the runaway limit */
 } duet__arena_t;
 
-void *duet__arena_alloc(duet__arena_t *a, size_t n); /* zeroed; NULL when out of memory */
-char *duet__arena_strndup(duet__arena_t *a, const char *s, size_t n);
-void duet__arena_free(duet__arena_t *a);
+void *duet__tmpl_arena_alloc(duet__arena_t *a, size_t n); /* zeroed; NULL when out of memory */
+char *duet__tmpl_arena_strndup(duet__arena_t *a, const char *s, size_t n);
+void duet__tmpl_arena_free(duet__arena_t *a);
 
 typedef enum {
     /* statements */
@@ -136,28 +136,28 @@ typedef struct {
     size_t steps;
 } duet__rs_t;
 
-extern duet__val_t duet__undef;
+extern duet__val_t duet__tmpl_undef;
 
 /* Record the first error (message: fmt with one string argument) and
  * return NULL. */
-duet__val_t *duet__fail(duet__rs_t *rs, duet_status_t st, int line, const char *fmt,
-                        const char *arg);
-duet__val_t *duet__new(duet__rs_t *rs, duet__vkind_t kind);
-duet__val_t *duet__int(duet__rs_t *rs, duet__vkind_t kind, int64_t i);
-duet__val_t *duet__str(duet__rs_t *rs, const char *s, size_t n, bool copy);
-bool duet__push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const char *key);
-duet__val_t *duet__dict_get(const duet__val_t *d, const char *key, size_t klen);
-bool duet__dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t *v);
-bool duet__truthy(const duet__val_t *v);
-void duet__repr(duet_router_buf_t *b, const duet__val_t *v, bool quote);
-duet__val_t *duet__to_str(duet__rs_t *rs, duet__val_t *v);
-duet__val_t *duet__eval(duet__rs_t *rs, const duet__node_t *n);
-bool duet__eval_args(duet__rs_t *rs, const duet__node_t *n, duet__val_t **argv);
+duet__val_t *duet__tmpl_fail(duet__rs_t *rs, duet_status_t st, int line, const char *fmt,
+                             const char *arg);
+duet__val_t *duet__tmpl_new(duet__rs_t *rs, duet__vkind_t kind);
+duet__val_t *duet__tmpl_int(duet__rs_t *rs, duet__vkind_t kind, int64_t i);
+duet__val_t *duet__tmpl_str(duet__rs_t *rs, const char *s, size_t n, bool copy);
+bool duet__tmpl_push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const char *key);
+duet__val_t *duet__tmpl_dict_get(const duet__val_t *d, const char *key, size_t klen);
+bool duet__tmpl_dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t *v);
+bool duet__tmpl_truthy(const duet__val_t *v);
+void duet__tmpl_repr(duet_router_buf_t *b, const duet__val_t *v, bool quote);
+duet__val_t *duet__tmpl_to_str(duet__rs_t *rs, duet__val_t *v);
+duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n);
+bool duet__tmpl_eval_args(duet__rs_t *rs, const duet__node_t *n, duet__val_t **argv);
 
 /* builtins: `v | name(args)`, `v is [not] name`, `self.name(args)` */
-duet__val_t *duet__filter(duet__rs_t *rs, const duet__node_t *n, duet__val_t *v);
-duet__val_t *duet__test(duet__rs_t *rs, const duet__node_t *n);
-duet__val_t *duet__method(duet__rs_t *rs, const duet__node_t *n, const duet__val_t *self,
-                          const char *m);
+duet__val_t *duet__tmpl_filter(duet__rs_t *rs, const duet__node_t *n, duet__val_t *v);
+duet__val_t *duet__tmpl_test(duet__rs_t *rs, const duet__node_t *n);
+duet__val_t *duet__tmpl_method(duet__rs_t *rs, const duet__node_t *n, const duet__val_t *self,
+                               const char *m);
 
 #endif

@@ -15,7 +15,7 @@
 
 #define DUET__MAX_TICK_CANCELS 64
 
-void duet__hreq_unref(duet__hreq_t *r)
+void duet__http_hreq_unref(duet__hreq_t *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
@@ -25,13 +25,13 @@ void duet__hreq_unref(duet__hreq_t *r)
     duet_free(r);
 }
 
-void duet__hreq_suspend_locked(duet__hreq_t *r)
+void duet__http_hreq_suspend_locked(duet__hreq_t *r)
 {
     r->suspended = true;
     MHD_suspend_connection(r->conn);
 }
 
-void duet__hreq_resume_locked(duet__hreq_t *r)
+void duet__http_hreq_resume_locked(duet__hreq_t *r)
 {
     if (r->suspended) {
         r->suspended = false;
@@ -40,8 +40,8 @@ void duet__hreq_resume_locked(duet__hreq_t *r)
     }
 }
 
-enum MHD_Result duet__respond(duet__hreq_t *r, unsigned status, const char *content_type,
-                              const char *data, size_t len)
+enum MHD_Result duet__http_respond(duet__hreq_t *r, unsigned status, const char *content_type,
+                                   const char *data, size_t len)
 {
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
@@ -69,15 +69,15 @@ enum MHD_Result duet__respond(duet__hreq_t *r, unsigned status, const char *cont
     return ret;
 }
 
-enum MHD_Result duet__respond_error(duet__hreq_t *r, const duet_router_oai_error_t *err)
+enum MHD_Result duet__http_respond_error(duet__hreq_t *r, const duet_router_oai_error_t *err)
 {
     duet_router_buf_t b;
     enum MHD_Result ret;
 
     duet_router_buf_init(&b);
     duet_router_oai_render_error(&b, err);
-    ret =
-        b.oom ? MHD_NO : duet__respond(r, (unsigned)err->status, "application/json", b.data, b.len);
+    ret = b.oom ? MHD_NO
+                : duet__http_respond(r, (unsigned)err->status, "application/json", b.data, b.len);
     duet_router_buf_cleanup(&b);
     return ret;
 }
@@ -86,7 +86,7 @@ static enum MHD_Result duet__respond_buf(duet__hreq_t *r, unsigned status, const
                                          duet_router_buf_t *b)
 {
     enum MHD_Result ret =
-        b->oom ? MHD_NO : duet__respond(r, status, ctype, b->data ? b->data : "", b->len);
+        b->oom ? MHD_NO : duet__http_respond(r, status, ctype, b->data ? b->data : "", b->len);
     duet_router_buf_cleanup(b);
     return ret;
 }
@@ -147,7 +147,7 @@ static enum MHD_Result duet__models(duet__hreq_t *r, const char *url)
     duet_router_buf_cleanup(&b);
     duet_router_oai_fail(&err, 404, "model", "model_not_found", "the model '%s' does not exist",
                          url + strlen("/v1/models/"));
-    return duet__respond_error(r, &err);
+    return duet__http_respond_error(r, &err);
 }
 
 static void duet__worker_json(duet_router_buf_t *b, const duet_router_worker_info_t *wi)
@@ -330,13 +330,13 @@ static enum MHD_Result duet__begin(duet__hreq_t *r, const char *url, const char 
 
     if (r->route == DUET_ROUTER_ROUTE_OTHER) {
         duet_router_oai_fail(&err, 404, NULL, "not_found", "no route %s %s", method, url);
-        return duet__respond_error(r, &err);
+        return duet__http_respond_error(r, &err);
     }
     if ((post && !want_post) || (!post && !want_get)) {
         duet_router_oai_fail(&err, 405, NULL, "method_not_allowed",
                              "%s is not allowed on %s (use %s)", method, url,
                              post ? "POST" : "GET");
-        return duet__respond_error(r, &err);
+        return duet__http_respond_error(r, &err);
     }
     if (r->route != DUET_ROUTER_ROUTE_HEALTH && r->route != DUET_ROUTER_ROUTE_METRICS) {
         const char *auth =
@@ -345,7 +345,7 @@ static enum MHD_Result duet__begin(duet__hreq_t *r, const char *url, const char 
             duet_router_oai_fail(&err, 401, NULL, "invalid_api_key",
                                  auth ? "incorrect API key provided"
                                       : "missing API key: send Authorization: Bearer <key>");
-            return duet__respond_error(r, &err);
+            return duet__http_respond_error(r, &err);
         }
     }
     switch (r->route) {
@@ -366,7 +366,7 @@ static enum MHD_Result duet__begin(duet__hreq_t *r, const char *url, const char 
         duet_router_oai_fail(&err, 413, NULL, "request_too_large",
                              "the request body (%s bytes) is larger than %d bytes", cl,
                              rt->cfg->router.max_body_bytes);
-        return duet__respond_error(r, &err);
+        return duet__http_respond_error(r, &err);
     }
     return MHD_YES;
 }
@@ -406,9 +406,9 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
         duet_router_oai_fail(&err, 413, NULL, "request_too_large",
                              "the request body is larger than %d bytes",
                              http->rt->cfg->router.max_body_bytes);
-        return duet__respond_error(r, &err);
+        return duet__http_respond_error(r, &err);
     }
-    return duet__gen_handle(r);
+    return duet__http_gen_handle(r);
 }
 
 static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -445,7 +445,7 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
         }
         duet_router_job_release(job);
     }
-    duet__hreq_unref(r);
+    duet__http_hreq_unref(r);
 }
 
 /* ---- ticker: keepalives and disconnects ---- */
@@ -462,7 +462,7 @@ void duet_router_http_tick(duet_router_http_t *http)
         if (r->sse && !r->ended && now - r->last_write_ns >= http->keepalive_ns) {
             duet_router_sse_comment(&r->out, "keepalive");
             r->last_write_ns = now;
-            duet__hreq_resume_locked(r);
+            duet__http_hreq_resume_locked(r);
         }
         /* A suspended connection is not watched by MHD: look for the peer's
          * FIN ourselves.  While suspended (under lock) MHD cannot close the
@@ -592,7 +592,7 @@ void duet_router_http_stop(duet_router_http_t *http)
     for (duet__hreq_t *r = http->reqs; r; r = r->next) {
         pthread_mutex_lock(&r->lock);
         r->ready = true;
-        duet__hreq_resume_locked(r);
+        duet__http_hreq_resume_locked(r);
         pthread_mutex_unlock(&r->lock);
     }
     pthread_mutex_unlock(&http->lock);

@@ -93,7 +93,7 @@ static bool duet__sink_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const
         }
         keep = !r->out.oom && duet_router_buf_unread(&r->out) <= DUET__MAX_PENDING;
         r->ready = true;
-        duet__hreq_resume_locked(r);
+        duet__http_hreq_resume_locked(r);
     } else {
         keep = duet_router_buf_append(&r->out, chunk->text, tlen);
     }
@@ -133,9 +133,9 @@ static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
         }
     }
     r->ready = true;
-    duet__hreq_resume_locked(r);
+    duet__http_hreq_resume_locked(r);
     pthread_mutex_unlock(&r->lock);
-    duet__hreq_unref(r); /* the sink's reference */
+    duet__http_hreq_unref(r); /* the sink's reference */
 }
 
 static const duet_router_sink_t duet__http_sink = {duet__sink_chunk, duet__sink_end};
@@ -157,7 +157,7 @@ static ssize_t duet__sse_read(void *cls, uint64_t pos, char *buf, size_t max)
     } else if (atomic_load(&r->http->stopping)) {
         n = MHD_CONTENT_READER_END_WITH_ERROR;
     } else {
-        duet__hreq_suspend_locked(r);
+        duet__http_hreq_suspend_locked(r);
         n = 0;
     }
     pthread_mutex_unlock(&r->lock);
@@ -166,7 +166,7 @@ static ssize_t duet__sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static void duet__sse_free(void *cls)
 {
-    duet__hreq_unref(cls);
+    duet__http_hreq_unref(cls);
 }
 
 static enum MHD_Result duet__respond_sse(duet__hreq_t *r)
@@ -178,7 +178,7 @@ static enum MHD_Result duet__respond_sse(duet__hreq_t *r)
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, duet__sse_read, r,
                                              duet__sse_free);
     if (resp == NULL) {
-        duet__hreq_unref(r);
+        duet__http_hreq_unref(r);
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -222,7 +222,7 @@ static enum MHD_Result duet__submit(duet__hreq_t *r)
                        sizeof(r->id));
     if (duet_router_oai_parse(r->body.data ? r->body.data : "", r->body.len, r->api, &lim, &req,
                               &err) != DUET_OK)
-        return duet__respond_error(r, &err);
+        return duet__http_respond_error(r, &err);
     duet_router_buf_cleanup(&r->body);
     r->stream = req.stream;
     r->include_usage = req.include_usage;
@@ -293,7 +293,7 @@ respond_err:
     duet_free(ids);
     duet_free(chat_text);
     duet_router_oai_req_cleanup(&req);
-    ret = duet__respond_error(r, &err);
+    ret = duet__http_respond_error(r, &err);
     return ret;
 }
 
@@ -316,7 +316,7 @@ static enum MHD_Result duet__answer(duet__hreq_t *r)
         return MHD_YES;
     if (!ok) {
         duet_router_error_from_grpc(r->end_code, r->end_msg, false, &err);
-        return duet__respond_error(r, &err);
+        return duet__http_respond_error(r, &err);
     }
     duet__meta(r, &m);
     duet_router_oai_usage_t u = {r->end_prompt, r->end_completion};
@@ -327,12 +327,13 @@ static enum MHD_Result duet__answer(duet__hreq_t *r)
                                     duet_router_oai_finish_name(r->end_reason), &u);
     pthread_mutex_unlock(&r->lock);
     duet_router_buf_puts(&b, "\n");
-    enum MHD_Result ret = b.oom ? MHD_NO : duet__respond(r, 200, "application/json", b.data, b.len);
+    enum MHD_Result ret =
+        b.oom ? MHD_NO : duet__http_respond(r, 200, "application/json", b.data, b.len);
     duet_router_buf_cleanup(&b);
     return ret;
 }
 
-enum MHD_Result duet__gen_handle(duet__hreq_t *r)
+enum MHD_Result duet__http_gen_handle(duet__hreq_t *r)
 {
     if (!r->submitted) {
         enum MHD_Result ret = duet__submit(r);
@@ -346,9 +347,9 @@ enum MHD_Result duet__gen_handle(duet__hreq_t *r)
             pthread_mutex_unlock(&r->lock);
             duet_router_oai_error_t err;
             duet_router_oai_fail(&err, 503, NULL, "shutting_down", "the router is shutting down");
-            return duet__respond_error(r, &err);
+            return duet__http_respond_error(r, &err);
         }
-        duet__hreq_suspend_locked(r);
+        duet__http_hreq_suspend_locked(r);
         pthread_mutex_unlock(&r->lock);
         return MHD_YES;
     }
@@ -358,7 +359,7 @@ enum MHD_Result duet__gen_handle(duet__hreq_t *r)
     if (!r->responded && ret == MHD_YES) { /* not ready to answer yet: wait again */
         pthread_mutex_lock(&r->lock);
         if (!r->ready && !atomic_load(&r->http->stopping))
-            duet__hreq_suspend_locked(r);
+            duet__http_hreq_suspend_locked(r);
         pthread_mutex_unlock(&r->lock);
     }
     return ret;

@@ -75,18 +75,18 @@ struct duet__hreq {
     duet__hreq_t *next, *prev; /* http->reqs, under http->lock */
 };
 
-void duet__hreq_unref(duet__hreq_t *r);
+void duet__http_hreq_unref(duet__hreq_t *r);
 /* Queue a complete response (copied) and count it in the metrics. */
-enum MHD_Result duet__respond(duet__hreq_t *r, unsigned status, const char *content_type,
-                              const char *data, size_t len);
-enum MHD_Result duet__respond_error(duet__hreq_t *r, const duet_router_oai_error_t *err);
+enum MHD_Result duet__http_respond(duet__hreq_t *r, unsigned status, const char *content_type,
+                                   const char *data, size_t len);
+enum MHD_Result duet__http_respond_error(duet__hreq_t *r, const duet_router_oai_error_t *err);
 /* Suspend (MHD thread, lock held). */
-void duet__hreq_suspend_locked(duet__hreq_t *r);
+void duet__http_hreq_suspend_locked(duet__hreq_t *r);
 /* Resume when suspended (any thread, lock held). */
-void duet__hreq_resume_locked(duet__hreq_t *r);
+void duet__http_hreq_resume_locked(duet__hreq_t *r);
 
 /* http_gen.c: the completion endpoints (MHD thread).  Called for every
  * access-handler invocation once the body is complete. */
-enum MHD_Result duet__gen_handle(duet__hreq_t *r);
+enum MHD_Result duet__http_gen_handle(duet__hreq_t *r);
 
 #endif

@@ -18,27 +18,32 @@
 
 #include "common/cluster.h"
 #include "common/log.h"
+#include "router/policy.h"
 #include "router/router.h"
 
 static void duet__usage(FILE *f)
 {
-    fprintf(f, "usage: duet-router --config FILE [options]\n"
-               "  --config FILE        cluster config (JSON); the router section and the\n"
-               "                       prefill/decode instance lists are used\n"
-               "  --name NAME          router name (default: router.name)\n"
-               "  --http HOST:PORT     HTTP listen address (\"\" = off; default router.http)\n"
-               "  --grpc HOST:PORT     gRPC listen address (\"\" = off; default router.grpc)\n"
-               "  --policy P           round_robin | least_load | power_of_two\n"
-               "  --check-config       validate the config and the model, then exit 0 or 1\n"
-               "  --http-threads N     libmicrohttpd threads (default 2)\n"
-               "  --grpc-threads N     gRPC server threads (default 2)\n"
-               "  --client-threads N   gRPC client threads (default 2)\n"
-               "  --keepalive-ms N     SSE keepalive comment period (default 2000)\n"
-               "  --grace-ms N         SIGTERM grace for in-flight requests (default 30000)\n"
-               "  --discovery-grace-ms N  keep a discover group's workers this long while\n"
-               "                       its DNS lookups fail (default 3 health intervals)\n"
-               "  --log-level L        error|warn|info|debug|trace (or DUET_LOG_LEVEL)\n"
-               "  --help-config        describe every cluster config key\n");
+    char policies[128];
+    duet_router_policy_list(policies, sizeof(policies), " | ", " | ");
+    fprintf(f,
+            "usage: duet-router --config FILE [options]\n"
+            "  --config FILE        cluster config (JSON); the router section and the\n"
+            "                       prefill/decode instance lists are used\n"
+            "  --name NAME          router name (default: router.name)\n"
+            "  --http HOST:PORT     HTTP listen address (\"\" = off; default router.http)\n"
+            "  --grpc HOST:PORT     gRPC listen address (\"\" = off; default router.grpc)\n"
+            "  --policy P           %s (default router.policy)\n"
+            "  --check-config       validate the config and the model, then exit 0 or 1\n"
+            "  --http-threads N     libmicrohttpd threads (default 2)\n"
+            "  --grpc-threads N     gRPC server threads (default 2)\n"
+            "  --client-threads N   gRPC client threads (default 2)\n"
+            "  --keepalive-ms N     SSE keepalive comment period (default 2000)\n"
+            "  --grace-ms N         SIGTERM grace for in-flight requests (default 30000)\n"
+            "  --discovery-grace-ms N  keep a discover group's workers this long while\n"
+            "                       its DNS lookups fail (default 3 health intervals)\n"
+            "  --log-level L        error|warn|info|debug|trace (or DUET_LOG_LEVEL)\n"
+            "  --help-config        describe every cluster config key\n",
+            policies);
 }
 
 static int duet__int_arg(const char *flag, const char *s, long lo, long hi, long *out)

@@ -1,28 +1,56 @@
 #include "router/policy.h"
 
+#include <stdio.h>
 #include <string.h>
+
+/* The one spelling of each policy, in enum order. */
+static const char *const duet__policy_names[DUET_ROUTER_N_POLICIES] = {
+    [DUET_ROUTER_POLICY_ROUND_ROBIN] = "round_robin",
+    [DUET_ROUTER_POLICY_LEAST_LOAD] = "least_load",
+    [DUET_ROUTER_POLICY_POWER_OF_TWO] = "power_of_two",
+};
 
 int duet_router_policy_parse(const char *name)
 {
-    if (strcmp(name, "round_robin") == 0)
-        return DUET_ROUTER_POLICY_ROUND_ROBIN;
-    if (strcmp(name, "least_load") == 0)
-        return DUET_ROUTER_POLICY_LEAST_LOAD;
-    if (strcmp(name, "power_of_two") == 0)
-        return DUET_ROUTER_POLICY_POWER_OF_TWO;
+    for (int p = 0; p < DUET_ROUTER_N_POLICIES; p++)
+        if (strcmp(name, duet__policy_names[p]) == 0)
+            return p;
     return -1;
 }
 
 const char *duet_router_policy_name(duet_router_policy_t p)
 {
-    switch (p) {
-    case DUET_ROUTER_POLICY_ROUND_ROBIN:
-        return "round_robin";
-    case DUET_ROUTER_POLICY_LEAST_LOAD:
-        return "least_load";
-    default:
-        return "power_of_two";
+    if ((int)p < 0 || (int)p >= DUET_ROUTER_N_POLICIES)
+        return "?";
+    return duet__policy_names[p];
+}
+
+void duet_router_policy_list(char *buf, size_t cap, const char *sep, const char *last_sep)
+{
+    size_t off = 0;
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    for (int p = 0; p < DUET_ROUTER_N_POLICIES && off < cap; p++) {
+        const char *s = p == 0 ? "" : p == DUET_ROUTER_N_POLICIES - 1 ? last_sep : sep;
+        int k = snprintf(buf + off, cap - off, "%s%s", s, duet__policy_names[p]);
+        if (k < 0)
+            return;
+        off += (size_t)k;
     }
+}
+
+duet_status_t duet_router_policy_check(const char *name, const char *key,
+                                       duet_router_policy_t *policy_p)
+{
+    char names[128];
+    int p = duet_router_policy_parse(name);
+    if (p < 0) {
+        duet_router_policy_list(names, sizeof(names), ", ", " or ");
+        return duet_error(DUET_ERR_CONFIG, "%s: '%s' is not %s", key, name, names);
+    }
+    *policy_p = (duet_router_policy_t)p;
+    return DUET_OK;
 }
 
 double duet_router_load_score(uint32_t queue_depth, uint32_t running, uint32_t free_pages,

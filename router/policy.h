@@ -21,15 +21,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/status.h"
+
 typedef enum {
     DUET_ROUTER_POLICY_ROUND_ROBIN = 0,
     DUET_ROUTER_POLICY_LEAST_LOAD = 1,
     DUET_ROUTER_POLICY_POWER_OF_TWO = 2,
 } duet_router_policy_t;
 
-/* "round_robin" | "least_load" | "power_of_two"; -1 when unknown. */
+#define DUET_ROUTER_N_POLICIES 3
+
+/* The policy called name ("round_robin" | "least_load" | "power_of_two"),
+ * or -1 when there is none. */
 int duet_router_policy_parse(const char *name);
+/* The policy's name (static storage; "?" for a value out of range). */
 const char *duet_router_policy_name(duet_router_policy_t p);
+/* Every policy's name into buf (truncated to cap), separated by sep and,
+ * before the last, by last_sep: "round_robin, least_load or power_of_two". */
+void duet_router_policy_list(char *buf, size_t cap, const char *sep, const char *last_sep);
+/* The policy called name; DUET_ERR_CONFIG naming the config key `key` and
+ * listing the policies when there is none (then *policy_p is untouched).
+ * The cluster config keeps router.policy a string: this is its check. */
+duet_status_t duet_router_policy_check(const char *name, const char *key,
+                                       duet_router_policy_t *policy_p);
 
 typedef struct {
     bool eligible; /* healthy and not excluded */

@@ -95,7 +95,6 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
     duet_router_t *rt = DUET_NEW(duet_router_t);
     duet_router_config_t *rc;
     duet_status_t st;
-    int policy;
 
     if (rt == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
@@ -119,13 +118,8 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
         (opt->grpc_addr && (st = duet__set_str(&rc->grpc, opt->grpc_addr))) ||
         (opt->policy && (st = duet__set_str(&rc->policy, opt->policy))))
         goto err;
-    if ((policy = duet_router_policy_parse(rc->policy)) < 0) {
-        st = duet_error(DUET_ERR_CONFIG,
-                        "router.policy: '%s' is not round_robin, least_load or power_of_two",
-                        rc->policy);
+    if ((st = duet_router_policy_check(rc->policy, "router.policy", &rt->policy)) != DUET_OK)
         goto err;
-    }
-    rt->policy = (duet_router_policy_t)policy;
     if (rc->http[0] == '\0' && rc->grpc[0] == '\0') {
         st = duet_error(DUET_ERR_CONFIG, "router.http, router.grpc: both are off");
         goto err;

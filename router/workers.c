@@ -81,7 +81,7 @@ duet_status_t duet_router_workers_validate(const duet_cluster_config_t *cfg)
 
 /* ---- slots ---- */
 
-duet__worker_t *duet__slot_alloc(duet_router_workers_t *w, duet_role_t role)
+duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t role)
 {
     size_t n = atomic_load(&w->n_slots[role]);
     duet__worker_t **chunk;
@@ -115,8 +115,8 @@ duet__worker_t *duet__slot_alloc(duet_router_workers_t *w, duet_role_t role)
     return duet__slot(w, role, n);
 }
 
-duet_status_t duet__slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
-                              const char *address, uint32_t tp)
+duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
+                                      const char *address, uint32_t tp)
 {
     char *n = duet_strdup(name), *a = duet_strdup(address);
 
@@ -145,7 +145,7 @@ duet_status_t duet__slot_fill(duet__worker_t *wk, duet__group_t *g, const char *
     return DUET_OK;
 }
 
-bool duet__leave_locked(duet_router_workers_t *w, duet__worker_t *wk, const char *why)
+bool duet__workers_leave_locked(duet_router_workers_t *w, duet__worker_t *wk, const char *why)
 {
     bool was;
 
@@ -325,7 +325,7 @@ static void *duet__worker_main(void *p)
     return NULL;
 }
 
-duet_status_t duet__checker_start(duet__worker_t *wk)
+duet_status_t duet__workers_checker_start(duet__worker_t *wk)
 {
     int rc;
     wk->loop_done = false;
@@ -356,11 +356,11 @@ static duet_status_t duet__workers_fill(duet_router_workers_t *w, duet_role_t ro
                                        i);
             continue;
         }
-        duet__worker_t *wk = duet__slot_alloc(w, role);
+        duet__worker_t *wk = duet__workers_slot_alloc(w, role);
         if (wk == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "router: no memory for workers");
         duet_status_t st =
-            duet__slot_fill(wk, NULL, inst[i].name, inst[i].address, (uint32_t)inst[i].tp);
+            duet__workers_slot_fill(wk, NULL, inst[i].name, inst[i].address, (uint32_t)inst[i].tp);
         if (st != DUET_OK)
             return st;
     }
@@ -415,14 +415,14 @@ duet_status_t duet_router_workers_start(duet_router_workers_t *w)
         for (size_t i = 0; i < n && st == DUET_OK; i++) {
             duet__worker_t *wk = duet__slot(w, (duet_role_t)r, i);
             if (wk->state == DUET__ACTIVE && !wk->started)
-                st = duet__checker_start(wk);
+                st = duet__workers_checker_start(wk);
         }
     }
     pthread_mutex_unlock(&w->lock);
     if (st != DUET_OK)
         return st;
     if (w->n_groups > 0 && !w->disc_started) {
-        if ((rc = pthread_create(&w->disc_thread, NULL, duet__disc_main, w)) != 0)
+        if ((rc = pthread_create(&w->disc_thread, NULL, duet__workers_disc_main, w)) != 0)
             return duet_error(DUET_ERR_INTERNAL, "router: pthread_create: %s", strerror(rc));
         w->disc_started = true;
     }

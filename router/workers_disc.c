@@ -90,7 +90,7 @@ static duet_status_t duet__revive_locked(duet_router_workers_t *w, duet__worker_
     DUET_LOG_INFO("worker %s %s (%s) is back in %s; checking it (%lld requests in flight)",
                   duet_role_name(wk->role), wk->name, wk->address, wk->group->text,
                   (long long)atomic_load(&wk->inflight));
-    return wk->started ? DUET_OK : duet__checker_start(wk);
+    return wk->started ? DUET_OK : duet__workers_checker_start(wk);
 }
 
 /* Add a worker for a newly resolved address (under w->lock). */
@@ -98,7 +98,7 @@ static void duet__join_locked(duet_router_workers_t *w, duet__group_t *g,
                               const duet_router_disc_addr_t *a)
 {
     char name[128];
-    duet__worker_t *wk = duet__slot_alloc(w, g->role);
+    duet__worker_t *wk = duet__workers_slot_alloc(w, g->role);
 
     if (wk == NULL) {
         DUET_LOG_ERROR("discover %s %s: no room for worker %s (the table holds %d)",
@@ -106,11 +106,11 @@ static void duet__join_locked(duet_router_workers_t *w, duet__group_t *g,
         return;
     }
     snprintf(name, sizeof(name), "%s/%s", g->name, a->ip);
-    if (duet__slot_fill(wk, g, name, a->addr, g->tp_config) != DUET_OK) {
+    if (duet__workers_slot_fill(wk, g, name, a->addr, g->tp_config) != DUET_OK) {
         DUET_LOG_ERROR("discover %s: %s", g->name, duet_error_msg());
         return;
     }
-    if (duet__checker_start(wk) != DUET_OK) {
+    if (duet__workers_checker_start(wk) != DUET_OK) {
         DUET_LOG_ERROR("discover %s: worker %s: %s", g->name, name, duet_error_msg());
         pthread_mutex_lock(&wk->lock);
         wk->state = DUET__FREE;
@@ -155,7 +155,7 @@ static void duet__group_reconcile(duet_router_workers_t *w, duet__group_t *g)
     snprintf(why, sizeof(why), "%s no longer resolves to it", g->text);
     for (size_t i = 0; i < n_m; i++) {
         if (verdict[i] == DUET_ROUTER_DISC_LEAVE)
-            changed |= duet__leave_locked(w, who[i], why);
+            changed |= duet__workers_leave_locked(w, who[i], why);
         else if (verdict[i] == DUET_ROUTER_DISC_REVIVE && duet__revive_locked(w, who[i]) != DUET_OK)
             DUET_LOG_ERROR("discover %s: worker %s: %s", g->name, who[i]->name, duet_error_msg());
     }
@@ -300,7 +300,7 @@ static int64_t duet__disc_round(duet_router_workers_t *w)
     return wake;
 }
 
-void *duet__disc_main(void *arg)
+void *duet__workers_disc_main(void *arg)
 {
     duet_router_workers_t *w = arg;
 

@@ -107,17 +107,17 @@ static inline void duet__count(_Atomic uint64_t *counter)
 
 /* A FREE slot (the lowest), or a new one; NULL when the table is full or
  * out of memory. */
-duet__worker_t *duet__slot_alloc(duet_router_workers_t *w, duet_role_t role);
+duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t role);
 /* Put a worker into a FREE slot. */
-duet_status_t duet__slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
-                              const char *address, uint32_t tp);
+duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
+                                      const char *address, uint32_t tp);
 /* Take an ACTIVE worker out of rotation for good; whether it was healthy
  * (the caller runs on_change once unlocked). */
-bool duet__leave_locked(duet_router_workers_t *w, duet__worker_t *wk, const char *why);
+bool duet__workers_leave_locked(duet_router_workers_t *w, duet__worker_t *wk, const char *why);
 /* Start a slot's checker thread. */
-duet_status_t duet__checker_start(duet__worker_t *wk);
+duet_status_t duet__workers_checker_start(duet__worker_t *wk);
 
 /* workers_disc.c: the discovery thread (resolve, reconcile, reap). */
-void *duet__disc_main(void *arg);
+void *duet__workers_disc_main(void *arg);
 
 #endif

@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 # directory -> the directories it may use.  Floors, bottom up:
-#   common | kv | model tokenizer | engine transfer | node | synth |
+#   common | kv | model tokenizer | engine transfer | node | synth testkit |
 #   prefill decode router tools | bench tests
 # proto/ is generated code ("duet/v1/...", "grpc/health/v1/...") that the
 # gRPC glue and everything above it may use.
@@ -106,9 +106,13 @@ def self_test():
             f.write('#include "kv/ok.h"\n#include "engine/engine.h"\n')
         with open(os.path.join(root, "kv", "CMakeLists.txt"), "w") as f:
             f.write("target_link_libraries(duet_kv PUBLIC duet_engine duet_common)\n")
+        os.makedirs(os.path.join(root, "bench"))
+        with open(os.path.join(root, "bench", "b.c"), "w") as f:
+            f.write('#include "testkit/testkit.h"\n#include "tests/x/h.h"\n')
         errors = check(root)
         want = ["transfer/bad.c:2: transfer/ may not include engine/",
-                "kv/CMakeLists.txt: duet_kv links duet_engine"]
+                "kv/CMakeLists.txt: duet_kv links duet_engine",
+                "bench/b.c:2: bench/ may not include tests/"]
         for w in want:
             if not any(e.startswith(w) for e in errors):
                 print("self-test: not caught: %s (got %r)" % (w, errors))
@@ -116,7 +120,7 @@ def self_test():
         if len(errors) != len(want):
             print("self-test: unexpected findings %r" % errors)
             return 1
-    print("self-test: a wrong include and a wrong link are both caught")
+    print("self-test: wrong includes (bench -> tests too) and a wrong link are caught")
     return 0
 
 

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -80,8 +81,6 @@ static void test_errors(void **state)
     expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\"}],"
                  " \"decode\": [{\"name\": \"p\", \"address\": \"a:2\"}]}",
                  "decode[0].name: 'p' is used twice");
-    expect_error("{\"model\": \"x\", \"router\": {\"policy\": \"random\"}}",
-                 "router.policy: 'random' is not");
     expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\", \"tp\": 2,"
                  " \"devices\": [0]}]}",
                  "prefill[0].devices: 1 devices for tp 2");
@@ -94,11 +93,70 @@ static void test_errors(void **state)
     assert_int_equal(duet_alloc_live(), live);
 }
 
+/* The line of `text` that starts with "  " + key (copied into buf), or NULL. */
+static const char *line_of(const char *text, const char *key, char *buf, size_t cap)
+{
+    char start[96];
+    const char *p, *e;
+    snprintf(start, sizeof(start), "\n  %s ", key);
+    if ((p = strstr(text, start)) == NULL)
+        return NULL;
+    p++;
+    e = strchr(p, '\n');
+    snprintf(buf, cap, "%.*s", (int)(e ? e - p : (long)strlen(p)), p);
+    return buf;
+}
+
+/* --help (duet_cluster_describe) and range errors print integer keys'
+ * numbers as integers, not as %g's 1.04858e+06. */
+static void test_integers_print_as_integers(void **state)
+{
+    (void)state;
+    char *text = NULL, line[256];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    duet_cluster_describe(f);
+    assert_int_equal(fclose(f), 0);
+    if (strstr(text, "e+") != NULL)
+        fail_msg("--help prints a number in exponent form:\n%s", text);
+    assert_non_null(line_of(text, "router.max_body_bytes", line, sizeof(line)));
+    if (strstr(line, "default 1048576 ") == NULL || strstr(line, "[64..1073741824]") == NULL)
+        fail_msg("router.max_body_bytes: '%s'", line);
+    assert_non_null(line_of(text, "prefill[]./decode[].n_pages", line, sizeof(line)));
+    if (strstr(line, "default 4096 ") == NULL || strstr(line, "[1..67108864]") == NULL)
+        fail_msg("n_pages: '%s'", line);
+    free(text);
+
+    long live = duet_alloc_live();
+    expect_error("{\"model\": \"x\", \"router\": {\"max_body_bytes\": 2147483648}}",
+                 "router.max_body_bytes: 2147483648 is out of range 64..1073741824");
+    expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\","
+                 " \"max_batch_tokens\": 4000000}]}",
+                 "decode[0].max_batch_tokens: 4000000 is out of range 1..1048576");
+    assert_int_equal(duet_alloc_live(), live);
+}
+
+/* The router's policy names live with the router (router/policy.h): the
+ * cluster config keeps router.policy as given, duet-router rejects an
+ * unknown one at start-up (tests/unit/test_router_policy.c). */
+static void test_policy_is_the_routers(void **state)
+{
+    (void)state;
+    duet_cluster_config_t *c;
+    assert_int_equal(parse("{\"model\": \"x\", \"router\": {\"policy\": \"random\"}}", &c),
+                     DUET_OK);
+    assert_string_equal(c->router.policy, "random");
+    duet_cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_good),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_integers_print_as_integers),
+        cmocka_unit_test(test_policy_is_the_routers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,16 +1,21 @@
-/* Worker selection policies and the load score, and the metrics'
- * histogram placement and Prometheus rendering. */
+/* Worker selection policies (their names, the router's check of
+ * router.policy, the picks) and the load score, and the metrics' histogram
+ * placement and Prometheus rendering. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "common/alloc.h"
 #include "router/metrics.h"
 #include "router/policy.h"
+#include "router/router.h"
 
 static void test_parse(void **state)
 {
@@ -21,6 +26,55 @@ static void test_parse(void **state)
     assert_int_equal(duet_router_policy_parse("random"), -1);
     for (int p = 0; p < 3; p++)
         assert_int_equal(duet_router_policy_parse(duet_router_policy_name(p)), p);
+}
+
+/* A config file holding `text`; its path in path (cap bytes). */
+static void write_config(const char *text, char *path, size_t cap)
+{
+    int fd;
+    snprintf(path, cap, "/tmp/duet-test-policy-XXXXXX");
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static void router_rejects(const char *config, const char *policy_flag, const char *needle)
+{
+    char path[64];
+    duet_router_options_t opt;
+    duet_router_t *rt = NULL;
+    long live = duet_alloc_live();
+    write_config(config, path, sizeof(path));
+    duet_router_options_init(&opt);
+    opt.config_path = path;
+    opt.policy = policy_flag;
+    assert_int_equal(duet_router_create(&opt, &rt), DUET_ERR_CONFIG);
+    unlink(path);
+    assert_null(rt);
+    if (strstr(duet_error_msg(), needle) == NULL)
+        fail_msg("message '%s' lacks '%s'", duet_error_msg(), needle);
+    assert_int_equal(duet_alloc_live(), live);
+}
+
+/* The cluster config keeps router.policy a string; the router checks it at
+ * start-up (and so in --check-config, which is a start-up that stops). */
+static void test_config_policy(void **state)
+{
+    duet_router_policy_t p = DUET_ROUTER_POLICY_LEAST_LOAD;
+    char names[128];
+    (void)state;
+    router_rejects("{\"model\": \"x\", \"router\": {\"policy\": \"random\"}}", NULL,
+                   "router.policy: 'random' is not round_robin, least_load or power_of_two");
+    router_rejects("{\"model\": \"x\"}", "fastest", "router.policy: 'fastest' is not");
+    assert_int_equal(duet_router_policy_check("power_of_two", "k", &p), DUET_OK);
+    assert_int_equal(p, DUET_ROUTER_POLICY_POWER_OF_TWO);
+    assert_int_equal(duet_router_policy_check("Round_Robin", "k", &p), DUET_ERR_CONFIG);
+    assert_int_equal(p, DUET_ROUTER_POLICY_POWER_OF_TWO);
+    duet_router_policy_list(names, sizeof(names), " | ", " | ");
+    assert_string_equal(names, "round_robin | least_load | power_of_two");
+    duet_router_policy_list(names, 12, ", ", " or ");
+    assert_string_equal(names, "round_robin");
 }
 
 static void test_none_eligible(void **state)
@@ -163,7 +217,7 @@ int main(void)
         cmocka_unit_test(test_parse),        cmocka_unit_test(test_none_eligible),
         cmocka_unit_test(test_round_robin),  cmocka_unit_test(test_least_load),
         cmocka_unit_test(test_power_of_two), cmocka_unit_test(test_load_score),
-        cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_metrics),      cmocka_unit_test(test_config_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "common/alloc.h"
 #include "tests/integration/xfer/xfer_scenes.h"
 
 /* ---- scenario: plans ------------------------------------------------------------------------ */
@@ -27,44 +28,47 @@ static int plans_prefill(void *arg)
     for (int z = 0; z < 2; z++) {
         int ps = sizes[z], n = n_pages_of(sp, ps);
         duet_slice_plan_t *plan;
-        xh_side_t sd;
+        duet_testkit_side_t sd;
         side_init(&sd, sp, DUET_XFER_PREFILL, ps);
-        if (xh_side_start(&sd) || xh_side_connect(&sd, sp->fd_p))
+        if (duet_testkit_side_start(&sd) || duet_testkit_side_connect(&sd, sp->fd_p))
             return 1;
-        XH_OK(duet_slice_plan_create(sp->P, sp->D, sp->H, &plan));
+        DUET_TESTKIT_OK(duet_slice_plan_create(sp->P, sp->D, sp->H, &plan));
         prefill_fill(&sd, 2, n);
-        XH_CHECK(xh_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0, "decode not ready");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0,
+                           "decode not ready");
         for (int s = 0; s < sp->P; s++) {
             int32_t a[POOL_PAGES], b[POOL_PAGES];
             duet_xfer_send_t x = send_desc(&sd, plan, s, 1000, 0, n, a, b, DUET_XFER_SEND_CRC);
-            XH_OK(duet_xfer_send_post(duet_xfer_rank(sd.x, s), &x, TOKEN));
+            DUET_TESTKIT_OK(duet_xfer_send_post(duet_xfer_rank(sd.x, s), &x, TOKEN));
         }
         for (int s = 0; s < sp->P; s++) {
             int32_t a[POOL_PAGES], b[POOL_PAGES];
             duet_xfer_rank_t *r = duet_xfer_rank(sd.x, s);
             duet_xfer_send_t x = send_desc(&sd, plan, s, 1001, 1, n, a, b, 0);
-            XH_OK(duet_xfer_send_begin(r, &x));
+            DUET_TESTKIT_OK(duet_xfer_send_begin(r, &x));
             for (int l = 0; l < LAYERS; l++)
-                XH_OK(duet_xfer_send_layers(r, 1001, l, l + 1));
-            XH_OK(duet_xfer_send_end(r, 1001, DUET_OK, TOKEN));
+                DUET_TESTKIT_OK(duet_xfer_send_layers(r, 1001, l, l + 1));
+            DUET_TESTKIT_OK(duet_xfer_send_end(r, 1001, DUET_OK, TOKEN));
         }
         for (int s = 0; s < sp->P; s++) {
             for (int q = 0; q < 2; q++) {
                 duet_xfer_result_t res;
-                XH_OK(duet_xfer_send_wait(duet_xfer_rank(sd.x, s), 1000 + (uint64_t)q,
-                                          duet_deadline_in_ms(WAIT_MS), &res));
-                XH_CHECK(res.status == DUET_OK, "prefill rank %d request %d: %s", s, q, res.detail);
-                XH_CHECK(res.puts == puts_expected(&sd, plan, s, q, n),
-                         "prefill rank %d: %llu puts, expected %llu", s,
-                         (unsigned long long)res.puts,
-                         (unsigned long long)puts_expected(&sd, plan, s, q, n));
+                DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(sd.x, s), 1000 + (uint64_t)q,
+                                                    duet_deadline_in_ms(WAIT_MS), &res));
+                DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d request %d: %s", s, q,
+                                   res.detail);
+                DUET_TESTKIT_CHECK(res.puts == puts_expected(&sd, plan, s, q, n),
+                                   "prefill rank %d: %llu puts, expected %llu", s,
+                                   (unsigned long long)res.puts,
+                                   (unsigned long long)puts_expected(&sd, plan, s, q, n));
             }
         }
-        XH_CHECK(xh_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0, "decode did not verify");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0,
+                           "decode did not verify");
         duet_slice_plan_destroy(plan);
-        if (xh_side_stop(&sd))
+        if (duet_testkit_side_stop(&sd))
             return 1;
-        XH_CHECK(xh_chan_say(sp->fd_p, "stopped") == 0, "channel");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_p, "stopped") == 0, "channel");
     }
     return 0;
 }
@@ -76,29 +80,31 @@ static int plans_decode(void *arg)
     for (int z = 0; z < 2; z++) {
         int ps = sizes[z], n = n_pages_of(sp, ps), reqs[2] = {0, 1};
         duet_slice_plan_t *plan;
-        xh_side_t sd;
+        duet_testkit_side_t sd;
         side_init(&sd, sp, DUET_XFER_DECODE, ps);
-        if (xh_side_start(&sd))
+        if (duet_testkit_side_start(&sd))
             return 1;
-        XH_OK(duet_slice_plan_create(sp->P, sp->D, sp->H, &plan));
+        DUET_TESTKIT_OK(duet_slice_plan_create(sp->P, sp->D, sp->H, &plan));
         for (int d = 0; d < sp->D; d++)
             memset(sd.base[d], 0xEE, duet_kv_total_bytes(&sd.layout));
-        if (xh_side_connect(&sd, sp->fd_d))
+        if (duet_testkit_side_connect(&sd, sp->fd_d))
             return 1;
         for (int q = 0; q < 2; q++)
             if (expect_all(&sd, plan, 1000 + (uint64_t)q, q, n, duet_deadline_in_ms(WAIT_MS)))
                 return 1;
-        XH_CHECK(xh_chan_say(sp->fd_d, "ready") == 0, "channel");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "ready") == 0, "channel");
         for (int d = 0; d < sp->D; d++) {
             for (int q = 0; q < 2; q++) {
                 duet_xfer_result_t res;
                 uint64_t want = duet_kv_page_bytes(&sd.layout) * (uint64_t)n * 2u * LAYERS;
-                XH_OK(duet_xfer_recv_wait(duet_xfer_rank(sd.x, d), 1000 + (uint64_t)q,
-                                          duet_deadline_in_ms(WAIT_MS), &res));
-                XH_CHECK(res.status == DUET_OK, "decode rank %d request %d: %s", d, q, res.detail);
-                XH_CHECK(res.first_token == TOKEN, "first token %lld", (long long)res.first_token);
-                XH_CHECK(res.bytes == want, "decode rank %d: %llu bytes, expected %llu", d,
-                         (unsigned long long)res.bytes, (unsigned long long)want);
+                DUET_TESTKIT_OK(duet_xfer_recv_wait(duet_xfer_rank(sd.x, d), 1000 + (uint64_t)q,
+                                                    duet_deadline_in_ms(WAIT_MS), &res));
+                DUET_TESTKIT_CHECK(res.status == DUET_OK, "decode rank %d request %d: %s", d, q,
+                                   res.detail);
+                DUET_TESTKIT_CHECK(res.first_token == TOKEN, "first token %lld",
+                                   (long long)res.first_token);
+                DUET_TESTKIT_CHECK(res.bytes == want, "decode rank %d: %llu bytes, expected %llu",
+                                   d, (unsigned long long)res.bytes, (unsigned long long)want);
             }
         }
         if (decode_verify(&sd, reqs, 2, n))
@@ -111,15 +117,17 @@ static int plans_decode(void *arg)
             for (int l = 0; l < LAYERS; l++)
                 for (int kv = 0; kv < 2; kv++)
                     for (int i = 0; i < n; i++)
-                        XH_CHECK(memcmp(sd.base[d] + duet_kv_offset(&sd.layout, l, kv, a[i], 0),
-                                        sd.base[d] + duet_kv_offset(&sd.layout, l, kv, b[i], 0),
-                                        duet_kv_page_bytes(&sd.layout)) == 0,
-                                 "per-layer and whole-request pages differ");
+                        DUET_TESTKIT_CHECK(
+                            memcmp(sd.base[d] + duet_kv_offset(&sd.layout, l, kv, a[i], 0),
+                                   sd.base[d] + duet_kv_offset(&sd.layout, l, kv, b[i], 0),
+                                   duet_kv_page_bytes(&sd.layout)) == 0,
+                            "per-layer and whole-request pages differ");
         }
-        XH_CHECK(xh_chan_say(sp->fd_d, "verified") == 0, "channel");
-        XH_CHECK(xh_chan_expect(sp->fd_d, "stopped", WAIT_MS) == 0, "prefill did not stop");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "verified") == 0, "channel");
+        DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_d, "stopped", WAIT_MS) == 0,
+                           "prefill did not stop");
         duet_slice_plan_destroy(plan);
-        if (xh_side_stop(&sd))
+        if (duet_testkit_side_stop(&sd))
             return 1;
     }
     return 0;
@@ -129,14 +137,15 @@ static int order_prefill(void *arg)
 {
     const spec_t *sp = arg;
     duet_slice_plan_t *plan;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     if (scene_start(&sd, sp, DUET_XFER_PREFILL, sp->fd_p, 3, &plan))
         return 1;
-    XH_CHECK(xh_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0, "decode not ready");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0,
+                       "decode not ready");
     if (send_one(&sd, plan, 1, 10, 0, 0) || send_ok(&sd, 1, 10))
         return 1;
-    XH_CHECK(xh_chan_say(sp->fd_p, "half") == 0, "channel");
-    XH_CHECK(xh_chan_expect(sp->fd_p, "go", WAIT_MS) == 0, "no go");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_p, "half") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "go", WAIT_MS) == 0, "no go");
     if (send_one(&sd, plan, 0, 10, 0, 0) || send_ok(&sd, 0, 10))
         return 1;
     if (send_one(&sd, plan, 1, 11, 1, 0) || send_ok(&sd, 1, 11)) /* rank 0 stays silent */
@@ -144,7 +153,8 @@ static int order_prefill(void *arg)
     if (send_one(&sd, plan, 0, 12, 2, 0) || send_ok(&sd, 0, 12) ||
         send_one(&sd, plan, 1, 12, 2, 0) || send_ok(&sd, 1, 12))
         return 1;
-    XH_CHECK(xh_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0, "decode did not verify");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0,
+                       "decode did not verify");
     return scene_stop(&sd, plan);
 }
 
@@ -155,7 +165,7 @@ static int order_decode(void *arg)
     duet_slice_plan_t *plan;
     duet_xfer_result_t res;
     duet_xfer_stats_t st;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     int64_t t0;
     if (scene_start(&sd, sp, DUET_XFER_DECODE, sp->fd_d, 3, &plan))
         return 1;
@@ -164,12 +174,12 @@ static int order_decode(void *arg)
         expect_all(&sd, plan, 11, 1, NPG, duet_deadline_in_ms(1500)) ||
         expect_all(&sd, plan, 12, 2, NPG, duet_deadline_in_ms(WAIT_MS)))
         return 1;
-    XH_CHECK(xh_chan_say(sp->fd_d, "ready") == 0, "channel");
-    XH_CHECK(xh_chan_expect(sp->fd_d, "half", WAIT_MS) == 0, "no half");
-    XH_CHECK(duet_xfer_recv_wait(duet_xfer_rank(sd.x, 0), 10, duet_deadline_in_ms(300), &res) ==
-                 DUET_ERR_TIMEOUT,
-             "request 10 complete after one of its two senders");
-    XH_CHECK(xh_chan_say(sp->fd_d, "go") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "ready") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_d, "half", WAIT_MS) == 0, "no half");
+    DUET_TESTKIT_CHECK(duet_xfer_recv_wait(duet_xfer_rank(sd.x, 0), 10, duet_deadline_in_ms(300),
+                                           &res) == DUET_ERR_TIMEOUT,
+                       "request 10 complete after one of its two senders");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "go") == 0, "channel");
     if (recv_ok(&sd, 10))
         return 1;
     {
@@ -183,26 +193,26 @@ static int order_decode(void *arg)
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
         wall = duet_now_ns() - w0;
         cpu = (double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec);
-        XH_CHECK(wall > 500 * DUET_NS_PER_MS && cpu < 0.2 * (double)wall,
-                 "waiting %.0f ms cost %.0f ms of CPU", (double)wall / 1e6, cpu / 1e6);
+        DUET_TESTKIT_CHECK(wall > 500 * DUET_NS_PER_MS && cpu < 0.2 * (double)wall,
+                           "waiting %.0f ms cost %.0f ms of CPU", (double)wall / 1e6, cpu / 1e6);
     }
-    XH_CHECK(res.status == DUET_ERR_TIMEOUT && res.missing_mask == 1 &&
-                 strstr(res.detail, "waiting for prefill ranks 0") != NULL,
-             "request 11: %s (%s), missing %llx", duet_status_name(res.status), res.detail,
-             (unsigned long long)res.missing_mask);
-    XH_CHECK(duet_now_ns() - t0 >= 1400 * DUET_NS_PER_MS &&
-                 duet_now_ns() - t0 < 4000 * DUET_NS_PER_MS,
-             "request 11 failed after %lld ms", (long long)((duet_now_ns() - t0) / DUET_NS_PER_MS));
+    DUET_TESTKIT_CHECK(res.status == DUET_ERR_TIMEOUT && res.missing_mask == 1 &&
+                           strstr(res.detail, "waiting for prefill ranks 0") != NULL,
+                       "request 11: %s (%s), missing %llx", duet_status_name(res.status),
+                       res.detail, (unsigned long long)res.missing_mask);
+    DUET_TESTKIT_CHECK(
+        duet_now_ns() - t0 >= 1400 * DUET_NS_PER_MS && duet_now_ns() - t0 < 4000 * DUET_NS_PER_MS,
+        "request 11 failed after %lld ms", (long long)((duet_now_ns() - t0) / DUET_NS_PER_MS));
     if (recv_ok(&sd, 12) || decode_verify_some(&sd, reqs, 2, NPG, 0))
         return 1;
     st = stats_of(&sd, 0);
-    XH_CHECK(
+    DUET_TESTKIT_CHECK(
         st.recv_done == 2 && st.recv_failed == 1 && st.timeouts == 1 && st.notify_received == 5 &&
             st.dropped_late + st.dropped_unknown + st.dropped_invalid + st.dropped_duplicate == 0,
         "stats: done %llu failed %llu timeouts %llu notified %llu",
         (unsigned long long)st.recv_done, (unsigned long long)st.recv_failed,
         (unsigned long long)st.timeouts, (unsigned long long)st.notify_received);
-    XH_CHECK(xh_chan_say(sp->fd_d, "verified") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "verified") == 0, "channel");
     return scene_stop(&sd, plan);
 }
 
@@ -213,18 +223,20 @@ static int crc_prefill(void *arg)
     const spec_t *sp = arg;
     duet_slice_plan_t *plan;
     duet_xfer_result_t res;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     if (scene_start(&sd, sp, DUET_XFER_PREFILL, sp->fd_p, 2, &plan))
         return 1;
-    XH_CHECK(xh_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0, "decode not ready");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0,
+                       "decode not ready");
     duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 5);
     if (send_one(&sd, plan, 0, 40, 0, DUET_XFER_SEND_CRC) || send_result(&sd, 0, 40, &res))
         return 1;
-    XH_CHECK(res.status == DUET_ERR_MISMATCH && strstr(res.detail, "refused") != NULL,
-             "request 40: %s (%s)", duet_status_name(res.status), res.detail);
+    DUET_TESTKIT_CHECK(res.status == DUET_ERR_MISMATCH && strstr(res.detail, "refused") != NULL,
+                       "request 40: %s (%s)", duet_status_name(res.status), res.detail);
     if (send_one(&sd, plan, 0, 41, 1, DUET_XFER_SEND_CRC) || send_ok(&sd, 0, 41))
         return 1;
-    XH_CHECK(xh_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0, "decode did not verify");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0,
+                       "decode did not verify");
     return scene_stop(&sd, plan);
 }
 
@@ -233,29 +245,31 @@ static int crc_decode(void *arg)
     const spec_t *sp = arg;
     int bad = 0, crc_failures = 0, reqs[1] = {1};
     duet_slice_plan_t *plan;
-    xh_side_t sd;
+    duet_testkit_side_t sd;
     if (scene_start(&sd, sp, DUET_XFER_DECODE, sp->fd_d, 2, &plan))
         return 1;
     if (expect_all(&sd, plan, 40, 0, NPG, duet_deadline_in_ms(WAIT_MS)) ||
         expect_all(&sd, plan, 41, 1, NPG, duet_deadline_in_ms(WAIT_MS)))
         return 1;
-    XH_CHECK(xh_chan_say(sp->fd_d, "ready") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "ready") == 0, "channel");
     for (int d = 0; d < sd.tp; d++) {
         duet_xfer_result_t res;
         if (recv_result(&sd, d, 40, &res))
             return 1;
         if (res.status != DUET_OK) {
-            XH_CHECK(res.status == DUET_ERR_MISMATCH &&
-                         strstr(res.detail, "checksum mismatch on the slice from prefill rank 0"),
-                     "decode rank %d: %s", d, res.detail);
+            DUET_TESTKIT_CHECK(
+                res.status == DUET_ERR_MISMATCH &&
+                    strstr(res.detail, "checksum mismatch on the slice from prefill rank 0"),
+                "decode rank %d: %s", d, res.detail);
             bad++;
         }
         crc_failures += (int)stats_of(&sd, d).crc_failures;
     }
-    XH_CHECK(bad == 1 && crc_failures == 1, "%d ranks failed, %d crc failures", bad, crc_failures);
+    DUET_TESTKIT_CHECK(bad == 1 && crc_failures == 1, "%d ranks failed, %d crc failures", bad,
+                       crc_failures);
     if (recv_ok(&sd, 41) || decode_verify_some(&sd, reqs, 1, NPG, 0))
         return 1;
-    XH_CHECK(xh_chan_say(sp->fd_d, "verified") == 0, "channel");
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "verified") == 0, "channel");
     return scene_stop(&sd, plan);
 }
 
@@ -282,25 +296,25 @@ static int mismatch_child(void *arg)
         {"checksum mismatch", DUET_ERR_FORMAT},
         {"not a duet transfer descriptor", DUET_ERR_FORMAT},
     };
-    xh_side_t a;
+    duet_testkit_side_t a;
     side_init(&a, sp, DUET_XFER_PREFILL, 16);
-    if (xh_side_start(&a))
+    if (duet_testkit_side_start(&a))
         return 1;
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         duet_xfer_peer_t *peer = NULL;
         unsigned char *blob;
         size_t len;
         duet_status_t st;
-        xh_side_t b;
+        duet_testkit_side_t b;
         side_init(&b, sp, k == 7 ? DUET_XFER_PREFILL : DUET_XFER_DECODE, k == 3 ? 8 : 16);
         b.fingerprint ^= k == 1;
         b.layout.head_dim = k == 2 ? 16 : HEAD_DIM;
         b.layout.n_layers = k == 4 ? 2 : LAYERS;
         b.dtype = k == 5 ? DUET_DTYPE_F16 : b.dtype;
         b.kv_heads = k == 6 ? 8 : b.kv_heads;
-        if (xh_side_start(&b))
+        if (duet_testkit_side_start(&b))
             return 1;
-        XH_OK(duet_xfer_desc_pack(duet_xfer_rank(b.x, 0), (void **)&blob, &len));
+        DUET_TESTKIT_OK(duet_xfer_desc_pack(duet_xfer_rank(b.x, 0), (void **)&blob, &len));
         if (k == 8)
             blob[4] = 2;
         if (k == 9)
@@ -312,15 +326,16 @@ static int mismatch_child(void *arg)
         duet_error_clear();
         st = duet_xfer_peer_connect(duet_xfer_rank(a.x, 0), blob, len, duet_deadline_in_ms(5000),
                                     &peer);
-        XH_CHECK(st == cases[k].st && (st == DUET_OK || strstr(duet_error_msg(), cases[k].want)),
-                 "case %zu: got %s '%s', expected %s '%s'", k, duet_status_name(st),
-                 duet_error_msg(), duet_status_name(cases[k].st), cases[k].want);
+        DUET_TESTKIT_CHECK(st == cases[k].st &&
+                               (st == DUET_OK || strstr(duet_error_msg(), cases[k].want)),
+                           "case %zu: got %s '%s', expected %s '%s'", k, duet_status_name(st),
+                           duet_error_msg(), duet_status_name(cases[k].st), cases[k].want);
         duet_xfer_peer_disconnect(peer);
         duet_free(blob);
-        if (xh_side_stop(&b))
+        if (duet_testkit_side_stop(&b))
             return 1;
     }
-    return xh_side_stop(&a);
+    return duet_testkit_side_stop(&a);
 }
 
 /* Every allocation failure on the way up unwinds cleanly (no crash, no
@@ -372,8 +387,8 @@ static void test_mismatch(void **state)
         sp.P = sp.D = 1;
         sp.H = 4;
         sp.tls = tls_list[t];
-        pid = xh_spawn("mismatch", mismatch_child, &sp, NULL, 0);
-        xh_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc);
+        pid = duet_testkit_spawn("mismatch", mismatch_child, &sp, NULL, 0);
+        duet_testkit_wait_all(&pid, 1, duet_deadline_in_ms(60000), &rc);
         if (rc != 0)
             fail_msg("tls %s: mismatch child exit %d", sp.tls, rc);
     }

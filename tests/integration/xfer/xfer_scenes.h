@@ -2,12 +2,21 @@
  * (tests/unit/test_xfer_*.c; include after cmocka.h): the KV shape of the
  * tests, which pages each request uses on each side, filling and checking
  * them, and running a prefill child and a decode child against each other
- * on every transport under test. */
+ * on every transport under test.  The process harness underneath is the
+ * duet_testkit library (testkit/testkit.h), which the benchmarks use too. */
 #ifndef DUET_TESTS_XFER_SCENES_H
 #define DUET_TESTS_XFER_SCENES_H
 
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/clock.h"
 #include "common/log.h"
-#include "tests/integration/xfer/xfer_harness.h"
+#include "testkit/testkit.h"
 #include "transfer/slice_plan.h"
 #include "transfer/xfer_segs.h"
 
@@ -51,7 +60,8 @@ typedef struct {
     int reg_p, reg_d; /* registered (not UCX-allocated) pools on that side */
 } spec_t;
 
-static inline void side_init(xh_side_t *sd, const spec_t *sp, duet_xfer_role_t role, int page_size)
+static inline void side_init(duet_testkit_side_t *sd, const spec_t *sp, duet_xfer_role_t role,
+                             int page_size)
 {
     memset(sd, 0, sizeof(*sd));
     sd->role = role;
@@ -82,9 +92,9 @@ static inline int head0_of(int H, int tp, int rank)
 static inline void req_pages(int32_t *pages, int n, int prefill, int req)
 {
     if (prefill)
-        xh_pages(pages, n, POOL_PAGES, 3, 101, req * ((n + 2) / 3));
+        duet_testkit_pages(pages, n, POOL_PAGES, 3, 101, req * ((n + 2) / 3));
     else
-        xh_pages(pages, n, POOL_PAGES, 4, 202, req * ((n + 3) / 4));
+        duet_testkit_pages(pages, n, POOL_PAGES, 4, 202, req * ((n + 3) / 4));
 }
 
 static inline int n_pages_of(const spec_t *sp, int page_size)
@@ -93,26 +103,26 @@ static inline int n_pages_of(const spec_t *sp, int page_size)
 }
 
 /* Prefill: fill every page with junk, the request's pages with the pattern. */
-static inline void prefill_fill(xh_side_t *sd, int n_req, int n)
+static inline void prefill_fill(duet_testkit_side_t *sd, int n_req, int n)
 {
     for (int r = 0; r < sd->tp; r++) {
         int h0 = head0_of(sd->kv_heads, sd->tp, r);
         for (int pg = 0; pg < POOL_PAGES; pg++)
-            xh_fill_page(&sd->layout, sd->base[r], h0, pg,
-                         1000000 + (int64_t)pg * sd->layout.page_size);
+            duet_testkit_fill_page(&sd->layout, sd->base[r], h0, pg,
+                                   1000000 + (int64_t)pg * sd->layout.page_size);
         for (int q = 0; q < n_req; q++) {
             int32_t pages[POOL_PAGES];
             req_pages(pages, n, 1, q);
             for (int i = 0; i < n; i++)
-                xh_fill_page(&sd->layout, sd->base[r], h0, pages[i],
-                             (int64_t)i * sd->layout.page_size);
+                duet_testkit_fill_page(&sd->layout, sd->base[r], h0, pages[i],
+                                       (int64_t)i * sd->layout.page_size);
         }
     }
 }
 
 /* Decode: every page of the requests in `reqs` matches the pattern and,
  * with check_rest, every other page is still 0xEE. */
-static inline int decode_verify_some(xh_side_t *sd, const int *reqs, int n_req, int n,
+static inline int decode_verify_some(duet_testkit_side_t *sd, const int *reqs, int n_req, int n,
                                      int check_rest)
 {
     for (int r = 0; r < sd->tp; r++) {
@@ -126,25 +136,26 @@ static inline int decode_verify_some(xh_side_t *sd, const int *reqs, int n_req, 
                 char what[64];
                 snprintf(what, sizeof(what), "decode rank %d request %d", r, reqs[k]);
                 owner[pages[i]] = (char)k;
-                if (xh_check_page(&sd->layout, sd->base[r], h0, pages[i],
-                                  (int64_t)i * sd->layout.page_size, what) != 0)
+                if (duet_testkit_check_page(&sd->layout, sd->base[r], h0, pages[i],
+                                            (int64_t)i * sd->layout.page_size, what) != 0)
                     return 1;
             }
         }
         for (int pg = 0; pg < POOL_PAGES && check_rest; pg++)
-            XH_CHECK(owner[pg] >= 0 || xh_page_is(&sd->layout, sd->base[r], pg, 0xEE),
-                     "decode rank %d: page %d belongs to no request but was written", r, pg);
+            DUET_TESTKIT_CHECK(
+                owner[pg] >= 0 || duet_testkit_page_is(&sd->layout, sd->base[r], pg, 0xEE),
+                "decode rank %d: page %d belongs to no request but was written", r, pg);
     }
     return 0;
 }
 
-static inline int decode_verify(xh_side_t *sd, const int *reqs, int n_req, int n)
+static inline int decode_verify(duet_testkit_side_t *sd, const int *reqs, int n_req, int n)
 {
     return decode_verify_some(sd, reqs, n_req, n, 1);
 }
 
-static inline int expect_all(xh_side_t *sd, const duet_slice_plan_t *plan, uint64_t id, int req,
-                             int n, int64_t deadline)
+static inline int expect_all(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, uint64_t id,
+                             int req, int n, int64_t deadline)
 {
     int32_t pages[POOL_PAGES];
     req_pages(pages, n, 0, req);
@@ -155,14 +166,14 @@ static inline int expect_all(xh_side_t *sd, const duet_slice_plan_t *plan, uint6
                                 .pages = pages,
                                 .n_pages = n,
                                 .deadline_ns = deadline};
-        XH_OK(duet_xfer_recv_expect(duet_xfer_rank(sd->x, d), &e));
+        DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(sd->x, d), &e));
     }
     return 0;
 }
 
-static inline duet_xfer_send_t send_desc(xh_side_t *sd, const duet_slice_plan_t *plan, int s,
-                                         uint64_t id, int req, int n, int32_t *sp, int32_t *dp,
-                                         unsigned flags)
+static inline duet_xfer_send_t send_desc(duet_testkit_side_t *sd, const duet_slice_plan_t *plan,
+                                         int s, uint64_t id, int req, int n, int32_t *sp,
+                                         int32_t *dp, unsigned flags)
 {
     duet_xfer_send_t x;
     req_pages(sp, n, 1, req);
@@ -180,8 +191,8 @@ static inline duet_xfer_send_t send_desc(xh_side_t *sd, const duet_slice_plan_t 
 }
 
 /* Expected puts of prefill rank s for one request. */
-static inline uint64_t puts_expected(xh_side_t *sd, const duet_slice_plan_t *plan, int s, int req,
-                                     int n)
+static inline uint64_t puts_expected(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int s,
+                                     int req, int n)
 {
     const duet_slice_run_t *runs;
     int nr = duet_slice_plan_src_runs(plan, s, &runs);
@@ -198,73 +209,76 @@ static inline uint64_t puts_expected(xh_side_t *sd, const duet_slice_plan_t *pla
 
 #define NPG 3
 
-static inline int scene_start(xh_side_t *sd, const spec_t *sp, duet_xfer_role_t role, int fd,
-                              int n_req, duet_slice_plan_t **plan_p)
+static inline int scene_start(duet_testkit_side_t *sd, const spec_t *sp, duet_xfer_role_t role,
+                              int fd, int n_req, duet_slice_plan_t **plan_p)
 {
     side_init(sd, sp, role, 16);
-    if (xh_side_start(sd))
+    if (duet_testkit_side_start(sd))
         return 1;
     if (role == DUET_XFER_DECODE)
         for (int d = 0; d < sd->tp; d++)
             memset(sd->base[d], 0xEE, duet_kv_total_bytes(&sd->layout));
-    if (xh_side_connect(sd, fd))
+    if (duet_testkit_side_connect(sd, fd))
         return 1;
     if (role == DUET_XFER_PREFILL)
         prefill_fill(sd, n_req, NPG);
-    XH_OK(duet_slice_plan_create(sp->P, sp->D, sp->H, plan_p));
+    DUET_TESTKIT_OK(duet_slice_plan_create(sp->P, sp->D, sp->H, plan_p));
     return 0;
 }
 
-static inline int scene_stop(xh_side_t *sd, duet_slice_plan_t *plan)
+static inline int scene_stop(duet_testkit_side_t *sd, duet_slice_plan_t *plan)
 {
     duet_slice_plan_destroy(plan);
-    return xh_side_stop(sd);
+    return duet_testkit_side_stop(sd);
 }
 
-static inline int send_one(xh_side_t *sd, const duet_slice_plan_t *plan, int s, uint64_t id,
-                           int req, unsigned flags)
+static inline int send_one(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int s,
+                           uint64_t id, int req, unsigned flags)
 {
     int32_t a[NPG], b[NPG];
     duet_xfer_send_t x = send_desc(sd, plan, s, id, req, NPG, a, b, flags);
-    XH_OK(duet_xfer_send_post(duet_xfer_rank(sd->x, s), &x, TOKEN));
+    DUET_TESTKIT_OK(duet_xfer_send_post(duet_xfer_rank(sd->x, s), &x, TOKEN));
     return 0;
 }
 
-static inline int send_result(xh_side_t *sd, int s, uint64_t id, duet_xfer_result_t *res)
+static inline int send_result(duet_testkit_side_t *sd, int s, uint64_t id, duet_xfer_result_t *res)
 {
-    XH_OK(duet_xfer_send_wait(duet_xfer_rank(sd->x, s), id, duet_deadline_in_ms(WAIT_MS), res));
+    DUET_TESTKIT_OK(
+        duet_xfer_send_wait(duet_xfer_rank(sd->x, s), id, duet_deadline_in_ms(WAIT_MS), res));
     return 0;
 }
 
-static inline int send_ok(xh_side_t *sd, int s, uint64_t id)
+static inline int send_ok(duet_testkit_side_t *sd, int s, uint64_t id)
 {
     duet_xfer_result_t res;
     if (send_result(sd, s, id, &res))
         return 1;
-    XH_CHECK(res.status == DUET_OK, "prefill rank %d request %llu: %s", s, (unsigned long long)id,
-             res.detail);
+    DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d request %llu: %s", s,
+                       (unsigned long long)id, res.detail);
     return 0;
 }
 
-static inline int recv_result(xh_side_t *sd, int d, uint64_t id, duet_xfer_result_t *res)
+static inline int recv_result(duet_testkit_side_t *sd, int d, uint64_t id, duet_xfer_result_t *res)
 {
-    XH_OK(duet_xfer_recv_wait(duet_xfer_rank(sd->x, d), id, duet_deadline_in_ms(WAIT_MS), res));
+    DUET_TESTKIT_OK(
+        duet_xfer_recv_wait(duet_xfer_rank(sd->x, d), id, duet_deadline_in_ms(WAIT_MS), res));
     return 0;
 }
 
-static inline int recv_ok(xh_side_t *sd, uint64_t id)
+static inline int recv_ok(duet_testkit_side_t *sd, uint64_t id)
 {
     for (int d = 0; d < sd->tp; d++) {
         duet_xfer_result_t res;
         if (recv_result(sd, d, id, &res))
             return 1;
-        XH_CHECK(res.status == DUET_OK && res.first_token == TOKEN,
-                 "decode rank %d request %llu: %s", d, (unsigned long long)id, res.detail);
+        DUET_TESTKIT_CHECK(res.status == DUET_OK && res.first_token == TOKEN,
+                           "decode rank %d request %llu: %s", d, (unsigned long long)id,
+                           res.detail);
     }
     return 0;
 }
 
-static inline duet_xfer_stats_t stats_of(xh_side_t *sd, int rank)
+static inline duet_xfer_stats_t stats_of(duet_testkit_side_t *sd, int rank)
 {
     duet_xfer_stats_t st;
     duet_xfer_rank_stats(duet_xfer_rank(sd->x, rank), &st);
@@ -272,12 +286,12 @@ static inline duet_xfer_stats_t stats_of(xh_side_t *sd, int rank)
 }
 
 /* Wait until rank 0 issued at least one put. */
-static inline int wait_puts(xh_side_t *sd)
+static inline int wait_puts(duet_testkit_side_t *sd)
 {
     int64_t dl = duet_deadline_in_ms(5000);
     while (stats_of(sd, 0).puts == 0 && duet_now_ns() < dl)
         usleep(1000);
-    XH_CHECK(stats_of(sd, 0).puts > 0, "no put was issued");
+    DUET_TESTKIT_CHECK(stats_of(sd, 0).puts > 0, "no put was issued");
     return 0;
 }
 
@@ -311,22 +325,24 @@ static inline void pair_close(spec_t *sp)
             close(fds[i]);
 }
 
-static inline void run_pair(spec_t *sp, xh_child_fn pre, xh_child_fn dec, int timeout_ms)
+static inline void run_pair(spec_t *sp, duet_testkit_child_cb pre, duet_testkit_child_cb dec,
+                            int timeout_ms)
 {
     pid_t pids[2];
     int rc[2];
     int close_p[] = {sp->fd_d, sp->ctl_d, sp->ctl_p_par, sp->ctl_d_par};
     int close_d[] = {sp->fd_p, sp->ctl_p, sp->ctl_p_par, sp->ctl_d_par};
-    pids[0] = xh_spawn("prefill", pre, sp, close_p, 4);
-    pids[1] = xh_spawn("decode", dec, sp, close_d, 4);
-    xh_wait_all(pids, 2, duet_deadline_in_ms(timeout_ms), rc);
+    pids[0] = duet_testkit_spawn("prefill", pre, sp, close_p, 4);
+    pids[1] = duet_testkit_spawn("decode", dec, sp, close_d, 4);
+    duet_testkit_wait_all(pids, 2, duet_deadline_in_ms(timeout_ms), rc);
     pair_close(sp);
     if (rc[0] != 0 || rc[1] != 0)
         fail_msg("P=%d D=%d H=%d tls %s: prefill exit %d, decode exit %d", sp->P, sp->D, sp->H,
                  sp->tls, rc[0], rc[1]);
 }
 
-static inline void scene(int P, int D, int H, xh_child_fn pre, xh_child_fn dec, int early_ttl_ms)
+static inline void scene(int P, int D, int H, duet_testkit_child_cb pre, duet_testkit_child_cb dec,
+                         int early_ttl_ms)
 {
     for (int t = 0; t < n_tls; t++) {
         spec_t sp;
