@@ -12,6 +12,7 @@
 #include "transfer/slice_plan.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "common/alloc.h"
 #include "kv/heads.h"
@@ -24,12 +25,17 @@ struct duet_slice_plan {
     int *src_off;           /* [P+1]: runs of prefill rank s are [src_off[s], src_off[s+1]) */
 };
 
-/* A side's tp must be able to hold the H heads (kv/heads.h). */
+/* A side's tp must be able to hold the H heads (the rule of kv/heads.h); the
+ * message names the side and its tp first: "slice plan: prefill tp 3 cannot
+ * shard 4 kv heads (...)". */
 static duet_status_t duet__slice_plan_check_side(const char *side, int tp, int H)
 {
-    if (duet_kv_heads_check(H, tp) != DUET_OK)
-        return duet_error_wrap(DUET_ERR_CONFIG, "slice plan: %s side: ", side);
-    return DUET_OK;
+    char why[160];
+    if (duet_kv_heads_check(H, tp) == DUET_OK)
+        return DUET_OK;
+    snprintf(why, sizeof(why), "%s", duet_error_msg()); /* duet_error overwrites it */
+    return duet_error(DUET_ERR_CONFIG, "slice plan: %s tp %d cannot shard %d kv heads (%s)", side,
+                      tp, H, why);
 }
 
 /* Fill plan->runs and plan->dst_off for every decode rank. */
