@@ -163,7 +163,6 @@ void duet_xfer_destroy(duet_xfer_t *xfer);
 
 /* Rank `i` (0..tp-1) of this daemon, or NULL when out of range. */
 duet_xfer_rank_t *duet_xfer_rank(duet_xfer_t *xfer, int i);
-int duet_xfer_rank_index(const duet_xfer_rank_t *r);
 
 /* ---- the KV pool (call once per rank, before descriptors and transfers;
  * not thread-safe with other calls on the same rank) -------------------- */
