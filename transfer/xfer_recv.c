@@ -465,7 +465,7 @@ void duet__recv_cleanup(duet_xfer_rank_t *r)
     duet_free(r->early);
 }
 
-/* ---- public ---------------------------------------------------------------------------------- */
+/* ---- plan -> state (on the caller's thread) ---------------------------------------- */
 
 duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *in,
                                  duet__expect_t **e_p)

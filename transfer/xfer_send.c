@@ -3,9 +3,11 @@
  * A send state holds one "dst" per decode rank this rank writes to.  Puts are
  * issued by a cursor over (layer, K|V, page, dst, run) -- the order of
  * transfer/xfer_segs.h -- in bounded batches from the progress loop, up to
- * the layers released by duet_xfer_send_layers.  Per dst, once every layer is posted and the send
- * was ended: flush the data endpoint, then send the notification on the
- * control endpoint, then wait for the decode rank's acknowledgement.
+ * the layers released by duet_xfer_send_layers.  Per dst, once every layer
+ * is posted and the send was ended: flush the data endpoint, then send the
+ * notification on the control endpoint, then wait for the decode rank's
+ * acknowledgement.  Puts, flushes and notifications go through the
+ * transport's ops (transfer/transport.h).
  *
  *   POSTING -> FLUSHING -> NOTIFYING -> ACK_WAIT -> DONE
  *
@@ -710,7 +712,7 @@ int duet__sends_idle(const duet_xfer_rank_t *r)
     return 1;
 }
 
-/* ---- public ----------------------------------------------------------------------------- */
+/* ---- plan -> state (on the caller's thread) ---------------------------------------- */
 
 duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in,
                                  duet__send_t **s_p)
