@@ -71,8 +71,6 @@ typedef struct {
 } duet_xfer_mem_info_t;
 
 typedef struct duet_xfer_transport_ops {
-    const char *name;
-
     /* ---- context ---- */
 
     /* `tls` selects the transports (UCX_TLS; NULL: environment/default). */

@@ -567,7 +567,6 @@ static duet_xfer_op_t duet__ucx_msg_send(duet_xfer_ep_t *e, const void *msg, siz
 }
 
 const duet_xfer_transport_ops_t duet_xfer_transport_ucx = {
-    .name = "ucx",
     .create = duet__ucx_create,
     .destroy = duet__ucx_destroy,
     .detects_peer_failure = duet__ucx_detects_peer_failure,
