@@ -128,7 +128,9 @@ typedef struct duet_xfer_transport_ops {
                                duet_xfer_ep_error_cb_t on_error, void *arg, duet_xfer_ep_t **ep_p,
                                const char **why_p);
     /* Close; `force` (endpoints with failure detection only) drops what is
-     * still queued.  The handle is invalid after the call. */
+     * still queued.  The handle is invalid after the call; its error
+     * callback may still run until the close completed (PENDING), never
+     * after. */
     duet_xfer_op_t (*ep_close)(duet_xfer_ep_t *ep, bool force, duet_xfer_op_cb_t cb, void *arg,
                                const char **why_p);
     /* Complete every put issued on ep so far (remotely visible). */

@@ -440,7 +440,8 @@ static void duet__ucx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     duet_xfer_ep_t *e = arg;
     (void)ep;
-    e->on_error(e->arg, ucs_status_string(status));
+    if (e->on_error != NULL)
+        e->on_error(e->arg, ucs_status_string(status));
 }
 
 static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr, size_t addr_len,
@@ -499,8 +500,10 @@ static duet_xfer_op_t duet__ucx_ep_close(duet_xfer_ep_t *e, bool force, duet_xfe
     op = duet__ucx_started(e->w, req, cb, arg, why_p);
     if (op == DUET_XFER_OP_PENDING)
         ((duet__ucx_req_t *)req)->closed = e; /* its error callback may still run until then */
-    else
+    else if (op == DUET_XFER_OP_DONE)
         duet__ucx_ep_free(e);
+    else
+        e->on_error = NULL; /* the endpoint may live on until the worker goes: stay silent */
     return op;
 }
 
