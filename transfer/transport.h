@@ -14,16 +14,16 @@
  *   duet_xfer_ep_t         an endpoint from a worker to a remote worker.
  *   duet_xfer_rkey_t       a remote region's key, unpacked on an endpoint.
  *
- * Threads: the context calls (create, destroy, capability queries, mem_map,
- * mem_unmap) are thread-safe among themselves.  A worker, its endpoints and
+ * Threads: the capability queries, mem_map and mem_unmap are thread-safe;
+ * create and destroy belong to one owner.  A worker, its endpoints and
  * rkeys are used by one thread at a time: the rank's progress thread once it
- * runs.  Callbacks run on that thread, from inside ops->progress (or from
- * worker_destroy for requests still pending then).
+ * runs.  Callbacks run on that thread, from inside ops->progress.
  *
  * Asynchronous operations (put, flush, msg_send, ep_close) end in one of
  * three ways, returned as duet_xfer_op_t:
  *   DUET_XFER_OP_DONE     completed at once; cb will not run;
- *   DUET_XFER_OP_PENDING  in flight; cb runs exactly once, later;
+ *   DUET_XFER_OP_PENDING  in flight; cb runs exactly once, later (unless
+ *                         the worker is destroyed first);
  *   DUET_XFER_OP_FAILED   failed at once (*why_p says why); cb will not run.
  * A completion reports DUET_OK, DUET_ERR_CANCELLED (the endpoint was closed
  * under it) or DUET_ERR_PEER, with the transport's reason as static text. */
