@@ -12,6 +12,7 @@
 #include "transfer/slice_plan.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "common/alloc.h"
 #include "kv/heads.h"
@@ -24,7 +25,9 @@ struct duet_slice_plan {
     int *src_off;           /* [P+1]: runs of prefill rank s are [src_off[s], src_off[s+1]) */
 };
 
-/* A side's tp must be able to hold the H heads (kv/heads.h). */
+/* A side's tp must be able to hold the H heads (the rule of kv/heads.h); the
+ * message names the side first: "slice plan: prefill tp 3: ... (4 kv heads
+ * ...)". */
 static duet_status_t duet__slice_plan_check_side(const char *side, int tp, int H)
 {
     if (duet_kv_heads_check(H, tp) != DUET_OK)

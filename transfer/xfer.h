@@ -1,13 +1,20 @@
-/* UCX transfer engine (DESIGN §5): moves a request's KV pages from the
+/* KV transfer engine (DESIGN §5): moves a request's KV pages from the
  * prefill daemon's ranks into the decode daemon's ranks with one-sided puts,
  * then tells each decode rank, with one notification per (request, prefill
  * engine rank), that its slice has landed.
  *
+ * Layers: the slice plan says which heads go where (transfer/slice_plan.h);
+ * sends and expectations turn it into puts, flushes and notifications; a
+ * transport carries those (transfer/transport.h, an ops table; UCX in
+ * transfer/transport_ucx.c is the one implementation and the only code that
+ * calls UCX).
+ *
  * Objects
- *   duet_xfer_t       one per daemon process: the UCP context and tp ranks.
- *   duet_xfer_rank_t  one per engine rank: a UCP worker, the rank's KV pool
- *                     (registered once), a progress thread, the tables of
- *                     requests being sent (prefill) or expected (decode).
+ *   duet_xfer_t       one per daemon process: the transport context and tp
+ *                     ranks.
+ *   duet_xfer_rank_t  one per engine rank: a transport worker, the rank's KV
+ *                     pool (registered once), a progress thread, the tables
+ *                     of requests being sent (prefill) or expected (decode).
  *   duet_xfer_peer_t  a connection from one local rank to one remote rank,
  *                     made from the remote rank's descriptor.
  *
@@ -27,7 +34,7 @@
  * success; on prefill when every receiver acknowledged.  Failure reports,
  * peer failures and deadlines end it with an error naming the ranks.
  *
- * Threads: every rank runs one progress thread that owns its UCP worker and
+ * Threads: every rank runs one progress thread that owns its worker and
  * tables; it sleeps in epoll on the worker's event fd when nothing is in
  * flight.  All functions below are thread-safe unless they say otherwise;
  * they hand work to the progress thread (the per-layer and end calls return
@@ -163,13 +170,12 @@ void duet_xfer_destroy(duet_xfer_t *xfer);
 
 /* Rank `i` (0..tp-1) of this daemon, or NULL when out of range. */
 duet_xfer_rank_t *duet_xfer_rank(duet_xfer_t *xfer, int i);
-int duet_xfer_rank_index(const duet_xfer_rank_t *r);
 
 /* ---- the KV pool (call once per rank, before descriptors and transfers;
  * not thread-safe with other calls on the same rank) -------------------- */
 
-/* Allocate the rank's pool through UCX (ucp_mem_map with
- * UCP_MEM_MAP_ALLOCATE) so that shared-memory puts into it are one-sided.
+/* Allocate the rank's pool through the transport (UCX allocates it, in
+ * memory it can share) so that shared-memory puts into it are one-sided.
  * bytes must be at least duet_kv_total_bytes(&cfg->layout).  *base_p is owned
  * by the rank until duet_xfer_destroy.  DUET_ERR_INVALID if the rank already
  * has a pool. */

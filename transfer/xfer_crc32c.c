@@ -5,53 +5,54 @@
 
 #define CRC32C_POLY 0x82F63B78u
 
-static uint32_t crc32c_table[8][256];
-static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
-static int crc32c_have_hw;
+static uint32_t duet__crc32c_table[8][256];
+static pthread_once_t duet__crc32c_once = PTHREAD_ONCE_INIT;
+static int duet__crc32c_have_hw;
 
-static void crc32c_init(void)
+static void duet__crc32c_init(void)
 {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
             c = (c >> 1) ^ (CRC32C_POLY & (0u - (c & 1u)));
-        crc32c_table[0][i] = c;
+        duet__crc32c_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
-            crc32c_table[t][i] =
-                (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xff];
+            duet__crc32c_table[t][i] = (duet__crc32c_table[t - 1][i] >> 8) ^
+                                       duet__crc32c_table[0][duet__crc32c_table[t - 1][i] & 0xff];
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    crc32c_have_hw = __builtin_cpu_supports("sse4.2");
+    duet__crc32c_have_hw = __builtin_cpu_supports("sse4.2");
 #endif
 }
 
 uint32_t duet__crc32c_sw(uint32_t crc, const void *buf, size_t n)
 {
+    uint32_t(*t)[256] = duet__crc32c_table;
     const unsigned char *p = buf;
-    pthread_once(&crc32c_once, crc32c_init);
+    pthread_once(&duet__crc32c_once, duet__crc32c_init);
     crc = ~crc;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
         w ^= crc; /* little-endian: the low bytes meet the register */
-        crc = crc32c_table[7][w & 0xff] ^ crc32c_table[6][(w >> 8) & 0xff] ^
-              crc32c_table[5][(w >> 16) & 0xff] ^ crc32c_table[4][(w >> 24) & 0xff] ^
-              crc32c_table[3][(w >> 32) & 0xff] ^ crc32c_table[2][(w >> 40) & 0xff] ^
-              crc32c_table[1][(w >> 48) & 0xff] ^ crc32c_table[0][w >> 56];
+        crc = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^
+              t[4][(w >> 24) & 0xff] ^ t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^
+              t[1][(w >> 48) & 0xff] ^ t[0][w >> 56];
         p += 8;
         n -= 8;
     }
     while (n--)
-        crc = (crc >> 8) ^ crc32c_table[0][(crc ^ *p++) & 0xff];
+        crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xff];
     return ~crc;
 }
 
 #if defined(__x86_64__)
 /* One 8-byte step per instruction: about 8 GB/s here, well above what the
  * checksum needs next to the puts (it is optional). */
-__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const void *buf, size_t n)
+__attribute__((target("sse4.2"))) static uint32_t duet__crc32c_hw(uint32_t crc, const void *buf,
+                                                                  size_t n)
 {
     const unsigned char *p = buf;
     uint64_t c = ~crc & 0xffffffffu;
@@ -74,10 +75,10 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
 
 uint32_t duet__crc32c(uint32_t crc, const void *buf, size_t n)
 {
-    pthread_once(&crc32c_once, crc32c_init);
+    pthread_once(&duet__crc32c_once, duet__crc32c_init);
 #if defined(__x86_64__)
-    if (crc32c_have_hw)
-        return crc32c_hw(crc, buf, n);
+    if (duet__crc32c_have_hw)
+        return duet__crc32c_hw(crc, buf, n);
 #endif
     return duet__crc32c_sw(crc, buf, n);
 }

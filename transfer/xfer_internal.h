@@ -1,13 +1,25 @@
 /* Internals of the transfer engine shared by transfer/xfer_*.c.
  *
+ * Layers (each file calls only the ones below it; none calls up):
+ *   xfer_api.c       public entry points that post commands
+ *   xfer_core.c      context, ranks, capabilities
+ *   xfer_progress.c  the progress thread: command queue, loop, delivery
+ *   xfer_send.c      prefill: planning puts per receiver, flush, notify, acks
+ *   xfer_recv.c      decode: expectations, notifications, acknowledgements
+ *   xfer_peer.c      connections to remote ranks and their failures
+ *   xfer_outcome.c   completing commands and outcomes (rank bookkeeping)
+ *   transport.h      the network, through an ops table (transport_ucx.c)
+ * beside the pure helpers xfer_wire, xfer_segs, xfer_map, xfer_crc32c and
+ * slice_plan, and xfer_pool.c (the KV pool and descriptors).
+ *
  * Ownership: everything below the "progress thread" line of a rank belongs to
  * that rank's progress thread and is touched by no other thread.  Other
  * threads talk to it through commands (duet__cmd_t) queued under r->mu; a
  * synchronous command lives on the caller's stack and the caller sleeps on
  * r->cond until the thread marks it done.  When the caller *is* the progress
  * thread (a completion callback calling back in), the command runs inline;
- * commands that wait on UCX (connect, disconnect, wait, put) are refused
- * there. */
+ * commands that wait on the network (connect, disconnect, wait, put) are
+ * refused there. */
 #ifndef DUET_TRANSFER_XFER_INTERNAL_H
 #define DUET_TRANSFER_XFER_INTERNAL_H
 
@@ -15,13 +27,11 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include <ucp/api/ucp.h>
-
+#include "transfer/transport.h"
 #include "transfer/xfer.h"
 #include "transfer/xfer_map.h"
 #include "transfer/xfer_wire.h"
 
-#define DUET__AM_ID        0x2d       /* active-message id of notifications and acks */
 #define DUET__PUT_BUDGET   512        /* puts issued per loop turn, so messages keep flowing */
 #define DUET__PUT_BYTES    (8u << 20) /* ... and bytes */
 #define DUET__PUT_INFLIGHT 4096       /* outstanding put requests per rank (tcp) */
@@ -70,6 +80,10 @@ enum {
 };
 
 enum { DUET__SIDE_RECV = 0, DUET__SIDE_SEND = 1 };
+
+/* A rank's pool: none yet, allocated by the transport, registered host
+ * memory, registered CUDA device memory (duet_xfer_pool_kind's names). */
+enum { DUET__POOL_NONE, DUET__POOL_ALLOC, DUET__POOL_REGISTERED, DUET__POOL_DEVICE };
 
 struct duet__cmd {
     duet__cmd_t *next;
@@ -140,19 +154,20 @@ struct duet_xfer_peer {
     duet_xfer_peer_t *next, *prev; /* r->peers */
     duet_xfer_desc_info_t info;    /* the remote rank */
     uint64_t remote_base;
-    ucp_ep_h data_ep; /* puts (prefill side); err mode none so shared memory stays one-sided */
-    ucp_rkey_h rkey;
-    ucp_ep_h ctl_ep;   /* notifications/acks; err mode peer when a transport allows it */
-    int ctl_shared;    /* ctl_ep == data_ep */
-    int ctl_peer_mode; /* ctl_ep has error mode peer */
-    int one_sided;     /* puts go over shared memory into the mapped remote pool */
-    int ready;         /* wired up */
+    duet_xfer_ep_t *data_ep; /* puts (prefill side); no failure detection, so shared memory
+                                stays one-sided */
+    duet_xfer_rkey_t *rkey;
+    duet_xfer_ep_t *ctl_ep; /* notifications/acks; failure detection when a transport has it */
+    int ctl_shared;         /* ctl_ep == data_ep */
+    int ctl_peer_mode;      /* ctl_ep detects peer failure */
+    int one_sided;          /* puts go over shared memory into the mapped remote pool */
+    int ready;              /* wired up */
     duet_status_t failed;
     char why[128];
     int error_reported;
     int closing;       /* disconnect started: no new work */
     int user_released; /* the handle is no longer the user's */
-    int ops;           /* outstanding UCX requests that point at this peer */
+    int ops;           /* transport operations in flight that point at this peer */
     int close_stage;
     int64_t close_deadline_ns;
     duet__cmd_t *cmd; /* connect or disconnect waiting on it */
@@ -167,22 +182,20 @@ typedef struct {
 struct duet_xfer_rank {
     duet_xfer_t *x;
     int index;
-    duet_xfer_desc_info_t info; /* this rank as peers see it */
-    ucp_worker_h worker;
-    ucp_address_t *addr;
-    size_t addr_len;
+    duet_xfer_desc_info_t info;           /* this rank as peers see it */
+    const duet_xfer_transport_ops_t *ops; /* = x->ops */
+    duet_xfer_worker_t *worker;
 
     /* pool: set before any transfer, read-only afterwards */
-    int pool_kind; /* 0 none, 1 ucx-alloc, 2 registered, 3 registered CUDA memory */
-    ucp_mem_h memh;
+    int pool_kind; /* DUET__POOL_* */
+    duet_xfer_mem_t *mem;
     unsigned char *base;
     size_t bytes;
-    void *rkey_buf;
+    const void *rkey_buf;
     size_t rkey_len;
 
     pthread_t thread;
     int thread_started;
-    int efd;  /* the worker's event fd */
     int evfd; /* eventfd: commands queued */
     int epfd;
     pthread_mutex_t mu;
@@ -208,8 +221,7 @@ struct duet_xfer_rank {
     int n_inbox, cap_inbox;
     duet__outcome_t *due_head, *due_tail; /* outcomes to deliver */
     duet__put_op_t *put_ops;              /* duet_xfer_debug_put calls in flight */
-    long put_reqs;                        /* outstanding put requests */
-    long ucx_reqs;                        /* all outstanding requests */
+    long put_reqs;                        /* puts in flight */
     int64_t next_deadline_ns;
     int stopping;
     duet__cmd_t *stop_cmd;
@@ -219,7 +231,8 @@ struct duet_xfer_rank {
 struct duet_xfer {
     duet_xfer_config_t cfg;
     char *tls;
-    ucp_context_h ucp;
+    const duet_xfer_transport_ops_t *ops;
+    duet_xfer_transport_t *transport;
     uint64_t instance;
     uint64_t host_id;
     atomic_int no_peer_mode; /* no transport with peer-failure detection */
@@ -227,31 +240,19 @@ struct duet_xfer {
     duet_xfer_rank_t **ranks;
 };
 
-/* xfer_core.c */
+/* xfer_progress.c: the command queue and the progress thread */
 duet_status_t duet__call(duet_xfer_rank_t *r, duet__cmd_t *c, int callback_safe);
 duet_status_t duet__post_async(duet_xfer_rank_t *r, duet__cmd_t *c);
-void duet__cmd_done(duet_xfer_rank_t *r, duet__cmd_t *c, duet_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-void duet__due(duet_xfer_rank_t *r, duet__outcome_t *o);
-void duet__undue(duet_xfer_rank_t *r, duet__outcome_t *o);
-void duet__deadline_hint(duet_xfer_rank_t *r, int64_t deadline_ns);
-void duet__outcome_fail(duet__outcome_t *o, duet_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-void duet__req_done(duet_xfer_rank_t *r, void *req);
-
-/* xfer_peer.c */
-void duet__peer_exec_connect(duet_xfer_rank_t *r, duet__cmd_t *c);
-void duet__peer_exec_disconnect(duet_xfer_rank_t *r, duet__cmd_t *c);
-void duet__peer_exec_put(duet_xfer_rank_t *r, duet__cmd_t *c);
-int duet__peer_known(const duet_xfer_rank_t *r, const duet_xfer_peer_t *p);
-duet_xfer_peer_t *duet__peer_find(duet_xfer_rank_t *r, uint64_t instance, int rank);
-void duet__peer_close_start(duet_xfer_rank_t *r, duet_xfer_peer_t *p);
-void duet__peer_scan(duet_xfer_rank_t *r, int64_t now);
-int duet__peers_idle(const duet_xfer_rank_t *r);
-void duet__peer_drop_rkeys(duet_xfer_rank_t *r);
-void duet__peer_reap_all(duet_xfer_rank_t *r);
+duet_status_t duet__wait(duet_xfer_rank_t *r, int side, uint64_t id, int64_t deadline_ns,
+                         duet_xfer_result_t *res_p);
+duet_status_t duet__cancel(duet_xfer_rank_t *r, int side, uint64_t id);
+void duet__rank_on_msg(void *arg, const void *msg, size_t len);
+void *duet__rank_main(void *arg);
 
 /* xfer_send.c */
+duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in,
+                                 duet__send_t **s_p);
+void duet__send_free(duet__send_t *s);
 void duet__send_exec_begin(duet_xfer_rank_t *r, duet__cmd_t *c);
 void duet__send_exec_layers(duet_xfer_rank_t *r, duet__cmd_t *c);
 void duet__send_exec_end(duet_xfer_rank_t *r, duet__cmd_t *c);
@@ -263,10 +264,12 @@ void duet__send_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p);
 void duet__send_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why);
 duet__outcome_t *duet__send_outcome(duet_xfer_rank_t *r, uint64_t id);
 void duet__send_release(duet_xfer_rank_t *r, duet__outcome_t *o);
-void duet__send_free(duet__send_t *s);
 int duet__sends_idle(const duet_xfer_rank_t *r);
 
 /* xfer_recv.c */
+duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *in,
+                                 duet__expect_t **e_p);
+void duet__recv_free(duet__expect_t *e);
 void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c);
 duet_status_t duet__recv_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, size_t cap);
 void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m);
@@ -276,5 +279,28 @@ void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
 duet__outcome_t *duet__recv_outcome(duet_xfer_rank_t *r, uint64_t id);
 void duet__recv_release(duet_xfer_rank_t *r, duet__outcome_t *o);
 void duet__recv_cleanup(duet_xfer_rank_t *r);
+
+/* xfer_peer.c.  A peer never calls up: whoever closes a peer or learns of
+ * its failure (xfer_progress.c) tells the sends and expectations using it. */
+void duet__peer_exec_connect(duet_xfer_rank_t *r, duet__cmd_t *c);
+int duet__peer_exec_disconnect(duet_xfer_rank_t *r, duet__cmd_t *c);
+void duet__peer_exec_put(duet_xfer_rank_t *r, duet__cmd_t *c);
+int duet__peer_known(const duet_xfer_rank_t *r, const duet_xfer_peer_t *p);
+duet_xfer_peer_t *duet__peer_find(duet_xfer_rank_t *r, uint64_t instance, int rank);
+void duet__peer_close_start(duet_xfer_rank_t *r, duet_xfer_peer_t *p);
+void duet__peer_scan(duet_xfer_rank_t *r, int64_t now);
+duet_xfer_peer_t *duet__peer_next_failure(duet_xfer_rank_t *r);
+int duet__peers_idle(const duet_xfer_rank_t *r);
+void duet__peer_drop_rkeys(duet_xfer_rank_t *r);
+void duet__peer_reap_all(duet_xfer_rank_t *r);
+
+/* xfer_outcome.c */
+void duet__cmd_done(duet_xfer_rank_t *r, duet__cmd_t *c, duet_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void duet__due(duet_xfer_rank_t *r, duet__outcome_t *o);
+void duet__undue(duet_xfer_rank_t *r, duet__outcome_t *o);
+void duet__deadline_hint(duet_xfer_rank_t *r, int64_t deadline_ns);
+void duet__outcome_fail(duet__outcome_t *o, duet_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -2,7 +2,7 @@
 
 #include "common/alloc.h"
 
-static size_t map_hash(uint64_t k, size_t cap)
+static size_t duet__map_hash(uint64_t k, size_t cap)
 {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdULL;
@@ -27,7 +27,7 @@ void *duet__map_get(const duet__map_t *m, uint64_t key)
 {
     if (m->cap == 0)
         return NULL;
-    for (size_t i = map_hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+    for (size_t i = duet__map_hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
         if (m->slots[i].val == NULL)
             return NULL;
         if (m->slots[i].key == key)
@@ -35,9 +35,9 @@ void *duet__map_get(const duet__map_t *m, uint64_t key)
     }
 }
 
-static void map_insert(duet__map_slot_t *slots, size_t cap, uint64_t key, void *val)
+static void duet__map_insert(duet__map_slot_t *slots, size_t cap, uint64_t key, void *val)
 {
-    size_t i = map_hash(key, cap);
+    size_t i = duet__map_hash(key, cap);
     while (slots[i].val != NULL)
         i = (i + 1) & (cap - 1);
     slots[i].key = key;
@@ -55,12 +55,12 @@ duet_status_t duet__map_put(duet__map_t *m, uint64_t key, void *val)
             return DUET_ERR_NO_MEMORY;
         for (size_t i = 0; i < m->cap; i++)
             if (m->slots[i].val != NULL)
-                map_insert(slots, cap, m->slots[i].key, m->slots[i].val);
+                duet__map_insert(slots, cap, m->slots[i].key, m->slots[i].val);
         duet_free(m->slots);
         m->slots = slots;
         m->cap = cap;
     }
-    map_insert(m->slots, m->cap, key, val);
+    duet__map_insert(m->slots, m->cap, key, val);
     m->n++;
     return DUET_OK;
 }
@@ -71,7 +71,7 @@ void *duet__map_del(duet__map_t *m, uint64_t key)
     void *val;
     if (m->cap == 0)
         return NULL;
-    for (i = map_hash(key, m->cap);; i = (i + 1) & mask) {
+    for (i = duet__map_hash(key, m->cap);; i = (i + 1) & mask) {
         if (m->slots[i].val == NULL)
             return NULL;
         if (m->slots[i].key == key)
@@ -81,7 +81,7 @@ void *duet__map_del(duet__map_t *m, uint64_t key)
     /* Backward shift: pull later members of the probe chain into the hole
      * unless their home slot lies cyclically in (hole, j]. */
     for (j = (i + 1) & mask; m->slots[j].val != NULL; j = (j + 1) & mask) {
-        size_t home = map_hash(m->slots[j].key, m->cap);
+        size_t home = duet__map_hash(m->slots[j].key, m->cap);
         if (((j - home) & mask) >= ((j - i) & mask)) {
             m->slots[i] = m->slots[j];
             i = j;

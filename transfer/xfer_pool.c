@@ -1,61 +1,38 @@
-/* The rank's KV pool (allocated by UCX or registered), descriptors and
- * counters.  Pools are set up by the rank's owner before any transfer, on
- * the owner's thread: ucp_mem_map and ucp_rkey_pack are context calls, made
- * thread-safe by the context's mt_workers_shared. */
+/* The rank's KV pool (allocated by the transport or registered),
+ * descriptors and counters.  Pools are set up by the rank's owner before any
+ * transfer, on the owner's thread: mapping memory is a context call of the
+ * transport, thread-safe. */
 #include "transfer/xfer_internal.h"
 
 #include <string.h>
 
 #include "common/log.h"
 
-static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int allocate,
-                              int device)
+static duet_status_t duet__pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int allocate,
+                                    int device)
 {
     size_t need = duet_kv_total_bytes(&r->info.layout);
-    ucp_mem_map_params_t mp;
-    ucp_mem_attr_t ma;
-    ucs_status_t us;
+    unsigned flags =
+        (allocate ? DUET_XFER_MEM_ALLOCATE : 0u) | (device ? DUET_XFER_MEM_DEVICE : 0u);
+    duet_xfer_mem_info_t mi;
+    duet_status_t st;
 
-    if (r->pool_kind != 0)
+    if (r->pool_kind != DUET__POOL_NONE)
         return duet_error(DUET_ERR_INVALID, "xfer rank %d: the pool is already set", r->index);
     if (bytes < need || (!allocate && base == NULL))
         return duet_error(DUET_ERR_INVALID, "xfer rank %d: pool of %zu bytes, the layout needs %zu",
                           r->index, bytes, need);
-    memset(&mp, 0, sizeof(mp));
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-    mp.address = base;
-    mp.length = bytes;
-    mp.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
-    if (device) {
-        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-        mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    st = r->ops->mem_map(r->x->transport, base, bytes, flags, &r->mem, &mi);
+    if (st != DUET_OK) {
+        r->mem = NULL;
+        return duet_error_wrap(st, "xfer rank %d: ", r->index);
     }
-    us = ucp_mem_map(r->x->ucp, &mp, &r->memh);
-    if (us != UCS_OK) {
-        r->memh = NULL;
-        return duet_error(allocate ? DUET_ERR_NO_MEMORY : DUET_ERR_IO,
-                          "xfer rank %d: ucp_mem_map of %zu bytes: %s", r->index, bytes,
-                          ucs_status_string(us));
-    }
-    memset(&ma, 0, sizeof(ma));
-    ma.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    us = ucp_mem_query(r->memh, &ma);
-    if (us == UCS_OK && ma.length < bytes)
-        us = UCS_ERR_NO_MEMORY;
-    if (us == UCS_OK)
-        us = ucp_rkey_pack(r->x->ucp, r->memh, &r->rkey_buf, &r->rkey_len);
-    if (us != UCS_OK) {
-        ucp_mem_unmap(r->x->ucp, r->memh);
-        r->memh = NULL;
-        r->rkey_buf = NULL;
-        return duet_error(DUET_ERR_IO, "xfer rank %d: pool query/rkey: %s", r->index,
-                          ucs_status_string(us));
-    }
-    r->base = ma.address;
+    r->base = mi.base;
+    r->rkey_buf = mi.rkey;
+    r->rkey_len = mi.rkey_len;
     r->bytes = bytes;
     r->info.pool_bytes = bytes;
-    r->pool_kind = allocate ? 1 : device ? 3 : 2;
+    r->pool_kind = allocate ? DUET__POOL_ALLOC : device ? DUET__POOL_DEVICE : DUET__POOL_REGISTERED;
     r->info.pool_device = device != 0;
     DUET_LOG_INFO("xfer rank %d: pool %zu bytes at %p (%s), rkey %zu bytes", r->index, bytes,
                   (void *)r->base, duet_xfer_pool_kind(r), r->rkey_len);
@@ -64,7 +41,7 @@ static duet_status_t pool_map(duet_xfer_rank_t *r, void *base, size_t bytes, int
 
 duet_status_t duet_xfer_pool_alloc(duet_xfer_rank_t *r, size_t bytes, void **base_p)
 {
-    duet_status_t st = pool_map(r, NULL, bytes, 1, 0);
+    duet_status_t st = duet__pool_map(r, NULL, bytes, 1, 0);
     if (st == DUET_OK)
         *base_p = r->base;
     return st;
@@ -72,29 +49,28 @@ duet_status_t duet_xfer_pool_alloc(duet_xfer_rank_t *r, size_t bytes, void **bas
 
 duet_status_t duet_xfer_pool_register(duet_xfer_rank_t *r, void *base, size_t bytes)
 {
-    return pool_map(r, base, bytes, 0, 0);
+    return duet__pool_map(r, base, bytes, 0, 0);
 }
 
 duet_status_t duet_xfer_pool_register_device(duet_xfer_rank_t *r, void *base, size_t bytes)
 {
     const char *why;
-    if (!duet_xfer_device_puts(r->x, &why))
+    if (!r->ops->device_puts(r->x->transport, &why))
         return duet_error(DUET_ERR_UNSUPPORTED, "xfer rank %d: no puts from device memory: %s",
                           r->index, why);
-    return pool_map(r, base, bytes, 0, 1);
+    return duet__pool_map(r, base, bytes, 0, 1);
 }
 
 void duet_xfer_pool_unregister(duet_xfer_rank_t *r)
 {
-    if (r->pool_kind != 2 && r->pool_kind != 3)
+    if (r->pool_kind != DUET__POOL_REGISTERED && r->pool_kind != DUET__POOL_DEVICE)
         return;
-    ucp_rkey_buffer_release(r->rkey_buf);
-    ucp_mem_unmap(r->x->ucp, r->memh);
+    r->ops->mem_unmap(r->x->transport, r->mem);
     r->rkey_buf = NULL;
-    r->memh = NULL;
+    r->mem = NULL;
     r->base = NULL;
     r->bytes = 0;
-    r->pool_kind = 0;
+    r->pool_kind = DUET__POOL_NONE;
 }
 
 const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r)
@@ -106,7 +82,9 @@ const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r)
 duet_status_t duet_xfer_desc_pack(duet_xfer_rank_t *r, void **blob_p, size_t *len_p)
 {
     duet__desc_t d;
-    if (r->pool_kind == 0)
+    const void *addr;
+    size_t addr_len;
+    if (r->pool_kind == DUET__POOL_NONE)
         return duet_error(DUET_ERR_INVALID, "xfer rank %d: descriptor needs the pool first",
                           r->index);
     memset(&d, 0, sizeof(d));
@@ -114,8 +92,9 @@ duet_status_t duet_xfer_desc_pack(duet_xfer_rank_t *r, void **blob_p, size_t *le
     d.pool_base = (uint64_t)(uintptr_t)r->base;
     d.rkey = r->rkey_buf;
     d.rkey_len = (uint32_t)r->rkey_len;
-    d.addr = r->addr;
-    d.addr_len = (uint32_t)r->addr_len;
+    r->ops->worker_address(r->worker, &addr, &addr_len);
+    d.addr = addr;
+    d.addr_len = (uint32_t)addr_len;
     return duet__desc_encode(&d, blob_p, len_p);
 }
 

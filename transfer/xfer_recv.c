@@ -39,7 +39,7 @@ struct duet__expect {
     int token_from; /* sender whose first token was taken, -1: none yet */
 };
 
-static void expect_free(duet__expect_t *e)
+void duet__recv_free(duet__expect_t *e)
 {
     if (e == NULL)
         return;
@@ -53,29 +53,26 @@ static void expect_free(duet__expect_t *e)
 
 /* ---- acknowledgements ------------------------------------------------------------------ */
 
-static void ack_cb(void *req, ucs_status_t status, void *user_data)
+static void duet__recv_ack_sent(void *arg, duet_status_t st, const char *why)
 {
-    duet_xfer_rank_t *r = *(duet_xfer_rank_t **)user_data;
-    (void)status;
-    duet__req_done(r, req);
-    duet_free(user_data);
+    (void)st;
+    (void)why;
+    duet_free(arg); /* the message */
 }
 
-static void send_ack(duet_xfer_rank_t *r, const duet__msg_t *m, duet_status_t st)
+static void duet__recv_send_ack(duet_xfer_rank_t *r, const duet__msg_t *m, duet_status_t st)
 {
     duet_xfer_peer_t *p = duet__peer_find(r, m->from_instance, m->src_rank);
-    ucp_request_param_t rp;
-    ucs_status_ptr_t req;
-    unsigned char *buf;
+    const char *why = NULL;
+    duet_xfer_op_t op;
+    uint8_t *buf;
     duet__msg_t a;
 
     if (p == NULL || p->failed != DUET_OK || !p->ready)
-        return; /* the sender's deadline covers a lost acknowledgement */
-    /* [rank pointer][message]: the callback needs the rank to free the request. */
-    buf = duet_malloc(sizeof(r) + DUET__MSG_BYTES);
+        return;                         /* the sender's deadline covers a lost acknowledgement */
+    buf = duet_malloc(DUET__MSG_BYTES); /* lives until the send completed */
     if (buf == NULL)
         return;
-    memcpy(buf, &r, sizeof(r));
     memset(&a, 0, sizeof(a));
     a.kind = DUET__MSG_ACK;
     a.transfer_id = m->transfer_id;
@@ -86,27 +83,19 @@ static void send_ack(duet_xfer_rank_t *r, const duet__msg_t *m, duet_status_t st
     a.status = st;
     a.bytes = m->bytes;
     a.first_token = DUET_XFER_NO_TOKEN;
-    duet__msg_encode(&a, buf + sizeof(r));
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    rp.cb.send = ack_cb;
-    rp.user_data = buf;
-    rp.flags = UCP_AM_SEND_FLAG_EAGER;
-    req = ucp_am_send_nbx(p->ctl_ep, DUET__AM_ID, buf + sizeof(r), DUET__MSG_BYTES, NULL, 0, &rp);
-    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+    duet__msg_encode(&a, buf);
+    op = r->ops->msg_send(p->ctl_ep, buf, DUET__MSG_BYTES, duet__recv_ack_sent, buf, &why);
+    if (op != DUET_XFER_OP_PENDING) {
         duet_free(buf);
-        if (req != NULL)
+        if (op == DUET_XFER_OP_FAILED)
             return;
-    } else {
-        r->ucx_reqs++;
     }
     DUET__STAT_ADD(r, ack_sent, 1);
 }
 
 /* ---- tombstones -------------------------------------------------------------------- */
 
-static void tomb_add(duet_xfer_rank_t *r, uint64_t id, duet_status_t st)
+static void duet__recv_tomb_add(duet_xfer_rank_t *r, uint64_t id, duet_status_t st)
 {
     size_t slot = r->tomb_pos % DUET__TOMB_CAP;
     if (r->tomb_pos >= DUET__TOMB_CAP)
@@ -118,7 +107,7 @@ static void tomb_add(duet_xfer_rank_t *r, uint64_t id, duet_status_t st)
     r->tomb_pos++;
 }
 
-static int tomb_get(const duet_xfer_rank_t *r, uint64_t id, duet_status_t *st_p)
+static int duet__recv_tomb_get(const duet_xfer_rank_t *r, uint64_t id, duet_status_t *st_p)
 {
     void *v = duet__map_get(&r->tombs, id);
     if (v == NULL)
@@ -129,7 +118,7 @@ static int tomb_get(const duet_xfer_rank_t *r, uint64_t id, duet_status_t *st_p)
 
 /* ---- outcomes --------------------------------------------------------------------------- */
 
-static void expect_end(duet_xfer_rank_t *r, duet__expect_t *e)
+static void duet__recv_end(duet_xfer_rank_t *r, duet__expect_t *e)
 {
     e->o.terminal = 1;
     e->o.res.missing_mask = e->senders & ~e->reported;
@@ -140,11 +129,11 @@ static void expect_end(duet_xfer_rank_t *r, duet__expect_t *e)
     duet__due(r, &e->o);
 }
 
-static void expect_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st, const char *fmt,
-                        ...) __attribute__((format(printf, 4, 5)));
+static void duet__recv_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st,
+                            const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-static void expect_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st, const char *fmt,
-                        ...)
+static void duet__recv_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st,
+                            const char *fmt, ...)
 {
     char detail[DUET_XFER_DETAIL_MAX];
     va_list ap;
@@ -154,11 +143,11 @@ static void expect_fail(duet_xfer_rank_t *r, duet__expect_t *e, duet_status_t st
     vsnprintf(detail, sizeof(detail), fmt, ap);
     va_end(ap);
     duet__outcome_fail(&e->o, st, "%s", detail);
-    expect_end(r, e);
+    duet__recv_end(r, e);
 }
 
 /* "0,2" from a mask of sender ranks. */
-static void rank_list(uint64_t mask, char *buf, size_t cap)
+static void duet__recv_rank_list(uint64_t mask, char *buf, size_t cap)
 {
     size_t n = 0;
     buf[0] = '\0';
@@ -169,7 +158,7 @@ static void rank_list(uint64_t mask, char *buf, size_t cap)
 
 /* ---- notifications ----------------------------------------------------------------------- */
 
-static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
+static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
 {
     const duet_kv_layout_t *l = &r->info.layout;
     int s = m->src_rank;
@@ -178,14 +167,14 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
 
     if (s >= e->P || !(e->senders & bit)) {
         DUET__STAT_ADD(r, dropped_invalid, 1);
-        send_ack(r, m, DUET_ERR_INVALID);
+        duet__recv_send_ack(r, m, DUET_ERR_INVALID);
         return;
     }
     p = e->peers[s];
     if (p == NULL || p->info.instance != m->from_instance) {
         /* A stale incarnation of the sender, or one we are not connected to. */
         DUET__STAT_ADD(r, dropped_invalid, 1);
-        send_ack(r, m, DUET_ERR_INVALID);
+        duet__recv_send_ack(r, m, DUET_ERR_INVALID);
         return;
     }
     if (e->reported & bit) {
@@ -195,23 +184,25 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
     if (e->o.terminal) {
         DUET__STAT_ADD(r, dropped_late, 1);
         if (m->status == DUET_OK)
-            send_ack(r, m, e->o.res.status != DUET_OK ? e->o.res.status : DUET_ERR_INVALID);
+            duet__recv_send_ack(r, m,
+                                e->o.res.status != DUET_OK ? e->o.res.status : DUET_ERR_INVALID);
         return;
     }
     if (m->status != DUET_OK) {
-        expect_fail(r, e, m->status, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
-                    e->o.transfer_id, s,
-                    m->status == DUET_ERR_CANCELLED ? "cancelled it" : duet_status_str(m->status),
-                    r->index);
+        duet__recv_fail(r, e, m->status, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
+                        e->o.transfer_id, s,
+                        m->status == DUET_ERR_CANCELLED ? "cancelled it"
+                                                        : duet_status_str(m->status),
+                        r->index);
         return;
     }
     want = duet__seg_bytes(l, e->runs + e->run_off[s], e->run_cnt[s], e->n_pages);
     if (m->bytes != want) {
-        expect_fail(r, e, DUET_ERR_MISMATCH,
-                    "request %" PRIu64 ": prefill rank %d sent %" PRIu64
-                    " bytes to decode rank %d, expected %" PRIu64,
-                    e->o.transfer_id, s, m->bytes, r->index, want);
-        send_ack(r, m, DUET_ERR_MISMATCH);
+        duet__recv_fail(r, e, DUET_ERR_MISMATCH,
+                        "request %" PRIu64 ": prefill rank %d sent %" PRIu64
+                        " bytes to decode rank %d, expected %" PRIu64,
+                        e->o.transfer_id, s, m->bytes, r->index, want);
+        duet__recv_send_ack(r, m, DUET_ERR_MISMATCH);
         return;
     }
     if (m->has_crc) {
@@ -219,11 +210,11 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
                                      e->n_pages, 1);
         if (crc != m->crc) {
             DUET__STAT_ADD(r, crc_failures, 1);
-            expect_fail(r, e, DUET_ERR_MISMATCH,
-                        "request %" PRIu64 ": checksum mismatch on the slice from prefill rank "
-                        "%d (decode rank %d computed %08x, sender %08x)",
-                        e->o.transfer_id, s, r->index, crc, m->crc);
-            send_ack(r, m, DUET_ERR_MISMATCH);
+            duet__recv_fail(r, e, DUET_ERR_MISMATCH,
+                            "request %" PRIu64 ": checksum mismatch on the slice from prefill rank "
+                            "%d (decode rank %d computed %08x, sender %08x)",
+                            e->o.transfer_id, s, r->index, crc, m->crc);
+            duet__recv_send_ack(r, m, DUET_ERR_MISMATCH);
             return;
         }
     }
@@ -232,19 +223,20 @@ static void apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
             e->token_from = s;
             e->o.res.first_token = m->first_token;
         } else if (e->o.res.first_token != m->first_token) {
-            expect_fail(r, e, DUET_ERR_MISMATCH,
-                        "request %" PRIu64 ": first token differs between prefill ranks %d "
-                        "(%" PRId64 ") and %d (%" PRId64 ")",
-                        e->o.transfer_id, e->token_from, e->o.res.first_token, s, m->first_token);
-            send_ack(r, m, DUET_ERR_MISMATCH);
+            duet__recv_fail(r, e, DUET_ERR_MISMATCH,
+                            "request %" PRIu64 ": first token differs between prefill ranks %d "
+                            "(%" PRId64 ") and %d (%" PRId64 ")",
+                            e->o.transfer_id, e->token_from, e->o.res.first_token, s,
+                            m->first_token);
+            duet__recv_send_ack(r, m, DUET_ERR_MISMATCH);
             return;
         }
     }
     e->reported |= bit;
     e->o.res.bytes += m->bytes;
-    send_ack(r, m, DUET_OK);
+    duet__recv_send_ack(r, m, DUET_OK);
     if (e->reported == e->senders)
-        expect_end(r, e);
+        duet__recv_end(r, e);
 }
 
 void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
@@ -259,13 +251,13 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
     }
     e = duet__map_get(&r->expects, m->transfer_id);
     if (e != NULL) {
-        apply(r, e, m);
+        duet__recv_apply(r, e, m);
         return;
     }
-    if (tomb_get(r, m->transfer_id, &st)) {
+    if (duet__recv_tomb_get(r, m->transfer_id, &st)) {
         DUET__STAT_ADD(r, dropped_late, 1);
         if (m->status == DUET_OK)
-            send_ack(r, m, st == DUET_OK ? DUET_ERR_INVALID : st);
+            duet__recv_send_ack(r, m, st == DUET_OK ? DUET_ERR_INVALID : st);
         return;
     }
     if (r->n_early < r->x->cfg.early_max) {
@@ -280,17 +272,17 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
     }
     DUET__STAT_ADD(r, dropped_unknown, 1);
     if (m->status == DUET_OK)
-        send_ack(r, m, DUET_ERR_NOT_FOUND);
+        duet__recv_send_ack(r, m, DUET_ERR_NOT_FOUND);
 }
 
 /* Apply buffered notifications of e's id, in arrival order. */
-static void apply_early(duet_xfer_rank_t *r, duet__expect_t *e)
+static void duet__recv_apply_early(duet_xfer_rank_t *r, duet__expect_t *e)
 {
     int max = r->x->cfg.early_max, j = 0;
     for (int i = 0; i < r->n_early; i++) {
         duet__early_t ent = r->early[(r->early_head + i) % max];
         if (ent.msg.transfer_id == e->o.transfer_id)
-            apply(r, e, &ent.msg);
+            duet__recv_apply(r, e, &ent.msg);
         else
             r->early[(r->early_head + j++) % max] = ent;
     }
@@ -311,7 +303,7 @@ void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c)
                        "request %" PRIu64 " is already expected on "
                        "decode rank %d",
                        e->o.transfer_id, r->index);
-        expect_free(e);
+        duet__recv_free(e);
         return;
     }
     for (int s = 0; s < e->P && bad == NULL; s++) {
@@ -331,19 +323,19 @@ void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c)
     if (bad != NULL) {
         duet__cmd_done(r, c, st, "request %" PRIu64 ": prefill rank %d %s (decode rank %d)",
                        e->o.transfer_id, bad_s, bad, r->index);
-        expect_free(e);
+        duet__recv_free(e);
         return;
     }
     if (duet__map_put(&r->expects, e->o.transfer_id, e) != DUET_OK) {
         duet__cmd_done(r, c, DUET_ERR_NO_MEMORY, "request %" PRIu64 ": expectation table",
                        e->o.transfer_id);
-        expect_free(e);
+        duet__recv_free(e);
         return;
     }
     duet__map_del(&r->tombs, e->o.transfer_id); /* an id may come back after it ended */
     DUET__STAT_ADD(r, active_recv, 1);
     duet__deadline_hint(r, e->o.deadline_ns);
-    apply_early(r, e);
+    duet__recv_apply_early(r, e);
     duet__cmd_done(r, c, DUET_OK, NULL);
 }
 
@@ -356,7 +348,7 @@ duet_status_t duet__recv_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, siz
     }
     duet__map_del(&r->expects, id);
     DUET__STAT_SUB(r, active_recv, 1);
-    tomb_add(r, id, DUET_ERR_CANCELLED);
+    duet__recv_tomb_add(r, id, DUET_ERR_CANCELLED);
     duet__undue(r, &e->o);
     if (e->o.waiter != NULL) {
         duet__cmd_t *w = e->o.waiter;
@@ -370,7 +362,7 @@ duet_status_t duet__recv_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, siz
     if (e->o.in_callback)
         e->o.cancelled = 1; /* freed when the callback returns */
     else
-        expect_free(e);
+        duet__recv_free(e);
     return DUET_OK;
 }
 
@@ -385,11 +377,12 @@ void duet__recv_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p, int disconne
             if (e->peers[s] != p)
                 continue;
             if (!(e->reported >> s & 1u))
-                expect_fail(r, e, DUET_ERR_PEER,
-                            "request %" PRIu64 ": prefill rank %d %s%s "
-                            "(decode rank %d)",
-                            e->o.transfer_id, s, p->failed != DUET_OK ? "failed: " : "disconnected",
-                            p->failed != DUET_OK ? p->why : "", r->index);
+                duet__recv_fail(r, e, DUET_ERR_PEER,
+                                "request %" PRIu64 ": prefill rank %d %s%s "
+                                "(decode rank %d)",
+                                e->o.transfer_id, s,
+                                p->failed != DUET_OK ? "failed: " : "disconnected",
+                                p->failed != DUET_OK ? p->why : "", r->index);
             if (disconnect)
                 e->peers[s] = NULL;
         }
@@ -412,11 +405,12 @@ void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
             continue;
         }
         DUET__STAT_ADD(r, timeouts, 1);
-        rank_list(e->senders & ~e->reported, missing, sizeof(missing));
-        expect_fail(r, e, DUET_ERR_TIMEOUT,
-                    "request %" PRIu64 ": deadline exceeded on decode rank %d waiting for prefill "
-                    "ranks %s",
-                    e->o.transfer_id, r->index, missing);
+        duet__recv_rank_list(e->senders & ~e->reported, missing, sizeof(missing));
+        duet__recv_fail(r, e, DUET_ERR_TIMEOUT,
+                        "request %" PRIu64
+                        ": deadline exceeded on decode rank %d waiting for prefill "
+                        "ranks %s",
+                        e->o.transfer_id, r->index, missing);
     }
     while (r->n_early > 0) {
         duet__early_t *ent = &r->early[r->early_head];
@@ -427,7 +421,7 @@ void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
         }
         DUET__STAT_ADD(r, dropped_unknown, 1);
         if (ent->msg.status == DUET_OK)
-            send_ack(r, &ent->msg, DUET_ERR_NOT_FOUND);
+            duet__recv_send_ack(r, &ent->msg, DUET_ERR_NOT_FOUND);
         r->early_head = (r->early_head + 1) % max;
         r->n_early--;
     }
@@ -438,7 +432,7 @@ void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
     void *v;
     for (size_t it = 0; duet__map_next(&r->expects, &it, &v);) {
         duet__expect_t *e = v;
-        expect_fail(r, e, st, "request %" PRIu64 ": %s", e->o.transfer_id, why);
+        duet__recv_fail(r, e, st, "request %" PRIu64 ": %s", e->o.transfer_id, why);
     }
 }
 
@@ -455,26 +449,26 @@ void duet__recv_release(duet_xfer_rank_t *r, duet__outcome_t *o)
     if (!e->o.cancelled && duet__map_get(&r->expects, o->transfer_id) == e) {
         duet__map_del(&r->expects, o->transfer_id);
         DUET__STAT_SUB(r, active_recv, 1);
-        tomb_add(r, o->transfer_id, o->res.status);
+        duet__recv_tomb_add(r, o->transfer_id, o->res.status);
     }
-    expect_free(e);
+    duet__recv_free(e);
 }
 
 void duet__recv_cleanup(duet_xfer_rank_t *r)
 {
     void *v;
     for (size_t it = 0; duet__map_next(&r->expects, &it, &v);)
-        expect_free(v);
+        duet__recv_free(v);
     duet__map_cleanup(&r->expects);
     duet__map_cleanup(&r->tombs);
     duet_free(r->tomb_ring);
     duet_free(r->early);
 }
 
-/* ---- public ---------------------------------------------------------------------------------- */
+/* ---- plan -> state (on the caller's thread) ---------------------------------------- */
 
-static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *in,
-                                    duet__expect_t **e_p)
+duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *in,
+                                 duet__expect_t **e_p)
 {
     const duet_slice_run_t *runs;
     int n_runs, P, at = 0;
@@ -482,7 +476,7 @@ static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_
 
     if (in == NULL || in->plan == NULL || in->peers == NULL || in->pages == NULL || in->n_pages < 1)
         return duet_error(DUET_ERR_INVALID, "xfer expect: missing plan, peers or pages");
-    if (r->info.role != DUET_XFER_DECODE || r->pool_kind == 0)
+    if (r->info.role != DUET_XFER_DECODE || r->pool_kind == DUET__POOL_NONE)
         return duet_error(DUET_ERR_INVALID,
                           "xfer rank %d: expecting needs a decode rank with a "
                           "pool",
@@ -513,7 +507,7 @@ static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_
     e->pages = DUET_NEW_ARRAY(int32_t, (size_t)in->n_pages);
     if (e->peers == NULL || e->runs == NULL || e->run_off == NULL || e->run_cnt == NULL ||
         e->pages == NULL) {
-        expect_free(e);
+        duet__recv_free(e);
         return duet_error(DUET_ERR_NO_MEMORY, "xfer expect");
     }
     memcpy(e->peers, in->peers, (size_t)P * sizeof(*e->peers));
@@ -537,20 +531,4 @@ static duet_status_t expect_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_
     e->o.res.first_token = DUET_XFER_NO_TOKEN;
     *e_p = e;
     return DUET_OK;
-}
-
-duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *in)
-{
-    duet__cmd_t c;
-    duet__expect_t *e = NULL;
-    duet_status_t st = expect_prepare(r, in, &e);
-    if (st != DUET_OK)
-        return st;
-    memset(&c, 0, sizeof(c));
-    c.kind = DUET__CMD_EXPECT;
-    c.u.expect = e;
-    st = duet__call(r, &c, 1);
-    if (st == DUET_ERR_SHUTDOWN)
-        expect_free(e); /* never reached the thread */
-    return st;
 }

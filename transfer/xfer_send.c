@@ -3,15 +3,17 @@
  * A send state holds one "dst" per decode rank this rank writes to.  Puts are
  * issued by a cursor over (layer, K|V, page, dst, run) -- the order of
  * transfer/xfer_segs.h -- in bounded batches from the progress loop, up to
- * the layers released by duet_xfer_send_layers.  Per dst, once every layer is posted and the send
- * was ended: flush the data endpoint, then send the notification on the
- * control endpoint, then wait for the decode rank's acknowledgement.
+ * the layers released by duet_xfer_send_layers.  Per dst, once every layer
+ * is posted and the send was ended: flush the data endpoint, then send the
+ * notification on the control endpoint, then wait for the decode rank's
+ * acknowledgement.  Puts, flushes and notifications go through the
+ * transport's ops (transfer/transport.h).
  *
  *   POSTING -> FLUSHING -> NOTIFYING -> ACK_WAIT -> DONE
  *
  * Any state can jump to DONE with an error (peer failure, deadline).  The
  * state is freed when its outcome was delivered (or it was cancelled) and no
- * UCX request points at it any more. */
+ * transport operation points at it any more. */
 #include "transfer/xfer_internal.h"
 
 #include <inttypes.h>
@@ -26,7 +28,13 @@
 #include "transfer/xfer_crc32c.h"
 #include "transfer/xfer_segs.h"
 
-enum { DST_POSTING, DST_FLUSHING, DST_NOTIFYING, DST_ACK_WAIT, DST_DONE };
+enum {
+    DUET__DST_POSTING,
+    DUET__DST_FLUSHING,
+    DUET__DST_NOTIFYING,
+    DUET__DST_ACK_WAIT,
+    DUET__DST_DONE
+};
 
 typedef struct {
     duet__send_t *s;
@@ -40,7 +48,7 @@ typedef struct {
     int next_page;      /* in the current plane: first page index not yet posted */
     int failure_notice; /* the notification reports a failure */
     uint8_t msg[DUET__MSG_BYTES];
-} send_dst_t;
+} duet__send_dst_t;
 
 struct duet__send {
     duet__outcome_t o; /* first: outcome pointers are send pointers */
@@ -49,7 +57,7 @@ struct duet__send {
     duet__send_t *post_next, *post_prev; /* r->posting */
     int in_posting, in_table, detached;
     int n_dst;
-    send_dst_t *dst;
+    duet__send_dst_t *dst;
     duet_slice_run_t *runs;
     int32_t *pages; /* [2][n_pages]: source ids, then destination ids */
     int n_pages;
@@ -60,7 +68,7 @@ struct duet__send {
     int stop_posting, failing, ended;
     int timed_out; /* the deadline passed: failing, waiting for puts in flight */
     int64_t first_token;
-    long inflight; /* UCX requests with this state as user data */
+    long inflight; /* transport operations with a dst of this state as argument */
 };
 
 /* After a deadline, how long the outcome waits for puts already in flight:
@@ -86,7 +94,7 @@ void duet__send_free(duet__send_t *s)
     duet_free(s);
 }
 
-static void posting_remove(duet_xfer_rank_t *r, duet__send_t *s)
+static void duet__send_posting_remove(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (!s->in_posting)
         return;
@@ -100,7 +108,7 @@ static void posting_remove(duet_xfer_rank_t *r, duet__send_t *s)
     s->in_posting = 0;
 }
 
-static void posting_add(duet_xfer_rank_t *r, duet__send_t *s)
+static void duet__send_posting_add(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (s->in_posting)
         return;
@@ -112,7 +120,7 @@ static void posting_add(duet_xfer_rank_t *r, duet__send_t *s)
     s->in_posting = 1;
 }
 
-static void maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
+static void duet__send_maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
 {
     (void)r;
     if (s->in_table || s->in_posting || s->inflight > 0 || !s->o.terminal || s->o.in_callback ||
@@ -121,7 +129,7 @@ static void maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
     duet__send_free(s);
 }
 
-static void check_done(duet_xfer_rank_t *r, duet__send_t *s)
+static void duet__send_check_done(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (s->o.terminal)
         return;
@@ -129,7 +137,7 @@ static void check_done(duet_xfer_rank_t *r, duet__send_t *s)
         duet_now_ns() < s->o.deadline_ns + DUET__SEND_DRAIN_GRACE_NS)
         return;
     for (int k = 0; k < s->n_dst; k++)
-        if (s->dst[k].state != DST_DONE)
+        if (s->dst[k].state != DUET__DST_DONE)
             return;
     s->o.terminal = 1;
     s->o.res.bytes = 0;
@@ -138,7 +146,7 @@ static void check_done(duet_xfer_rank_t *r, duet__send_t *s)
         s->o.res.bytes += s->dst[k].bytes;
         s->o.res.puts += s->dst[k].puts;
     }
-    posting_remove(r, s);
+    duet__send_posting_remove(r, s);
     if (s->o.res.status == DUET_OK)
         DUET__STAT_ADD(r, send_done, 1);
     else
@@ -147,17 +155,18 @@ static void check_done(duet_xfer_rank_t *r, duet__send_t *s)
         duet__due(r, &s->o);
 }
 
-static void dst_fail(duet_xfer_rank_t *r, send_dst_t *dst, duet_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
+                                const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-static void dst_fail(duet_xfer_rank_t *r, send_dst_t *dst, duet_status_t st, const char *fmt, ...)
+static void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
+                                const char *fmt, ...)
 {
     char detail[DUET_XFER_DETAIL_MAX];
     va_list ap;
     (void)r;
-    if (dst->state == DST_DONE)
+    if (dst->state == DUET__DST_DONE)
         return;
-    dst->state = DST_DONE;
+    dst->state = DUET__DST_DONE;
     va_start(ap, fmt);
     vsnprintf(detail, sizeof(detail), fmt, ap);
     va_end(ap);
@@ -166,42 +175,42 @@ static void dst_fail(duet_xfer_rank_t *r, send_dst_t *dst, duet_status_t st, con
 
 /* ---- flush, notify ----------------------------------------------------------------- */
 
-static void advance(duet_xfer_rank_t *r, duet__send_t *s);
+static void duet__send_advance(duet_xfer_rank_t *r, duet__send_t *s);
 
-static void notified(duet_xfer_rank_t *r, send_dst_t *dst)
+static void duet__send_notified(duet_xfer_rank_t *r, duet__send_dst_t *dst)
 {
     DUET__STAT_ADD(r, notify_sent, 1);
-    if (dst->state != DST_NOTIFYING)
+    if (dst->state != DUET__DST_NOTIFYING)
         return; /* acknowledged already, or failed meanwhile */
-    dst->state = dst->failure_notice ? DST_DONE : DST_ACK_WAIT;
+    dst->state = dst->failure_notice ? DUET__DST_DONE : DUET__DST_ACK_WAIT;
 }
 
-static void am_cb(void *req, ucs_status_t status, void *user_data)
+static void duet__send_notify_done(void *arg, duet_status_t st, const char *why)
 {
-    send_dst_t *dst = user_data;
+    duet__send_dst_t *dst = arg;
     duet__send_t *s = dst->s;
     duet_xfer_rank_t *r = s->r;
-    duet__req_done(r, req);
     s->inflight--;
-    if (status != UCS_OK)
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": notifying decode rank %d: %s",
-                 s->o.transfer_id, dst->d, ucs_status_string(status));
+    if (st != DUET_OK)
+        duet__send_dst_fail(r, dst, DUET_ERR_PEER,
+                            "request %" PRIu64 ": notifying decode rank %d: %s", s->o.transfer_id,
+                            dst->d, why);
     else
-        notified(r, dst);
-    check_done(r, s);
-    maybe_free(r, s);
+        duet__send_notified(r, dst);
+    duet__send_check_done(r, s);
+    duet__send_maybe_free(r, s);
 }
 
-static void notify(duet_xfer_rank_t *r, send_dst_t *dst)
+static void duet__send_notify(duet_xfer_rank_t *r, duet__send_dst_t *dst)
 {
     duet__send_t *s = dst->s;
-    ucp_request_param_t rp;
-    ucs_status_ptr_t req;
+    const char *why = NULL;
+    duet_xfer_op_t op;
     duet__msg_t m;
 
     if (dst->peer == NULL) {
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone", s->o.transfer_id,
-                 dst->d);
+        duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone",
+                            s->o.transfer_id, dst->d);
         return;
     }
     memset(&m, 0, sizeof(m));
@@ -220,92 +229,82 @@ static void notify(duet_xfer_rank_t *r, send_dst_t *dst)
         m.status = DUET_ERR_INTERNAL;
     dst->failure_notice = m.status != DUET_OK;
     duet__msg_encode(&m, dst->msg);
-    dst->state = DST_NOTIFYING;
+    dst->state = DUET__DST_NOTIFYING;
 
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    rp.cb.send = am_cb;
-    rp.user_data = dst;
-    rp.flags = UCP_AM_SEND_FLAG_EAGER;
-    req = ucp_am_send_nbx(dst->peer->ctl_ep, DUET__AM_ID, dst->msg, DUET__MSG_BYTES, NULL, 0, &rp);
-    if (req == NULL) {
-        notified(r, dst);
-    } else if (UCS_PTR_IS_ERR(req)) {
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": notifying decode rank %d: %s",
-                 s->o.transfer_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
-    } else {
+    op = r->ops->msg_send(dst->peer->ctl_ep, dst->msg, DUET__MSG_BYTES, duet__send_notify_done, dst,
+                          &why);
+    if (op == DUET_XFER_OP_DONE)
+        duet__send_notified(r, dst);
+    else if (op == DUET_XFER_OP_FAILED)
+        duet__send_dst_fail(r, dst, DUET_ERR_PEER,
+                            "request %" PRIu64 ": notifying decode rank %d: %s", s->o.transfer_id,
+                            dst->d, why);
+    else
         s->inflight++;
-        r->ucx_reqs++;
-    }
 }
 
-static void flush_cb(void *req, ucs_status_t status, void *user_data)
+static void duet__send_flush_done(void *arg, duet_status_t st, const char *why)
 {
-    send_dst_t *dst = user_data;
+    duet__send_dst_t *dst = arg;
     duet__send_t *s = dst->s;
     duet_xfer_rank_t *r = s->r;
-    duet__req_done(r, req);
     s->inflight--;
-    if (dst->state == DST_FLUSHING) {
-        if (status != UCS_OK)
-            dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": flush to decode rank %d: %s",
-                     s->o.transfer_id, dst->d, ucs_status_string(status));
+    if (dst->state == DUET__DST_FLUSHING) {
+        if (st != DUET_OK)
+            duet__send_dst_fail(r, dst, DUET_ERR_PEER,
+                                "request %" PRIu64 ": flush to decode rank %d: %s",
+                                s->o.transfer_id, dst->d, why);
         else
-            notify(r, dst);
+            duet__send_notify(r, dst);
     }
-    check_done(r, s);
-    maybe_free(r, s);
+    duet__send_check_done(r, s);
+    duet__send_maybe_free(r, s);
 }
 
-static void flush(duet_xfer_rank_t *r, send_dst_t *dst)
+static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
 {
     duet__send_t *s = dst->s;
-    ucp_request_param_t rp;
-    ucs_status_ptr_t req;
+    const char *why = NULL;
+    duet_xfer_op_t op;
 
     if (dst->peer == NULL) {
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone", s->o.transfer_id,
-                 dst->d);
+        duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone",
+                            s->o.transfer_id, dst->d);
         return;
     }
-    dst->state = DST_FLUSHING;
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.cb.send = flush_cb;
-    rp.user_data = dst;
-    req = ucp_ep_flush_nbx(dst->peer->data_ep, &rp);
-    if (req == NULL) {
-        notify(r, dst);
-    } else if (UCS_PTR_IS_ERR(req)) {
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": flush to decode rank %d: %s",
-                 s->o.transfer_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
-    } else {
+    dst->state = DUET__DST_FLUSHING;
+    op = r->ops->flush(dst->peer->data_ep, duet__send_flush_done, dst, &why);
+    if (op == DUET_XFER_OP_DONE)
+        duet__send_notify(r, dst);
+    else if (op == DUET_XFER_OP_FAILED)
+        duet__send_dst_fail(r, dst, DUET_ERR_PEER,
+                            "request %" PRIu64 ": flush to decode rank %d: %s", s->o.transfer_id,
+                            dst->d, why);
+    else
         s->inflight++;
-        r->ucx_reqs++;
-    }
 }
 
 /* Move on once posting is over: flush and notify every dst still posting. */
-static void advance(duet_xfer_rank_t *r, duet__send_t *s)
+static void duet__send_advance(duet_xfer_rank_t *r, duet__send_t *s)
 {
     int posted_all = s->stop_posting || s->c_layer >= s->n_layers;
     if (!s->stop_posting && s->c_layer < s->limit)
-        posting_add(r, s);
+        duet__send_posting_add(r, s);
     if (posted_all && (s->ended || s->failing)) {
-        posting_remove(r, s);
+        duet__send_posting_remove(r, s);
         for (int k = 0; k < s->n_dst; k++)
-            if (s->dst[k].state == DST_POSTING)
-                flush(r, &s->dst[k]);
+            if (s->dst[k].state == DUET__DST_POSTING)
+                duet__send_flush(r, &s->dst[k]);
     }
-    check_done(r, s);
+    duet__send_check_done(r, s);
 }
 
 /* Stop posting and tell the receivers why (after flushing what was posted). */
-static void fail_send(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static void duet__send_fail(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t st, const char *fmt,
+                            ...) __attribute__((format(printf, 4, 5)));
 
-static void fail_send(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t st, const char *fmt, ...)
+static void duet__send_fail(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t st, const char *fmt,
+                            ...)
 {
     char detail[DUET_XFER_DETAIL_MAX];
     va_list ap;
@@ -315,29 +314,28 @@ static void fail_send(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t st, co
     duet__outcome_fail(&s->o, st, "%s", detail);
     s->stop_posting = 1;
     s->failing = 1;
-    advance(r, s);
+    duet__send_advance(r, s);
 }
 
 /* ---- posting ---------------------------------------------------------------------- */
 
-static void put_cb(void *req, ucs_status_t status, void *user_data)
+static void duet__send_put_done(void *arg, duet_status_t st, const char *why)
 {
-    send_dst_t *dst = user_data;
+    duet__send_dst_t *dst = arg;
     duet__send_t *s = dst->s;
     duet_xfer_rank_t *r = s->r;
-    duet__req_done(r, req);
     s->inflight--;
     r->put_reqs--;
-    if (status != UCS_OK)
-        dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": put to decode rank %d: %s",
-                 s->o.transfer_id, dst->d, ucs_status_string(status));
-    check_done(r, s);
-    maybe_free(r, s);
+    if (st != DUET_OK)
+        duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": put to decode rank %d: %s",
+                            s->o.transfer_id, dst->d, why);
+    duet__send_check_done(r, s);
+    duet__send_maybe_free(r, s);
 }
 
 /* Move the cursor to the next receiver at this page, or the next page, or
  * the next plane. */
-static void cursor_next_dst(duet__send_t *s)
+static void duet__send_cursor_next(duet__send_t *s)
 {
     s->c_run = 0;
     if (++s->c_dst < s->n_dst)
@@ -356,32 +354,23 @@ static void cursor_next_dst(duet__send_t *s)
 
 /* Issue puts of s until its released layers are posted or the budget is
  * spent.  Returns the puts issued. */
-static int post_send(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *bytes)
+static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *bytes)
 {
     const int32_t *sp = s->pages, *dp = s->pages + s->n_pages;
     long corrupt = atomic_load_explicit(&r->corrupt_at, memory_order_relaxed);
-    ucp_request_param_t rp;
     uint64_t put_bytes = 0;
     int n = 0;
 
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-    rp.cb.send = put_cb;
-    rp.memh = r->memh;
-    if (r->info.pool_device) {
-        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-        rp.memory_type = UCS_MEMORY_TYPE_CUDA;
-    }
     while (*budget > 0 && *bytes > 0 && s->c_layer < s->limit && !s->stop_posting &&
            r->put_reqs < DUET__PUT_INFLIGHT) {
-        send_dst_t *dst = &s->dst[s->c_dst];
+        duet__send_dst_t *dst = &s->dst[s->c_dst];
+        const char *why = NULL;
+        duet_xfer_op_t op;
         duet__seg_t seg;
-        ucs_status_ptr_t req;
         unsigned char *src;
 
-        if (dst->state != DST_POSTING || dst->peer == NULL || dst->next_page != s->c_page) {
-            cursor_next_dst(s); /* failed, or this page went out in a longer put */
+        if (dst->state != DUET__DST_POSTING || dst->peer == NULL || dst->next_page != s->c_page) {
+            duet__send_cursor_next(s); /* failed, or this page went out in a longer put */
             continue;
         }
         duet__seg_at(&r->info.layout, &dst->peer->info.layout, &dst->runs[s->c_run], s->c_layer,
@@ -395,19 +384,19 @@ static int post_send(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *
                 src[seg.len / 2] ^= 0x5a;
             corrupt--;
         }
-        rp.user_data = dst;
-        req = ucp_put_nbx(dst->peer->data_ep, src, seg.len, dst->peer->remote_base + seg.dst_off,
-                          dst->peer->rkey, &rp);
-        if (UCS_PTR_IS_ERR(req)) {
-            dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": put to decode rank %d: %s",
-                     s->o.transfer_id, dst->d, ucs_status_string(UCS_PTR_STATUS(req)));
-            cursor_next_dst(s);
+        op = r->ops->put(dst->peer->data_ep, r->mem, src, seg.len,
+                         dst->peer->remote_base + seg.dst_off, dst->peer->rkey, duet__send_put_done,
+                         dst, &why);
+        if (op == DUET_XFER_OP_FAILED) {
+            duet__send_dst_fail(r, dst, DUET_ERR_PEER,
+                                "request %" PRIu64 ": put to decode rank %d: %s", s->o.transfer_id,
+                                dst->d, why);
+            duet__send_cursor_next(s);
             continue;
         }
-        if (req != NULL) {
+        if (op == DUET_XFER_OP_PENDING) {
             s->inflight++;
             r->put_reqs++;
-            r->ucx_reqs++;
         }
         dst->bytes += seg.len;
         dst->puts++;
@@ -417,7 +406,7 @@ static int post_send(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *
         *bytes = seg.len >= *bytes ? 0 : *bytes - seg.len;
         if (++s->c_run >= dst->n_runs) {
             dst->next_page = s->c_page + seg.n_pages;
-            cursor_next_dst(s);
+            duet__send_cursor_next(s);
         }
     }
     DUET__STAT_ADD(r, puts, (uint64_t)n);
@@ -432,11 +421,11 @@ int duet__send_post_some(duet_xfer_rank_t *r)
     duet__send_t *s = r->posting, *next;
     for (; s != NULL && budget > 0 && bytes > 0; s = next) {
         next = s->post_next;
-        n += post_send(r, s, &budget, &bytes);
+        n += duet__send_post(r, s, &budget, &bytes);
         if (s->c_layer >= s->limit || s->stop_posting) {
-            posting_remove(r, s);
-            advance(r, s);
-            maybe_free(r, s);
+            duet__send_posting_remove(r, s);
+            duet__send_advance(r, s);
+            duet__send_maybe_free(r, s);
         }
     }
     return n > 0;
@@ -444,7 +433,8 @@ int duet__send_post_some(duet_xfer_rank_t *r)
 
 /* ---- commands ----------------------------------------------------------------------- */
 
-static duet_status_t begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg, size_t cap)
+static duet_status_t duet__send_begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg,
+                                            size_t cap)
 {
     if ((s->flags & DUET_XFER_SEND_CRC) && r->info.pool_device) {
         snprintf(msg, cap,
@@ -459,7 +449,7 @@ static duet_status_t begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg
         return DUET_ERR_INVALID;
     }
     for (int k = 0; k < s->n_dst; k++) {
-        send_dst_t *dst = &s->dst[k];
+        duet__send_dst_t *dst = &s->dst[k];
         duet_xfer_peer_t *p = dst->peer;
         if (p == NULL || !duet__peer_known(r, p) || p->closing || !p->ready ||
             p->info.role != DUET_XFER_DECODE || p->info.rank != dst->d) {
@@ -492,7 +482,7 @@ void duet__send_exec_begin(duet_xfer_rank_t *r, duet__cmd_t *c)
 {
     duet__send_t *s = c->u.send;
     char msg[DUET_XFER_DETAIL_MAX];
-    duet_status_t st = begin_check(r, s, msg, sizeof(msg));
+    duet_status_t st = duet__send_begin_check(r, s, msg, sizeof(msg));
     if (st == DUET_OK && duet__map_put(&r->sends, s->o.transfer_id, s) != DUET_OK) {
         st = DUET_ERR_NO_MEMORY;
         snprintf(msg, sizeof(msg), "request table");
@@ -509,7 +499,7 @@ void duet__send_exec_begin(duet_xfer_rank_t *r, duet__cmd_t *c)
     r->send_list = s;
     DUET__STAT_ADD(r, active_send, 1);
     duet__deadline_hint(r, s->o.deadline_ns);
-    check_done(r, s); /* nothing to send from this rank: done already */
+    duet__send_check_done(r, s); /* nothing to send from this rank: done already */
     duet__cmd_done(r, c, DUET_OK, NULL);
 }
 
@@ -523,13 +513,14 @@ void duet__send_exec_layers(duet_xfer_rank_t *r, duet__cmd_t *c)
         return;
     }
     if (l0 != s->limit)
-        fail_send(r, s, DUET_ERR_INVALID,
-                  "request %" PRIu64 ": layers [%d, %d) posted out of order on prefill rank %d "
-                  "(next layer is %d)",
-                  s->o.transfer_id, l0, l1, r->index, s->limit);
+        duet__send_fail(r, s, DUET_ERR_INVALID,
+                        "request %" PRIu64
+                        ": layers [%d, %d) posted out of order on prefill rank %d "
+                        "(next layer is %d)",
+                        s->o.transfer_id, l0, l1, r->index, s->limit);
     else {
         s->limit = l1;
-        advance(r, s);
+        duet__send_advance(r, s);
     }
     duet__cmd_done(r, c, DUET_OK, NULL);
 }
@@ -545,15 +536,15 @@ void duet__send_exec_end(duet_xfer_rank_t *r, duet__cmd_t *c)
     s->ended = 1;
     s->first_token = c->u.end.first_token;
     if (c->u.end.status != DUET_OK)
-        fail_send(r, s, c->u.end.status, "request %" PRIu64 ": prefill rank %d ended it: %s",
-                  s->o.transfer_id, r->index, duet_status_str(c->u.end.status));
+        duet__send_fail(r, s, c->u.end.status, "request %" PRIu64 ": prefill rank %d ended it: %s",
+                        s->o.transfer_id, r->index, duet_status_str(c->u.end.status));
     else if (s->limit != s->n_layers)
-        fail_send(r, s, DUET_ERR_INVALID,
-                  "request %" PRIu64 ": ended on prefill rank %d after %d of %d layers",
-                  s->o.transfer_id, r->index, s->limit, s->n_layers);
+        duet__send_fail(r, s, DUET_ERR_INVALID,
+                        "request %" PRIu64 ": ended on prefill rank %d after %d of %d layers",
+                        s->o.transfer_id, r->index, s->limit, s->n_layers);
     else
-        advance(r, s);
-    maybe_free(r, s);
+        duet__send_advance(r, s);
+    duet__send_maybe_free(r, s);
     duet__cmd_done(r, c, DUET_OK, NULL);
 }
 
@@ -582,12 +573,12 @@ duet_status_t duet__send_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, siz
     if (!s->o.terminal) {
         /* Receivers already notified need nothing more; the rest get told. */
         for (int k = 0; k < s->n_dst; k++)
-            if (s->dst[k].state == DST_ACK_WAIT || s->dst[k].state == DST_NOTIFYING)
-                s->dst[k].state = DST_DONE;
-        fail_send(r, s, DUET_ERR_CANCELLED, "request %" PRIu64 " cancelled on prefill rank %d", id,
-                  r->index);
+            if (s->dst[k].state == DUET__DST_ACK_WAIT || s->dst[k].state == DUET__DST_NOTIFYING)
+                s->dst[k].state = DUET__DST_DONE;
+        duet__send_fail(r, s, DUET_ERR_CANCELLED,
+                        "request %" PRIu64 " cancelled on prefill rank %d", id, r->index);
     }
-    maybe_free(r, s);
+    duet__send_maybe_free(r, s);
     return DUET_OK;
 }
 
@@ -596,26 +587,26 @@ duet_status_t duet__send_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, siz
 void duet__send_on_ack(duet_xfer_rank_t *r, const duet__msg_t *m)
 {
     duet__send_t *s = duet__map_get(&r->sends, m->transfer_id);
-    send_dst_t *dst = NULL;
+    duet__send_dst_t *dst = NULL;
     if (s != NULL && m->src_rank == r->index && m->to_instance == r->info.instance) {
         for (int k = 0; k < s->n_dst; k++)
             if (s->dst[k].d == m->dst_rank && s->dst[k].peer != NULL &&
                 s->dst[k].peer->info.instance == m->from_instance)
                 dst = &s->dst[k];
     }
-    if (dst == NULL || (dst->state != DST_ACK_WAIT && dst->state != DST_NOTIFYING)) {
+    if (dst == NULL || (dst->state != DUET__DST_ACK_WAIT && dst->state != DUET__DST_NOTIFYING)) {
         DUET__STAT_ADD(r, acks_dropped, 1);
         return;
     }
     DUET__STAT_ADD(r, ack_received, 1);
     if (m->status != DUET_OK)
-        dst_fail(r, dst, m->status,
-                 "request %" PRIu64 ": decode rank %d refused the slice of "
-                 "prefill rank %d: %s",
-                 s->o.transfer_id, dst->d, r->index, duet_status_str(m->status));
+        duet__send_dst_fail(r, dst, m->status,
+                            "request %" PRIu64 ": decode rank %d refused the slice of "
+                            "prefill rank %d: %s",
+                            s->o.transfer_id, dst->d, r->index, duet_status_str(m->status));
     else
-        dst->state = DST_DONE;
-    check_done(r, s);
+        dst->state = DUET__DST_DONE;
+    duet__send_check_done(r, s);
 }
 
 void duet__send_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p)
@@ -623,25 +614,26 @@ void duet__send_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p)
     for (duet__send_t *s = r->send_list, *next; s != NULL; s = next) {
         next = s->next;
         for (int k = 0; k < s->n_dst; k++) {
-            send_dst_t *dst = &s->dst[k];
+            duet__send_dst_t *dst = &s->dst[k];
             if (dst->peer != p)
                 continue;
-            dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d %s%s", s->o.transfer_id,
-                     dst->d, p->failed != DUET_OK ? "failed: " : "disconnected",
-                     p->failed != DUET_OK ? p->why : "");
+            duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d %s%s",
+                                s->o.transfer_id, dst->d,
+                                p->failed != DUET_OK ? "failed: " : "disconnected",
+                                p->failed != DUET_OK ? p->why : "");
             dst->peer = NULL;
         }
-        check_done(r, s);
-        maybe_free(r, s);
+        duet__send_check_done(r, s);
+        duet__send_maybe_free(r, s);
     }
 }
 
-static const char *dst_waiting_for(int state)
+static const char *duet__send_waiting_for(int state)
 {
     switch (state) {
-    case DST_POSTING:
+    case DUET__DST_POSTING:
         return "posting was not finished";
-    case DST_FLUSHING:
+    case DUET__DST_FLUSHING:
         return "the flush did not complete";
     default:
         return "no acknowledgement arrived";
@@ -663,19 +655,20 @@ void duet__send_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
             DUET__STAT_ADD(r, timeouts, 1);
             s->timed_out = 1;
             s->stop_posting = 1;
-            posting_remove(r, s);
+            duet__send_posting_remove(r, s);
             for (int k = 0; k < s->n_dst; k++)
-                dst_fail(r, &s->dst[k], DUET_ERR_TIMEOUT,
-                         "request %" PRIu64 ": deadline exceeded on prefill rank %d sending to "
-                         "decode rank %d: %s (%d of %d layers posted)",
-                         s->o.transfer_id, r->index, s->dst[k].d, dst_waiting_for(s->dst[k].state),
-                         s->c_layer, s->n_layers);
+                duet__send_dst_fail(
+                    r, &s->dst[k], DUET_ERR_TIMEOUT,
+                    "request %" PRIu64 ": deadline exceeded on prefill rank %d sending to "
+                    "decode rank %d: %s (%d of %d layers posted)",
+                    s->o.transfer_id, r->index, s->dst[k].d,
+                    duet__send_waiting_for(s->dst[k].state), s->c_layer, s->n_layers);
         }
-        check_done(r, s);
+        duet__send_check_done(r, s);
         /* still waiting for puts in flight: look again soon */
         if (!s->o.terminal && now + 10 * DUET_NS_PER_MS < *next_p)
             *next_p = now + 10 * DUET_NS_PER_MS;
-        maybe_free(r, s);
+        duet__send_maybe_free(r, s);
     }
 }
 
@@ -684,11 +677,12 @@ void duet__send_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
     for (duet__send_t *s = r->send_list, *next; s != NULL; s = next) {
         next = s->next;
         s->stop_posting = 1;
-        posting_remove(r, s);
+        duet__send_posting_remove(r, s);
         for (int k = 0; k < s->n_dst; k++)
-            dst_fail(r, &s->dst[k], st, "request %" PRIu64 ": %s", s->o.transfer_id, why);
-        check_done(r, s);
-        maybe_free(r, s);
+            duet__send_dst_fail(r, &s->dst[k], st, "request %" PRIu64 ": %s", s->o.transfer_id,
+                                why);
+        duet__send_check_done(r, s);
+        duet__send_maybe_free(r, s);
     }
 }
 
@@ -707,7 +701,7 @@ void duet__send_release(duet_xfer_rank_t *r, duet__outcome_t *o)
         s->in_table = 0;
         DUET__STAT_SUB(r, active_send, 1);
     }
-    maybe_free(r, s);
+    duet__send_maybe_free(r, s);
 }
 
 int duet__sends_idle(const duet_xfer_rank_t *r)
@@ -718,10 +712,10 @@ int duet__sends_idle(const duet_xfer_rank_t *r)
     return 1;
 }
 
-/* ---- public ----------------------------------------------------------------------------- */
+/* ---- plan -> state (on the caller's thread) ---------------------------------------- */
 
-static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in,
-                                  duet__send_t **s_p)
+duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in,
+                                 duet__send_t **s_p)
 {
     const duet_slice_run_t *runs;
     int n_runs, recv[DUET_TP_MAX], n_recv, D, at = 0;
@@ -730,7 +724,7 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
     if (in == NULL || in->plan == NULL || in->peers == NULL || in->src_pages == NULL ||
         in->dst_pages == NULL || in->n_pages < 1)
         return duet_error(DUET_ERR_INVALID, "xfer send: missing plan, peers or pages");
-    if (r->info.role != DUET_XFER_PREFILL || r->pool_kind == 0)
+    if (r->info.role != DUET_XFER_PREFILL || r->pool_kind == DUET__POOL_NONE)
         return duet_error(DUET_ERR_INVALID,
                           "xfer rank %d: sending needs a prefill rank with a "
                           "pool",
@@ -747,7 +741,8 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
             return duet_error(DUET_ERR_INVALID,
                               "xfer send: request %" PRIu64 ": source page %d outside the %d "
                               "pages of prefill rank %d",
-                              in->transfer_id, (int)in->src_pages[i], r->info.layout.n_pages, r->index);
+                              in->transfer_id, (int)in->src_pages[i], r->info.layout.n_pages,
+                              r->index);
     D = duet_slice_plan_decode_tp(in->plan);
     n_recv = duet_slice_plan_receivers(in->plan, r->index, recv);
     n_runs = duet_slice_plan_src_runs(in->plan, r->index, &runs);
@@ -756,7 +751,7 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
     if (s == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "xfer send");
     s->r = r;
-    s->dst = DUET_NEW_ARRAY(send_dst_t, (size_t)(n_recv > 0 ? n_recv : 1));
+    s->dst = DUET_NEW_ARRAY(duet__send_dst_t, (size_t)(n_recv > 0 ? n_recv : 1));
     s->runs = DUET_NEW_ARRAY(duet_slice_run_t, (size_t)(n_runs > 0 ? n_runs : 1));
     s->pages = DUET_NEW_ARRAY(int32_t, 2u * (size_t)in->n_pages);
     if (s->dst == NULL || s->runs == NULL || s->pages == NULL) {
@@ -769,7 +764,7 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
     s->n_pages = in->n_pages;
     s->n_dst = n_recv;
     for (int k = 0; k < n_recv; k++) {
-        send_dst_t *dst = &s->dst[k];
+        duet__send_dst_t *dst = &s->dst[k];
         dst->s = s;
         dst->d = recv[k];
         dst->peer = recv[k] < D ? in->peers[recv[k]] : NULL;
@@ -778,7 +773,7 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
             dst->n_runs++;
             at++;
         }
-        dst->state = DST_POSTING;
+        dst->state = DUET__DST_POSTING;
     }
     s->o.transfer_id = in->transfer_id;
     s->o.side = DUET__SIDE_SEND;
@@ -791,60 +786,4 @@ static duet_status_t send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *i
     s->first_token = DUET_XFER_NO_TOKEN;
     *s_p = s;
     return DUET_OK;
-}
-
-duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *in)
-{
-    duet__cmd_t c;
-    duet__send_t *s = NULL;
-    duet_status_t st = send_prepare(r, in, &s);
-    if (st != DUET_OK)
-        return st;
-    memset(&c, 0, sizeof(c));
-    c.kind = DUET__CMD_SEND_BEGIN;
-    c.u.send = s;
-    st = duet__call(r, &c, 1);
-    if (st == DUET_ERR_SHUTDOWN)
-        duet__send_free(s); /* never reached the thread */
-    return st;
-}
-
-duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t transfer_id, int l0, int l1)
-{
-    duet__cmd_t *c;
-    if (l0 < 0 || l1 <= l0 || l1 > r->info.layout.n_layers)
-        return duet_error(DUET_ERR_INVALID, "xfer send: layers [%d, %d) out of range 0..%d", l0, l1,
-                          r->info.layout.n_layers);
-    c = DUET_NEW(duet__cmd_t);
-    if (c == NULL)
-        return duet_error(DUET_ERR_NO_MEMORY, "xfer send: layers");
-    c->kind = DUET__CMD_SEND_LAYERS;
-    c->u.layers.transfer_id = transfer_id;
-    c->u.layers.l0 = l0;
-    c->u.layers.l1 = l1;
-    return duet__post_async(r, c);
-}
-
-duet_status_t duet_xfer_send_end(duet_xfer_rank_t *r, uint64_t transfer_id, duet_status_t status,
-                                 int64_t first_token)
-{
-    duet__cmd_t *c = DUET_NEW(duet__cmd_t);
-    if (c == NULL)
-        return duet_error(DUET_ERR_NO_MEMORY, "xfer send: end");
-    c->kind = DUET__CMD_SEND_END;
-    c->u.end.transfer_id = transfer_id;
-    c->u.end.status = status;
-    c->u.end.first_token = first_token;
-    return duet__post_async(r, c);
-}
-
-duet_status_t duet_xfer_send_post(duet_xfer_rank_t *r, const duet_xfer_send_t *s,
-                                  int64_t first_token)
-{
-    duet_status_t st = duet_xfer_send_begin(r, s);
-    if (st == DUET_OK)
-        st = duet_xfer_send_layers(r, s->transfer_id, 0, r->info.layout.n_layers);
-    if (st == DUET_OK)
-        st = duet_xfer_send_end(r, s->transfer_id, DUET_OK, first_token);
-    return st;
 }

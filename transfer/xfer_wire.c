@@ -9,30 +9,30 @@
 
 /* ---- little-endian cursor ---------------------------------------------- */
 
-static void put_u16(uint8_t *p, uint16_t v)
+static void duet__put_u16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
 }
 
-static void put_u32(uint8_t *p, uint32_t v)
+static void duet__put_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void put_u64(uint8_t *p, uint64_t v)
+static void duet__put_u64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static uint16_t get_u16(const uint8_t *p)
+static uint16_t duet__get_u16(const uint8_t *p)
 {
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
-static uint32_t get_u32(const uint8_t *p)
+static uint32_t duet__get_u32(const uint8_t *p)
 {
     uint32_t v = 0;
     for (int i = 3; i >= 0; i--)
@@ -40,7 +40,7 @@ static uint32_t get_u32(const uint8_t *p)
     return v;
 }
 
-static uint64_t get_u64(const uint8_t *p)
+static uint64_t duet__get_u64(const uint8_t *p)
 {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--)
@@ -124,40 +124,40 @@ duet_status_t duet__desc_encode(const duet__desc_t *d, void **blob_p, size_t *le
     b = duet_malloc(len);
     if (b == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "descriptor: %zu bytes", len);
-    put_u32(b + 0, DUET__DESC_MAGIC);
-    put_u16(b + 4, DUET_XFER_DESC_VERSION);
-    put_u16(b + 6, in->pool_device ? DUET__DESC_F_DEVICE : 0); /* flags */
-    put_u32(b + 8, (uint32_t)len);
+    duet__put_u32(b + 0, DUET__DESC_MAGIC);
+    duet__put_u16(b + 4, DUET_XFER_DESC_VERSION);
+    duet__put_u16(b + 6, in->pool_device ? DUET__DESC_F_DEVICE : 0); /* flags */
+    duet__put_u32(b + 8, (uint32_t)len);
     b[12] = (uint8_t)in->role;
     b[13] = (uint8_t)in->dtype;
-    put_u16(b + 14, (uint16_t)in->rank);
-    put_u16(b + 16, (uint16_t)in->tp);
-    put_u16(b + 18, (uint16_t)in->kv_heads);
-    put_u32(b + 20, (uint32_t)l->n_layers);
-    put_u32(b + 24, (uint32_t)l->n_pages);
-    put_u32(b + 28, (uint32_t)l->page_size);
-    put_u32(b + 32, (uint32_t)l->n_kv_heads);
-    put_u32(b + 36, (uint32_t)l->head_dim);
-    put_u32(b + 40, (uint32_t)l->elem_size);
-    put_u64(b + 44, in->model_fingerprint);
-    put_u64(b + 52, in->instance);
-    put_u64(b + 60, in->host_id);
-    put_u64(b + 68, d->pool_base);
-    put_u64(b + 76, in->pool_bytes);
-    put_u32(b + 84, d->rkey_len);
-    put_u32(b + 88, d->addr_len);
+    duet__put_u16(b + 14, (uint16_t)in->rank);
+    duet__put_u16(b + 16, (uint16_t)in->tp);
+    duet__put_u16(b + 18, (uint16_t)in->kv_heads);
+    duet__put_u32(b + 20, (uint32_t)l->n_layers);
+    duet__put_u32(b + 24, (uint32_t)l->n_pages);
+    duet__put_u32(b + 28, (uint32_t)l->page_size);
+    duet__put_u32(b + 32, (uint32_t)l->n_kv_heads);
+    duet__put_u32(b + 36, (uint32_t)l->head_dim);
+    duet__put_u32(b + 40, (uint32_t)l->elem_size);
+    duet__put_u64(b + 44, in->model_fingerprint);
+    duet__put_u64(b + 52, in->instance);
+    duet__put_u64(b + 60, in->host_id);
+    duet__put_u64(b + 68, d->pool_base);
+    duet__put_u64(b + 76, in->pool_bytes);
+    duet__put_u32(b + 84, d->rkey_len);
+    duet__put_u32(b + 88, d->addr_len);
     memcpy(b + DUET__DESC_FIXED, d->rkey, d->rkey_len);
     memcpy(b + DUET__DESC_FIXED + d->rkey_len, d->addr, d->addr_len);
-    put_u32(b + len - 4, duet__crc32c(0, b, len - 4));
+    duet__put_u32(b + len - 4, duet__crc32c(0, b, len - 4));
     *blob_p = b;
     *len_p = len;
     return DUET_OK;
 }
 
 /* A u32 layout field into an int, refusing values that do not fit. */
-static int desc_field(const uint8_t *b, size_t off, int *out)
+static int duet__desc_field(const uint8_t *b, size_t off, int *out)
 {
-    uint32_t v = get_u32(b + off);
+    uint32_t v = duet__get_u32(b + off);
     if (v > INT32_MAX)
         return 0;
     *out = (int)v;
@@ -174,9 +174,9 @@ duet_status_t duet__desc_decode(const void *blob, size_t len, duet__desc_t *d_p)
 
     if (blob == NULL || len < 8)
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: truncated (%zu bytes)", len);
-    if (get_u32(b) != DUET__DESC_MAGIC)
+    if (duet__get_u32(b) != DUET__DESC_MAGIC)
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: not a duet transfer descriptor");
-    version = get_u16(b + 4);
+    version = duet__get_u16(b + 4);
     if (version != DUET_XFER_DESC_VERSION)
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "peer descriptor: descriptor version %u unsupported (this build "
@@ -184,34 +184,35 @@ duet_status_t duet__desc_decode(const void *blob, size_t len, duet__desc_t *d_p)
                           version, DUET_XFER_DESC_VERSION);
     if (len < DUET__DESC_FIXED + 4)
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: truncated (%zu bytes)", len);
-    total = get_u32(b + 8);
+    total = duet__get_u32(b + 8);
     if (total != len)
         return duet_error(DUET_ERR_FORMAT,
                           "peer descriptor: truncated or padded (says %u bytes, %zu received)",
                           total, len);
-    if (get_u32(b + len - 4) != duet__crc32c(0, b, len - 4))
+    if (duet__get_u32(b + len - 4) != duet__crc32c(0, b, len - 4))
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: checksum mismatch (corrupted)");
-    if ((get_u16(b + 6) & ~DUET__DESC_F_DEVICE) != 0)
-        return duet_error(DUET_ERR_FORMAT, "peer descriptor: unknown flags 0x%x", get_u16(b + 6));
+    if ((duet__get_u16(b + 6) & ~DUET__DESC_F_DEVICE) != 0)
+        return duet_error(DUET_ERR_FORMAT, "peer descriptor: unknown flags 0x%x",
+                          duet__get_u16(b + 6));
 
     memset(&d, 0, sizeof(d));
-    d.info.pool_device = (get_u16(b + 6) & DUET__DESC_F_DEVICE) != 0;
+    d.info.pool_device = (duet__get_u16(b + 6) & DUET__DESC_F_DEVICE) != 0;
     d.info.role = (duet_xfer_role_t)b[12];
     d.info.dtype = (duet_dtype_t)b[13];
-    d.info.rank = get_u16(b + 14);
-    d.info.tp = get_u16(b + 16);
-    d.info.kv_heads = get_u16(b + 18);
-    if (!desc_field(b, 20, &l->n_layers) || !desc_field(b, 24, &l->n_pages) ||
-        !desc_field(b, 28, &l->page_size) || !desc_field(b, 32, &l->n_kv_heads) ||
-        !desc_field(b, 36, &l->head_dim) || !desc_field(b, 40, &l->elem_size))
+    d.info.rank = duet__get_u16(b + 14);
+    d.info.tp = duet__get_u16(b + 16);
+    d.info.kv_heads = duet__get_u16(b + 18);
+    if (!duet__desc_field(b, 20, &l->n_layers) || !duet__desc_field(b, 24, &l->n_pages) ||
+        !duet__desc_field(b, 28, &l->page_size) || !duet__desc_field(b, 32, &l->n_kv_heads) ||
+        !duet__desc_field(b, 36, &l->head_dim) || !duet__desc_field(b, 40, &l->elem_size))
         return duet_error(DUET_ERR_FORMAT, "peer descriptor: layout field out of range");
-    d.info.model_fingerprint = get_u64(b + 44);
-    d.info.instance = get_u64(b + 52);
-    d.info.host_id = get_u64(b + 60);
-    d.pool_base = get_u64(b + 68);
-    d.info.pool_bytes = get_u64(b + 76);
-    d.rkey_len = get_u32(b + 84);
-    d.addr_len = get_u32(b + 88);
+    d.info.model_fingerprint = duet__get_u64(b + 44);
+    d.info.instance = duet__get_u64(b + 52);
+    d.info.host_id = duet__get_u64(b + 60);
+    d.pool_base = duet__get_u64(b + 68);
+    d.info.pool_bytes = duet__get_u64(b + 76);
+    d.rkey_len = duet__get_u32(b + 84);
+    d.addr_len = duet__get_u32(b + 88);
     if (d.rkey_len == 0 || d.rkey_len >= DUET__DESC_BLOB_MAX || d.addr_len == 0 ||
         d.addr_len >= DUET__DESC_BLOB_MAX ||
         (size_t)DUET__DESC_FIXED + d.rkey_len + d.addr_len + 4u != len)
@@ -276,19 +277,19 @@ duet_status_t duet__desc_check_peer(const duet_xfer_desc_info_t *local,
 
 void duet__msg_encode(const duet__msg_t *m, uint8_t out[DUET__MSG_BYTES])
 {
-    put_u32(out + 0, DUET__MSG_MAGIC);
-    put_u16(out + 4, 1);
-    put_u16(out + 6, (uint16_t)m->kind);
-    put_u64(out + 8, m->transfer_id);
-    put_u64(out + 16, m->from_instance);
-    put_u64(out + 24, m->to_instance);
-    put_u16(out + 32, (uint16_t)m->src_rank);
-    put_u16(out + 34, (uint16_t)m->dst_rank);
-    put_u32(out + 36, (uint32_t)(int32_t)m->status);
-    put_u32(out + 40, m->has_crc ? 1u : 0u);
-    put_u32(out + 44, m->crc);
-    put_u64(out + 48, m->bytes);
-    put_u64(out + 56, (uint64_t)m->first_token);
+    duet__put_u32(out + 0, DUET__MSG_MAGIC);
+    duet__put_u16(out + 4, 1);
+    duet__put_u16(out + 6, (uint16_t)m->kind);
+    duet__put_u64(out + 8, m->transfer_id);
+    duet__put_u64(out + 16, m->from_instance);
+    duet__put_u64(out + 24, m->to_instance);
+    duet__put_u16(out + 32, (uint16_t)m->src_rank);
+    duet__put_u16(out + 34, (uint16_t)m->dst_rank);
+    duet__put_u32(out + 36, (uint32_t)(int32_t)m->status);
+    duet__put_u32(out + 40, m->has_crc ? 1u : 0u);
+    duet__put_u32(out + 44, m->crc);
+    duet__put_u64(out + 48, m->bytes);
+    duet__put_u64(out + 56, (uint64_t)m->first_token);
 }
 
 duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)
@@ -300,30 +301,31 @@ duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)
     if (buf == NULL || len != DUET__MSG_BYTES)
         return duet_error(DUET_ERR_FORMAT, "notification: %zu bytes, expected %u", len,
                           DUET__MSG_BYTES);
-    if (get_u32(b) != DUET__MSG_MAGIC || get_u16(b + 4) != 1)
-        return duet_error(DUET_ERR_FORMAT, "notification: bad magic or version %u", get_u16(b + 4));
+    if (duet__get_u32(b) != DUET__MSG_MAGIC || duet__get_u16(b + 4) != 1)
+        return duet_error(DUET_ERR_FORMAT, "notification: bad magic or version %u",
+                          duet__get_u16(b + 4));
     memset(&m, 0, sizeof(m));
-    m.kind = get_u16(b + 6);
+    m.kind = duet__get_u16(b + 6);
     if (m.kind != DUET__MSG_NOTIFY && m.kind != DUET__MSG_ACK)
         return duet_error(DUET_ERR_FORMAT, "notification: kind %d unknown", m.kind);
-    m.transfer_id = get_u64(b + 8);
-    m.from_instance = get_u64(b + 16);
-    m.to_instance = get_u64(b + 24);
-    m.src_rank = get_u16(b + 32);
-    m.dst_rank = get_u16(b + 34);
-    m.status = (duet_status_t)(int32_t)get_u32(b + 36);
+    m.transfer_id = duet__get_u64(b + 8);
+    m.from_instance = duet__get_u64(b + 16);
+    m.to_instance = duet__get_u64(b + 24);
+    m.src_rank = duet__get_u16(b + 32);
+    m.dst_rank = duet__get_u16(b + 34);
+    m.status = (duet_status_t)(int32_t)duet__get_u32(b + 36);
     if (m.src_rank >= DUET_TP_MAX || m.dst_rank >= DUET_TP_MAX)
         return duet_error(DUET_ERR_FORMAT, "notification: rank %d/%d out of range", m.src_rank,
                           m.dst_rank);
     if (m.status != DUET_OK && strcmp(duet_status_name(m.status), "DUET_ERR_UNKNOWN") == 0)
         return duet_error(DUET_ERR_FORMAT, "notification: status %d unknown", (int)m.status);
-    flags = get_u32(b + 40);
+    flags = duet__get_u32(b + 40);
     if (flags & ~1u)
         return duet_error(DUET_ERR_FORMAT, "notification: unknown flags 0x%x", flags);
     m.has_crc = (int)(flags & 1u);
-    m.crc = get_u32(b + 44);
-    m.bytes = get_u64(b + 48);
-    m.first_token = (int64_t)get_u64(b + 56);
+    m.crc = duet__get_u32(b + 44);
+    m.bytes = duet__get_u64(b + 48);
+    m.first_token = (int64_t)duet__get_u64(b + 56);
     *m_p = m;
     return DUET_OK;
 }
