@@ -12,7 +12,6 @@
 #include "transfer/slice_plan.h"
 
 #include <stddef.h>
-#include <stdio.h>
 
 #include "common/alloc.h"
 #include "kv/heads.h"
