@@ -190,7 +190,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             .peers = duet_node_link_peers(&link->base, d),
             .pages = req->pages,
             .n_pages = req->n_prompt_pages,
-            .deadline_ns = now + (int64_t)dc->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
+            .deadline_ns =
+                now + (int64_t)dc->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
             .cb = duet__kv_cb,
             .arg = &req->rank_args[d],
         };
@@ -223,11 +224,11 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     ra->req = req;
     if ((st = duet_pb_pack(&pr.base, &buf, &len)) != DUET_OK)
         goto fail;
-    st = duet_rpc_client_stream(
-        dc->node.cli, link->base.key, "/duet.v1.Prefill/Prefill", buf, len,
-        now + ((int64_t)dc->node.args.cluster->transfer_timeout_ms + dc->node.args.cluster->rpc_timeout_ms) *
-                  DUET_NS_PER_MS,
-        duet__rpc_message, duet__rpc_done, ra, &req->rpc_stream);
+    st = duet_rpc_client_stream(dc->node.cli, link->base.key, "/duet.v1.Prefill/Prefill", buf, len,
+                                now + ((int64_t)dc->node.args.cluster->transfer_timeout_ms +
+                                       dc->node.args.cluster->rpc_timeout_ms) *
+                                          DUET_NS_PER_MS,
+                                duet__rpc_message, duet__rpc_done, ra, &req->rpc_stream);
     duet_free(buf);
     if (st != DUET_OK) {
         st = duet_error_wrap(st, "prefill %s: ", link->base.key);

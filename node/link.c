@@ -129,8 +129,8 @@ void duet_node_link_retire(duet_node_link_t *link)
         duet_node_link_put(link);
 }
 
-bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer,
-                                uint64_t instance, int rank, char *key_out, size_t key_len)
+bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer, uint64_t instance,
+                                int rank, char *key_out, size_t key_len)
 {
     duet_node_link_t *found = NULL;
 
@@ -285,8 +285,7 @@ static duet_status_t duet__check_reply(duet_node_t *node, const char *target,
 duet_status_t duet_node_link_bootstrap(duet_node_t *node, duet_node_link_t *link)
 {
     int D = node->ke.tp;
-    int64_t deadline =
-        duet_now_ns() + (int64_t)node->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    int64_t deadline = duet_now_ns() + (int64_t)node->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
     Duet__V1__BootstrapRequest req = DUET__V1__BOOTSTRAP_REQUEST__INIT;
     Duet__V1__BootstrapResponse *resp = NULL;
     ProtobufCBinaryData descs[DUET_TP_MAX];
@@ -391,8 +390,7 @@ static void duet__serve_task(void *arg)
     duet__serve_task_t *t = arg;
     duet_node_t *node = t->node;
     const Duet__V1__BootstrapRequest *m = t->msg;
-    int64_t deadline =
-        duet_now_ns() + (int64_t)node->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    int64_t deadline = duet_now_ns() + (int64_t)node->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
     duet_node_link_t *link = NULL;
     duet_status_t st;
 
@@ -413,8 +411,8 @@ static void duet__serve_task(void *arg)
         goto refuse;
     }
     duet_node_link_ready(link);
-    DUET_LOG_INFO("prefill: decode %s (%s, tp %d) bootstrapped", link->remote_name,
-                  link->remote_id, link->remote_tp);
+    DUET_LOG_INFO("prefill: decode %s (%s, tp %d) bootstrapped", link->remote_name, link->remote_id,
+                  link->remote_tp);
     duet__reply(node, t->call);
     goto out;
 refuse:
@@ -432,10 +430,9 @@ void duet_node_link_serve_bootstrap(duet_node_t *node, duet_rpc_call_t *call, co
     Duet__V1__BootstrapRequest *m = duet__v1__bootstrap_request__unpack(NULL, len, req);
 
     if (m == NULL || t == NULL) {
-        duet_rpc_call_fail(call,
-                           m == NULL ? GRPC_STATUS_INVALID_ARGUMENT
-                                     : GRPC_STATUS_RESOURCE_EXHAUSTED,
-                           m == NULL ? "bootstrap: malformed BootstrapRequest" : "no memory");
+        duet_rpc_call_fail(
+            call, m == NULL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_RESOURCE_EXHAUSTED,
+            m == NULL ? "bootstrap: malformed BootstrapRequest" : "no memory");
         if (m != NULL)
             duet__v1__bootstrap_request__free_unpacked(m, NULL);
         duet_free(t);

@@ -48,15 +48,15 @@ typedef enum {
 } duet_node_link_state_t;
 
 struct duet_node_link {
-    char key[128];             /* decode: the prefill's address; prefill: the decode's instance id */
-    char remote_id[64];        /* the remote's instance id (new on every start) */
-    char remote_name[160];     /* decode's "<name>@<host>" / prefill's config name */
+    char key[128];         /* decode: the prefill's address; prefill: the decode's instance id */
+    char remote_id[64];    /* the remote's instance id (new on every start) */
+    char remote_name[160]; /* decode's "<name>@<host>" / prefill's config name */
     int remote_tp;
-    duet_slice_plan_t *plan;   /* P = prefill TP, D = decode TP, H = total KV heads */
-    duet_xfer_peer_t **peers;  /* [local TP][remote TP]: NULL where the two ranks share nothing */
+    duet_slice_plan_t *plan;  /* P = prefill TP, D = decode TP, H = total KV heads */
+    duet_xfer_peer_t **peers; /* [local TP][remote TP]: NULL where the two ranks share nothing */
     duet_node_link_state_t state;
     int refs;
-    char error[512];           /* why connecting failed */
+    char error[512]; /* why connecting failed */
     duet_node_t *node;
     struct duet_node_link *next;
 };
@@ -90,8 +90,8 @@ void duet_node_link_retire(duet_node_link_t *link);
  * checking the remote's identity as well (a peer pointer reported through a
  * queue may be stale).  Copies the link's key to key_out; false when no
  * link holds it (already retired). */
-bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer,
-                                uint64_t instance, int rank, char *key_out, size_t key_len);
+bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer, uint64_t instance,
+                                int rank, char *key_out, size_t key_len);
 
 /* Shutdown (node.c): before the worker goes, links released from then on
  * are kept for duet_node_links_destroy; that frees them and every link

@@ -97,8 +97,7 @@ static duet_status_t duet__start(duet_node_t *node)
 
 static void duet__drain(duet_node_t *node)
 {
-    int64_t deadline =
-        duet_now_ns() + (int64_t)node->args.self->drain_timeout_ms * DUET_NS_PER_MS;
+    int64_t deadline = duet_now_ns() + (int64_t)node->args.self->drain_timeout_ms * DUET_NS_PER_MS;
     int left;
 
     duet_rpc_health_set(node->health, "", DUET_RPC_HEALTH_NOT_SERVING);
@@ -222,8 +221,7 @@ void duet_node_fail(duet_node_t *node, const char *detail)
     pthread_mutex_unlock(&node->fail_lock);
     if (!first)
         return;
-    DUET_LOG_ERROR("engine failed: %s; exiting so the orchestrator restarts this instance",
-                   detail);
+    DUET_LOG_ERROR("engine failed: %s; exiting so the orchestrator restarts this instance", detail);
     duet_rpc_health_set(node->health, "", DUET_RPC_HEALTH_NOT_SERVING);
     /* main waits in sigwaitinfo for SIGINT/SIGTERM, blocked in every
      * thread: a SIGTERM directed at it ends the wait (and stays pending,

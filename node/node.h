@@ -49,7 +49,7 @@ typedef struct duet_node_link duet_node_link_t;
 /* What a daemon adds to the node.  ud is the daemon's context. */
 typedef struct {
     duet_role_t role;
-    bool rpc_client;              /* create node->cli: the daemon calls other daemons */
+    bool rpc_client; /* create node->cli: the daemon calls other daemons */
     /* Add the daemon's gRPC methods (the server is not started yet). */
     duet_status_t (*register_services)(void *ud);
     /* Everything is up (engine, pool, descriptors): start the scheduler.
@@ -76,20 +76,20 @@ struct duet_node {
     duet_daemon_args_t args;
     const duet_node_ops_t *ops;
     void *ud;
-    const char *role;             /* "prefill" or "decode": logs */
+    const char *role; /* "prefill" or "decode": logs */
     duet_kv_engine_t ke;
-    duet_kv_pool_t *pages;        /* page ids, the same on every rank */
+    duet_kv_pool_t *pages; /* page ids, the same on every rank */
     duet_rpc_server_t *srv;
     duet_rpc_health_t *health;
-    duet_rpc_client_t *cli;       /* ops->rpc_client only */
-    duet_workq_t *workq;          /* blocking work: connects, disconnects, bootstrap calls */
-    void **descs;                 /* our transfer descriptors, one per rank */
+    duet_rpc_client_t *cli; /* ops->rpc_client only */
+    duet_workq_t *workq;    /* blocking work: connects, disconnects, bootstrap calls */
+    void **descs;           /* our transfer descriptors, one per rank */
     size_t *desc_lens;
     /* "<name>@<host>": how the other side tells a restarted instance of us
      * from a sibling that shares our config entry (a StatefulSet's pods) */
     char host_name[160];
-    atomic_bool ready;            /* handlers may touch the engine */
-    atomic_bool draining;         /* handlers refuse new requests (UNAVAILABLE) */
+    atomic_bool ready;    /* handlers may touch the engine */
+    atomic_bool draining; /* handlers refuse new requests (UNAVAILABLE) */
 
     /* the links to the other role's daemons (node/link.h) */
     pthread_mutex_t links_lock;

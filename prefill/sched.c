@@ -137,8 +137,8 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
             continue;
         }
         *p = (duet__layer_post_t){xr, req->transfer_id, layer};
-        if (duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages, req->n_pages,
-                                        duet__post_layer, p) != DUET_OK) {
+        if (duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages,
+                                        req->n_pages, duet__post_layer, p) != DUET_OK) {
             DUET_LOG_ERROR("prefill: kv export of layer %d failed: %s", layer, duet_error_msg());
             duet_free(p);
         }

@@ -192,8 +192,8 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf)
         {"/duet.v1.Prefill/Info", duet__info},
     };
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
-        duet_status_t st =
-            duet_rpc_server_add_method(pf->node.srv, methods[i].path, DUET_RPC_UNARY, methods[i].cb, pf);
+        duet_status_t st = duet_rpc_server_add_method(pf->node.srv, methods[i].path, DUET_RPC_UNARY,
+                                                      methods[i].cb, pf);
         if (st != DUET_OK)
             return st;
     }
