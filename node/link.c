@@ -165,7 +165,7 @@ bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer,
     return true;
 }
 
-/* Retire the links of a remote instance id or name (a restarted decode
+/* Prefill: retire the links of a decode instance id or name (a restarted decode
  * replaces its old link). */
 static void duet__retire_identity(duet_node_t *node, const char *id, const char *name)
 {
@@ -188,7 +188,7 @@ static void duet__retire_identity(duet_node_t *node, const char *id, const char 
         duet_node_link_t *l = gone;
         gone = l->next;
         l->next = NULL;
-        DUET_LOG_INFO("%s: dropping link to %s (%s)", node->role, l->remote_name, l->remote_id);
+        DUET_LOG_INFO("prefill: dropping link to decode %s (%s)", l->remote_name, l->remote_id);
         duet_node_link_put(l);
     }
 }
