@@ -22,35 +22,32 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/daemon.h"
 #include "common/rpc.h"
-#include "common/workq.h"
-#include "kv/pool.h"
 #include "engine/sampling.h"
-#include "tokenizer/tokenizer.h"
 #include "engine/tp.h"
-#include "node/kv_engine.h"
+#include "node/link.h"
+#include "node/node.h"
+#include "tokenizer/tokenizer.h"
 
 #define DUET_DC_MAX_STOPS 16
 #define DUET_DC_STOP_MAX_LEN 256
 
 typedef struct duet_dc_req duet_dc_req_t;
 
-/* A prefill daemon we bootstrapped with (scheduler-owned, except that the
- * bootstrap worker fills the fields below `state` before posting). */
+/* A prefill daemon we bootstrap with: the node's link (key: the prefill's
+ * address) and the requests waiting for its bootstrap.  Only the scheduler
+ * changes the node's link table, so it reads the table without the lock;
+ * the bootstrap worker fills the link's remote fields before posting
+ * LINK_DONE. */
 typedef struct duet_dc_link {
-    char target[128];
-    enum { DUET_DC_LINK_BOOTING, DUET_DC_LINK_READY, DUET_DC_LINK_DEAD } state;
-    char prefill_id[64];
-    char error[512];
-    int P;
-    duet_slice_plan_t *plan;  /* P, D = our tp, H */
-    duet_xfer_peer_t **peers; /* [D][P]: our rank d -> prefill rank p, NULL when p sends
-                                 nothing to d */
-    int refs;                 /* table + requests in their prefill phase */
+    duet_node_link_t base;    /* first: the table holds &base */
     duet_dc_req_t *waiting;   /* requests waiting for the bootstrap */
-    struct duet_dc_link *next;
 } duet_dc_link_t;
+
+static inline duet_dc_link_t *duet_dc_link_of(duet_node_link_t *link)
+{
+    return (duet_dc_link_t *)link;
+}
 
 typedef enum {
     DUET_DC_NEW,      /* in no list (being moved between phases) */
@@ -147,22 +144,9 @@ typedef struct duet_dc_ev {
 } duet_dc_ev_t;
 
 typedef struct {
-    duet_daemon_args_t args;
-    duet_kv_engine_t ke;
+    duet_node_t node;             /* engine, pages, links, server, client (node/node.h) */
     duet_tokenizer_t *tok;
-    duet_kv_pool_t *pages;
-    duet_rpc_server_t *srv;
-    duet_rpc_health_t *health;
-    duet_rpc_client_t *cli;
-    duet_workq_t *workq;
-    void **descs;
-    size_t *desc_lens;
     int max_ctx;
-    /* "<name>@<host>": how prefill daemons tell a restarted instance of us
-     * from a sibling that shares our config entry (a StatefulSet's pods) */
-    char host_name[160];
-    atomic_bool ready;
-    atomic_bool draining;
     atomic_int waiting;           /* requests not yet running (queue limit) */
     atomic_uint_fast64_t next_transfer_id;
     atomic_uint_fast64_t next_req;
@@ -187,7 +171,6 @@ typedef struct {
     int n_running;
     duet_dc_req_t *ending;        /* ENDED, waiting for callbacks */
     duet_dc_req_t *zombies;       /* free after the next event drain */
-    duet_dc_link_t *links;
     duet_engine_seq_t *seqs;      /* [max_seqs] */
     int32_t *sampled;
     int32_t *inputs;
@@ -210,6 +193,8 @@ bool duet_dc_post_live(duet_decode_t *dc, duet_dc_ev_t *ev);
 duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req);
 /* Count of requests in each phase, for Info and draining. */
 void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p);
+/* queued + running, for the drain (any thread). */
+int duet_dc_pending(void *arg);
 void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req);
 /* Scheduler: end a request with an error status (terminal call), then
  * release it once safe. */
@@ -229,8 +214,6 @@ void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev);
  * cancel expectations once the Prefill call returned.  True when nothing
  * can still write its pages or call back. */
 bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req);
-void duet_dc_link_put(duet_decode_t *dc, duet_dc_link_t *link);
-void duet_dc_links_destroy(duet_decode_t *dc);
 /* Transfer layer callback (progress thread). */
 void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
                            const char *detail);

@@ -136,7 +136,7 @@ static void duet__finish(duet_decode_t *dc, duet_dc_req_t *req, Duet__V1__Finish
 
 bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token)
 {
-    const duet_model_config_t *cfg = &dc->ke.model_cfg;
+    const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
     char *piece = dc->piece;
     size_t cap = dc->piece_cap;
     size_t n = 0;

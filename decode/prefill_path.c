@@ -19,197 +19,50 @@
 
 /* ---- links ---------------------------------------------------------------- */
 
-static void duet__link_free(duet_decode_t *dc, duet_dc_link_t *link)
-{
-    int D = dc->ke.tp;
-    if (link->peers != NULL) {
-        for (int i = 0; i < D * link->P; i++)
-            duet_xfer_peer_disconnect(link->peers[i]);
-    }
-    duet_free(link->peers);
-    duet_slice_plan_destroy(link->plan);
-    duet_free(link);
-}
-
 typedef struct {
     duet_decode_t *dc;
     duet_dc_link_t *link;
-    duet_dc_ev_t *ev; /* bootstrap: its LINK_DONE, allocated with the task */
-} duet__link_task_t;
-
-static void duet__link_free_task(void *arg)
-{
-    duet__link_task_t *t = arg;
-    duet__link_free(t->dc, t->link);
-    duet_free(t);
-}
-
-void duet_dc_link_put(duet_decode_t *dc, duet_dc_link_t *link)
-{
-    if (link == NULL || --link->refs > 0)
-        return;
-    duet__link_task_t *t = DUET_NEW(duet__link_task_t);
-    /* disconnecting blocks: the worker does it */
-    if (t != NULL) {
-        *t = (duet__link_task_t){dc, link, NULL};
-        if (duet_workq_post(dc->workq, duet__link_free_task, t) == DUET_OK)
-            return;
-        duet_free(t);
-    }
-    duet__link_free(dc, link);
-}
-
-/* Take a link out of the table (new requests bootstrap afresh). */
-static void duet__link_retire(duet_decode_t *dc, duet_dc_link_t *link)
-{
-    for (duet_dc_link_t **pp = &dc->links; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == link) {
-            *pp = link->next;
-            link->next = NULL;
-            link->state = DUET_DC_LINK_DEAD;
-            duet_dc_link_put(dc, link);
-            return;
-        }
-    }
-}
+    duet_dc_ev_t *ev; /* its LINK_DONE, allocated with the task */
+} duet__boot_task_t;
 
 /* Bootstrap (worker thread): exchange descriptors, connect our ranks to
- * their senders, then tell the scheduler. */
+ * their senders (node/link.h), then tell the scheduler. */
 static void duet__boot_task(void *arg)
 {
-    duet__link_task_t *t = arg;
-    duet_decode_t *dc = t->dc;
-    duet_dc_link_t *link = t->link;
-    int D = dc->ke.tp;
-    int64_t deadline = duet_now_ns() + (int64_t)dc->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
-    Duet__V1__BootstrapRequest req = DUET__V1__BOOTSTRAP_REQUEST__INIT;
-    Duet__V1__BootstrapResponse *resp = NULL;
-    ProtobufCBinaryData descs[DUET_TP_MAX];
-    duet_rpc_result_t res = {0};
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    duet_status_t st;
-    int senders[DUET_TP_MAX];
-
-    for (int d = 0; d < D; d++)
-        descs[d] = (ProtobufCBinaryData){dc->desc_lens[d], dc->descs[d]};
-    req.decode_id = dc->args.instance_id;
-    req.decode_name = dc->host_name;
-    req.tp = (uint32_t)D;
-    req.model_fingerprint = dc->ke.fingerprint;
-    req.kv_heads = (uint32_t)dc->ke.kv_heads;
-    req.n_rank_descriptors = (size_t)D;
-    req.rank_descriptors = descs;
-    if ((st = duet_pb_pack(&req.base, &buf, &len)) != DUET_OK)
-        goto out;
-    st = duet_rpc_client_unary(dc->cli, link->target, "/duet.v1.Prefill/Bootstrap", buf, len,
-                               deadline, &res);
-    if (st != DUET_OK) {
-        st = duet_error_wrap(st, "bootstrap with prefill %s: ", link->target);
-        goto out;
-    }
-    resp = duet__v1__bootstrap_response__unpack(NULL, res.len, res.data);
-    if (resp == NULL) {
-        st =
-            duet_error(DUET_ERR_FORMAT, "bootstrap with prefill %s: malformed reply", link->target);
-        goto out;
-    }
-    if (resp->tp < 1 || resp->tp > DUET_TP_MAX || resp->n_rank_descriptors != resp->tp) {
-        st = duet_error(DUET_ERR_FORMAT, "bootstrap with prefill %s: tp %u, %zu descriptors",
-                        link->target, resp->tp, resp->n_rank_descriptors);
-        goto out;
-    }
-    if (resp->model_fingerprint != dc->ke.fingerprint ||
-        resp->kv_heads != (uint32_t)dc->ke.kv_heads) {
-        st = duet_error(DUET_ERR_MISMATCH,
-                        "bootstrap with prefill %s: it serves model fingerprint %016llx (%u kv "
-                        "heads), this decode %016llx (%d kv heads)",
-                        link->target, (unsigned long long)resp->model_fingerprint, resp->kv_heads,
-                        (unsigned long long)dc->ke.fingerprint, dc->ke.kv_heads);
-        goto out;
-    }
-    link->P = (int)resp->tp;
-    snprintf(link->prefill_id, sizeof(link->prefill_id), "%s",
-             resp->prefill_id ? resp->prefill_id : "");
-    if ((st = duet_slice_plan_create(link->P, D, dc->ke.kv_heads, &link->plan)) != DUET_OK)
-        goto out;
-    link->peers = DUET_NEW_ARRAY(duet_xfer_peer_t *, (size_t)(D * link->P));
-    if (link->peers == NULL) {
-        st = duet_error(DUET_ERR_NO_MEMORY, "bootstrap: no memory");
-        goto out;
-    }
-    for (int d = 0; d < D; d++) {
-        int n = duet_slice_plan_senders(link->plan, d, senders);
-        for (int i = 0; i < n; i++) {
-            int p = senders[i];
-            st = duet_xfer_peer_connect(
-                duet_xfer_rank(dc->ke.xfer, d), resp->rank_descriptors[p].data,
-                resp->rank_descriptors[p].len, deadline, &link->peers[d * link->P + p]);
-            if (st != DUET_OK) {
-                st = duet_error_wrap(st,
-                                     "bootstrap with prefill %s: decode rank %d -> prefill "
-                                     "rank %d: ",
-                                     link->target, d, p);
-                goto out;
-            }
-        }
-    }
-    DUET_LOG_INFO("decode: bootstrapped with prefill %s (%s, tp %d)", link->target,
-                  link->prefill_id, link->P);
-out:
-    if (st != DUET_OK) {
-        snprintf(link->error, sizeof(link->error), "%s", duet_error_msg());
-        DUET_LOG_WARN("decode: %s", link->error);
-        if (link->peers != NULL) {
-            for (int i = 0; i < D * link->P; i++)
-                duet_xfer_peer_disconnect(link->peers[i]);
-            duet_free(link->peers);
-            link->peers = NULL;
-        }
-        duet_slice_plan_destroy(link->plan);
-        link->plan = NULL;
-    }
-    if (resp != NULL)
-        duet__v1__bootstrap_response__free_unpacked(resp, NULL);
-    duet_rpc_result_cleanup(&res);
-    duet_free(buf);
-    t->ev->link = link;
-    t->ev->status = st;
-    duet_dc_post(dc, t->ev);
+    duet__boot_task_t *t = arg;
+    t->ev->link = t->link;
+    t->ev->status = duet_node_link_bootstrap(&t->dc->node, &t->link->base);
+    duet_dc_post(t->dc, t->ev);
     duet_free(t);
 }
 
 static duet_dc_link_t *duet__link_for(duet_decode_t *dc, const char *target)
 {
+    duet_node_link_t *found = duet_node_link_find(&dc->node, target, false);
     duet_dc_link_t *link;
-    duet__link_task_t *t;
+    duet__boot_task_t *t;
 
-    for (link = dc->links; link != NULL; link = link->next) {
-        if (strcmp(link->target, target) == 0)
-            return link;
-    }
-    link = DUET_NEW(duet_dc_link_t);
-    t = DUET_NEW(duet__link_task_t);
-    if (link == NULL || t == NULL || (t->ev = duet_dc_ev_new(DUET_DC_EV_LINK_DONE, NULL)) == NULL) {
-        duet_free(link);
-        if (t != NULL)
-            duet_free(t->ev);
+    if (found != NULL)
+        return duet_dc_link_of(found);
+    t = DUET_NEW(duet__boot_task_t);
+    if (t == NULL || (t->ev = duet_dc_ev_new(DUET_DC_EV_LINK_DONE, NULL)) == NULL) {
         duet_free(t);
         return NULL;
     }
-    snprintf(link->target, sizeof(link->target), "%s", target);
-    link->state = DUET_DC_LINK_BOOTING;
-    link->refs = 1;
-    t->dc = dc;
-    t->link = link;
-    if (duet_workq_post(dc->workq, duet__boot_task, t) != DUET_OK) {
-        duet_free(link);
+    link = duet_dc_link_of(duet_node_link_add(&dc->node, target, sizeof(duet_dc_link_t)));
+    if (link == NULL) {
         duet_free(t->ev);
         duet_free(t);
         return NULL;
     }
-    link->next = dc->links;
-    dc->links = link;
+    t->dc = dc;
+    t->link = link;
+    if (duet_workq_post(dc->node.workq, duet__boot_task, t) != DUET_OK) {
+        duet_node_link_retire(&link->base);
+        duet_free(t->ev);
+        duet_free(t);
+        return NULL;
+    }
     return link;
 }
 
@@ -294,9 +147,9 @@ static void duet__noop_done(duet_rpc_stream_t *stream, grpc_status_code code, co
  * returned or never started: see the file comment). */
 static void duet__cancel_expectations(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    for (int d = 0; d < dc->ke.tp; d++) {
+    for (int d = 0; d < dc->node.ke.tp; d++) {
         if (req->expecting != NULL && req->expecting[d]) {
-            duet_xfer_recv_cancel(duet_xfer_rank(dc->ke.xfer, d), req->transfer_id);
+            duet_xfer_recv_cancel(duet_xfer_rank(dc->node.ke.xfer, d), req->transfer_id);
             req->expecting[d] = false;
         }
     }
@@ -305,7 +158,7 @@ static void duet__cancel_expectations(duet_decode_t *dc, duet_dc_req_t *req)
 
 static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *link)
 {
-    int D = dc->ke.tp;
+    int D = dc->node.ke.tp;
     int64_t now = duet_now_ns();
     Duet__V1__PrefillRequest pr = DUET__V1__PREFILL_REQUEST__INIT;
     Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
@@ -315,7 +168,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     duet_status_t st;
 
     req->link = link;
-    link->refs++;
+    duet_node_link_hold(&link->base);
     req->transfer_id = atomic_fetch_add(&dc->next_transfer_id, 1);
     req->kv_ok = 0;
     req->kv_failed = false;
@@ -333,15 +186,16 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
         req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev};
         duet_xfer_expect_t e = {
             .transfer_id = req->transfer_id,
-            .plan = link->plan,
-            .peers = &link->peers[d * link->P],
+            .plan = link->base.plan,
+            .peers = duet_node_link_peers(&link->base, d),
             .pages = req->pages,
             .n_pages = req->n_prompt_pages,
-            .deadline_ns = now + (int64_t)dc->args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
+            .deadline_ns =
+                now + (int64_t)dc->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
             .cb = duet__kv_cb,
             .arg = &req->rank_args[d],
         };
-        if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->ke.xfer, d), &e)) != DUET_OK) {
+        if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->node.ke.xfer, d), &e)) != DUET_OK) {
             st = duet_error_wrap(st, "decode rank %d: ", d);
             goto fail;
         }
@@ -354,7 +208,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     sp.seed = req->sampling.seed;
     sp.has_seed = true;
     pr.request_id = req->request_id;
-    pr.decode_id = dc->args.instance_id;
+    pr.decode_id = dc->node.args.instance_id;
     pr.n_prompt_ids = (size_t)req->n_prompt;
     pr.prompt_ids = req->prompt;
     pr.n_dst_pages = (size_t)req->n_prompt_pages;
@@ -370,14 +224,14 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     ra->req = req;
     if ((st = duet_pb_pack(&pr.base, &buf, &len)) != DUET_OK)
         goto fail;
-    st = duet_rpc_client_stream(
-        dc->cli, link->target, "/duet.v1.Prefill/Prefill", buf, len,
-        now + ((int64_t)dc->args.cluster->transfer_timeout_ms + dc->args.cluster->rpc_timeout_ms) *
-                  DUET_NS_PER_MS,
-        duet__rpc_message, duet__rpc_done, ra, &req->rpc_stream);
+    st = duet_rpc_client_stream(dc->node.cli, link->base.key, "/duet.v1.Prefill/Prefill", buf, len,
+                                now + ((int64_t)dc->node.args.cluster->transfer_timeout_ms +
+                                       dc->node.args.cluster->rpc_timeout_ms) *
+                                          DUET_NS_PER_MS,
+                                duet__rpc_message, duet__rpc_done, ra, &req->rpc_stream);
     duet_free(buf);
     if (st != DUET_OK) {
-        st = duet_error_wrap(st, "prefill %s: ", link->target);
+        st = duet_error_wrap(st, "prefill %s: ", link->base.key);
         goto fail;
     }
     req->rpc_started = true;
@@ -395,7 +249,7 @@ fail:
 
 static const char *duet__pick_prefill(duet_decode_t *dc)
 {
-    const duet_cluster_config_t *c = dc->args.cluster;
+    const duet_cluster_config_t *c = dc->node.args.cluster;
     for (int i = 0; i < c->n_prefill; i++) {
         const duet_instance_config_t *p = &c->prefill[(dc->next_prefill + i) % c->n_prefill];
         if (p->address != NULL && p->address[0] != '\0') {
@@ -423,14 +277,14 @@ void duet_dc_prefill_start(duet_decode_t *dc, duet_dc_req_t *req)
         duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, "no memory for a prefill link");
         return;
     }
-    if (link->state == DUET_DC_LINK_READY) {
+    if (link->base.state == DUET_NODE_LINK_READY) {
         duet__begin(dc, req, link);
         return;
     }
     /* BOOTING: wait for it */
     req->state = DUET_DC_LINKING;
     req->link = link;
-    link->refs++;
+    duet_node_link_hold(&link->base);
     req->next = link->waiting;
     link->waiting = req;
     atomic_fetch_add(&dc->waiting, 1);
@@ -443,13 +297,13 @@ void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev)
 
     link->waiting = NULL;
     if (ev->status == DUET_OK)
-        link->state = DUET_DC_LINK_READY;
+        duet_node_link_ready(&link->base);
     while (waiting != NULL) {
         duet_dc_req_t *req = waiting;
         waiting = req->next;
         req->next = NULL;
         atomic_fetch_sub(&dc->waiting, 1);
-        duet_dc_link_put(dc, req->link); /* the LINKING reference */
+        duet_node_link_put(&req->link->base); /* the LINKING reference */
         req->link = NULL;
         if (ev->status == DUET_OK) {
             duet__begin(dc, req, link);
@@ -457,36 +311,21 @@ void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev)
             req->state = DUET_DC_NEW;
             duet_dc_fail(dc, req,
                          ev->status == DUET_ERR_MISMATCH ? DUET_ERR_MISMATCH : DUET_ERR_PEER,
-                         link->error);
+                         link->base.error);
         }
     }
     if (ev->status != DUET_OK)
-        duet__link_retire(dc, link);
+        duet_node_link_retire(&link->base);
 }
 
 void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev)
 {
-    for (duet_dc_link_t *link = dc->links; link != NULL; link = link->next) {
-        /* a booting link's peers are the bootstrap worker's until LINK_DONE */
-        if (link->state != DUET_DC_LINK_READY || link->peers == NULL)
-            continue;
-        for (int i = 0; i < dc->ke.tp * link->P; i++) {
-            /* The pointer alone could be stale: a peer is freed only after
-             * its error callback posted this event, and a link made since
-             * is READY only after its LINK_DONE, which comes later in the
-             * queue; comparing the remote identity as well keeps that an
-             * invariant checked here rather than an ordering assumed. */
-            const duet_xfer_desc_info_t *in = duet_xfer_peer_info(link->peers[i]);
-            if (link->peers[i] == ev->peer && in->instance == ev->peer_instance &&
-                in->rank == ev->rank) {
-                DUET_LOG_WARN("decode: transfer connection to prefill %s failed: %s; the next "
-                              "request bootstraps again",
-                              link->target, ev->detail);
-                duet__link_retire(dc, link);
-                return;
-            }
-        }
-    }
+    char target[128];
+    if (duet_node_link_retire_peer(&dc->node, ev->peer, ev->peer_instance, ev->rank, target,
+                                   sizeof(target)))
+        DUET_LOG_WARN("decode: transfer connection to prefill %s failed: %s; the next request "
+                      "bootstraps again",
+                      target, ev->detail);
 }
 
 void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st, const char *detail)
@@ -506,7 +345,7 @@ void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st, 
 void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
 {
     duet_dc_req_t *req = ev->req;
-    int D = dc->ke.tp;
+    int D = dc->node.ke.tp;
 
     /* a notification of an attempt that was retried (new transfer id) */
     if (ev->transfer_id != req->transfer_id)
@@ -525,8 +364,8 @@ void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
         /* a connection of the link failed (also one whose peer error came
          * while it was booting): the next request bootstraps again */
         if (ev->status == DUET_ERR_PEER && req->link != NULL &&
-            req->link->state == DUET_DC_LINK_READY)
-            duet__link_retire(dc, req->link);
+            req->link->base.state == DUET_NODE_LINK_READY)
+            duet_node_link_retire(&req->link->base);
         snprintf(msg, sizeof(msg), "kv transfer from prefill %s failed on decode rank %d: %s",
                  req->prefill_target, ev->rank, ev->detail);
         duet_dc_fail(dc, req, duet__phase_status(ev->status), msg);
@@ -585,9 +424,9 @@ void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev)
         req->link = NULL;
         req->retried = true;
         req->rpc_started = false;
-        if (old->state != DUET_DC_LINK_DEAD)
-            duet__link_retire(dc, old);
-        duet_dc_link_put(dc, old);
+        if (old->base.state != DUET_NODE_LINK_DEAD)
+            duet_node_link_retire(&old->base);
+        duet_node_link_put(&old->base);
         duet_dc_prefill_start(dc, req);
         return;
     }
@@ -599,7 +438,7 @@ void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev)
 bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
 {
     if (req->rpc_started && !req->rpc_done) {
-        if (!req->abort_sent && req->kv_ok < dc->ke.tp) {
+        if (!req->abort_sent && req->kv_ok < dc->node.ke.tp) {
             /* ask prefill to stop (also when our expectations timed out:
              * prefill may still be computing or sending); its Prefill
              * reply follows */
@@ -607,12 +446,12 @@ bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
             uint8_t *buf = NULL;
             size_t len = 0;
             ab.request_id = req->request_id;
-            ab.caller_id = dc->args.instance_id;
+            ab.caller_id = dc->node.args.instance_id;
             ab.transfer_id = req->transfer_id;
             if (duet_pb_pack(&ab.base, &buf, &len) != DUET_OK ||
                 duet_rpc_client_stream(
-                    dc->cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,
-                    duet_now_ns() + (int64_t)dc->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS,
+                    dc->node.cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,
+                    duet_now_ns() + (int64_t)dc->node.args.cluster->rpc_timeout_ms * DUET_NS_PER_MS,
                     duet__noop_message, duet__noop_done, NULL, NULL) != DUET_OK)
                 DUET_LOG_WARN("decode: cannot ask prefill %s to abort %s: %s", req->prefill_target,
                               req->request_id, duet_error_msg());
@@ -623,19 +462,8 @@ bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req)
     }
     duet__cancel_expectations(dc, req);
     if (req->link != NULL) {
-        duet_dc_link_put(dc, req->link);
+        duet_node_link_put(&req->link->base);
         req->link = NULL;
     }
     return true;
-}
-
-void duet_dc_links_destroy(duet_decode_t *dc)
-{
-    duet_dc_link_t *l = dc->links;
-    dc->links = NULL;
-    while (l != NULL) {
-        duet_dc_link_t *next = l->next;
-        duet__link_free(dc, l);
-        l = next;
-    }
 }

@@ -59,6 +59,13 @@ void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p)
     pthread_mutex_unlock(&dc->evlock);
 }
 
+int duet_dc_pending(void *arg)
+{
+    int queued = 0, running = 0;
+    duet_dc_counts(arg, &queued, &running);
+    return queued + running;
+}
+
 void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req)
 {
     if (req == NULL)
@@ -68,7 +75,7 @@ void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req)
     for (int i = 0; i < req->n_stops; i++)
         duet_free(req->stops[i]);
     duet_free(req->pages);
-    for (int d = 0; req->rank_args != NULL && d < dc->ke.tp; d++)
+    for (int d = 0; req->rank_args != NULL && d < dc->node.ke.tp; d++)
         duet_free(req->rank_args[d].ev);
     duet_free(req->rank_args);
     duet_free(req->expecting);
@@ -117,7 +124,7 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
         break;
     case DUET_DC_LINKING:
         duet__list_remove(&req->link->waiting, NULL, req);
-        duet_dc_link_put(dc, req->link);
+        duet_node_link_put(&req->link->base);
         req->link = NULL;
         atomic_fetch_sub(&dc->waiting, 1);
         break;
@@ -150,7 +157,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     duet__list_remove(&dc->ending, NULL, req);
     if (req->pages_held) {
-        duet_kv_pool_release(dc->pages, req->pages, req->n_pages);
+        duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
         req->pages_held = false;
     }
     req->next = dc->zombies;
@@ -191,7 +198,7 @@ static void duet__finished(duet_decode_t *dc, duet_dc_req_t *req)
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
 {
     /* device pools: bring the prompt's KV from the host mirror */
-    duet_status_t st = duet_engine_kv_import(dc->ke.engine, req->pages, req->n_prompt_pages);
+    duet_status_t st = duet_engine_kv_import(dc->node.ke.engine, req->pages, req->n_prompt_pages);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;
@@ -223,7 +230,8 @@ static duet_dc_req_t *duet__find(duet_decode_t *dc, const char *id)
         if (strcmp(dc->running[i]->request_id, id) == 0)
             return dc->running[i];
     }
-    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
+        duet_dc_link_t *k = duet_dc_link_of(nk);
         for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
             if (strcmp(r->request_id, id) == 0)
                 return r;
@@ -290,7 +298,8 @@ static void duet__reap_cancelled(duet_decode_t *dc)
             i--;
         }
     }
-    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
+        duet_dc_link_t *k = duet_dc_link_of(nk);
         duet_dc_req_t *r = k->waiting;
         while (r != NULL) {
             duet_dc_req_t *next = r->next;
@@ -303,9 +312,13 @@ static void duet__reap_cancelled(duet_decode_t *dc)
 
 static void duet__admit(duet_decode_t *dc)
 {
+    /* after an engine failure the queue waits for the stop (UNAVAILABLE:
+     * the router retries elsewhere) instead of making prefill work */
+    if (duet_node_failed(&dc->node))
+        return;
     while (dc->queue_head != NULL) {
         duet_dc_req_t *req = dc->queue_head;
-        if (duet_kv_pool_alloc(dc->pages, req->n_pages, req->pages) != DUET_OK)
+        if (duet_kv_pool_alloc(dc->node.pages, req->n_pages, req->pages) != DUET_OK)
             break; /* wait: finishing requests free pages */
         req->pages_held = true;
         duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
@@ -317,7 +330,7 @@ static void duet__admit(duet_decode_t *dc)
 /* One decode step over the running batch. */
 static void duet__step(duet_decode_t *dc)
 {
-    int max = dc->args.self->max_seqs;
+    int max = dc->node.args.self->max_seqs;
     int64_t now = duet_now_ns();
     duet_status_t st;
 
@@ -355,14 +368,17 @@ static void duet__step(duet_decode_t *dc)
             .sample_index = (uint64_t)req->n_out,
         };
     }
-    st = duet_engine_forward(dc->ke.engine, dc->seqs, n, dc->sampled);
+    st = duet_engine_forward(dc->node.ke.engine, dc->seqs, n, dc->sampled);
     if (st != DUET_OK) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "decode engine failed: %s", duet_error_msg());
-        DUET_LOG_ERROR("%s", msg);
-        duet_rpc_health_set(dc->health, "", DUET_RPC_HEALTH_NOT_SERVING);
+        /* the engine cannot run again (a rank failed: collective deadline,
+         * rank or device error): fail the batch and have the process go, so
+         * that the orchestrator restarts it (node/node.h) */
+        char detail[256], msg[300];
+        snprintf(detail, sizeof(detail), "%s", duet_error_msg());
+        snprintf(msg, sizeof(msg), "decode engine failed: %s", detail);
         while (dc->n_running > 0)
             duet_dc_fail(dc, dc->running[0], DUET_ERR_INTERNAL, msg);
+        duet_node_fail(&dc->node, detail);
         return;
     }
     /* emit in batch order; requests that end leave the array */
@@ -380,7 +396,8 @@ static void duet__update_info(duet_decode_t *dc)
     int queued = 0, running = dc->n_running;
     for (duet_dc_req_t *r = dc->queue_head; r != NULL; r = r->next)
         queued++;
-    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
+        duet_dc_link_t *k = duet_dc_link_of(nk);
         for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next)
             queued++;
     }
@@ -414,7 +431,8 @@ static void duet__abort_all(duet_decode_t *dc)
         duet_dc_fail(dc, dc->running[0], DUET_ERR_SHUTDOWN, "decode is shutting down");
     while ((r = dc->prefilling) != NULL)
         duet_dc_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
-    for (duet_dc_link_t *k = dc->links; k != NULL; k = k->next) {
+    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
+        duet_dc_link_t *k = duet_dc_link_of(nk);
         while ((r = k->waiting) != NULL)
             duet_dc_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
     }
@@ -479,7 +497,7 @@ static void *duet__sched_main(void *arg)
 
 duet_status_t duet_dc_sched_start(duet_decode_t *dc)
 {
-    int max = dc->args.self->max_seqs;
+    int max = dc->node.args.self->max_seqs;
     dc->running = DUET_NEW_ARRAY(duet_dc_req_t *, (size_t)max);
     dc->seqs = DUET_NEW_ARRAY(duet_engine_seq_t, (size_t)max);
     dc->sampled = DUET_NEW_ARRAY(int32_t, (size_t)max);

@@ -41,7 +41,7 @@ static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sam
 static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateRequest *g,
                                   duet_dc_req_t *req)
 {
-    const duet_model_config_t *cfg = &dc->ke.model_cfg;
+    const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
     size_t n = 0;
 
     switch (g->prompt_case) {
@@ -86,8 +86,8 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
                                     duet_dc_req_t *req)
 {
     const Duet__V1__GenerateRequest *g = m->request;
-    const duet_model_config_t *cfg = &dc->ke.model_cfg;
-    int ps = dc->args.cluster->page_size;
+    const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
+    int ps = dc->node.args.cluster->page_size;
     duet_status_t st;
 
     if (g == NULL)
@@ -98,7 +98,7 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
                               sizeof(req->request_id) - 1);
         snprintf(req->request_id, sizeof(req->request_id), "%s", g->request_id);
     } else {
-        snprintf(req->request_id, sizeof(req->request_id), "%s-%llu", dc->args.instance_id,
+        snprintf(req->request_id, sizeof(req->request_id), "%s-%llu", dc->node.args.instance_id,
                  (unsigned long long)atomic_fetch_add(&dc->next_req, 1));
     }
     if (m->prefill_target != NULL && strlen(m->prefill_target) >= sizeof(req->prefill_target))
@@ -109,7 +109,7 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
         return st;
     if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "sampling: ");
-    req->max_tokens = g->max_tokens > 0 ? (int)g->max_tokens : dc->args.self->max_tokens_default;
+    req->max_tokens = g->max_tokens > 0 ? (int)g->max_tokens : dc->node.args.self->max_tokens_default;
     if (g->max_tokens > (1u << 24))
         return duet_error(DUET_ERR_INVALID, "max_tokens: %u is too large", g->max_tokens);
     /* generation stops at the context: reserve no more than it */
@@ -143,13 +143,13 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
     int span = req->n_prompt + req->max_tokens - 1;
     req->n_pages = (span + ps - 1) / ps;
     req->n_prompt_pages = (req->n_prompt + ps - 1) / ps;
-    if (req->n_pages > duet_kv_pool_total(dc->pages))
+    if (req->n_pages > duet_kv_pool_total(dc->node.pages))
         return duet_error(DUET_ERR_EXHAUSTED,
                           "request needs %d KV pages (%d tokens), the pool has %d", req->n_pages,
-                          span, duet_kv_pool_total(dc->pages));
+                          span, duet_kv_pool_total(dc->node.pages));
     req->pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
-    req->rank_args = DUET_NEW_ARRAY(duet_dc_rank_arg_t, (size_t)dc->ke.tp);
-    req->expecting = DUET_NEW_ARRAY(bool, (size_t)dc->ke.tp);
+    req->rank_args = DUET_NEW_ARRAY(duet_dc_rank_arg_t, (size_t)dc->node.ke.tp);
+    req->expecting = DUET_NEW_ARRAY(bool, (size_t)dc->node.ke.tp);
     if (req->pages == NULL || req->rank_args == NULL || req->expecting == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory");
     return DUET_OK;
@@ -163,11 +163,11 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
     duet_dc_ev_t *ev = NULL;
     duet_status_t st;
 
-    if (!atomic_load(&dc->ready)) {
+    if (!atomic_load(&dc->node.ready)) {
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
         return;
     }
-    if (atomic_load(&dc->draining)) {
+    if (atomic_load(&dc->node.draining)) {
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is draining");
         return;
     }
@@ -190,7 +190,7 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
         duet_rpc_call_fail_status(call, st, duet_error_msg());
         goto err;
     }
-    int max_queue = dc->args.self->max_queue;
+    int max_queue = dc->node.args.self->max_queue;
     if (atomic_fetch_add(&dc->waiting, 1) >= max_queue && max_queue > 0) {
         atomic_fetch_sub(&dc->waiting, 1);
         duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -222,7 +222,7 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
     duet_dc_ev_t *ev;
 
     /* only the scheduler answers an Abort: not before it runs */
-    if (!atomic_load(&dc->ready)) {
+    if (!atomic_load(&dc->node.ready)) {
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
         return;
     }
@@ -253,27 +253,27 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     Duet__V1__InfoResponse r = DUET__V1__INFO_RESPONSE__INIT;
     int queued, running;
 
-    if (!atomic_load(&dc->ready)) {
+    if (!atomic_load(&dc->node.ready)) {
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
         return;
     }
     duet_dc_counts(dc, &queued, &running);
     r.role = "decode";
-    r.name = dc->args.self->name;
-    r.instance_id = dc->args.instance_id;
-    r.tp = (uint32_t)dc->ke.tp;
-    r.backend = dc->args.self->backend;
-    r.model = dc->args.cluster->model;
-    r.model_fingerprint = dc->ke.fingerprint;
-    r.page_size = (uint32_t)dc->args.cluster->page_size;
-    r.total_pages = (uint32_t)duet_kv_pool_total(dc->pages);
-    r.free_pages = (uint32_t)duet_kv_pool_free_count(dc->pages);
+    r.name = dc->node.args.self->name;
+    r.instance_id = dc->node.args.instance_id;
+    r.tp = (uint32_t)dc->node.ke.tp;
+    r.backend = dc->node.args.self->backend;
+    r.model = dc->node.args.cluster->model;
+    r.model_fingerprint = dc->node.ke.fingerprint;
+    r.page_size = (uint32_t)dc->node.args.cluster->page_size;
+    r.total_pages = (uint32_t)duet_kv_pool_total(dc->node.pages);
+    r.free_pages = (uint32_t)duet_kv_pool_free_count(dc->node.pages);
     r.queue_depth = (uint32_t)queued;
     r.running = (uint32_t)running;
-    r.draining = atomic_load(&dc->draining);
+    r.draining = atomic_load(&dc->node.draining);
     r.max_context = (uint32_t)dc->max_ctx;
     r.version = DUET_VERSION_STRING;
-    r.transfer_path = (char *)dc->ke.path;
+    r.transfer_path = (char *)dc->node.ke.path;
     pthread_mutex_lock(&dc->evlock);
     r.requests_total = dc->requests_total;
     r.requests_failed = dc->requests_failed;
@@ -284,11 +284,11 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
 duet_status_t duet_dc_service_register(duet_decode_t *dc)
 {
     duet_status_t st;
-    if ((st = duet_rpc_server_add_method(dc->srv, "/duet.v1.Decode/Generate",
+    if ((st = duet_rpc_server_add_method(dc->node.srv, "/duet.v1.Decode/Generate",
                                          DUET_RPC_SERVER_STREAMING, duet__generate, dc)) ||
-        (st = duet_rpc_server_add_method(dc->srv, "/duet.v1.Decode/Abort", DUET_RPC_UNARY,
+        (st = duet_rpc_server_add_method(dc->node.srv, "/duet.v1.Decode/Abort", DUET_RPC_UNARY,
                                          duet__abort, dc)) ||
-        (st = duet_rpc_server_add_method(dc->srv, "/duet.v1.Decode/Info", DUET_RPC_UNARY,
+        (st = duet_rpc_server_add_method(dc->node.srv, "/duet.v1.Decode/Info", DUET_RPC_UNARY,
                                          duet__info, dc)))
         return st;
     return DUET_OK;

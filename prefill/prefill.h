@@ -4,12 +4,12 @@
  * Threads: gRPC completion-queue threads run the handlers (service.c);
  * one scheduler thread batches prompts, runs the engine and posts the KV
  * (sched.c); the engine's rank threads call the per-layer hook; the
- * transfer ranks' progress threads run the send callbacks; one worker
- * thread does the blocking bootstrap connects (links.c).
+ * transfer ranks' progress threads run the send callbacks; the node's
+ * worker thread does the blocking bootstrap connects (node/link.h).
  *
  * Locks: `lock` guards the request queue, the in-flight list and the
- * counters; `links_lock` guards the decode links.  Neither is held while
- * calling into gRPC or the engine. */
+ * counters; the node's `links_lock` guards the decode links.  Neither is
+ * held while calling into gRPC or the engine. */
 #ifndef DUET_PREFILL_PREFILL_H
 #define DUET_PREFILL_PREFILL_H
 
@@ -18,32 +18,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/daemon.h"
 #include "common/rpc.h"
-#include "common/workq.h"
-#include "kv/pool.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
-#include "node/kv_engine.h"
-
-/* A decode daemon that bootstrapped with us. */
-typedef struct duet_pf_link {
-    char decode_id[64];
-    char name[160];             /* "<config name>@<host>" */
-    int D;
-    duet_slice_plan_t *plan;   /* P = our tp, D, H */
-    duet_xfer_peer_t **peers;  /* [P][D], NULL where rank s sends nothing to d */
-    int refs;                  /* requests using it + the table's own */
-    bool dead;                 /* replaced or its peer failed */
-    void *owner;               /* the duet_prefill_t */
-    struct duet_pf_link *next;
-} duet_pf_link_t;
+#include "node/link.h"
+#include "node/node.h"
 
 typedef struct duet_pf_req {
     duet_rpc_call_t *call;      /* NULL once answered */
     char request_id[128];
     uint64_t transfer_id;
-    duet_pf_link_t *link;       /* holds a reference */
+    duet_node_link_t *link;     /* the decode's (key: its instance id); holds a reference */
     int32_t *prompt;
     int n_prompt;
     int32_t *dst_pages;
@@ -64,17 +49,7 @@ typedef struct duet_pf_req {
 } duet_pf_req_t;
 
 typedef struct {
-    duet_daemon_args_t args;
-    duet_kv_engine_t ke;
-    duet_kv_pool_t *pages;
-    duet_rpc_server_t *srv;
-    duet_rpc_health_t *health;
-    duet_workq_t *workq;
-    void **descs;               /* our descriptors, one per rank */
-    size_t *desc_lens;
-
-    pthread_mutex_t links_lock;
-    duet_pf_link_t *links;
+    duet_node_t node;           /* engine, pages, links, server, start-up (node/node.h) */
 
     pthread_mutex_t lock;
     pthread_cond_t cv;
@@ -82,10 +57,9 @@ typedef struct {
     duet_pf_req_t *inflight;    /* computing or sending */
     int n_queued, n_inflight;
     uint64_t requests_total, requests_failed;
-    bool stop, draining;
+    bool stop;
     pthread_t sched_thread;
     bool sched_started;
-    atomic_bool ready;          /* handlers may touch the engine */
 
     /* the batch whose layers the engine hook posts (scheduler-owned) */
     duet_pf_req_t **batch;
@@ -105,13 +79,11 @@ bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_
 void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk);
 void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req);
 
-/* links.c */
-void duet_pf_bootstrap(duet_prefill_t *pf, duet_rpc_call_t *call, const uint8_t *req, size_t len);
-/* A counted reference to the live link of decode_id, or NULL. */
-duet_pf_link_t *duet_pf_link_get(duet_prefill_t *pf, const char *decode_id);
-void duet_pf_link_put(duet_prefill_t *pf, duet_pf_link_t *link);
-void duet_pf_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
-                           const char *detail);
-void duet_pf_links_destroy(duet_prefill_t *pf);
+/* Requests not finished (queued or in flight), for the drain. */
+int duet_pf_pending(void *arg);
+/* The drain deadline passed: abort what is left. */
+void duet_pf_drain_abort(void *arg);
+/* After the gRPC server shut down: wait for the sends still in flight. */
+void duet_pf_quiesce(void *arg);
 
 #endif

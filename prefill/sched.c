@@ -18,7 +18,7 @@
 
 static int duet__pages_for(const duet_prefill_t *pf, int n_tokens)
 {
-    int ps = pf->args.cluster->page_size;
+    int ps = pf->node.args.cluster->page_size;
     return (n_tokens + ps - 1) / ps;
 }
 
@@ -27,8 +27,8 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     if (req == NULL)
         return;
     if (req->src_pages != NULL)
-        duet_kv_pool_release(pf->pages, req->src_pages, req->n_pages);
-    duet_pf_link_put(pf, req->link);
+        duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
+    duet_node_link_put(req->link);
     duet_free(req->prompt);
     duet_free(req->dst_pages);
     duet_free(req->src_pages);
@@ -92,7 +92,7 @@ static void duet__send_done(void *arg, uint64_t id, const duet_xfer_result_t *re
         duet__req_error(req, res->status, res->detail);
     atomic_fetch_add(&req->bytes, res->bytes);
     if (atomic_fetch_sub(&req->ranks_pending, 1) == 1)
-        duet__complete(req->link->owner, req);
+        duet__complete(req->link->node->ud, req);
 }
 
 /* Fail a request that never reached the senders. */
@@ -124,7 +124,7 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
     duet_prefill_t *pf = ud;
     if (!last_chunk)
         return;
-    duet_xfer_rank_t *xr = duet_xfer_rank(pf->ke.xfer, rank);
+    duet_xfer_rank_t *xr = duet_xfer_rank(pf->node.ke.xfer, rank);
     for (int i = 0; i < pf->n_batch; i++) {
         duet_pf_req_t *req = pf->batch[i];
         duet__layer_post_t *p;
@@ -137,8 +137,8 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
             continue;
         }
         *p = (duet__layer_post_t){xr, req->transfer_id, layer};
-        if (duet_engine_kv_export_layer(pf->ke.engine, rank, layer, req->src_pages, req->n_pages,
-                                        duet__post_layer, p) != DUET_OK) {
+        if (duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages,
+                                        req->n_pages, duet__post_layer, p) != DUET_OK) {
             DUET_LOG_ERROR("prefill: kv export of layer %d failed: %s", layer, duet_error_msg());
             duet_free(p);
         }
@@ -149,11 +149,11 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
  * was completed). */
 static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
 {
-    int P = pf->ke.tp, D = req->link->D;
+    int P = pf->node.ke.tp;
     int64_t now = duet_now_ns();
-    int64_t deadline = now + (int64_t)pf->args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
+    int64_t deadline = now + (int64_t)pf->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
     int64_t call_dl = duet_rpc_call_deadline_ns(req->call);
-    int64_t rpc_ns = (int64_t)pf->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    int64_t rpc_ns = (int64_t)pf->node.args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
 
     /* Decode reuses the pages once its Prefill call ended, also by its own
      * deadline (transfer + rpc timeout after it registered what it
@@ -174,22 +174,22 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
         duet_xfer_send_t snd = {
             .transfer_id = req->transfer_id,
             .plan = req->link->plan,
-            .peers = &req->link->peers[s * D],
+            .peers = duet_node_link_peers(req->link, s),
             .src_pages = req->src_pages,
             .dst_pages = req->dst_pages,
             .n_pages = req->n_pages,
-            .flags = pf->args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0,
+            .flags = pf->node.args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0,
             .deadline_ns = deadline,
             .cb = duet__send_done,
             .arg = req,
         };
-        duet_status_t st = duet_xfer_send_begin(duet_xfer_rank(pf->ke.xfer, s), &snd);
+        duet_status_t st = duet_xfer_send_begin(duet_xfer_rank(pf->node.ke.xfer, s), &snd);
         if (st != DUET_OK) {
             duet__req_error(req, st, duet_error_msg());
             /* ranks < s have begun and will call back once ended; the rest
              * never will */
             for (int q = 0; q < s; q++)
-                duet_xfer_send_end(duet_xfer_rank(pf->ke.xfer, q), req->transfer_id, st,
+                duet_xfer_send_end(duet_xfer_rank(pf->node.ke.xfer, q), req->transfer_id, st,
                                    DUET_XFER_NO_TOKEN);
             if (atomic_fetch_sub(&req->ranks_pending, P - s + 1) == P - s + 1)
                 duet__complete(pf, req);
@@ -236,29 +236,36 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
     }
     pf->batch = live;
     pf->n_batch = n_live;
-    st = duet_engine_forward(pf->ke.engine, seqs, n_live, sampled);
+    st = duet_engine_forward(pf->node.ke.engine, seqs, n_live, sampled);
     /* device pools: every layer's copy to the host mirror must have landed
      * (and been posted) before the notifications go out */
     if (st == DUET_OK)
-        st = duet_engine_kv_export_sync(pf->ke.engine);
+        st = duet_engine_kv_export_sync(pf->node.ke.engine);
     pf->batch = NULL;
     pf->n_batch = 0;
     int64_t t1 = duet_now_ns();
-    if (st != DUET_OK)
+    char failed[256] = "";
+    if (st != DUET_OK) {
+        snprintf(failed, sizeof(failed), "prefill engine failed: %s", duet_error_msg());
         DUET_LOG_ERROR("prefill: forward failed: %s", duet_error_msg());
+    }
     for (int i = 0; i < n_live; i++) {
         duet_pf_req_t *req = live[i];
         duet_status_t rst = st != DUET_OK ? st : req->aborted ? DUET_ERR_CANCELLED : DUET_OK;
         req->first_token = sampled[i];
         req->t_computed = t1;
         if (rst != DUET_OK)
-            duet__req_error(req, rst, st != DUET_OK ? duet_error_msg() : "aborted");
-        for (int s = 0; s < pf->ke.tp; s++)
-            duet_xfer_send_end(duet_xfer_rank(pf->ke.xfer, s), req->transfer_id, rst,
+            duet__req_error(req, rst, st != DUET_OK ? failed : "aborted");
+        for (int s = 0; s < pf->node.ke.tp; s++)
+            duet_xfer_send_end(duet_xfer_rank(pf->node.ke.xfer, s), req->transfer_id, rst,
                                rst == DUET_OK ? sampled[i] : DUET_XFER_NO_TOKEN);
         if (atomic_fetch_sub(&req->ranks_pending, 1) == 1)
             duet__complete(pf, req);
     }
+    /* the engine cannot run again (a rank failed: collective deadline, rank
+     * or device error): the process goes, the orchestrator restarts it */
+    if (st != DUET_OK)
+        duet_node_fail(&pf->node, failed);
 out:
     duet_free(seqs);
     duet_free(sampled);
@@ -270,7 +277,7 @@ out:
 static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
                             duet_pf_req_t **cancelled_p)
 {
-    const duet_instance_config_t *self = pf->args.self;
+    const duet_instance_config_t *self = pf->node.args.self;
     int n = 0, tokens = 0;
 
     while (pf->queue_head != NULL && n < max) {
@@ -287,7 +294,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         req->src_pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
         if (req->src_pages == NULL)
             break;
-        if (duet_kv_pool_alloc(pf->pages, req->n_pages, req->src_pages) != DUET_OK) {
+        if (duet_kv_pool_alloc(pf->node.pages, req->n_pages, req->src_pages) != DUET_OK) {
             duet_free(req->src_pages);
             req->src_pages = NULL;
             break; /* wait for pages: a send completing frees some */
@@ -308,7 +315,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
 static void *duet__sched_main(void *arg)
 {
     duet_prefill_t *pf = arg;
-    int max = pf->args.self->max_seqs;
+    int max = pf->node.args.self->max_seqs;
     /* fault injection for the failure tests: hold every batch this long
      * before computing it, so a test can kill a peer mid-request */
     const char *delay_env = getenv("DUET_FAULT_PREFILL_DELAY_MS");
@@ -359,13 +366,13 @@ void duet_pf_submit(duet_prefill_t *pf, duet_pf_req_t *req)
     req->t_arrival = duet_now_ns();
     req->n_pages = duet__pages_for(pf, req->n_prompt);
     pthread_mutex_lock(&pf->lock);
-    if (pf->draining || pf->stop) {
+    if (atomic_load(&pf->node.draining) || pf->stop) {
         pthread_mutex_unlock(&pf->lock);
         duet_rpc_call_fail_status(req->call, DUET_ERR_SHUTDOWN, "prefill is draining");
         duet_pf_req_free(pf, req);
         return;
     }
-    if (pf->n_queued >= pf->args.self->max_queue && pf->args.self->max_queue > 0) {
+    if (pf->n_queued >= pf->node.args.self->max_queue && pf->node.args.self->max_queue > 0) {
         int q = pf->n_queued;
         pthread_mutex_unlock(&pf->lock);
         char msg[128];
@@ -392,7 +399,7 @@ bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_
     pthread_mutex_lock(&pf->lock);
     for (int pass = 0; pass < 2 && !found; pass++) {
         for (duet_pf_req_t *r = pass ? pf->inflight : pf->queue_head; r != NULL; r = r->next) {
-            if (r->transfer_id == transfer_id && strcmp(r->link->decode_id, decode_id) == 0) {
+            if (r->transfer_id == transfer_id && strcmp(r->link->remote_id, decode_id) == 0) {
                 r->aborted = true;
                 found = true;
                 break;
@@ -418,4 +425,43 @@ void duet_pf_sched_stop(duet_prefill_t *pf)
     pthread_cond_broadcast(&pf->cv);
     pthread_mutex_unlock(&pf->lock);
     pthread_join(pf->sched_thread, NULL);
+}
+
+int duet_pf_pending(void *arg)
+{
+    duet_prefill_t *pf = arg;
+    pthread_mutex_lock(&pf->lock);
+    int n = pf->n_queued + pf->n_inflight;
+    pthread_mutex_unlock(&pf->lock);
+    return n;
+}
+
+void duet_pf_drain_abort(void *arg)
+{
+    duet_prefill_t *pf = arg;
+    /* queued requests fail, sends end cancelled */
+    pthread_mutex_lock(&pf->lock);
+    for (duet_pf_req_t *r = pf->queue_head; r != NULL; r = r->next)
+        r->aborted = true;
+    for (duet_pf_req_t *r = pf->inflight; r != NULL; r = r->next)
+        r->aborted = true;
+    pthread_cond_broadcast(&pf->cv);
+    pthread_mutex_unlock(&pf->lock);
+}
+
+void duet_pf_quiesce(void *arg)
+{
+    duet_prefill_t *pf = arg;
+    /* the scheduler is gone; sends still in flight end on their own
+     * (acknowledged, failed or at their deadline) */
+    if (pf->node.ke.xfer == NULL)
+        return;
+    for (;;) {
+        pthread_mutex_lock(&pf->lock);
+        int n = pf->n_inflight;
+        pthread_mutex_unlock(&pf->lock);
+        if (n == 0)
+            break;
+        nanosleep(&(struct timespec){0, 10 * 1000000L}, NULL);
+    }
 }

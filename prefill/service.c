@@ -21,7 +21,7 @@ static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
 /* Until the engine is up only health answers. */
 static bool duet__not_ready(duet_prefill_t *pf, duet_rpc_call_t *call)
 {
-    if (atomic_load(&pf->ready))
+    if (atomic_load(&pf->node.ready))
         return false;
     duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "prefill is starting");
     return true;
@@ -42,8 +42,8 @@ static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sam
 static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
                                     duet_pf_req_t *req)
 {
-    const duet_model_config_t *cfg = &pf->ke.model_cfg;
-    int ps = pf->args.cluster->page_size;
+    const duet_model_config_t *cfg = &pf->node.ke.model_cfg;
+    int ps = pf->node.args.cluster->page_size;
     duet_status_t st;
 
     if (m->request_id == NULL || m->request_id[0] == '\0' ||
@@ -67,9 +67,9 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     if (m->n_dst_pages != pages)
         return duet_error(DUET_ERR_INVALID, "%s: %zu destination pages for %zu tokens (need %zu)",
                           m->request_id, m->n_dst_pages, m->n_prompt_ids, pages);
-    if ((int)pages > duet_kv_pool_total(pf->pages))
+    if ((int)pages > duet_kv_pool_total(pf->node.pages))
         return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
-                          m->request_id, pages, duet_kv_pool_total(pf->pages));
+                          m->request_id, pages, duet_kv_pool_total(pf->node.pages));
     if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
     req->n_prompt = (int)m->n_prompt_ids;
@@ -80,7 +80,7 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
         return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", m->request_id);
     memcpy(req->prompt, m->prompt_ids, m->n_prompt_ids * sizeof(int32_t));
     memcpy(req->dst_pages, m->dst_pages, pages * sizeof(int32_t));
-    req->link = duet_pf_link_get(pf, m->decode_id ? m->decode_id : "");
+    req->link = duet_node_link_find(&pf->node, m->decode_id ? m->decode_id : "", true);
     if (req->link == NULL)
         return duet_error(DUET_ERR_MISMATCH,
                           "%s: decode %s has not bootstrapped with this prefill (or its "
@@ -152,22 +152,22 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
         return;
 
     r.role = "prefill";
-    r.name = pf->args.self->name;
-    r.instance_id = pf->args.instance_id;
-    r.tp = (uint32_t)pf->ke.tp;
-    r.backend = pf->args.self->backend;
-    r.model = pf->args.cluster->model;
-    r.model_fingerprint = pf->ke.fingerprint;
-    r.page_size = (uint32_t)pf->args.cluster->page_size;
-    r.total_pages = (uint32_t)duet_kv_pool_total(pf->pages);
-    r.free_pages = (uint32_t)duet_kv_pool_free_count(pf->pages);
-    r.max_context = (uint32_t)pf->ke.model_cfg.max_pos;
+    r.name = pf->node.args.self->name;
+    r.instance_id = pf->node.args.instance_id;
+    r.tp = (uint32_t)pf->node.ke.tp;
+    r.backend = pf->node.args.self->backend;
+    r.model = pf->node.args.cluster->model;
+    r.model_fingerprint = pf->node.ke.fingerprint;
+    r.page_size = (uint32_t)pf->node.args.cluster->page_size;
+    r.total_pages = (uint32_t)duet_kv_pool_total(pf->node.pages);
+    r.free_pages = (uint32_t)duet_kv_pool_free_count(pf->node.pages);
+    r.max_context = (uint32_t)pf->node.ke.model_cfg.max_pos;
     r.version = DUET_VERSION_STRING;
-    r.transfer_path = (char *)pf->ke.path;
+    r.transfer_path = (char *)pf->node.ke.path;
     pthread_mutex_lock(&pf->lock);
     r.queue_depth = (uint32_t)pf->n_queued;
     r.running = (uint32_t)pf->n_inflight;
-    r.draining = pf->draining;
+    r.draining = atomic_load(&pf->node.draining);
     r.requests_total = pf->requests_total;
     r.requests_failed = pf->requests_failed;
     pthread_mutex_unlock(&pf->lock);
@@ -177,7 +177,7 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
 static void duet__bootstrap(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
 {
     if (!duet__not_ready(arg, call))
-        duet_pf_bootstrap(arg, call, data, len);
+        duet_node_link_serve_bootstrap(&((duet_prefill_t *)arg)->node, call, data, len);
 }
 
 duet_status_t duet_pf_service_register(duet_prefill_t *pf)
@@ -192,8 +192,8 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf)
         {"/duet.v1.Prefill/Info", duet__info},
     };
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
-        duet_status_t st =
-            duet_rpc_server_add_method(pf->srv, methods[i].path, DUET_RPC_UNARY, methods[i].cb, pf);
+        duet_status_t st = duet_rpc_server_add_method(pf->node.srv, methods[i].path, DUET_RPC_UNARY,
+                                                      methods[i].cb, pf);
         if (st != DUET_OK)
             return st;
     }

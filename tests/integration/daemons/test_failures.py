@@ -14,11 +14,19 @@ shows its KV pages back at baseline afterwards (no leaks).
   model_mismatch         prefill and decode serve different models
   sigterm_drain          SIGTERM finishes in-flight streams, refuses new
                          ones, exits 0
+  decode_engine_fails    a decode rank's collective fails (TP=2, host comm
+                         fault injection): the request gets an error, the
+                         decode exits 70 naming the failure, a restarted
+                         one serves again
+  prefill_engine_fails   the same on a prefill (TP=2): the request fails,
+                         the prefill exits 70, decode serves through
+                         another prefill
 
 usage: test_failures.py BUILD_DIR SOURCE_DIR [case ...]
 """
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -226,8 +234,81 @@ def sigterm_drain():
         c.close()
 
 
+ENGINE_FAILED_EXIT = 70  # node/node.h DUET_NODE_EXIT_ENGINE_FAILED
+EXIT_DEADLINE_S = 15
+
+
+def expect_engine_exit(c, name):
+    """name exits ENGINE_FAILED_EXIT within the deadline, its log naming
+    the failure and the injected fault."""
+    d = c.daemons[name]
+    t0 = time.time()
+    try:
+        rc = d.proc.wait(timeout=EXIT_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("%s still runs %ds after its engine failed:\n%s" %
+                             (name, EXIT_DEADLINE_S, c.log(name)))
+    c.channels.pop((name, d.port), None)
+    log = c.log(name)
+    print("  %s exited %d %.1fs after the error" % (name, rc, time.time() - t0))
+    expect(rc == ENGINE_FAILED_EXIT, "%s exited %d, want %d:\n%s" %
+           (name, rc, ENGINE_FAILED_EXIT, log))
+    expect("engine failed:" in log and "fault injection" in log and
+           "exiting so the orchestrator restarts this instance" in log,
+           "%s's log does not name the failure:\n%s" % (name, log))
+
+
+def decode_engine_fails():
+    # 12 collectives per step (stories260K: 5 layers x 2 all-reduces, the
+    # logits' all-gather, the sampled tokens' broadcast): the 41st is in
+    # step 4, after a few tokens were streamed
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2)])
+    ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+    try:
+        c.start("p0")
+        c.start("d0", env={"DUET_FAULT_COMM_FAIL_AFTER": "40"})
+        try:
+            c.generate("d0", PROMPT, max_tokens=64, ignore_eos=True, timeout=30)
+            raise AssertionError("the request succeeded on a failed engine")
+        except grpc.RpcError as e:
+            print("  decode engine failed -> %s: %s" % (e.code(), e.details()[:120]))
+            expect(e.code() == grpc.StatusCode.INTERNAL, "status %s" % e.code())
+            expect("engine failed" in e.details(), "message: %s" % e.details())
+        expect_engine_exit(c, "d0")
+        # the orchestrator's restart: a new decode serves with the same prefill
+        c.start("d0")
+        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8)
+        expect(ids == ref, "after the restart: %s" % ids)
+        baseline(c)
+    finally:
+        c.close()
+
+
+def prefill_engine_fails():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2), ("p1", 1)], decode=[("d0", 1)])
+    ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+    try:
+        c.start("p0", env={"DUET_FAULT_COMM_FAIL_AFTER": "3"})
+        c.start("p1")
+        c.start("d0")
+        try:
+            c.generate("d0", PROMPT, max_tokens=8, prefill="p0", timeout=30)
+            raise AssertionError("the request succeeded on a failed prefill engine")
+        except grpc.RpcError as e:
+            print("  prefill engine failed -> %s: %s" % (e.code(), e.details()[:120]))
+            expect(e.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE),
+                   "status %s" % e.code())
+        expect_engine_exit(c, "p0")
+        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p1")
+        expect(ids == ref, "decode did not keep serving: %s" % ids)
+        baseline(c, ["d0", "p1"])
+    finally:
+        c.close()
+
+
 CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed,
-         prefill_restart, decode_restart, model_mismatch, sigterm_drain]
+         prefill_restart, decode_restart, model_mismatch, sigterm_drain, decode_engine_fails,
+         prefill_engine_fails]
 
 
 def main():
