@@ -99,6 +99,28 @@ duet_status_t duet_kv_pool_alloc(duet_kv_pool_t *pool, int n, int32_t *pages)
     return DUET_OK;
 }
 
+duet_status_t duet_kv_pool_alloc_run(duet_kv_pool_t *pool, int n, int32_t *first_p)
+{
+    int first;
+
+    if (n <= 0)
+        return duet_error(DUET_ERR_INVALID, "kv pool: run of %d pages", n);
+    pthread_mutex_lock(&pool->lock);
+    first = n <= pool->n_free ? duet__kv_pool_find_run(pool, 0, n) : -1;
+    if (first < 0) {
+        int free_now = pool->n_free;
+        pthread_mutex_unlock(&pool->lock);
+        return duet_error(DUET_ERR_EXHAUSTED, "kv pool: no run of %d consecutive pages (%d free of %d)",
+                          n, free_now, pool->n_pages);
+    }
+    for (int i = 0; i < n; i++)
+        pool->refs[first + i] = 1;
+    pool->n_free -= n;
+    pthread_mutex_unlock(&pool->lock);
+    *first_p = first;
+    return DUET_OK;
+}
+
 duet_status_t duet_kv_pool_ref(duet_kv_pool_t *pool, const int32_t *pages, int n)
 {
     pthread_mutex_lock(&pool->lock);

@@ -26,6 +26,12 @@ void duet_kv_pool_destroy(duet_kv_pool_t *pool);
  * DUET_ERR_EXHAUSTED (nothing taken) when fewer than n are free. */
 duet_status_t duet_kv_pool_alloc(duet_kv_pool_t *pool, int n, int32_t *pages);
 
+/* Take n consecutive free pages [*first_p, *first_p + n), one reference
+ * each (staging for packed transfers, transfer/xfer_pack.h).
+ * DUET_ERR_EXHAUSTED (nothing taken) when no such run is free, even if n
+ * scattered pages are. */
+duet_status_t duet_kv_pool_alloc_run(duet_kv_pool_t *pool, int n, int32_t *first_p);
+
 /* Add one reference to each of pages[0..n), which must be held already.
  * All-or-nothing: a page out of range or free is DUET_ERR_INVALID and no
  * count changes. */

@@ -84,9 +84,35 @@ static void test_refcounts(void **state)
     duet_kv_pool_destroy(pool);
 }
 
+/* A run is consecutive or nothing: fragmentation refuses it while scattered
+ * pages would still be free. */
+static void test_runs(void **state)
+{
+    (void)state;
+    duet_kv_pool_t *pool;
+    int32_t a[8], first;
+
+    assert_int_equal(duet_kv_pool_create(8, &pool), DUET_OK);
+    assert_int_equal(duet_kv_pool_alloc_run(pool, 3, &first), DUET_OK);
+    assert_int_equal(first, 0);
+    assert_int_equal(duet_kv_pool_alloc(pool, 5, a), DUET_OK); /* pages 3..7 */
+    int32_t holes[2] = {4, 6};
+    assert_int_equal(duet_kv_pool_release(pool, holes, 2), 2);
+    assert_int_equal(duet_kv_pool_alloc_run(pool, 2, &first), DUET_ERR_EXHAUSTED);
+    assert_int_equal(duet_kv_pool_free_count(pool), 2);
+    int32_t five = 5;
+    assert_int_equal(duet_kv_pool_release(pool, &five, 1), 1);
+    assert_int_equal(duet_kv_pool_alloc_run(pool, 3, &first), DUET_OK);
+    assert_int_equal(first, 4);
+    assert_int_equal(duet_kv_pool_free_count(pool), 0);
+    assert_int_equal(duet_kv_pool_alloc_run(pool, 0, &first), DUET_ERR_INVALID);
+    duet_kv_pool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_page_alloc),
-                                       cmocka_unit_test(test_refcounts)};
+                                       cmocka_unit_test(test_refcounts),
+                                       cmocka_unit_test(test_runs)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
