@@ -120,9 +120,10 @@ static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weig
         p = tmp;
         for (int i = 0; i < n_src; i++) {
             for (int row = 0; row < src[i].rows; row++) {
-                const char *s = (const char *)src[i].data +
-                                ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols +
-                                 (size_t)src[i].col0) * es;
+                const char *s =
+                    (const char *)src[i].data +
+                    ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols + (size_t)src[i].col0) *
+                        es;
                 memcpy(p, s, (size_t)cols * es);
                 p += (size_t)cols * es;
             }
@@ -242,8 +243,12 @@ static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_w
             return duet_error(DUET_ERR_INVALID, "token id %d out of range 0..%d",
                               r->batch->tokens[t], table->vocab - 1);
     }
-    duet__rows_job_t j = {.r = r, .out = out, .table = table->table, .dtype = table->table_dtype,
-                          .n = n, .d = hidden};
+    duet__rows_job_t j = {.r = r,
+                          .out = out,
+                          .table = table->table,
+                          .dtype = table->table_dtype,
+                          .n = n,
+                          .d = hidden};
     duet__cpu_run(r, (size_t)n * (size_t)hidden, duet__embed_job, &j);
     return DUET_OK;
 }
@@ -258,8 +263,8 @@ static void duet__rmsnorm_job(void *arg, int ti, int nt)
                            j->w, j->d, j->eps);
 }
 
-static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in,
-                                   const void *w, int n, int d, float eps)
+static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in, const void *w,
+                                   int n, int d, float eps)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = in, .w = w, .n = n, .d = d, .eps = eps};
     duet__cpu_run(r, (size_t)n * (size_t)d, duet__rmsnorm_job, &j);
@@ -285,8 +290,7 @@ static void duet__silu_mul_job(void *arg, int ti, int nt)
     }
 }
 
-static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n,
-                                    int m)
+static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n, int m)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = gu, .n = n, .d = m};
     duet__cpu_run(r, (size_t)n * (size_t)m, duet__silu_mul_job, &j);
@@ -344,8 +348,8 @@ static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const 
                                        const int32_t *rows, int n_rows, int d)
 {
     for (int i = 0; i < n_rows; i++)
-        memcpy((float *)out + (size_t)i * (size_t)d, (const float *)in + (size_t)rows[i] * (size_t)d,
-               (size_t)d * sizeof(float));
+        memcpy((float *)out + (size_t)i * (size_t)d,
+               (const float *)in + (size_t)rows[i] * (size_t)d, (size_t)d * sizeof(float));
     return DUET_OK;
 }
 
@@ -355,6 +359,50 @@ static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, 
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * (size_t)d, (const float *)src + (size_t)i * src_ld,
                (size_t)d * sizeof(float));
+    return DUET_OK;
+}
+
+typedef struct {
+    duet_backend_rank_t *r;
+    const duet_kv_copy_t *copies;
+    int n, plane0;
+    long items; /* planes x copies */
+} duet__kv_copy_job_t;
+
+static void duet__kv_copy_job(void *arg, int ti, int nt)
+{
+    duet__kv_copy_job_t *j = arg;
+    size_t plane_bytes = duet_kv_plane_bytes(&j->r->kv);
+    long b, e;
+    duet_cpu_split(j->items, ti, nt, &b, &e);
+    for (long k = b; k < e; k++) {
+        unsigned char *plane =
+            (unsigned char *)j->r->kv_base + plane_bytes * (size_t)(j->plane0 + k / j->n);
+        const duet_kv_copy_t *c = &j->copies[k % j->n];
+        memcpy(plane + c->dst, plane + c->src, (size_t)c->len);
+    }
+}
+
+/* The pool is host memory and every op is synchronous: the copies run now
+ * (what duet_kv_copy_apply_host does, split over the workers when large),
+ * after the layer's KV store, and done runs before returning. */
+static duet_status_t duet__kv_copy(duet_backend_rank_t *r, int l0, int l1,
+                                   const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
+                                   void *arg)
+{
+    size_t bytes = 0;
+    if (r->kv_base == NULL)
+        return duet_error(DUET_ERR_INTERNAL, "cpu kv_copy: no kv pool attached");
+    if (l0 < 0 || l1 > r->kv.n_layers || l0 > l1)
+        return duet_error(DUET_ERR_INVALID, "cpu kv_copy: layers [%d, %d) of %d", l0, l1,
+                          r->kv.n_layers);
+    for (int i = 0; i < n; i++)
+        bytes += (size_t)copies[i].len;
+    duet__kv_copy_job_t j = {r, copies, n, 2 * l0, (long)n * 2 * (l1 - l0)};
+    if (j.items > 0)
+        duet__cpu_run(r, bytes * 2u * (size_t)(l1 - l0) / sizeof(float), duet__kv_copy_job, &j);
+    if (done != NULL)
+        done(arg);
     return DUET_OK;
 }
 
@@ -386,4 +434,5 @@ const duet_backend_ops_t duet_backend_cpu = {
     .gather_rows = duet__gather_rows,
     .rows_to_host_f32 = duet__rows_to_host_f32,
     .argmax_rows = duet__argmax_rows,
+    .kv_copy = duet__kv_copy,
 };
