@@ -44,8 +44,8 @@ static duet_status_t duet__ring_reserve(duet_backend_rank_t *r, size_t m, size_t
 
     if (m > g->cap) {
         size_t cap = g->cap * 2 > m ? g->cap * 2 : m;
-        if (cap < 4096)
-            cap = 4096;
+        if (cap < 65536) /* 16 layers' packs of an 8K-token request, 8 heads */
+            cap = 65536;
         for (int i = 0; i < DUET__CUDA_KVC_SLOTS; i++) {
             if ((st = duet__slot_wait(g, i)) != DUET_OK)
                 return st;
@@ -101,7 +101,7 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
                                  const duet_kv_copy_t *copies, int n)
 {
     duet__cuda_kvc_ring_t *g = &r->kvc;
-    size_t m = duet__pieces(copies, n), begin;
+    size_t m = duet__pieces(copies, n), begin = 0;
     duet_status_t st;
 
     if (m == 0)
