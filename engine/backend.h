@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kv/copy.h"
 #include "kv/dtype.h"
 #include "kv/layout.h"
 
@@ -130,6 +131,20 @@ typedef struct duet_backend_ops {
     duet_status_t (*rows_to_host_f32)(duet_backend_rank_t *r, float *dst, const void *src, int n,
                                       int d, size_t src_ld);
 
+    /* Copies inside the pool (kv/copy.h; offsets validated by the engine):
+     * copies[0..n) applied to the K and V planes of layers [l0, l1).  The
+     * list is read during the call only.
+     *  - done == NULL: ordered after every op issued on the rank so far;
+     *    returns once the copies landed (decode's unpack).
+     *  - done != NULL: from the on_layer hook of layer l0 (l1 == l0 + 1):
+     *    ordered after that layer's KV store (prefill's pack); done(arg)
+     *    runs once the copies landed -- cpu: before the call returns; cuda:
+     *    on a driver thread, where it must not call the backend or block --
+     *    and kv_export_sync waits for it.  Several calls per layer are
+     *    fine.  On failure done never runs. */
+    duet_status_t (*kv_copy)(duet_backend_rank_t *r, int l0, int l1, const duet_kv_copy_t *copies,
+                             int n, void (*done)(void *arg), void *arg);
+
     /* ---- optional hooks (NULL when a backend has none; cuda has all) ---- */
     /* Called after batch_prepare.  *replayed_p = true: the backend replayed
      * a recording of embed and every layer for this batch shape, and the
@@ -164,7 +179,8 @@ typedef struct duet_backend_ops {
      * done(arg) runs once the store completed. */
     duet_status_t (*kv_export_layer)(duet_backend_rank_t *r, int layer, const int32_t *pages,
                                      int n, void *host, void (*done)(void *arg), void *arg);
-    /* Wait until every queued export landed and its done() returned. */
+    /* Wait until every queued export and kv_copy landed and its done()
+     * returned (also for a pool without a mirror). */
     duet_status_t (*kv_export_sync)(duet_backend_rank_t *r);
     /* Copy every layer's K and V of pages[0..n) from `host` into the pool;
      * returns when they landed. */

@@ -212,7 +212,7 @@ duet_status_t duet_engine_create(const duet_engine_opts_t *opts, duet_engine_t *
         return duet_error(DUET_ERR_NO_MEMORY, "engine: no memory");
     e->opts = *opts;
     e->tp = opts->tp;
-    e->ops = duet_backend_find(opts->backend);
+    e->ops = opts->backend_ops != NULL ? opts->backend_ops : duet_backend_find(opts->backend);
     if (e->ops == NULL) {
         st = DUET_ERR_CONFIG;
         goto err_free;
@@ -431,29 +431,84 @@ duet_status_t duet_engine_kv_export_layer(duet_engine_t *e, int rank, int layer,
     return e->ops->kv_export_layer(rk->br, layer, pages, n, rk->kv_mirror, done, arg);
 }
 
-static duet_status_t duet__kv_dispatch(duet_engine_t *e, int kind, const int32_t *pages, int n)
+static duet_status_t duet__kv_dispatch(duet_engine_t *e, duet__job_t *job)
 {
-    duet__job_t job = {.kind = kind, .kv_pages = pages, .kv_n_pages = n};
-    if (!duet_engine_kv_mirrored(e) &&
-        !(duet_engine_kv_registered(e) && kind == DUET__JOB_KV_EXPORT_SYNC))
-        return DUET_OK;
     if (e->failed != DUET_OK)
         return duet_error(e->failed, "engine failed earlier: %s", e->failed_msg);
-    return duet__dispatch(e, &job);
+    return duet__dispatch(e, job);
 }
 
 duet_status_t duet_engine_kv_export_sync(duet_engine_t *e)
 {
-    return duet__kv_dispatch(e, DUET__JOB_KV_EXPORT_SYNC, NULL, 0);
+    duet__job_t job = {.kind = DUET__JOB_KV_EXPORT_SYNC};
+    /* a backend that queues exports or copies (cuda) waits on every rank,
+     * whether the pool has a mirror, is registered for direct puts, or
+     * neither: their done()s post the layers' puts */
+    if (e->ops->kv_export_sync == NULL)
+        return DUET_OK;
+    return duet__kv_dispatch(e, &job);
 }
 
 duet_status_t duet_engine_kv_import(duet_engine_t *e, const int32_t *pages, int n)
 {
+    duet__job_t job = {.kind = DUET__JOB_KV_IMPORT, .kv_pages = pages, .kv_n_pages = n};
     for (int i = 0; i < n; i++) {
         if (pages[i] < 0 || pages[i] >= e->opts.n_pages)
             return duet_error(DUET_ERR_INVALID, "kv import: page id %d out of range", pages[i]);
     }
-    return duet__kv_dispatch(e, DUET__JOB_KV_IMPORT, pages, n);
+    if (!duet_engine_kv_mirrored(e))
+        return DUET_OK;
+    return duet__kv_dispatch(e, &job);
+}
+
+/* Every entry inside a plane, its source and destination apart. */
+static duet_status_t duet__kv_copies_check(const duet_engine_t *e, const char *what,
+                                           const duet_kv_copy_t *copies, int n)
+{
+    uint64_t plane = duet_kv_plane_bytes(&e->kv_layout);
+    if (n < 0 || (n > 0 && copies == NULL))
+        return duet_error(DUET_ERR_INVALID, "%s: %d copies", what, n);
+    for (int i = 0; i < n; i++) {
+        const duet_kv_copy_t *c = &copies[i];
+        if (c->src > plane || c->len > plane - c->src || c->dst > plane || c->len > plane - c->dst)
+            return duet_error(DUET_ERR_INVALID,
+                              "%s: copy %d (src %llu dst %llu len %llu) leaves the %llu-byte "
+                              "plane",
+                              what, i, (unsigned long long)c->src, (unsigned long long)c->dst,
+                              (unsigned long long)c->len, (unsigned long long)plane);
+        if (c->len > 0 && c->src < c->dst + c->len && c->dst < c->src + c->len)
+            return duet_error(DUET_ERR_INVALID,
+                              "%s: copy %d (src %llu dst %llu len %llu) overlaps itself", what, i,
+                              (unsigned long long)c->src, (unsigned long long)c->dst,
+                              (unsigned long long)c->len);
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet_engine_kv_copy_layer(duet_engine_t *e, int rank, int layer,
+                                        const duet_kv_copy_t *copies, int n,
+                                        void (*done)(void *arg), void *arg)
+{
+    duet_status_t st;
+    if (rank < 0 || rank >= e->tp || layer < 0 || layer >= e->kv_layout.n_layers || done == NULL)
+        return duet_error(DUET_ERR_INVALID, "kv copy: rank %d of %d, layer %d of %d%s", rank, e->tp,
+                          layer, e->kv_layout.n_layers, done == NULL ? ", no done" : "");
+    if ((st = duet__kv_copies_check(e, "kv copy", copies, n)) != DUET_OK)
+        return st;
+    if (e->ops->kv_copy == NULL)
+        return duet_error(DUET_ERR_UNSUPPORTED, "kv copy: backend %s has none", e->ops->name);
+    return e->ops->kv_copy(e->ranks[rank].br, layer, layer + 1, copies, n, done, arg);
+}
+
+duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies, int n)
+{
+    duet__job_t job = {.kind = DUET__JOB_KV_COPY, .kv_copies = copies, .kv_n_copies = n};
+    duet_status_t st = duet__kv_copies_check(e, "kv copy", copies, n);
+    if (st != DUET_OK || n == 0)
+        return st;
+    if (e->ops->kv_copy == NULL)
+        return duet_error(DUET_ERR_UNSUPPORTED, "kv copy: backend %s has none", e->ops->name);
+    return duet__kv_dispatch(e, &job);
 }
 
 duet_status_t duet_engine_forward(duet_engine_t *e, const duet_engine_seq_t *seqs, int n_seqs,

@@ -14,15 +14,20 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kv/copy.h"
 #include "kv/layout.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 
 typedef struct duet_engine duet_engine_t;
+struct duet_backend_ops;
 
 typedef struct {
     const char *model_dir;
     const char *backend;   /* "cpu" (default) or "cuda" */
+    /* An ops table (engine/backend.h) used instead of the named backend:
+     * tests wrap the cpu backend to observe the engine's calls. */
+    const struct duet_backend_ops *backend_ops;
     int tp;                /* default 1 */
     int threads;           /* cpu workers per rank; 0 = cpus / tp, at least 1 */
     const int *devices;    /* cuda: device of each rank; NULL = 0..tp-1 */
@@ -86,11 +91,37 @@ bool duet_engine_kv_registered(const duet_engine_t *e);
 duet_status_t duet_engine_kv_export_layer(duet_engine_t *e, int rank, int layer,
                                           const int32_t *pages, int n, void (*done)(void *arg),
                                           void *arg);
-/* The caller's thread: wait until every export landed and its done ran. */
+/* The caller's thread: wait until every export and kv_copy_layer landed
+ * and its done ran -- with a mirror, a registered device pool or neither.
+ * A sender ends its transfer only after this returned. */
 duet_status_t duet_engine_kv_export_sync(duet_engine_t *e);
 /* The caller's thread: copy pages[0..n) (every layer) from the mirror into
  * each rank's pool; a no-op without a mirror. */
 duet_status_t duet_engine_kv_import(duet_engine_t *e, const int32_t *pages, int n);
+
+/* ---- Packed transfers (transfer/xfer_pack.h) ----------------------
+ * Copies inside each rank's pool (kv/copy.h lists: byte offsets within a
+ * (layer, K|V) plane, applied to K and V), run by the backend where the
+ * pool lives (cpu: memcpy; cuda: a kernel).  Every entry is checked
+ * against the plane size first: DUET_ERR_INVALID naming the entry, and
+ * nothing is copied.  Ranges of one list must not overlap. */
+
+/* From the on_layer hook of `layer` on rank `rank`'s thread: apply
+ * copies[0..n) to that layer's K and V planes of the rank's pool, ordered
+ * after the layer's KV store (prefill's pack), then done(arg): on the cpu
+ * backend before this returns; with cuda on a driver thread once the
+ * copies landed (no blocking, no engine calls there).  copies is read
+ * during the call only; several calls per layer (one per request of the
+ * batch) are fine.  duet_engine_kv_export_sync waits for every done.  On
+ * failure done never runs. */
+duet_status_t duet_engine_kv_copy_layer(duet_engine_t *e, int rank, int layer,
+                                        const duet_kv_copy_t *copies, int n,
+                                        void (*done)(void *arg), void *arg);
+/* The caller's thread: apply copies[0..n) to every layer of every rank's
+ * pool (page ids are shared by the ranks, so one list serves all), ordered
+ * after every forward and copy issued before; returns once they landed
+ * (decode's unpack). */
+duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies, int n);
 
 /* One sequence of a forward step. */
 typedef struct {

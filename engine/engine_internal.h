@@ -26,9 +26,16 @@ typedef struct {
 /* One forward chunk (or KV job), built on the caller's thread, read by
  * every rank. */
 typedef struct {
-    enum { DUET__JOB_FORWARD, DUET__JOB_KV_EXPORT_SYNC, DUET__JOB_KV_IMPORT } kind;
+    enum {
+        DUET__JOB_FORWARD,
+        DUET__JOB_KV_EXPORT_SYNC,
+        DUET__JOB_KV_IMPORT,
+        DUET__JOB_KV_COPY,
+    } kind;
     const int32_t *kv_pages; /* KV_IMPORT */
     int kv_n_pages;
+    const duet_kv_copy_t *kv_copies; /* KV_COPY */
+    int kv_n_copies;
     duet_batch_desc_t desc;
     const duet_engine_seq_t *seqs; /* caller's array */
     duet__out_row_t *out;

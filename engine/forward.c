@@ -456,11 +456,20 @@ duet_status_t duet__rank_forward(duet__rank_t *rk, const duet__job_t *job)
 duet_status_t duet__rank_kv_job(duet__rank_t *rk, const duet__job_t *job)
 {
     const duet_backend_ops_t *ops = rk->e->ops;
-    if (rk->kv_mirror == NULL)
-        return DUET_OK;
-    if (job->kind == DUET__JOB_KV_EXPORT_SYNC)
-        return ops->kv_export_sync(rk->br);
-    if (rk->kv_mirror == NULL)
-        return DUET_OK; /* registered device pool: the KV is in place */
-    return ops->kv_import(rk->br, job->kv_pages, job->kv_n_pages, rk->kv_mirror);
+    switch (job->kind) {
+    case DUET__JOB_KV_EXPORT_SYNC:
+        /* also without a mirror: on the direct path the queued dones post
+         * the layers' puts, and the caller ends the sends after this */
+        return ops->kv_export_sync != NULL ? ops->kv_export_sync(rk->br) : DUET_OK;
+    case DUET__JOB_KV_IMPORT:
+        if (rk->kv_mirror == NULL)
+            return DUET_OK; /* registered device pool: the KV is in place */
+        return ops->kv_import(rk->br, job->kv_pages, job->kv_n_pages, rk->kv_mirror);
+    case DUET__JOB_KV_COPY:
+        return ops->kv_copy(rk->br, 0, rk->e->kv_layout.n_layers, job->kv_copies, job->kv_n_copies,
+                            NULL, NULL);
+    case DUET__JOB_FORWARD:
+        break;
+    }
+    return duet_error(DUET_ERR_INTERNAL, "rank %d: kv job of kind %d", rk->rank, (int)job->kind);
 }

@@ -358,6 +358,50 @@ static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, 
     return DUET_OK;
 }
 
+typedef struct {
+    duet_backend_rank_t *r;
+    const duet_kv_copy_t *copies;
+    int n, plane0;
+    long items; /* planes x copies */
+} duet__kv_copy_job_t;
+
+static void duet__kv_copy_job(void *arg, int ti, int nt)
+{
+    duet__kv_copy_job_t *j = arg;
+    size_t plane_bytes = duet_kv_plane_bytes(&j->r->kv);
+    long b, e;
+    duet_cpu_split(j->items, ti, nt, &b, &e);
+    for (long k = b; k < e; k++) {
+        unsigned char *plane =
+            (unsigned char *)j->r->kv_base + plane_bytes * (size_t)(j->plane0 + k / j->n);
+        const duet_kv_copy_t *c = &j->copies[k % j->n];
+        memcpy(plane + c->dst, plane + c->src, (size_t)c->len);
+    }
+}
+
+/* The pool is host memory and every op is synchronous: the copies run now
+ * (what duet_kv_copy_apply_host does, split over the workers when large),
+ * after the layer's KV store, and done runs before returning. */
+static duet_status_t duet__kv_copy(duet_backend_rank_t *r, int l0, int l1,
+                                   const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
+                                   void *arg)
+{
+    size_t bytes = 0;
+    if (r->kv_base == NULL)
+        return duet_error(DUET_ERR_INTERNAL, "cpu kv_copy: no kv pool attached");
+    if (l0 < 0 || l1 > r->kv.n_layers || l0 > l1)
+        return duet_error(DUET_ERR_INVALID, "cpu kv_copy: layers [%d, %d) of %d", l0, l1,
+                          r->kv.n_layers);
+    for (int i = 0; i < n; i++)
+        bytes += (size_t)copies[i].len;
+    duet__kv_copy_job_t j = {r, copies, n, 2 * l0, (long)n * 2 * (l1 - l0)};
+    if (j.items > 0)
+        duet__cpu_run(r, bytes * 2u * (size_t)(l1 - l0) / sizeof(float), duet__kv_copy_job, &j);
+    if (done != NULL)
+        done(arg);
+    return DUET_OK;
+}
+
 const duet_backend_ops_t duet_backend_cpu = {
     .name = "cpu",
     .act_dtype = DUET_DTYPE_F32,
@@ -386,4 +430,5 @@ const duet_backend_ops_t duet_backend_cpu = {
     .gather_rows = duet__gather_rows,
     .rows_to_host_f32 = duet__rows_to_host_f32,
     .argmax_rows = duet__argmax_rows,
+    .kv_copy = duet__kv_copy,
 };

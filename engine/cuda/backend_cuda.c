@@ -132,6 +132,9 @@ static void duet__rank_destroy(duet_backend_rank_t *r)
         cudaStreamSynchronize(r->copy_stream);
         cudaStreamDestroy(r->copy_stream);
     }
+    duet__cuda_kv_copy_cleanup(r);
+    if (r->ev_copy != NULL)
+        cudaEventDestroy(r->ev_copy);
     if (r->stream != NULL)
         cudaStreamDestroy(r->stream);
     cudaGetLastError();
@@ -516,4 +519,5 @@ const duet_backend_ops_t duet_backend_cuda = {
     .kv_export_layer = duet__cuda_kv_export_layer,
     .kv_export_sync = duet__cuda_kv_export_sync,
     .kv_import = duet__cuda_kv_import,
+    .kv_copy = duet__cuda_kv_copy_op,
 };

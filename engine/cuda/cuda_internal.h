@@ -80,6 +80,22 @@ typedef struct {
  * while the rank's thread waits for its stream (see comm_nccl.c). */
 typedef duet_status_t (*duet__cuda_watch_fn)(void *ud, int64_t waited_ns, const char *what);
 
+/* kv_copy's descriptor lists on their way to the device (kv_copy_host.c):
+ * a pinned ring and a device ring of the same entries, used in order; each
+ * launch's entries stay reserved until its event completed. */
+#define DUET__CUDA_KVC_SLOTS 64
+typedef struct {
+    duet_kv_copy_t *host; /* pinned [cap] */
+    duet_kv_copy_t *dev;  /* device [cap] */
+    size_t cap, head;     /* head: next free entry */
+    struct {
+        size_t begin, end;
+        cudaEvent_t ev; /* recorded after the launch that read [begin, end) */
+        bool live;
+    } slot[DUET__CUDA_KVC_SLOTS];
+    int next;
+} duet__cuda_kvc_ring_t;
+
 struct duet_backend_rank {
     int rank, device, sm_count;
     cudaStream_t stream;
@@ -139,9 +155,12 @@ struct duet_backend_rank {
     duet__cuda_watch_fn watch;
     void *watch_ud;
 
-    /* KV mirror copies (kv_mirror.c): their own stream, so a layer's
-     * export overlaps the next layer's compute */
+    /* KV mirror copies (kv_mirror.c) and kv_copy's packs (kv_copy_host.c):
+     * their own stream, so a layer's export overlaps the next layer's
+     * compute */
     cudaStream_t copy_stream;
+    cudaEvent_t ev_copy; /* the copy stream's work so far (the unpack waits) */
+    duet__cuda_kvc_ring_t kvc;
     void *host_pinned_elsewhere; /* host_register found it pinned already (UCX's cuda_copy) */
 };
 
@@ -153,6 +172,17 @@ duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, cons
 duet_status_t duet__cuda_kv_export_sync(duet_backend_rank_t *r);
 duet_status_t duet__cuda_kv_import(duet_backend_rank_t *r, const int32_t *pages, int n,
                                    const void *host);
+/* The copy stream and ev_copy, created on first use. */
+duet_status_t duet__cuda_copy_stream(duet_backend_rank_t *r);
+/* Queue done(arg) on stream s (a driver thread runs it in stream order). */
+duet_status_t duet__cuda_launch_done(duet_backend_rank_t *r, cudaStream_t s,
+                                     void (*done)(void *arg), void *arg);
+
+/* kv_copy_host.c: ops->kv_copy, and the ring's teardown (streams idle) */
+duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
+                                    const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
+                                    void *arg);
+void duet__cuda_kv_copy_cleanup(duet_backend_rank_t *r);
 
 /* Wait on the host for everything issued to r's stream so far; polls the
  * registered watch (deadline, peer failure).  what names the wait. */

@@ -17,6 +17,7 @@ extern "C" {
 
 /* inside the linkage block: the engine's headers are C */
 #include "common/status.h"
+#include "kv/copy.h"
 
 /* The prepared batch in device memory (engine/backend.h duet_batch_desc_t),
  * at addresses that stay fixed while the buffers keep their capacity, so a
@@ -103,6 +104,18 @@ duet_status_t duet__cuda_gather_rows(cudaStream_t s, void *out, const void *in, 
  * float and the lowest index holding it, into device max_out/idx_out. */
 duet_status_t duet__cuda_argmax_rows(cudaStream_t s, float *max_out, int32_t *idx_out,
                                      const void *src, int n, int d, size_t ld);
+
+/* Longest piece one block of duet__cuda_kv_copy is given (kv_copy_host.c
+ * splits longer copies). */
+#define DUET__CUDA_KVC_PIECE (64u << 10)
+/* Copies inside the KV pool (kv/copy.h): the device list copies[0..n) is
+ * applied to each of the n_planes planes (plane_bytes each) starting at
+ * plane plane0 of base (plane 2l = layer l's K, 2l + 1 its V).  Offsets
+ * are trusted (the engine validated them); ranges of one list must not
+ * overlap.  n_planes <= 65535.  For timing: one launch moves
+ * n_planes * sum(len) bytes (twice that in memory traffic). */
+duet_status_t duet__cuda_kv_copy(cudaStream_t s, void *base, size_t plane_bytes, int plane0,
+                                 int n_planes, const duet_kv_copy_t *copies, int n);
 
 #ifdef __cplusplus
 }

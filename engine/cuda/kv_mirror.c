@@ -29,6 +29,30 @@ static void CUDART_CB duet__export_done(void *p)
     duet_free(c);
 }
 
+duet_status_t duet__cuda_launch_done(duet_backend_rank_t *r, cudaStream_t s,
+                                     void (*done)(void *arg), void *arg)
+{
+    duet__export_ctx_t *c = DUET_NEW(duet__export_ctx_t);
+    if (c == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no memory", r->rank);
+    *c = (duet__export_ctx_t){done, arg};
+    cudaError_t e = cudaLaunchHostFunc(s, duet__export_done, c);
+    if (e != cudaSuccess) {
+        duet_free(c);
+        return duet__cuda_check(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet__cuda_copy_stream(duet_backend_rank_t *r)
+{
+    if (r->copy_stream == NULL)
+        DUET__CUDA_TRY(cudaStreamCreateWithFlags(&r->copy_stream, cudaStreamNonBlocking));
+    if (r->ev_copy == NULL)
+        DUET__CUDA_TRY(cudaEventCreateWithFlags(&r->ev_copy, cudaEventDisableTiming));
+    return DUET_OK;
+}
+
 duet_status_t duet__cuda_host_register(duet_backend_rank_t *r, void *host, size_t bytes)
 {
     DUET__CUDA_TRY(cudaSetDevice(r->device));
@@ -86,13 +110,12 @@ static duet_status_t duet__copy_pages(duet_backend_rank_t *r, int l0, int l1, co
 duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, const int32_t *pages,
                                          int n, void *host, void (*done)(void *arg), void *arg)
 {
-    duet__export_ctx_t *c;
     duet_status_t st;
 
     if (layer < 0 || layer >= r->kv.n_layers)
         return duet_error(DUET_ERR_INVALID, "cuda rank %d: kv export of layer %d", r->rank, layer);
-    if (r->copy_stream == NULL)
-        DUET__CUDA_TRY(cudaStreamCreateWithFlags(&r->copy_stream, cudaStreamNonBlocking));
+    if ((st = duet__cuda_copy_stream(r)) != DUET_OK)
+        return st;
     /* the layer's KV store was queued before this hook ran */
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[layer], 0));
     /* host NULL: a pool registered for direct device puts; only done() is
@@ -100,16 +123,7 @@ duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, cons
     if (host != NULL && (st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true,
                                                r->copy_stream)) != DUET_OK)
         return st;
-    c = DUET_NEW(duet__export_ctx_t);
-    if (c == NULL)
-        return duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no memory", r->rank);
-    *c = (duet__export_ctx_t){done, arg};
-    cudaError_t e = cudaLaunchHostFunc(r->copy_stream, duet__export_done, c);
-    if (e != cudaSuccess) {
-        duet_free(c);
-        return duet__cuda_check(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
-    }
-    return DUET_OK;
+    return duet__cuda_launch_done(r, r->copy_stream, done, arg);
 }
 
 duet_status_t duet__cuda_kv_export_sync(duet_backend_rank_t *r)
