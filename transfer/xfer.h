@@ -76,7 +76,9 @@
  * decode daemon must not hand the destination pages to another request until
  * the expectation has ended (completed, failed or cancelled) *and* prefill
  * can no longer write them: after a failure or cancel that is when prefill's
- * failure notification arrived or its Abort call returned. */
+ * failure notification arrived or its Abort call returned.  For a packed
+ * request the same holds for its staging pages (until they are unpacked),
+ * and prefill keeps its own staging pages until the send has ended. */
 #ifndef DUET_TRANSFER_XFER_H
 #define DUET_TRANSFER_XFER_H
 
