@@ -1,14 +1,19 @@
 /* Transfer engine benchmark: plan-driven KV transfer between two processes
- * (a prefill daemon with P rank threads, a decode daemon with D), next to one
- * single large put of the same bytes over the same endpoint, and a plain
- * in-process memcpy, all in the same run.
+ * (a prefill daemon with P rank threads, a decode daemon with D), per page
+ * and packed (transfer/xfer_pack.h), next to one single large put of the
+ * same bytes over the same endpoint, and a plain in-process memcpy, all in
+ * the same run.
  *
  * KV shape: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, page 16 tokens,
  * 2-byte elements: 128 KiB per token).  The plan-driven time runs from the
  * first post to the last acknowledgement on every prefill rank (puts, flush,
  * notification, the receiver's checks, ack); the single put is put + flush.
- * Page ids are consecutive on both sides (the page allocator prefers
- * contiguous runs).
+ * The packed time is end to end: from the start of the first layer's pack
+ * (one thread per prefill rank packs layer by layer into staging and
+ * releases each layer as it is packed, as the engine does) to the last
+ * acknowledgement, plus the decode side's unpack (one thread per decode
+ * rank, after all its ranks completed).  Page ids are consecutive on both
+ * sides (the page allocator prefers contiguous runs); staging follows them.
  *
  *   bench_transfer [--tls LIST] [--plans PxD,...] [--tokens N,...] [--min-ms MS]
  *     --tls     transports, ';'-separated UCX_TLS values (default
@@ -21,6 +26,7 @@
  *               ~1 GB/s there, a 1 GiB request takes a second per round)
  *
  * Each (transport, plan) runs in a fresh pair of processes. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +38,10 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/sync.h"
+#include "kv/copy.h"
 #include "testkit/testkit.h"
 #include "transfer/slice_plan.h"
+#include "transfer/xfer_pack.h"
 
 #define B_LAYERS      32
 #define B_HEADS       8
@@ -65,7 +73,7 @@ static int max_pages(const bench_t *b)
 }
 
 /* Every rank's pool can hold a whole request, so rank 0 can also take the
- * single large put. */
+ * single large put, and holds a request and its staging. */
 static int side_setup(duet_testkit_side_t *sd, const bench_t *b, duet_xfer_role_t role, int fd)
 {
     int tp = role == DUET_XFER_PREFILL ? b->P : b->D;
@@ -78,7 +86,7 @@ static int side_setup(duet_testkit_side_t *sd, const bench_t *b, duet_xfer_role_
     sd->layout.page_size = B_PAGE;
     sd->layout.head_dim = B_HEAD_DIM;
     sd->layout.elem_size = B_ELEM;
-    sd->layout.n_pages = max_pages(b) * (tp < B_HEADS ? tp : B_HEADS);
+    sd->layout.n_pages = max_pages(b) * (tp < 2 ? 2 : tp < B_HEADS ? tp : B_HEADS);
     sd->dtype = DUET_DTYPE_BF16;
     sd->fingerprint = 0x11a3a3b8b0000001ULL;
     sd->tls = b->tls;
@@ -106,17 +114,26 @@ typedef struct {
     const duet_slice_plan_t *plan;
     int n_pages;
     size_t bytes;
-    uint64_t puts;
+    uint64_t puts, packed_puts;
     unsigned char *scratch;
     uint64_t next_id;
 } run_t;
 
+/* One prefill rank's packed send: pack layer l into staging, release it. */
+typedef struct {
+    run_t *rn;
+    int s;
+    uint64_t id;
+    int32_t *pages;
+    int failed;
+} pack_job_t;
+
 /* One plan-driven request; the decode side registered it before we start
  * the clock (it did so on "exp"), and reports back after its ranks ended. */
-static int run_plan_setup(run_t *rn, uint64_t id)
+static int run_plan_setup(run_t *rn, uint64_t id, int packed)
 {
     char msg[64];
-    snprintf(msg, sizeof(msg), "exp %llu %d", (unsigned long long)id, rn->n_pages);
+    snprintf(msg, sizeof(msg), "exp %llu %d %d", (unsigned long long)id, rn->n_pages, packed);
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(rn->b->fd_p, msg) == 0, "channel");
     DUET_TESTKIT_CHECK(duet_testkit_chan_expect(rn->b->fd_p, "ok", 60000) == 0,
                        "decode did not register");
@@ -160,20 +177,124 @@ static int run_plan_once(run_t *rn, uint64_t id)
     return 0;
 }
 
+static void *pack_main(void *arg)
+{
+    pack_job_t *j = arg;
+    run_t *rn = j->rn;
+    const duet_kv_layout_t *l = &rn->sd->layout;
+    duet_xfer_rank_t *r = duet_xfer_rank(rn->sd->x, j->s);
+    const duet_slice_run_t *runs;
+    int n_runs = duet_slice_plan_src_runs(rn->plan, j->s, &runs), nc;
+    duet_kv_copy_t *copies = duet_malloc(sizeof(*copies) * (size_t)rn->n_pages * B_HEADS);
+    uint8_t heads[B_HEADS];
+    duet_xfer_send_t x;
+
+    j->failed = 1;
+    if (copies == NULL)
+        return NULL;
+    duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
+    nc = duet_xfer_pack_copies(l, j->pages, rn->n_pages, rn->n_pages, heads, 0, copies);
+    memset(&x, 0, sizeof(x));
+    x.transfer_id = j->id;
+    x.plan = rn->plan;
+    x.peers = rn->sd->peers[j->s];
+    x.src_pages = j->pages;
+    x.dst_pages = j->pages;
+    x.n_pages = rn->n_pages;
+    x.flags = DUET_XFER_SEND_PACKED;
+    x.src_stage0 = x.dst_stage0 = rn->n_pages;
+    x.deadline_ns = duet_deadline_in_ms(60000);
+    if (duet_xfer_send_begin(r, &x) == DUET_OK) {
+        int layer = 0;
+        for (; layer < l->n_layers; layer++) {
+            duet_kv_copy_apply_host(l, rn->sd->base[j->s], layer, copies, nc);
+            if (duet_xfer_send_layers(r, j->id, layer, layer + 1) != DUET_OK)
+                break;
+        }
+        if (layer == l->n_layers && duet_xfer_send_end(r, j->id, DUET_OK, 1) == DUET_OK)
+            j->failed = 0;
+    }
+    if (j->failed)
+        duet_testkit_fail("prefill rank %d: packed send: %s", j->s, duet_error_msg());
+    duet_free(copies);
+    return NULL;
+}
+
+/* The packed request: one pack-and-release thread per prefill rank. */
+static int run_packed_once(run_t *rn, uint64_t id)
+{
+    pack_job_t jobs[B_HEADS * 8];
+    pthread_t th[B_HEADS * 8];
+    int32_t *pages = seq_pages(rn->n_pages);
+    uint64_t puts = 0;
+    int bad = 0;
+    DUET_TESTKIT_CHECK(pages != NULL, "out of memory");
+    for (int s = 0; s < rn->b->P; s++) {
+        jobs[s] = (pack_job_t){.rn = rn, .s = s, .id = id, .pages = pages, .failed = 1};
+        DUET_TESTKIT_CHECK(pthread_create(&th[s], NULL, pack_main, &jobs[s]) == 0, "thread");
+    }
+    for (int s = 0; s < rn->b->P; s++) {
+        pthread_join(th[s], NULL);
+        bad |= jobs[s].failed;
+    }
+    DUET_TESTKIT_CHECK(!bad, "a packed send could not be posted");
+    for (int s = 0; s < rn->b->P; s++) {
+        duet_xfer_result_t res;
+        DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(rn->sd->x, s), id,
+                                            duet_deadline_in_ms(60000), &res));
+        DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
+        puts += res.puts;
+    }
+    duet_free(pages);
+    rn->packed_puts = puts;
+    return 0;
+}
+
+/* Packed, end to end: pack + puts + acks here, plus decode's unpack time,
+ * which it reports with "done". */
+static double time_packed(run_t *rn)
+{
+    uint64_t id = rn->next_id++;
+    unsigned long long unpack_ns;
+    uint32_t len;
+    void *msg;
+    int64_t t0;
+    double t;
+    int ok;
+    if (run_plan_setup(rn, id, 1) != 0)
+        return -1;
+    t0 = duet_now_ns();
+    if (run_packed_once(rn, id) != 0)
+        return -1;
+    t = (double)(duet_now_ns() - t0) / 1e9;
+    if (duet_testkit_chan_recv(rn->b->fd_p, &msg, &len, 60000) != 0)
+        return -1;
+    ok = sscanf(msg, "done %llu", &unpack_ns) == 1;
+    duet_free(msg);
+    return ok ? t + (double)unpack_ns / 1e9 : -1;
+}
+
 /* One plan-driven request, timed from the first post to the last ack; the
  * decode side's registration (before) and its report (after) are outside. */
 static double time_plan(run_t *rn)
 {
     uint64_t id = rn->next_id++;
+    uint32_t len;
+    void *msg;
     int64_t t0;
     double t;
-    if (run_plan_setup(rn, id) != 0)
+    if (run_plan_setup(rn, id, 0) != 0)
         return -1;
     t0 = duet_now_ns();
     if (run_plan_once(rn, id) != 0)
         return -1;
     t = (double)(duet_now_ns() - t0) / 1e9;
-    return duet_testkit_chan_expect(rn->b->fd_p, "done", 60000) == 0 ? t : -1;
+    if (duet_testkit_chan_recv(rn->b->fd_p, &msg, &len, 60000) != 0)
+        return -1;
+    if (strncmp(msg, "done", 4) != 0)
+        t = -1;
+    duet_free(msg);
+    return t;
 }
 
 static double time_put(run_t *rn)
@@ -192,34 +313,44 @@ static double time_memcpy(run_t *rn, int iter)
     return (double)(duet_now_ns() - t0) / 1e9;
 }
 
-/* The machine is shared and noisy: the three are interleaved round by round
- * (after one warm-up round), and the plan/put ratio is the median of the
- * per-round ratios. */
-static int measure(run_t *rn, double *plan_p, double *put_p, double *cpy_p, double *ratio_p)
+typedef struct {
+    double plan, packed, put, cpy; /* seconds, medians */
+    double packed_plan, plan_put;  /* medians of the per-round ratios */
+} times_t;
+
+/* The machine is shared and noisy: the four are interleaved round by round
+ * (after one warm-up round), and the ratios are medians of the per-round
+ * ratios. */
+static int measure(run_t *rn, times_t *t_p)
 {
-    double tp[B_MAX_ITERS], tu[B_MAX_ITERS], tc[B_MAX_ITERS], ratio[B_MAX_ITERS];
+    double tp[B_MAX_ITERS], tk[B_MAX_ITERS], tu[B_MAX_ITERS], tc[B_MAX_ITERS];
+    double ratio[B_MAX_ITERS], kratio[B_MAX_ITERS];
     int64_t start = 0;
     int n = 0;
     for (int round = 0; n < B_MAX_ITERS; round++) {
-        double a = time_plan(rn), b = time_put(rn), c = time_memcpy(rn, round);
-        if (a <= 0 || b <= 0)
+        double a = time_plan(rn), k = time_packed(rn), b = time_put(rn), c = time_memcpy(rn, round);
+        if (a <= 0 || k <= 0 || b <= 0)
             return -1;
         if (round == 0) {
             start = duet_now_ns();
             continue;
         }
         tp[n] = a;
+        tk[n] = k;
         tu[n] = b;
         tc[n] = c;
         ratio[n] = b / a;
+        kratio[n] = a / k;
         n++;
         if (n >= 3 && duet_now_ns() - start >= (int64_t)rn->b->min_ms * DUET_NS_PER_MS)
             break;
     }
-    *plan_p = median(tp, n);
-    *put_p = median(tu, n);
-    *cpy_p = median(tc, n);
-    *ratio_p = median(ratio, n);
+    t_p->plan = median(tp, n);
+    t_p->packed = median(tk, n);
+    t_p->put = median(tu, n);
+    t_p->cpy = median(tc, n);
+    t_p->plan_put = median(ratio, n);
+    t_p->packed_plan = median(kratio, n);
     return 0;
 }
 
@@ -240,22 +371,64 @@ static int bench_prefill(void *arg)
     rn.scratch = malloc((size_t)max_pages(b) * B_PAGE * B_TOKEN_BYTES);
     DUET_TESTKIT_CHECK(rn.scratch != NULL, "out of memory");
     for (int i = 0; i < b->n_tokens; i++) {
-        double t_plan, t_put, t_cpy, ratio;
+        times_t t;
         if (b->tokens[i] > b->max_tokens)
             continue;
         rn.n_pages = (b->tokens[i] + B_PAGE - 1) / B_PAGE;
         rn.bytes = (size_t)rn.n_pages * B_PAGE * B_TOKEN_BYTES;
-        DUET_TESTKIT_CHECK(measure(&rn, &t_plan, &t_put, &t_cpy, &ratio) == 0,
-                           "measurement failed");
-        printf("%-9s %2d %2d %6d %8.1f %7llu %9.2f %9.2f %9.2f %7.2f\n", b->tls, b->P, b->D,
-               b->tokens[i], rn.bytes / 1048576.0, (unsigned long long)rn.puts,
-               rn.bytes / t_plan / 1e9, rn.bytes / t_put / 1e9, rn.bytes / t_cpy / 1e9, ratio);
+        DUET_TESTKIT_CHECK(measure(&rn, &t) == 0, "measurement failed");
+        printf("%-9s %2d %2d %6d %8.1f %7llu %6llu %9.2f %9.2f %9.2f %9.2f %7.2f %7.2f\n", b->tls,
+               b->P, b->D, b->tokens[i], rn.bytes / 1048576.0, (unsigned long long)rn.puts,
+               (unsigned long long)rn.packed_puts, rn.bytes / t.plan / 1e9,
+               rn.bytes / t.packed / 1e9, rn.bytes / t.put / 1e9, rn.bytes / t.cpy / 1e9,
+               t.plan_put, t.packed_plan);
         fflush(stdout);
     }
     free(rn.scratch);
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, "bye") == 0, "channel");
     duet_slice_plan_destroy(plan);
     return duet_testkit_side_stop(&sd);
+}
+
+/* One decode rank's unpack: staging -> pages, every layer. */
+typedef struct {
+    duet_testkit_side_t *sd;
+    int d;
+    const duet_kv_copy_t *copies;
+    int n_copies;
+} unpack_job_t;
+
+static void *unpack_main(void *arg)
+{
+    unpack_job_t *j = arg;
+    for (int layer = 0; layer < j->sd->layout.n_layers; layer++)
+        duet_kv_copy_apply_host(&j->sd->layout, j->sd->base[j->d], layer, j->copies, j->n_copies);
+    return NULL;
+}
+
+/* Unpack request pages[0..n) from staging at page n on every rank, one
+ * thread per rank; returns the time it took (ns), -1 on failure. */
+static int64_t unpack_all(duet_testkit_side_t *sd, const int32_t *pages, int n)
+{
+    unpack_job_t jobs[B_HEADS * 8];
+    pthread_t th[B_HEADS * 8];
+    duet_kv_copy_t *copies = duet_malloc(sizeof(*copies) * (size_t)n * B_HEADS);
+    int64_t t0 = duet_now_ns(), t;
+    int nc, started = 0;
+    if (copies == NULL)
+        return -1;
+    nc = duet_xfer_pack_copies(&sd->layout, pages, n, n, NULL, 1, copies);
+    for (int d = 0; d < sd->tp; d++) {
+        jobs[d] = (unpack_job_t){.sd = sd, .d = d, .copies = copies, .n_copies = nc};
+        if (pthread_create(&th[d], NULL, unpack_main, &jobs[d]) != 0)
+            break;
+        started++;
+    }
+    for (int d = 0; d < started; d++)
+        pthread_join(th[d], NULL);
+    t = duet_now_ns() - t0;
+    duet_free(copies);
+    return started == sd->tp ? t : -1;
 }
 
 static int bench_decode(void *arg)
@@ -273,14 +446,16 @@ static int bench_decode(void *arg)
         unsigned long long id;
         uint32_t len;
         void *msg;
-        int n;
+        char done[64];
+        int n, packed;
+        int64_t unpack_ns = 0;
         DUET_TESTKIT_CHECK(duet_testkit_chan_recv(b->fd_d, &msg, &len, 300000) == 0,
                            "prefill went away");
         if (strcmp(msg, "bye") == 0) {
             duet_free(msg);
             break;
         }
-        DUET_TESTKIT_CHECK(sscanf(msg, "exp %llu %d", &id, &n) == 2, "bad message '%s'",
+        DUET_TESTKIT_CHECK(sscanf(msg, "exp %llu %d %d", &id, &n, &packed) == 3, "bad message '%s'",
                            (char *)msg);
         duet_free(msg);
         for (int d = 0; d < b->D; d++) {
@@ -289,7 +464,9 @@ static int bench_decode(void *arg)
                                     .peers = sd.peers[d],
                                     .pages = pages,
                                     .n_pages = n,
-                                    .deadline_ns = duet_deadline_in_ms(60000)};
+                                    .deadline_ns = duet_deadline_in_ms(60000),
+                                    .flags = packed ? DUET_XFER_EXPECT_PACKED : 0,
+                                    .dst_stage0 = n};
             DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(sd.x, d), &e));
         }
         DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_d, "ok") == 0, "channel");
@@ -299,7 +476,12 @@ static int bench_decode(void *arg)
                 duet_xfer_recv_wait(duet_xfer_rank(sd.x, d), id, duet_deadline_in_ms(60000), &res));
             DUET_TESTKIT_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
         }
-        DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_d, "done") == 0, "channel");
+        if (packed) {
+            unpack_ns = unpack_all(&sd, pages, n);
+            DUET_TESTKIT_CHECK(unpack_ns >= 0, "unpack failed");
+        }
+        snprintf(done, sizeof(done), "done %lld", (long long)unpack_ns);
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_d, done) == 0, "channel");
     }
     duet_free(pages);
     duet_slice_plan_destroy(plan);
@@ -361,10 +543,12 @@ int main(int argc, char **argv)
            duet_cpu_count(),
            duet_cpu_count() < 4 ? ": with P+D > 2 the rank threads of both daemons share them"
                                 : "");
-    printf("# plan: post -> last ack on every prefill rank; put: one put of the same bytes + "
-           "flush, same endpoint; memcpy: one thread, in-process\n");
-    printf("%-9s %2s %2s %6s %8s %7s %9s %9s %9s %7s\n", "# tls", "P", "D", "tokens", "MiB", "puts",
-           "plan_GB/s", "put_GB/s", "cpy_GB/s", "plan/put");
+    printf("# plan: per-page puts, post -> last ack on every prefill rank; packed: pack + "
+           "puts + acks + unpack, end to end; put: one put of the same bytes + flush, same "
+           "endpoint; memcpy: one thread, in-process; pk/plan: plan time / packed time\n");
+    printf("%-9s %2s %2s %6s %8s %7s %6s %9s %9s %9s %9s %7s %7s\n", "# tls", "P", "D", "tokens",
+           "MiB", "puts", "pk_put", "plan_GB/s", "pk_GB/s", "put_GB/s", "cpy_GB/s", "plan/put",
+           "pk/plan");
     for (char *tsave = NULL, *tls = strtok_r(tls_buf, ";", &tsave); tls != NULL;
          tls = strtok_r(NULL, ";", &tsave)) {
         char plans[256];

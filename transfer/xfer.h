@@ -57,14 +57,28 @@
  * Checksums: CRC32C over the bytes of one (request, prefill rank, decode
  * rank) slice in the order defined in transfer/xfer_segs.h (layer, K then V,
  * page, run, head), over the source pages on the sender and over the
- * destination pages on the receiver.
+ * destination pages on the receiver; for packed requests in the packed
+ * order of transfer/xfer_pack.h, over the staging pages of either side.
+ *
+ * Packed requests (DUET_XFER_SEND_PACKED / DUET_XFER_EXPECT_PACKED): each
+ * side stages the request head-major in n_pages consecutive pages of its own
+ * pool (transfer/xfer_pack.h), and the send issues one put per (layer, K|V,
+ * receiver, run) from staging to staging instead of one per page: O(layers
+ * x runs) operations whatever the page count and TP pair.  Packing (before
+ * a layer is released with duet_xfer_send_layers) and unpacking (after the
+ * expectation completed) are the caller's: copies listed by
+ * duet_xfer_pack_copies, run by whoever owns the pool's memory.  The
+ * notification says whether a slice was packed; an expectation of the other
+ * kind fails the request (DUET_ERR_MISMATCH).
  *
  * Page contents: whole pages move (the tail of a partial last page carries
  * whatever the source page held; decode overwrites it as it appends).  The
  * decode daemon must not hand the destination pages to another request until
  * the expectation has ended (completed, failed or cancelled) *and* prefill
  * can no longer write them: after a failure or cancel that is when prefill's
- * failure notification arrived or its Abort call returned. */
+ * failure notification arrived or its Abort call returned.  For a packed
+ * request the same holds for its staging pages (until they are unpacked),
+ * and prefill keeps its own staging pages until the send has ended. */
 #ifndef DUET_TRANSFER_XFER_H
 #define DUET_TRANSFER_XFER_H
 
@@ -260,15 +274,22 @@ typedef struct {
     int64_t deadline_ns;    /* the request fails with DUET_ERR_TIMEOUT after it */
     duet_xfer_done_cb_t cb; /* NULL: collect the outcome with duet_xfer_recv_wait */
     void *arg;
+    unsigned flags;     /* DUET_XFER_EXPECT_* (0: the senders put into `pages`) */
+    int32_t dst_stage0; /* PACKED: first of n_pages consecutive staging pages the senders
+                           put into; the range must lie in the pool and hold none of `pages` */
 } duet_xfer_expect_t;
+
+enum {
+    DUET_XFER_EXPECT_PACKED = 1u << 0, /* the senders put into staging (see "Packed requests") */
+};
 
 /* Register an expectation on rank r: the request completes when every rank
  * of senders(r) has reported success.  Register it before asking prefill to
  * run the request; notifications that still arrive first are kept for
  * early_ttl_ms and applied now (after that they are dropped, counted as
  * dropped_unknown, and the sender is told DUET_ERR_NOT_FOUND).
- * DUET_ERR_INVALID for a request id already expected here, bad pages or
- * unconnected senders.  Callback-safe. */
+ * DUET_ERR_INVALID for a request id already expected here, bad pages, bad
+ * staging pages (PACKED) or unconnected senders.  Callback-safe. */
 duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *e);
 
 /* Wait for the outcome of an expectation registered without a callback and
@@ -288,7 +309,8 @@ duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t transfer_id);
 /* ---- prefill side: sends ------------------------------------------------ */
 
 enum {
-    DUET_XFER_SEND_CRC = 1u << 0, /* checksum the bytes; the receiver verifies */
+    DUET_XFER_SEND_CRC = 1u << 0,    /* checksum the bytes; the receiver verifies */
+    DUET_XFER_SEND_PACKED = 1u << 1, /* staging -> staging (see "Packed requests") */
 };
 
 typedef struct {
@@ -303,19 +325,25 @@ typedef struct {
     int64_t deadline_ns;    /* posting, flushing and acknowledgements must finish by then */
     duet_xfer_done_cb_t cb; /* NULL: collect with duet_xfer_send_wait */
     void *arg;
+    /* PACKED: the first of n_pages consecutive staging pages on this rank
+     * (a layer is packed there before duet_xfer_send_layers releases it) and
+     * on the receivers; neither range may hold one of its side's pages. */
+    int32_t src_stage0, dst_stage0;
 } duet_xfer_send_t;
 
 /* Start sending a request from rank r.  A rank that sends nothing to
  * anyone (replication) still gets its outcome: DUET_OK, 0 bytes.
- * DUET_ERR_INVALID for a duplicate id, bad pages or unconnected receivers;
- * DUET_ERR_PEER when a receiver's connection already failed.
- * Callback-safe. */
+ * DUET_ERR_INVALID for a duplicate id, bad pages, bad staging pages
+ * (PACKED) or unconnected receivers; DUET_ERR_PEER when a receiver's
+ * connection already failed.  Callback-safe. */
 duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *s);
 
-/* Queue the puts of layers [l0, l1) (all heads of every receiver, K and V).
- * Layers must be posted in order, each once: l0 is the first layer not yet
- * posted; otherwise the send fails with DUET_ERR_INVALID.  Returns at once;
- * unknown (e.g. cancelled) ids are ignored.  Callback-safe. */
+/* Queue the puts of layers [l0, l1) (all heads of every receiver, K and V;
+ * for a packed send their staging must be packed already: the puts read it
+ * from now on).  Layers must be posted in order, each once: l0 is the first
+ * layer not yet posted; otherwise the send fails with DUET_ERR_INVALID.
+ * Returns at once; unknown (e.g. cancelled) ids are ignored.
+ * Callback-safe. */
 duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t transfer_id, int l0, int l1);
 
 /* Finish: after all layers were posted, flush each receiver and send its

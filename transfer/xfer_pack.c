@@ -1,8 +1,12 @@
 #include "transfer/xfer_pack.h"
 
+#include <stdio.h>
+
+#include "transfer/xfer_crc32c.h"
+
 /* Plane offset of local head h, page index i in the head-major staging. */
-static uint64_t duet__pack_stage_off(const duet_kv_layout_t *l, int32_t stage0, int n_pages,
-                                     int h, int i)
+static uint64_t duet__pack_stage_off(const duet_kv_layout_t *l, int32_t stage0, int n_pages, int h,
+                                     int i)
 {
     return (uint64_t)duet_kv_page_bytes(l) * (uint64_t)stage0 +
            ((uint64_t)h * (uint64_t)n_pages + (uint64_t)i) * (uint64_t)duet_kv_head_bytes(l);
@@ -51,4 +55,40 @@ void duet_xfer_pack_put(const duet_kv_layout_t *src, const duet_kv_layout_t *dst
     put_p->dst_off = duet_kv_offset(dst, layer, kv, 0, 0) +
                      duet__pack_stage_off(dst, dst_stage0, n_pages, run->dst_head, 0);
     put_p->len = duet_kv_head_bytes(src) * (size_t)run->n_heads * (size_t)n_pages;
+}
+
+int duet_xfer_pack_check_stage(int32_t stage0, const int32_t *pages, int n_pages, int pool_pages,
+                               char *why, size_t cap)
+{
+    int64_t end = (int64_t)stage0 + n_pages;
+    if (stage0 < 0 || n_pages < 1 || end > pool_pages) {
+        snprintf(why, cap, "staging pages [%d, %lld) outside the pool's %d", (int)stage0,
+                 (long long)end, pool_pages);
+        return -1;
+    }
+    for (int i = 0; i < n_pages; i++)
+        if (pages[i] >= stage0 && pages[i] < end) {
+            snprintf(why, cap, "staging pages [%d, %lld) hold request page %d", (int)stage0,
+                     (long long)end, (int)pages[i]);
+            return -1;
+        }
+    return 0;
+}
+
+uint32_t duet_xfer_pack_crc(const duet_kv_layout_t *l, const void *base,
+                            const duet_slice_run_t *runs, int n_runs, int n_pages, int32_t stage0,
+                            int dst)
+{
+    const unsigned char *b = base;
+    uint32_t crc = 0;
+    for (int layer = 0; layer < l->n_layers; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int k = 0; k < n_runs; k++) {
+                int head = dst ? runs[k].dst_head : runs[k].src_head;
+                size_t off = duet_kv_offset(l, layer, kv, 0, 0) +
+                             duet__pack_stage_off(l, stage0, n_pages, head, 0);
+                size_t len = duet_kv_head_bytes(l) * (size_t)runs[k].n_heads * (size_t)n_pages;
+                crc = duet__crc32c(crc, b + off, len);
+            }
+    return crc;
 }

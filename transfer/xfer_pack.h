@@ -15,7 +15,16 @@
  *                    reported
  *
  * The copies are kv/copy.h lists (one list for every plane), executed on
- * the device that holds the pool.  Pure functions; thread-safe. */
+ * the device that holds the pool.
+ *
+ * Packed checksum order (DUET_XFER_SEND_CRC on a packed send; CRC32C), per
+ * (prefill rank, decode rank) pair: for layer 0..L-1, for K then V, for
+ * each run of the pair in dst_head order, its staged block (the bytes of
+ * its one put), read from the sender's staging at the run's src_head and
+ * from the receiver's at its dst_head.  The sender posts in this order and
+ * checksums each put's source as it posts it.
+ *
+ * Pure functions; thread-safe. */
 #ifndef DUET_TRANSFER_XFER_PACK_H
 #define DUET_TRANSFER_XFER_PACK_H
 
@@ -47,5 +56,20 @@ typedef struct {
 void duet_xfer_pack_put(const duet_kv_layout_t *src, const duet_kv_layout_t *dst,
                         const duet_slice_run_t *run, int layer, int kv, int n_pages,
                         int32_t src_stage0, int32_t dst_stage0, duet_xfer_pack_put_t *put_p);
+
+/* Whether staging pages [stage0, stage0 + n_pages) lie in a pool of
+ * pool_pages pages and hold none of pages[0..n_pages).  0 when they do;
+ * else -1 with the reason in why[cap] ("staging pages [40, 77) hold
+ * request page 52", "staging pages [90, 127) outside the pool's 96"). */
+int duet_xfer_pack_check_stage(int32_t stage0, const int32_t *pages, int n_pages, int pool_pages,
+                               char *why, size_t cap);
+
+/* CRC32C, in the packed checksum order, of one pair's slice staged in the
+ * pool at base (layout l: that side's).  runs: the pair's runs in dst_head
+ * order; dst != 0 reads them at dst_head (the receiver's staging), else at
+ * src_head (the sender's). */
+uint32_t duet_xfer_pack_crc(const duet_kv_layout_t *l, const void *base,
+                            const duet_slice_run_t *runs, int n_runs, int n_pages, int32_t stage0,
+                            int dst);
 
 #endif

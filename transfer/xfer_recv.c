@@ -7,7 +7,10 @@
  * (byte count right, CRC32C right when sent, same first token); a failure
  * report, a failed or disconnected sender peer, or the deadline ends it with
  * an error naming the sender ranks.  Every success notification is
- * acknowledged with this rank's verdict.
+ * acknowledged with this rank's verdict.  A packed expectation
+ * (DUET_XFER_EXPECT_PACKED) takes only packed slices and checks them in
+ * the staging pages (transfer/xfer_pack.h); an unpacked one only per-page
+ * slices.
  *
  * Notifications for ids not (yet) expected wait in a bounded ring for
  * early_ttl_ms: decode registers right before asking prefill, so a
@@ -25,6 +28,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "transfer/xfer_pack.h"
 #include "transfer/xfer_segs.h"
 
 struct duet__expect {
@@ -36,6 +40,8 @@ struct duet__expect {
     int *run_off, *run_cnt;   /* [P] */
     int32_t *pages;
     int n_pages;
+    int packed; /* DUET_XFER_EXPECT_PACKED: the senders put into staging at stage0 */
+    int32_t stage0;
     int token_from; /* sender whose first token was taken, -1: none yet */
 };
 
@@ -196,6 +202,15 @@ static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet_
                         r->index);
         return;
     }
+    if (m->packed != e->packed) {
+        duet__recv_fail(r, e, DUET_ERR_MISMATCH,
+                        "request %" PRIu64 ": prefill rank %d sent a %s slice; decode rank %d "
+                        "expected a %s one",
+                        e->o.transfer_id, s, m->packed ? "packed" : "per-page", r->index,
+                        e->packed ? "packed" : "per-page");
+        duet__recv_send_ack(r, m, DUET_ERR_MISMATCH);
+        return;
+    }
     want = duet__seg_bytes(l, e->runs + e->run_off[s], e->run_cnt[s], e->n_pages);
     if (m->bytes != want) {
         duet__recv_fail(r, e, DUET_ERR_MISMATCH,
@@ -206,8 +221,11 @@ static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet_
         return;
     }
     if (m->has_crc) {
-        uint32_t crc = duet__seg_crc(l, r->base, e->runs + e->run_off[s], e->run_cnt[s], e->pages,
-                                     e->n_pages, 1);
+        const duet_slice_run_t *runs = e->runs + e->run_off[s];
+        uint32_t crc =
+            e->packed
+                ? duet_xfer_pack_crc(l, r->base, runs, e->run_cnt[s], e->n_pages, e->stage0, 1)
+                : duet__seg_crc(l, r->base, runs, e->run_cnt[s], e->pages, e->n_pages, 1);
         if (crc != m->crc) {
             DUET__STAT_ADD(r, crc_failures, 1);
             duet__recv_fail(r, e, DUET_ERR_MISMATCH,
@@ -494,6 +512,17 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
                               "xfer expect: request %" PRIu64 ": page %d outside the %d pages of "
                               "decode rank %d",
                               in->transfer_id, (int)in->pages[i], r->info.layout.n_pages, r->index);
+    if (in->flags & ~(unsigned)DUET_XFER_EXPECT_PACKED)
+        return duet_error(DUET_ERR_INVALID, "xfer expect: request %" PRIu64 ": unknown flags 0x%x",
+                          in->transfer_id, in->flags);
+    if (in->flags & DUET_XFER_EXPECT_PACKED) {
+        char why[96];
+        if (duet_xfer_pack_check_stage(in->dst_stage0, in->pages, in->n_pages,
+                                       r->info.layout.n_pages, why, sizeof(why)) != 0)
+            return duet_error(DUET_ERR_INVALID,
+                              "xfer expect: request %" PRIu64 ": decode rank %d: %s",
+                              in->transfer_id, r->index, why);
+    }
     P = duet_slice_plan_prefill_tp(in->plan);
     n_runs = duet_slice_plan_dst_runs(in->plan, r->index, &runs);
 
@@ -513,6 +542,8 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
     memcpy(e->peers, in->peers, (size_t)P * sizeof(*e->peers));
     memcpy(e->pages, in->pages, (size_t)in->n_pages * sizeof(int32_t));
     e->n_pages = in->n_pages;
+    e->packed = (in->flags & DUET_XFER_EXPECT_PACKED) != 0;
+    e->stage0 = in->dst_stage0;
     e->P = P;
     e->senders = duet_slice_plan_sender_mask(in->plan, r->index);
     for (int s = 0; s < P; s++) {

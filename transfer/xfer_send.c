@@ -3,7 +3,9 @@
  * A send state holds one "dst" per decode rank this rank writes to.  Puts are
  * issued by a cursor over (layer, K|V, page, dst, run) -- the order of
  * transfer/xfer_segs.h -- in bounded batches from the progress loop, up to
- * the layers released by duet_xfer_send_layers.  Per dst, once every layer
+ * the layers released by duet_xfer_send_layers.  A packed send has no page
+ * dimension: the cursor runs over (layer, K|V, dst, run) and each put moves
+ * a run's staged block (transfer/xfer_pack.h).  Per dst, once every layer
  * is posted and the send was ended: flush the data endpoint, then send the
  * notification on the control endpoint, then wait for the decode rank's
  * acknowledgement.  Puts, flushes and notifications go through the
@@ -26,6 +28,7 @@
 #include "common/log.h"
 #include "kv/heads.h"
 #include "transfer/xfer_crc32c.h"
+#include "transfer/xfer_pack.h"
 #include "transfer/xfer_segs.h"
 
 enum {
@@ -62,6 +65,7 @@ struct duet__send {
     int32_t *pages; /* [2][n_pages]: source ids, then destination ids */
     int n_pages;
     unsigned flags;
+    int32_t src_stage0, dst_stage0; /* DUET_XFER_SEND_PACKED */
     int n_layers;
     int limit;                               /* layers [0, limit) may be posted */
     int c_layer, c_kv, c_page, c_dst, c_run; /* the posting cursor */
@@ -222,6 +226,7 @@ static void duet__send_notify(duet_xfer_rank_t *r, duet__send_dst_t *dst)
     m.dst_rank = dst->d;
     m.status = s->failing ? s->o.res.status : DUET_OK;
     m.has_crc = (s->flags & DUET_XFER_SEND_CRC) && !s->failing;
+    m.packed = (s->flags & DUET_XFER_SEND_PACKED) != 0;
     m.crc = dst->crc;
     m.bytes = dst->bytes;
     m.first_token = s->first_token;
@@ -334,14 +339,14 @@ static void duet__send_put_done(void *arg, duet_status_t st, const char *why)
 }
 
 /* Move the cursor to the next receiver at this page, or the next page, or
- * the next plane. */
+ * the next plane (packed: a receiver's puts span every page). */
 static void duet__send_cursor_next(duet__send_t *s)
 {
     s->c_run = 0;
     if (++s->c_dst < s->n_dst)
         return;
     s->c_dst = 0;
-    if (++s->c_page < s->n_pages)
+    if (!(s->flags & DUET_XFER_SEND_PACKED) && ++s->c_page < s->n_pages)
         return;
     s->c_page = 0;
     for (int k = 0; k < s->n_dst; k++)
@@ -352,11 +357,31 @@ static void duet__send_cursor_next(duet__send_t *s)
     }
 }
 
+/* The put at the cursor: the run's slice of a page (or of consecutive
+ * pages), or for a packed send its whole staged block. */
+static void duet__send_seg(const duet_xfer_rank_t *r, const duet__send_t *s,
+                           const duet__send_dst_t *dst, duet__seg_t *seg_p)
+{
+    const duet_kv_layout_t *src = &r->info.layout, *dl = &dst->peer->info.layout;
+    const duet_slice_run_t *run = &dst->runs[s->c_run];
+    if (s->flags & DUET_XFER_SEND_PACKED) {
+        duet_xfer_pack_put_t put;
+        duet_xfer_pack_put(src, dl, run, s->c_layer, s->c_kv, s->n_pages, s->src_stage0,
+                           s->dst_stage0, &put);
+        seg_p->src_off = put.src_off;
+        seg_p->dst_off = put.dst_off;
+        seg_p->len = put.len;
+        seg_p->n_pages = s->n_pages;
+        return;
+    }
+    duet__seg_at(src, dl, run, s->c_layer, s->c_kv, s->pages, s->pages + s->n_pages, s->n_pages,
+                 s->c_page, seg_p);
+}
+
 /* Issue puts of s until its released layers are posted or the budget is
  * spent.  Returns the puts issued. */
 static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *bytes)
 {
-    const int32_t *sp = s->pages, *dp = s->pages + s->n_pages;
     long corrupt = atomic_load_explicit(&r->corrupt_at, memory_order_relaxed);
     uint64_t put_bytes = 0;
     int n = 0;
@@ -373,8 +398,7 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
             duet__send_cursor_next(s); /* failed, or this page went out in a longer put */
             continue;
         }
-        duet__seg_at(&r->info.layout, &dst->peer->info.layout, &dst->runs[s->c_run], s->c_layer,
-                     s->c_kv, sp, dp, s->n_pages, s->c_page, &seg);
+        duet__send_seg(r, s, dst, &seg);
         src = r->base + seg.src_off;
         if (s->flags & DUET_XFER_SEND_CRC)
             dst->crc = duet__crc32c(dst->crc, src, seg.len);
@@ -471,6 +495,15 @@ static duet_status_t duet__send_begin_check(duet_xfer_rank_t *r, duet__send_t *s
                          "request %" PRIu64 ": destination page %d outside decode rank "
                          "%d's %d pages",
                          s->o.transfer_id, (int)pg, dst->d, p->info.layout.n_pages);
+                return DUET_ERR_INVALID;
+            }
+        }
+        if (s->flags & DUET_XFER_SEND_PACKED) {
+            char why[96];
+            if (duet_xfer_pack_check_stage(s->dst_stage0, s->pages + s->n_pages, s->n_pages,
+                                           p->info.layout.n_pages, why, sizeof(why)) != 0) {
+                snprintf(msg, cap, "request %" PRIu64 ": decode rank %d: destination %s",
+                         s->o.transfer_id, dst->d, why);
                 return DUET_ERR_INVALID;
             }
         }
@@ -743,6 +776,17 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
                               "pages of prefill rank %d",
                               in->transfer_id, (int)in->src_pages[i], r->info.layout.n_pages,
                               r->index);
+    if (in->flags & ~(unsigned)(DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED))
+        return duet_error(DUET_ERR_INVALID, "xfer send: request %" PRIu64 ": unknown flags 0x%x",
+                          in->transfer_id, in->flags);
+    if (in->flags & DUET_XFER_SEND_PACKED) {
+        char why[96];
+        if (duet_xfer_pack_check_stage(in->src_stage0, in->src_pages, in->n_pages,
+                                       r->info.layout.n_pages, why, sizeof(why)) != 0)
+            return duet_error(DUET_ERR_INVALID,
+                              "xfer send: request %" PRIu64 ": prefill rank %d: source %s",
+                              in->transfer_id, r->index, why);
+    }
     D = duet_slice_plan_decode_tp(in->plan);
     n_recv = duet_slice_plan_receivers(in->plan, r->index, recv);
     n_runs = duet_slice_plan_src_runs(in->plan, r->index, &runs);
@@ -782,6 +826,8 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
     s->o.deadline_ns = in->deadline_ns;
     s->o.res.first_token = DUET_XFER_NO_TOKEN;
     s->flags = in->flags;
+    s->src_stage0 = in->src_stage0;
+    s->dst_stage0 = in->dst_stage0;
     s->n_layers = r->info.layout.n_layers;
     s->first_token = DUET_XFER_NO_TOKEN;
     *s_p = s;

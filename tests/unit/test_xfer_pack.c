@@ -2,7 +2,9 @@
  * head counts with replication on either side, stage on each prefill rank,
  * one put per (layer, K|V, run), unstage on each decode rank, then check
  * every destination byte against the head it must hold; the number of puts
- * does not depend on the page count. */
+ * does not depend on the page count, and the packed checksum of each pair
+ * is the same over the sender's staging, put by put, and the receiver's.
+ * Staging ranges are checked against the pool and the request's pages. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 
 #include "kv/heads.h"
 #include "transfer/slice_plan.h"
+#include "transfer/xfer_crc32c.h"
 #include "transfer/xfer_pack.h"
 
 #define POOL_PAGES 28
@@ -29,8 +32,12 @@ static duet_kv_layout_t layout_of(int H, int tp)
 {
     int h0, n;
     duet_kv_heads_owned(H, tp, 0, &h0, &n);
-    return (duet_kv_layout_t){.n_layers = 2, .n_pages = POOL_PAGES, .page_size = 2,
-                              .n_kv_heads = n, .head_dim = 3, .elem_size = 2};
+    return (duet_kv_layout_t){.n_layers = 2,
+                              .n_pages = POOL_PAGES,
+                              .page_size = 2,
+                              .n_kv_heads = n,
+                              .head_dim = 3,
+                              .elem_size = 2};
 }
 
 /* One request of n_pages pages through every pair of the plan. */
@@ -61,8 +68,8 @@ static void run_case(int P, int D, int H, int n_pages, unsigned seed)
     int32_t src_stage0 = 12, dst_stage0 = 12 + (int32_t)(seed % 3);
 
     uint8_t **src_pool = calloc((size_t)P, sizeof(*src_pool));
-    duet_kv_copy_t *copies = calloc((size_t)n_pages * (size_t)(sl.n_kv_heads + dl.n_kv_heads),
-                                    sizeof(*copies));
+    duet_kv_copy_t *copies =
+        calloc((size_t)n_pages * (size_t)(sl.n_kv_heads + dl.n_kv_heads), sizeof(*copies));
     assert_non_null(src_pool);
     assert_non_null(copies);
     for (int s = 0; s < P; s++) {
@@ -109,6 +116,29 @@ static void run_case(int P, int D, int H, int n_pages, unsigned seed)
                 }
         /* O(layers x runs), whatever n_pages is */
         assert_int_equal(puts, (long)n_runs * 2 * dl.n_layers);
+        /* Per pair, the packed checksum over the sender's staging, taken put
+         * by put in posting order (as the sender does), equals the one over
+         * the receiver's staging. */
+        for (int s = 0; s < P; s++) {
+            duet_slice_run_t pair[64];
+            int n_pair = 0;
+            uint32_t crc = 0;
+            for (int k = 0; k < n_runs; k++)
+                if (runs[k].src_rank == s)
+                    pair[n_pair++] = runs[k];
+            for (int layer = 0; layer < dl.n_layers; layer++)
+                for (int kv = 0; kv < 2; kv++)
+                    for (int k = 0; k < n_pair; k++) {
+                        duet_xfer_pack_put_t put;
+                        duet_xfer_pack_put(&sl, &dl, &pair[k], layer, kv, n_pages, src_stage0,
+                                           dst_stage0, &put);
+                        crc = duet__crc32c(crc, src_pool[s] + put.src_off, put.len);
+                    }
+            assert_int_equal(
+                crc, duet_xfer_pack_crc(&sl, src_pool[s], pair, n_pair, n_pages, src_stage0, 0));
+            assert_int_equal(
+                crc, duet_xfer_pack_crc(&dl, dst_pool, pair, n_pair, n_pages, dst_stage0, 1));
+        }
         int n = duet_xfer_pack_copies(&dl, dst_pages, n_pages, dst_stage0, NULL, 1, copies);
         for (int layer = 0; layer < dl.n_layers; layer++)
             duet_kv_copy_apply_host(&dl, dst_pool, layer, copies, n);
@@ -158,8 +188,12 @@ static void test_every_pair(void **state)
 static void test_copies_merge(void **state)
 {
     (void)state;
-    duet_kv_layout_t l = {.n_layers = 1, .n_pages = 16, .page_size = 4, .n_kv_heads = 1,
-                          .head_dim = 8, .elem_size = 2};
+    duet_kv_layout_t l = {.n_layers = 1,
+                          .n_pages = 16,
+                          .page_size = 4,
+                          .n_kv_heads = 1,
+                          .head_dim = 8,
+                          .elem_size = 2};
     int32_t pages[4] = {3, 4, 5, 9};
     duet_kv_copy_t c[4];
     assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, NULL, 0, c), 2);
@@ -171,9 +205,29 @@ static void test_copies_merge(void **state)
     assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, NULL, 1, c2), 8);
 }
 
+/* Staging must lie in the pool and hold none of the request's pages. */
+static void test_check_stage(void **state)
+{
+    int32_t pages[3] = {7, 2, 30};
+    char why[96];
+    (void)state;
+    assert_int_equal(duet_xfer_pack_check_stage(8, pages, 3, 32, why, sizeof(why)), 0);
+    assert_int_equal(duet_xfer_pack_check_stage(3, pages, 3, 32, why, sizeof(why)), 0);
+    assert_int_equal(duet_xfer_pack_check_stage(29, pages, 3, 32, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging pages [29, 32) hold request page 30");
+    assert_int_equal(duet_xfer_pack_check_stage(0, pages, 3, 32, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging pages [0, 3) hold request page 2");
+    assert_int_equal(duet_xfer_pack_check_stage(30, pages, 3, 32, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging pages [30, 33) outside the pool's 32");
+    assert_int_equal(duet_xfer_pack_check_stage(-1, pages, 3, 32, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging pages [-1, 2) outside the pool's 32");
+    assert_int_equal(duet_xfer_pack_check_stage(INT32_MAX, pages, 3, 32, why, sizeof(why)), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_pair),
-                                       cmocka_unit_test(test_copies_merge)};
+                                       cmocka_unit_test(test_copies_merge),
+                                       cmocka_unit_test(test_check_stage)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
