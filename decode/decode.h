@@ -91,6 +91,8 @@ struct duet_dc_req {
     int n_pages;
     bool pages_held;              /* taken from the allocator */
     int n_prompt_pages;           /* the prefix prefill writes */
+    int32_t stage0;               /* packed transfer: first of n_prompt_pages staging pages
+                                     while held (transfer/xfer_pack.h); -1: not packed */
 
     /* prefill phase */
     duet_dc_link_t *link;         /* a reference while expectations may use its peers */

@@ -194,6 +194,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
                 now + (int64_t)dc->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
             .cb = duet__kv_cb,
             .arg = &req->rank_args[d],
+            .flags = req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0,
+            .dst_stage0 = req->stage0,
         };
         if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->node.ke.xfer, d), &e)) != DUET_OK) {
             st = duet_error_wrap(st, "decode rank %d: ", d);
@@ -215,6 +217,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.dst_pages = req->pages;
     pr.sampling = &sp;
     pr.transfer_id = req->transfer_id;
+    pr.packed = req->stage0 >= 0;
+    pr.dst_stage_page = req->stage0 >= 0 ? req->stage0 : 0;
     ra = DUET_NEW(duet__rpc_arg_t);
     if (ra == NULL || (ra->ev = duet_dc_ev_new(DUET_DC_EV_RPC_DONE, req)) == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "no memory");

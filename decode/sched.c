@@ -11,6 +11,7 @@
 #include "common/sync.h"
 #include "duet/v1/common.pb-c.h"
 #include "decode/decode.h"
+#include "transfer/xfer_pack.h"
 
 duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req)
 {
@@ -150,6 +151,34 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
     }
 }
 
+/* Give back a packed request's staging pages: once unpacked, or when its
+ * pages go (nothing can write them any more then either). */
+static void duet__stage_release(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    for (int i = 0; req->stage0 >= 0 && i < req->n_prompt_pages; i++) {
+        int32_t page = req->stage0 + i;
+        duet_kv_pool_release(dc->node.pages, &page, 1);
+    }
+    req->stage0 = -1;
+}
+
+/* A packed request's KV is in its staging pages: move it into the
+ * request's pages on every rank (every layer), then free the staging. */
+static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    const duet_kv_layout_t *l = duet_engine_kv_layout(dc->node.ke.engine);
+    duet_kv_copy_t *copies =
+        DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_prompt_pages * (size_t)l->n_kv_heads);
+    if (copies == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "unpack: no memory");
+    int n = duet_xfer_pack_copies(l, req->pages, req->n_prompt_pages, req->stage0, NULL, 1, copies);
+    duet_status_t st = duet_engine_kv_copy(dc->node.ke.engine, copies, n);
+    duet_free(copies);
+    if (st == DUET_OK)
+        duet__stage_release(dc, req);
+    return st;
+}
+
 /* Free pages and links once nothing can still write or call back. */
 void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
@@ -160,6 +189,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
         duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
         req->pages_held = false;
     }
+    duet__stage_release(dc, req);
     req->next = dc->zombies;
     dc->zombies = req;
 }
@@ -197,8 +227,11 @@ static void duet__finished(duet_decode_t *dc, duet_dc_req_t *req)
 
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    /* device pools: bring the prompt's KV from the host mirror */
-    duet_status_t st = duet_engine_kv_import(dc->node.ke.engine, req->pages, req->n_prompt_pages);
+    /* packed: from the staging pages; device pools with a mirror: from the
+     * host mirror */
+    duet_status_t st = req->stage0 >= 0 ? duet__unpack(dc, req)
+                                        : duet_engine_kv_import(dc->node.ke.engine, req->pages,
+                                                                req->n_prompt_pages);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;
@@ -321,6 +354,14 @@ static void duet__admit(duet_decode_t *dc)
         if (duet_kv_pool_alloc(dc->node.pages, req->n_pages, req->pages) != DUET_OK)
             break; /* wait: finishing requests free pages */
         req->pages_held = true;
+        /* packed transfers stage the prompt in a run of free pages; with no
+         * such run the request moves unpacked (slower on device pools, never
+         * stuck) */
+        if (dc->node.ke.pack &&
+            duet_kv_pool_alloc_run(dc->node.pages, req->n_prompt_pages, &req->stage0) != DUET_OK) {
+            DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, duet_error_msg());
+            req->stage0 = -1;
+        }
         duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
         atomic_fetch_sub(&dc->waiting, 1);
         duet_dc_prefill_start(dc, req);

@@ -1,6 +1,7 @@
 /* duet.v1.Decode: Generate, Abort, Info.  Generate validates and tokenizes
  * on the completion-queue thread, then hands the request to the scheduler;
  * every error is a gRPC status with a message naming the field. */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -143,6 +144,7 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
     int span = req->n_prompt + req->max_tokens - 1;
     req->n_pages = (span + ps - 1) / ps;
     req->n_prompt_pages = (req->n_prompt + ps - 1) / ps;
+    req->stage0 = -1;
     if (req->n_pages > duet_kv_pool_total(dc->node.pages))
         return duet_error(DUET_ERR_EXHAUSTED,
                           "request needs %d KV pages (%d tokens), the pool has %d", req->n_pages,
@@ -274,6 +276,10 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.max_context = (uint32_t)dc->max_ctx;
     r.version = DUET_VERSION_STRING;
     r.transfer_path = (char *)dc->node.ke.path;
+    char ucx[16];
+    snprintf(ucx, sizeof(ucx), "%d.%d", duet_xfer_ucx_version() / 100, duet_xfer_ucx_version() % 100);
+    r.ucx_version = ucx;
+    r.transfer_packed = dc->node.ke.pack;
     pthread_mutex_lock(&dc->evlock);
     r.requests_total = dc->requests_total;
     r.requests_failed = dc->requests_failed;

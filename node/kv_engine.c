@@ -92,6 +92,32 @@ static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfe
     return 1;
 }
 
+/* DUET_KV_TRANSFER_PACK (see kv_engine.h). */
+static duet_status_t duet__pack_mode(duet_kv_engine_t *ke)
+{
+    const char *env = getenv("DUET_KV_TRANSFER_PACK");
+    bool mirrored = duet_engine_kv_mirrored(ke->engine);
+
+    if (env == NULL || *env == '\0' || strcmp(env, "auto") == 0) {
+        ke->pack = duet_engine_kv_registered(ke->engine);
+        return DUET_OK;
+    }
+    if (strcmp(env, "off") == 0) {
+        ke->pack = false;
+        return DUET_OK;
+    }
+    if (strcmp(env, "on") != 0)
+        return duet_error(DUET_ERR_CONFIG, "DUET_KV_TRANSFER_PACK=%s: expected auto, on or off",
+                          env);
+    if (mirrored)
+        return duet_error(DUET_ERR_CONFIG,
+                          "DUET_KV_TRANSFER_PACK=on: the transfer path %s moves KV through the "
+                          "host mirror, which packing cannot use (DUET_KV_TRANSFER_PATH=direct)",
+                          ke->path);
+    ke->pack = true;
+    return DUET_OK;
+}
+
 duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_engine_t *ke)
 {
     const duet_instance_config_t *self = opts->self;
@@ -200,9 +226,15 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     } else {
         ke->path = "ucx-host";
     }
-    DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s", ke->tp,
-                  duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
-                  opts->cluster->page_size, ke->path);
+    if ((st = duet__pack_mode(ke)) != DUET_OK) {
+        duet_kv_engine_destroy(ke);
+        return st;
+    }
+    DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s, packed %s, "
+                  "ucx %d.%d",
+                  ke->tp, duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
+                  opts->cluster->page_size, ke->path, ke->pack ? "on" : "off",
+                  duet_xfer_ucx_version() / 100, duet_xfer_ucx_version() % 100);
     return DUET_OK;
 }
 

@@ -1,7 +1,16 @@
 /* A daemon's engine with its KV pools owned by the transfer layer: the
  * pools are allocated by UCX (duet_xfer_pool_alloc) so that shared-memory
  * puts into them are one-sided, and the transfer context is configured from
- * the engine's layout and the model's fingerprint. */
+ * the engine's layout and the model's fingerprint.
+ *
+ * Packed transfers (DUET_KV_TRANSFER_PACK=auto|on|off): a decode with
+ * `pack` set stages each request's KV in consecutive pages and asks prefill
+ * for a packed send (one put per layer, K|V and slice-plan run instead of
+ * one per page and head run).  auto (default): on for device pools put
+ * directly (ucx-cuda-direct), where each transport operation has a fixed
+ * cost (cuda_ipc, RDMA); off on host pools, where shared-memory puts are
+ * plain copies and packing would add two more; on: wherever the path allows
+ * (not through the host mirror). */
 #ifndef DUET_NODE_KV_ENGINE_H
 #define DUET_NODE_KV_ENGINE_H
 
@@ -17,6 +26,7 @@ typedef struct {
     int tp;
     int kv_heads;             /* total KV heads of the model */
     const char *path;         /* how KV moves: "ucx-host" */
+    bool pack;                /* decode asks for packed transfers (transfer/xfer_pack.h) */
 } duet_kv_engine_t;
 
 typedef struct {

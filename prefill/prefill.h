@@ -34,6 +34,12 @@ typedef struct duet_pf_req {
     int32_t *dst_pages;
     int n_pages;                /* pages covering the prompt, both sides */
     int32_t *src_pages;         /* ours, while computing and sending */
+    /* packed transfer (transfer/xfer_pack.h): staging page runs on both
+     * sides and, per rank, the copies that stage a layer */
+    bool packed;
+    int32_t dst_stage0, src_stage0; /* src_stage0 >= 0 while held */
+    duet_kv_copy_t **pack;          /* [tp] */
+    int *n_pack;                    /* [tp] */
     duet_sampling_t sampling;
     atomic_bool aborted;
     bool begun;                 /* sends begun on every rank */

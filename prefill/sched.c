@@ -15,11 +15,21 @@
 #include "common/sync.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "prefill/prefill.h"
+#include "transfer/xfer_pack.h"
 
 static int duet__pages_for(const duet_prefill_t *pf, int n_tokens)
 {
     int ps = pf->node.args.cluster->page_size;
     return (n_tokens + ps - 1) / ps;
+}
+
+static void duet__stage_release(duet_prefill_t *pf, duet_pf_req_t *req)
+{
+    for (int i = 0; i < req->n_pages; i++) {
+        int32_t page = req->src_stage0 + i;
+        duet_kv_pool_release(pf->node.pages, &page, 1);
+    }
+    req->src_stage0 = -1;
 }
 
 void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
@@ -28,6 +38,14 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
         return;
     if (req->src_pages != NULL)
         duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
+    if (req->src_stage0 >= 0)
+        duet__stage_release(pf, req);
+    if (req->pack != NULL) {
+        for (int s = 0; s < pf->node.ke.tp; s++)
+            duet_free(req->pack[s]);
+    }
+    duet_free(req->pack);
+    duet_free(req->n_pack);
     duet_node_link_put(req->link);
     duet_free(req->prompt);
     duet_free(req->dst_pages);
@@ -137,12 +155,47 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
             continue;
         }
         *p = (duet__layer_post_t){xr, req->transfer_id, layer};
-        if (duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages,
-                                        req->n_pages, duet__post_layer, p) != DUET_OK) {
+        /* packed: stage the layer, then release its puts (which read the
+         * staging); otherwise the puts read the pages (or their mirror) */
+        duet_status_t st =
+            req->packed
+                ? duet_engine_kv_copy_layer(pf->node.ke.engine, rank, layer, req->pack[rank],
+                                            req->n_pack[rank], duet__post_layer, p)
+                : duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages,
+                                              req->n_pages, duet__post_layer, p);
+        if (st != DUET_OK) {
             DUET_LOG_ERROR("prefill: kv export of layer %d failed: %s", layer, duet_error_msg());
             duet_free(p);
         }
     }
+}
+
+/* Per rank, the copies that stage the heads it sends (the same list serves
+ * every layer). */
+static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
+{
+    const duet_kv_layout_t *l = duet_engine_kv_layout(pf->node.ke.engine);
+    int P = pf->node.ke.tp;
+    uint8_t heads[256];
+
+    if (l->n_kv_heads > (int)sizeof(heads))
+        return duet_error(DUET_ERR_UNSUPPORTED, "packed transfer: %d local kv heads",
+                          l->n_kv_heads);
+    req->pack = DUET_NEW_ARRAY(duet_kv_copy_t *, (size_t)P);
+    req->n_pack = DUET_NEW_ARRAY(int, (size_t)P);
+    if (req->pack == NULL || req->n_pack == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "packed transfer: no memory");
+    for (int s = 0; s < P; s++) {
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
+        duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
+        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_pages * l->n_kv_heads);
+        if (req->pack[s] == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "packed transfer: no memory");
+        req->n_pack[s] = duet_xfer_pack_copies(l, req->src_pages, req->n_pages, req->src_stage0,
+                                               heads, 0, req->pack[s]);
+    }
+    return DUET_OK;
 }
 
 /* Begin the sends of one request on every rank; false when it failed (and
@@ -154,6 +207,7 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
     int64_t deadline = now + (int64_t)pf->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
     int64_t call_dl = duet_rpc_call_deadline_ns(req->call);
     int64_t rpc_ns = (int64_t)pf->node.args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    duet_status_t st0;
 
     /* Decode reuses the pages once its Prefill call ended, also by its own
      * deadline (transfer + rpc timeout after it registered what it
@@ -167,6 +221,10 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
                                        : "the decode's transfer deadline passed before it ran");
         return false;
     }
+    if (req->packed && (st0 = duet__pack_lists(pf, req)) != DUET_OK) {
+        duet__fail_unsent(pf, req, st0, duet_error_msg());
+        return false;
+    }
     /* one count per rank, plus the scheduler's own until it has ended the
      * sends: a send can fail (deadline, peer) while the batch computes */
     atomic_store(&req->ranks_pending, P + 1);
@@ -178,7 +236,10 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
             .src_pages = req->src_pages,
             .dst_pages = req->dst_pages,
             .n_pages = req->n_pages,
-            .flags = pf->node.args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0,
+            .flags = (pf->node.args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0) |
+                     (req->packed ? DUET_XFER_SEND_PACKED : 0),
+            .src_stage0 = req->src_stage0,
+            .dst_stage0 = req->dst_stage0,
             .deadline_ns = deadline,
             .cb = duet__send_done,
             .arg = req,
@@ -298,6 +359,14 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
             duet_free(req->src_pages);
             req->src_pages = NULL;
             break; /* wait for pages: a send completing frees some */
+        }
+        if (req->packed &&
+            duet_kv_pool_alloc_run(pf->node.pages, req->n_pages, &req->src_stage0) != DUET_OK) {
+            duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
+            duet_free(req->src_pages);
+            req->src_pages = NULL;
+            req->src_stage0 = -1;
+            break; /* wait for a run of staging pages */
         }
         pf->queue_head = req->next;
         pf->n_queued--;

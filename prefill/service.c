@@ -1,5 +1,6 @@
 /* duet.v1.Prefill: Bootstrap, Prefill, Abort, Info.  Requests are validated
  * here, before anything is queued. */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -67,9 +68,22 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     if (m->n_dst_pages != pages)
         return duet_error(DUET_ERR_INVALID, "%s: %zu destination pages for %zu tokens (need %zu)",
                           m->request_id, m->n_dst_pages, m->n_prompt_ids, pages);
-    if ((int)pages > duet_kv_pool_total(pf->node.pages))
-        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
-                          m->request_id, pages, duet_kv_pool_total(pf->node.pages));
+    /* a packed transfer stages the prompt in as many pages again */
+    size_t held = m->packed ? 2 * pages : pages;
+    if ((int)held > duet_kv_pool_total(pf->node.pages))
+        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages%s, the prefill pool has %d",
+                          m->request_id, held, m->packed ? " (packed: with staging)" : "",
+                          duet_kv_pool_total(pf->node.pages));
+    if (m->packed && duet_engine_kv_mirrored(pf->node.ke.engine))
+        return duet_error(DUET_ERR_UNSUPPORTED,
+                          "%s: packed transfer asked, but this prefill moves KV through its host "
+                          "mirror (transfer path %s)",
+                          m->request_id, pf->node.ke.path);
+    if (m->packed && m->dst_stage_page < 0)
+        return duet_error(DUET_ERR_INVALID, "%s: dst_stage_page %d is negative", m->request_id,
+                          (int)m->dst_stage_page);
+    req->packed = m->packed;
+    req->dst_stage0 = m->packed ? m->dst_stage_page : -1;
     if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
     req->n_prompt = (int)m->n_prompt_ids;
@@ -108,6 +122,7 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
         goto out;
     }
     req->call = call;
+    req->src_stage0 = -1;
     if ((st = duet__validate(pf, m, req)) != DUET_OK) {
         duet_rpc_call_fail_status(call, st, duet_error_msg());
         duet_pf_req_free(pf, req);
@@ -164,6 +179,10 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.max_context = (uint32_t)pf->node.ke.model_cfg.max_pos;
     r.version = DUET_VERSION_STRING;
     r.transfer_path = (char *)pf->node.ke.path;
+    char ucx[16];
+    snprintf(ucx, sizeof(ucx), "%d.%d", duet_xfer_ucx_version() / 100, duet_xfer_ucx_version() % 100);
+    r.ucx_version = ucx;
+    r.transfer_packed = pf->node.ke.pack;
     pthread_mutex_lock(&pf->lock);
     r.queue_depth = (uint32_t)pf->n_queued;
     r.running = (uint32_t)pf->n_inflight;

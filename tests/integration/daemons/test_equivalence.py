@@ -37,6 +37,9 @@ def check_model(name, model, vocab, failures):
                     n_pages=128)
         try:
             c.start_all()
+            want_packed = os.environ.get("DUET_KV_TRANSFER_PACK") == "on"
+            if c.info("d0").transfer_packed != want_packed:
+                failures.append((name, P, D, "decode Info.transfer_packed is not %s" % want_packed))
             for k, p in ps.items():
                 ids, _, fin = c.generate("d0", p, max_tokens=GEN, ignore_eos=True)
                 ok = ids == refs[k] and fin.completion_tokens == GEN
