@@ -22,6 +22,14 @@
  * the run.  Before every transfer both mirrors and the destination pages are
  * overwritten, so stale data cannot pass.
  *
+ * --mirror packed is the device-direct path with packed transfers
+ * (transfer/xfer_pack.h), as the daemons run it on GPUs: per layer prefill
+ * stages the layer's heads for its receivers in staging pages (the engine's
+ * kv_copy kernel, engine/cuda/kv_copy.cu, on the copy stream) and then posts
+ * one put per (layer, K|V, run); decode unstages every layer into the pages
+ * once all senders reported (counted as import).  The puts column is the
+ * transport operations of one request, all prefill ranks.
+ *
  * --mirror device runs the device-direct path instead: no mirror, each
  * rank's device pool itself is the transfer engine's pool
  * (duet_xfer_pool_register_device; needs a UCX with CUDA transports), so the
@@ -83,7 +91,10 @@
 #include "common/log.h"
 #include "common/sync.h"
 #include "testkit/testkit.h"
+#include "engine/cuda/cuda_kernels.h"
+#include "kv/copy.h"
 #include "transfer/slice_plan.h"
+#include "transfer/xfer_pack.h"
 
 #define G_LAYERS      32
 #define G_HEADS       8
@@ -119,6 +130,7 @@ typedef struct {
     bool cuda;
     bool registered;
     bool device; /* --mirror device: the device pools are the transfer pools, no mirror */
+    bool packed; /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
     const char *tls;
     int tokens[G_MAX_SIZES];
     int n_tokens;
@@ -236,6 +248,9 @@ typedef struct {
     unsigned char *src;  /* prefill, --mirror device: the source pattern, compact planes
                             (pinned), rewritten into the pool before every transfer */
     gpost_t post[G_LAYERS];
+    duet_kv_copy_t *hlist, *dlist; /* --mirror packed: this request's (un)pack copies */
+    int n_list;
+    uint64_t puts; /* prefill: puts of the last request */
 } grank_t;
 
 struct gside {
@@ -310,6 +325,10 @@ static int clear_pages(gside_t *g, int r, int n)
         if (!g->b->device)
             memset(g->sd.base[r] + off, 0x5a, len);
         if (g->role == DUET_XFER_DECODE && gs_memset(&k->st, k->pool + off, 0xa5, len))
+            return 1;
+        /* packed: staging from an earlier round must not pass either */
+        if (g->b->packed && gs_memset(&k->st, k->pool + off + len,
+                                      g->role == DUET_XFER_DECODE ? 0x3c : 0xc3, len))
             return 1;
         if (g->role == DUET_XFER_PREFILL && g->b->device &&
             gs_copy(&k->st, k->pool + off, k->src + g->cplane * (size_t)p, len, false))
@@ -437,6 +456,9 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
     sd->layout.elem_size = G_ELEM;
     /* every rank can hold a whole request: rank 0 also takes the single put */
     sd->layout.n_pages = g->max_pages * (g->tp < G_HEADS ? g->tp : G_HEADS);
+    /* packed: a request's staging pages follow its pages */
+    if (b->packed && sd->layout.n_pages < 2 * g->max_pages)
+        sd->layout.n_pages = 2 * g->max_pages;
     sd->dtype = DUET_DTYPE_BF16;
     sd->fingerprint = 0x11a3a3b8b0000002ULL;
     sd->tls = b->tls;
@@ -502,6 +524,45 @@ static int gside_stop(gside_t *g)
     return rc;
 }
 
+/* --mirror packed: build rank r's copies that stage (prefill: the heads it
+ * sends) or unstage (decode: every head) pages[0..n) with staging pages
+ * [n, 2n), and upload them (before the timed region). */
+static int upload_list(gside_t *g, int r, const duet_slice_plan_t *plan, const int32_t *pages,
+                       int n)
+{
+    const duet_kv_layout_t *l = &g->sd.layout;
+    grank_t *k = &g->rk[r];
+    size_t cap = (size_t)g->max_pages * (size_t)l->n_kv_heads;
+    uint8_t heads[G_HEADS];
+    if (k->hlist == NULL) {
+        k->hlist = DUET_NEW_ARRAY(duet_kv_copy_t, cap);
+        DUET_TESTKIT_CHECK(k->hlist != NULL, "out of memory");
+        G_CUDA(cudaSetDevice(k->st.dev));
+        G_CUDA(cudaMalloc((void **)&k->dlist, cap * sizeof(duet_kv_copy_t)));
+    }
+    if (g->role == DUET_XFER_PREFILL) {
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_src_runs(plan, r, &runs);
+        duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
+    }
+    k->n_list = duet_xfer_pack_copies(l, pages, n, n, g->role == DUET_XFER_PREFILL ? heads : NULL,
+                                      g->role == DUET_XFER_DECODE, k->hlist);
+    G_CUDA(cudaSetDevice(k->st.dev));
+    G_CUDA(cudaMemcpy(k->dlist, k->hlist, (size_t)k->n_list * sizeof(duet_kv_copy_t),
+                      cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* --mirror packed: queue rank r's copies on planes [plane0, plane0 + n_planes). */
+static int run_list(gside_t *g, int r, int plane0, int n_planes)
+{
+    grank_t *k = &g->rk[r];
+    G_CUDA(cudaSetDevice(k->st.dev));
+    DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
+                                       plane0, n_planes, k->dlist, k->n_list));
+    return 0;
+}
+
 static int32_t *seq_pages(int n)
 {
     int32_t *p = duet_malloc(sizeof(int32_t) * (size_t)n);
@@ -561,7 +622,11 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
                                 .peers = g->sd.peers[d],
                                 .pages = pages,
                                 .n_pages = n,
-                                .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
+                                .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
+                                .flags = g->b->packed ? DUET_XFER_EXPECT_PACKED : 0,
+                                .dst_stage0 = g->b->packed ? n : 0};
+        if (g->b->packed && upload_list(g, d, plan, pages, n))
+            return 1;
         DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(g->sd.x, d), &e));
     }
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(fd, "ok") == 0, "channel");
@@ -572,14 +637,18 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
         DUET_TESTKIT_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
     }
     t_recv = duet_now_ns();
-    /* --mirror device: the KV already is in the device pages, nothing to import */
+    /* --mirror device: the KV already is in the device pages, nothing to
+     * import; --mirror packed: unstage every layer into the pages */
     for (int d = 0; d < g->tp && !g->b->device; d++)
         if (copy_pages(g, d, 0, G_LAYERS, pages, n, false))
             return 1;
-    for (int d = 0; d < g->tp && !g->b->device; d++)
+    for (int d = 0; d < g->tp && g->b->packed; d++)
+        if (run_list(g, d, 0, 2 * G_LAYERS))
+            return 1;
+    for (int d = 0; d < g->tp && (!g->b->device || g->b->packed); d++)
         if (gs_sync(&g->rk[d].st))
             return 1;
-    t1 = g->b->device ? t_recv : duet_now_ns();
+    t1 = g->b->device && !g->b->packed ? t_recv : duet_now_ns();
     for (int d = 0; d < g->tp; d++) {
         char why[200];
         if (verify(g, d, n, why, sizeof(why))) {
@@ -662,8 +731,13 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                               .src_pages = pages,
                               .dst_pages = pages,
                               .n_pages = n,
-                              .flags = 0, /* no DUET_XFER_SEND_CRC: device pools have none */
-                              .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS)};
+                              /* no DUET_XFER_SEND_CRC: device pools have none */
+                              .flags = b->packed ? DUET_XFER_SEND_PACKED : 0,
+                              .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
+                              .src_stage0 = b->packed ? n : 0,
+                              .dst_stage0 = b->packed ? n : 0};
+        if (b->packed && upload_list(g, s, plan, pages, n))
+            return 1;
         DUET_TESTKIT_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
     }
     atomic_store(&g->cur_id, id);
@@ -676,6 +750,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     for (int l = 0; l < G_LAYERS; l++)
         for (int s = 0; s < g->tp; s++)
             if ((!b->device && copy_pages(g, s, l, l + 1, pages, n, true)) ||
+                (b->packed && run_list(g, s, 2 * l, 2)) ||
                 gs_host_fn(&g->rk[s].st, on_layer_landed, &g->rk[s].post[l]))
                 return 1;
     for (int s = 0; s < g->tp; s++)
@@ -688,6 +763,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
         DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(g->sd.x, s), id,
                                             duet_deadline_in_ms(G_TIMEOUT_MS), &res));
         DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d: %s", s, res.detail);
+        g->rk[s].puts = res.puts;
     }
     DUET_TESTKIT_CHECK(atomic_load(&g->landed) == G_LAYERS * g->tp &&
                            atomic_load(&g->post_errors) == 0,
@@ -761,9 +837,13 @@ static int bench_prefill(void *arg)
                                             : 0;
         double e2e = bytes / med[T_E2E] / 1e9;
         double ref = strcmp(b->variant, "same") == 0 ? b->base.d2d[i] : b->base.peer[i];
-        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f\n",
+        uint64_t puts = 0;
+        for (int s = 0; s < g->tp; s++)
+            puts += g->rk[s].puts;
+        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu\n",
                b->variant, b->P, b->D, b->tokens[i], bytes / 1048576.0, e2e, med[T_EXPORT] * 1e3,
-               med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0);
+               med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0,
+               (unsigned long long)puts);
         fflush(stdout);
     }
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, "bye") == 0, "channel");
@@ -1046,6 +1126,9 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "device") == 0) {
             b.registered = false;
             b.device = true;
+        } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "packed") == 0) {
+            b.registered = false;
+            b.device = b.packed = true;
         } else
             usage = 1;
         i++;
@@ -1057,7 +1140,7 @@ int main(int argc, char **argv)
     if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
-                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device] [--no-cuda] "
+                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed] [--no-cuda] "
                 "[--corrupt-put N]\n",
                 argv[0]);
         return 2;
@@ -1101,9 +1184,9 @@ int main(int argc, char **argv)
                b.rounds);
     printf("# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
            "same size; every destination byte verified after every transfer\n");
-    printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s\n", "# var", "P", "D", "tokens",
-           "MiB", "e2e_GB/s", "export_ms", "puts_ms", "import_ms", "put_GB/s", "model", "ref",
-           "e2e/ref");
+    printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s %7s\n", "# var", "P", "D",
+           "tokens", "MiB", "e2e_GB/s", "export_ms", "puts_ms", "import_ms", "put_GB/s", "model",
+           "ref", "e2e/ref", "puts");
     for (char *vsave = NULL, *var = strtok_r(variants_buf, ",", &vsave); var != NULL;
          var = strtok_r(NULL, ",", &vsave)) {
         char plans[128];

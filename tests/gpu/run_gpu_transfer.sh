@@ -113,7 +113,7 @@ if [ -x "${DUET_UCX_CUDA_LIB:-/nonexistent}/bin/ucx_info" ]; then
 transports: $("$DUET_UCX_CUDA_LIB/bin/ucx_info" -d 2>/dev/null | awk '/Transport:/{printf "%s ", $3}')"
 fi
 
-timeout 140 "$BIN" "$@"
+timeout "${BENCH_TIMEOUT:-140}" "$BIN" "$@"
 rc=$?
 echo "# bench_gpu_transfer exit $rc"
 

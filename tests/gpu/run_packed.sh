@@ -1,0 +1,52 @@
+#!/bin/bash
+# Packed KV transfers on GPUs (issue 12): the device-direct path with the
+# pinned UCX 1.22.0 (tests/gpu/build_ucx_cuda.sh -> .devcarry/ucxcuda), on a
+# machine with 2 or 4 GPUs, from the repo root.  Carry .devcarry/ucxcuda,
+# .devcarry/gxfer (tests/gpu/run_gpu_transfer.sh --build), .devcarry/cuda
+# (tests/gpu/build_carry.sh) and .devcarry/daemons
+# (tests/gpu/build_carry_daemons.sh).
+#
+#   tests/gpu/run_packed.sh unit bench disagg     # any subset, in order
+#
+#   unit    test_cuda_kv_copy (the pack/unpack kernel, the KV-store -> pack
+#           ordering), test_cuda_add, test_cuda_engine
+#   bench   bench_gpu_transfer --mirror packed for every pair the GPUs allow
+#           (1x1 1x2 2x1; 2x4 4x2 with 4 GPUs) at 512, 1024 and 8192
+#           tokens, then the unpacked direct path (--mirror device) for the
+#           same pairs in the same run, cudaMemcpyPeer as the reference
+#   disagg  tests/gpu/disagg_gpu.sh on the direct path (packed: the
+#           default there), every layout the GPUs allow
+# Logs: $OUT/packed-*.log
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+U=$ROOT/.devcarry/ucxcuda
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+plans=1x1,1x2,2x1
+[ "$ngpu" -ge 4 ] && plans=$plans,2x4,4x2
+rc=0
+for what in "$@"; do
+    case $what in
+    unit)
+        UNIT_TESTS="test_cuda_kv_copy test_cuda_add test_cuda_engine" tests/gpu/run_gpu.sh unit \
+            2>&1 | tee "${OUT:-/tmp}/packed-unit.log" | grep -E "PASS|FAIL|INFO|passed|failed|===|Error" | tail -40
+        ;;
+    bench)
+        for mode in packed device; do
+            echo "=== bench_gpu_transfer --mirror $mode ($plans)"
+            DUET_UCX_CUDA_LIB=$U BENCH_TIMEOUT=250 timeout 280 tests/gpu/run_gpu_transfer.sh --mirror $mode \
+                --plans $plans --tokens 512,1024,8192 --rounds 3 --variants spread \
+                > "${OUT:-/tmp}/packed-bench-$mode.log" 2>&1 || rc=1
+            grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "${OUT:-/tmp}/packed-bench-$mode.log" | \
+                grep -E "^#|^spread|^copy|exit|corrupt|FAIL|error" | head -60
+        done
+        ;;
+    disagg)
+        DUET_UCX_CUDA_LIB=$U DUET_KV_TRANSFER_PATH=auto timeout 560 tests/gpu/disagg_gpu.sh \
+            > "${OUT:-/tmp}/packed-disagg.log" 2>&1 || rc=1
+        grep -E "transfer path|packed|ok|FAIL|near-tie|differ|error|cases" "${OUT:-/tmp}/packed-disagg.log" | head -60
+        ;;
+    *) echo "run_packed.sh: unknown step $what"; rc=2 ;;
+    esac
+done
+exit $rc
