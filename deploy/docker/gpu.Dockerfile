@@ -37,7 +37,8 @@ RUN apt-get update \
       curl ca-certificates libibverbs-dev librdmacm-dev cuda-nvml-dev-13-0 \
  && rm -rf /var/lib/apt/lists/* \
  && scripts/build_ucx.sh --prefix /opt/ucx \
- && ls /opt/ucx/lib/ucx/libuct_cuda.so /opt/ucx/lib/ucx/libuct_ib.so /opt/ucx/lib/ucx/libuct_rdmacm.so \
+ && ls /opt/ucx/lib/ucx/libuct_cuda.so /opt/ucx/lib/ucx/libuct_ib.so \
+      /opt/ucx/lib/ucx/libuct_ib_mlx5.so /opt/ucx/lib/ucx/libuct_rdmacm.so \
  && rm -rf /tmp/duet-ucx-* \
  && echo /opt/ucx/lib > /etc/ld.so.conf.d/000-duet-ucx.conf && ldconfig
 COPY . .
