@@ -40,6 +40,12 @@ export function checkUcxScript(text) {
   if (!sha || !/^[0-9a-f]{64}$/.test(sha)) errs.push(`UCX_URL_SHA256=${sha ?? ""} is not a pinned sha256 (64 hex digits)`);
   if (!/\$\{?UCX_URL_SHA256\}?/.test(text)) errs.push("never compares anything with UCX_URL_SHA256");
 
+  // UCX >= 1.20 builds GDA-KI (GPU-initiated verbs) with CUDA and mlx5; it
+  // needs DOCA GPUNetIO headers from a git submodule, empty in the 1.22.0
+  // export, and duet does not use it
+  if (/--with-cuda\b/.test(text) && /--with-mlx5\b/.test(text) && !/--without-gda\b/.test(text))
+    errs.push("configures CUDA and mlx5 without --without-gda: the gdaki module needs DOCA GPUNetIO headers (a git submodule, empty in the 1.22.0 export) and fails the build");
+
   const lines = text.split("\n");
   const tarAt = lines.findIndex((l) => /^\s*tar\s+(-\w*x|x)/.test(l));
   if (tarAt < 0) {

@@ -373,6 +373,8 @@ ucxScriptRejects("the checksum check removed", /if ! sha_ok [^\n]*\n[^\n]*\n[^\n
   /does not check the tarball's sha256 \(and stop on a mismatch\) before unpacking it/);
 ucxScriptRejects("a mismatch only warned about", /if ! sha_ok [^\n]*\n[^\n]*\n[^\n]*exit 1\nfi\n/, 'sha_ok "$source" "$want" || echo "sha256 mismatch" >&2\n',
   /does not check the tarball's sha256/);
+ucxScriptRejects("GDA-KI left in with CUDA and mlx5", " --without-gda", "",
+  /configures CUDA and mlx5 without --without-gda: the gdaki module needs DOCA GPUNetIO headers/);
 ucxScriptRejects("the sha256 not pinned", /^UCX_URL_SHA256=[0-9a-f]+$/m, "UCX_URL_SHA256=", /UCX_URL_SHA256= is not a pinned sha256/);
 ucxScriptRejects("the release over http", "UCX_URL=https://", "UCX_URL=http://", /UCX_URL http:\/\/\S+ is not an https URL/);
 
