@@ -90,7 +90,7 @@ fi
 
 cd "$src"
 ./configure --prefix="$prefix" --with-cuda="$cuda" --enable-mt "${rdma[@]}" \
-    --without-gdrcopy --without-knem --without-xpmem --without-rocm --without-java --without-go \
+    --without-gdrcopy --without-gda --without-knem --without-xpmem --without-rocm --without-java --without-go \
     --disable-doxygen-doc --enable-optimizations --disable-logging --disable-debug \
     --disable-assertions --disable-params-check --disable-werror \
     CPPFLAGS="-I$nvml" LDFLAGS="-L$cuda/lib64/stubs${nvml_lib:+ -L$nvml_lib}" \

@@ -8,7 +8,7 @@
 //    package list a final image installs resolves for the real binaries.
 // 3. Every kustomization (base, overlays/*) rendered with the pinned
 //    kustomize, every object validated against the Kubernetes schemas
-//    (kubernetes-models@4.5.1) including unknown fields, and cross-checked
+//    (kubernetes-models@5.1.0) including unknown fields, and cross-checked
 //    against duet-prefill/duet-decode (--check-config of each pod's own
 //    command line) and the config (lib/crosscheck.mjs).
 // Ends with "N passed, N failed"; exit status 1 if anything failed.
@@ -18,8 +18,10 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-if (!fs.existsSync(path.join(here, "node_modules", ".package-lock.json"))) {
-  console.error(`validate.mjs: ${here}/node_modules is missing: run npm ci there (scripts/install-deps.sh does)`);
+const { depsProblem } = await import("./lib/deps.mjs");
+const problem = depsProblem(here);
+if (problem) {
+  console.error(`validate.mjs: ${problem}`);
   process.exit(1);
 }
 const { checkRendered } = await import("./lib/crosscheck.mjs");

@@ -4,21 +4,28 @@
 // on; everything the manifests say about that daemon (container and probe
 // ports, headless Service, discover name, GPUs, grace period, /dev/shm,
 // UCX ports, NetworkPolicy, image) is compared with it.
+//
+// A pod runs one duet container, or a prefill and a decode container (the
+// same-node layout, lib/pair.mjs: both see the pod's GPUs, KV moves over
+// cuda_ipc).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
+import { checkNetworkPolicy } from "./netpol.mjs";
+import { checkPair, daemonDevices } from "./pair.mjs";
 import { validateObject } from "./schema.mjs";
 import {
-  hostPort, id, mapSelects, parseArgs, parseQuantity, podTemplate, resolvePort, selects,
+  hostPort, id, mapSelects, parseArgs, parseQuantity, podTemplate, resolvePort, selects, UCX_TCP_DEVICES,
 } from "./k8s.mjs";
 
 const ROLES = { "duet-prefill": "prefill", "duet-decode": "decode", "duet-router": "router" };
 const NON_INSTANCE_FLAGS = new Set(["--config", "--name", "--model", "--log-level", "--check-config"]);
 const DRAIN_MARGIN_S = 5;       // gRPC shutdown (2 s) + UCX and engine teardown
 const EPHEMERAL = [32768, 60999]; // Linux ip_local_port_range default
-const UCX_TCP_DEVICES = 2;      // lo and eth0 in a pod: one listener per rank and device
+const UCX_CUDA_TLS = /^(cuda|cuda_copy|cuda_ipc|gdr_copy)$/;
+const UCX_BOOL = /^(y|n|yes|no|on|off|1|0|true|false)$/i;
 
 function run(exe, args, timeoutMs = 60000) {
   const r = spawnSync(exe, args, { encoding: "utf8", timeout: timeoutMs });
@@ -249,10 +256,11 @@ function checkDaemon(objects, d, opts, ctx, E) {
   const drainMs = Number(eff.get("drain_timeout_ms"));
 
   // ports: container, probes
-  const cport = (c.ports || []).find((p) => p.name === "grpc");
-  if (!cport) E(w, `container ${c.name}: no container port named grpc`);
+  // (grpc-<role> where two daemons share a pod: one name per port)
+  const cport = (c.ports || []).find((p) => p.name === (d.pair ? `grpc-${role}` : "grpc"));
+  if (!cport) E(w, `container ${c.name}: no container port named ${d.pair ? `grpc-${role}` : "grpc"}`);
   else if (cport.containerPort !== listen.port)
-    E(w, `container port grpc is ${cport.containerPort} but duet-${role} listens on ${listen.port}`);
+    E(w, `container port ${cport.name} is ${cport.containerPort} but duet-${role} listens on ${listen.port}`);
   for (const k of ["startupProbe", "readinessProbe", "livenessProbe"]) {
     const p = c[k];
     if (!p) E(w, `container ${c.name}: no ${k}`);
@@ -275,8 +283,20 @@ function checkDaemon(objects, d, opts, ctx, E) {
   const req = c.resources?.requests || {};
   const gpuL = lim["nvidia.com/gpu"];
   const gpuR = req["nvidia.com/gpu"];
-  if (backend === "cuda") {
+  d.tp = tp;
+  d.backend = backend;
+  d.devices = daemonDevices(entry, args, tp);
+  if (backend === "cuda" && d.pair) {
+    // the GPUs come from the pod's claim (lib/pair.mjs), seen by both daemons
+    if (gpuL !== undefined || gpuR !== undefined)
+      E(w, `container ${c.name} asks for nvidia.com/gpu: device-plugin GPUs are visible to that container only, so the other daemon could not map their memory (cuda_ipc); name the pod's ResourceClaim instead`);
+    if (info && !info.cuda) E(w, `backend cuda in image ${info.title}, which is not built with CUDA`);
+  } else if (backend === "cuda") {
     if (Number(gpuL) !== tp) E(w, `limits nvidia.com/gpu is ${gpuL ?? "unset"} but ${name} has tp ${tp} (one GPU per rank)`);
+    else {
+      const out = d.devices.filter((x) => !(x >= 0 && x < tp));
+      if (out.length) E(w, `${name} devices [${d.devices}]: the container sees ${tp} GPUs (nvidia.com/gpu), ${out.join(", ")} is none of them`);
+    }
     if (gpuR !== undefined && Number(gpuR) !== tp) E(w, `requests nvidia.com/gpu is ${gpuR} but ${name} has tp ${tp}`);
     if (info && !info.cuda) E(w, `backend cuda in image ${info.title}, which is not built with CUDA`);
   } else {
@@ -310,6 +330,24 @@ function checkDaemon(objects, d, opts, ctx, E) {
     if (!t2.some((x) => /^(tcp|rc.*|ud.*|dc.*|ib)$/.test(x))) E(w, `UCX_TLS ${tls}: no network transport`);
     if (!t2.includes("tcp")) E(w, `UCX_TLS ${tls}: tcp carries the control endpoint's peer-failure detection`);
     if (rdma && !t2.some((x) => /^(rc|ud|dc|ib)/.test(x))) E(w, `asks for an RDMA device but UCX_TLS ${tls} has no verbs transport`);
+    const cudaTls = t2.filter((x) => UCX_CUDA_TLS.test(x));
+    if (cudaTls.length && info && !info.ucx?.cuda)
+      E(w, `UCX_TLS ${tls} names ${cudaTls.join(", ")} but image ${info.title} has the distribution's UCX, without CUDA transports`);
+    if (d.pair && backend === "cuda") {
+      // the reason the two daemons share a pod: puts GPU to GPU
+      if (!t2.some((x) => x === "cuda_ipc" || x === "cuda"))
+        E(w, `UCX_TLS ${tls}: no cuda_ipc, so this pod's prefill and decode cannot put KV GPU to GPU`);
+      if (!t2.some((x) => x === "cuda_copy" || x === "cuda"))
+        E(w, `UCX_TLS ${tls}: no cuda_copy, so UCX does not recognise GPU memory and the daemons stage KV through host memory`);
+    }
+  }
+  // a protocol-info glob: UCX >= 1.16 (1.13 takes y|n only, and the daemon
+  // would not start)
+  const protoInfo = env.get("UCX_PROTO_INFO");
+  if (protoInfo !== undefined && !UCX_BOOL.test(protoInfo) && info) {
+    const v = (info.ucx?.version || "0.0").split(".").map(Number);
+    if (!info.ucx?.pinned || v[0] * 100 + v[1] < 116)
+      E(w, `UCX_PROTO_INFO "${protoInfo}" needs UCX >= 1.16; image ${info.title}'s UCX (${info.ucx?.version ?? "the distribution's"}) takes only y or n and would fail to start`);
   }
   const range = ucxRange(env);
   if (!range) E(w, "UCX_TCP_PORT_RANGE is not set to A-B: the transfer ports are ephemeral and no NetworkPolicy can name them");
@@ -321,6 +359,7 @@ function checkDaemon(objects, d, opts, ctx, E) {
     if (a <= EPHEMERAL[1] && b >= EPHEMERAL[0]) E(w, `UCX_TCP_PORT_RANGE ${a}-${b} overlaps the ephemeral ports ${EPHEMERAL.join("-")}`);
     if (listen.port >= a && listen.port <= b) E(w, `UCX_TCP_PORT_RANGE ${a}-${b} contains the gRPC port ${listen.port}`);
     d.range = range;
+    d.listeners = need;
   }
   checkSecurity(w, c, { rdma, daemon: true }, E);
   if (rdma) {
@@ -430,79 +469,6 @@ function checkRouter(objects, d, opts, ctx, E) {
   else if (r.status !== 0) E(w, `duet-router --check-config: ${msg}`);
 }
 
-// Only the router (and decode, for prefill) reaches a daemon's gRPC port;
-// only the other role's daemons reach its UCX port range.
-function checkNetworkPolicy(objects, daemons, templatesByRole, E) {
-  const pols = objects.filter((o) => o.kind === "NetworkPolicy");
-  for (const d of daemons) {
-    if (d.port === undefined || !d.range) continue;
-    const ns = d.w.metadata.namespace;
-    const mine = pols.filter(
-      (p) => p.metadata.namespace === ns && selects(p.spec.podSelector, d.labels) &&
-        (p.spec.policyTypes || ["Ingress"]).includes("Ingress"),
-    );
-    if (mine.length === 0) {
-      E(d.w, "no NetworkPolicy selects its pods: every pod can reach its gRPC and UCX ports");
-      continue;
-    }
-    const other = d.role === "prefill" ? "decode" : "prefill";
-    const grpcFrom = new Set(d.role === "prefill" ? ["router", "decode"] : ["router"]);
-    const reach = { grpc: new Set(), ucx: [] };
-    for (const p of mine) {
-      for (const [i, rule] of (p.spec.ingress || []).entries()) {
-        const where = `${id(p)} ingress[${i}]`;
-        if (!rule.from || rule.from.length === 0) {
-          E(d.w, `${where} allows every source`);
-          continue;
-        }
-        if (!rule.ports || rule.ports.length === 0) {
-          E(d.w, `${where} allows every port`);
-          continue;
-        }
-        const roles = new Set();
-        for (const peer of rule.from) {
-          if (peer.ipBlock || peer.namespaceSelector) {
-            E(d.w, `${where} allows sources outside the duet pods (ipBlock/namespaceSelector)`);
-            continue;
-          }
-          const hit = Object.entries(templatesByRole).filter(([, ls]) =>
-            ls.some((x) => x.ns === ns && selects(peer.podSelector, x.labels)),
-          ).map(([r]) => r);
-          if (hit.length === 0) E(d.w, `${where} has a peer that selects no duet pod`);
-          for (const r of hit) roles.add(r);
-        }
-        for (const port of rule.ports) {
-          const lo = resolvePort(d.c, port.port);
-          const hi = port.endPort ?? lo;
-          if (lo === null || lo === undefined) {
-            E(d.w, `${where} names port ${port.port}, which its pods do not have`);
-            continue;
-          }
-          if (lo === d.port && hi === d.port) {
-            for (const r of roles) {
-              if (!grpcFrom.has(r)) E(d.w, `${where} lets ${r} pods reach the gRPC port ${d.port}`);
-              else reach.grpc.add(r);
-            }
-          } else if (lo >= d.range[0] && hi <= d.range[1]) {
-            for (const r of roles) {
-              if (r !== other) E(d.w, `${where} lets ${r} pods reach the UCX transfer ports`);
-            }
-            if (roles.has(other)) reach.ucx.push([lo, hi]);
-          } else {
-            E(d.w, `${where} opens ${lo}${hi !== lo ? "-" + hi : ""}, neither the gRPC port ${d.port} nor UCX_TCP_PORT_RANGE ${d.range.join("-")}`);
-          }
-        }
-      }
-    }
-    for (const r of grpcFrom) if (!reach.grpc.has(r)) E(d.w, `no NetworkPolicy lets ${r} pods reach the gRPC port ${d.port}`);
-    // the allowed ranges must cover the whole UCX range
-    let next = d.range[0];
-    for (const [lo, hi] of reach.ucx.sort((x, y) => x[0] - y[0])) if (lo <= next) next = Math.max(next, hi + 1);
-    if (next <= d.range[1])
-      E(d.w, `no NetworkPolicy lets ${other} pods reach UCX ports ${next}-${d.range[1]} (UCX_TCP_PORT_RANGE ${d.range.join("-")})`);
-  }
-}
-
 // All checks of one rendered overlay.  opts: { build, repo, images: Map
 // image name -> checkDockerfile() info }.  Returns { errors, notes }.
 export function checkRendered(objects, opts) {
@@ -520,26 +486,34 @@ export function checkRendered(objects, opts) {
   const workloads = objects.filter((o) => o.kind === "Deployment" || o.kind === "StatefulSet");
   const ctx = { used: { prefill: new Map(), decode: new Map() }, templates: [], notes };
   const found = [];
-  const templatesByRole = { router: [], prefill: [], decode: [] };
+  const pods = []; // { w, ns, labels, roles: Set, daemons: [found entries] }
   for (const w of workloads) {
     const t = podTemplate(w);
     const labels = t.metadata?.labels || {};
     ctx.templates.push([w, labels]);
     if (!selects(w.spec.selector, labels)) E(w, "spec.selector does not select its own pod template");
+    for (const k of ["hostIPC", "hostPID", "hostNetwork"])
+      if (t.spec[k]) E(w, `${k}: true: the pod joins the node's namespace (the containers of one pod already share IPC, which cuda_ipc needs)`);
     const cs = t.spec.containers.filter((c) => ROLES[path.basename((c.command || [])[0] || "")]);
-    if (cs.length !== 1) {
-      E(w, `${cs.length} duet containers (one expected)`);
+    const roles = cs.map((c) => ROLES[path.basename(c.command[0])]);
+    const pair = cs.length === 2 && roles.includes("prefill") && roles.includes("decode");
+    if (cs.length !== 1 && !pair) {
+      E(w, `${cs.length} duet containers (${roles.join(", ") || "none"}): one, or a prefill and a decode, expected`);
       continue;
     }
-    const c = cs[0];
-    const role = ROLES[path.basename(c.command[0])];
-    templatesByRole[role].push({ ns: w.metadata.namespace, labels });
-    found.push({ w, c, role, labels, args: parseArgs((c.args || []).map(String)) });
+    const pod = { w, ns: w.metadata.namespace, labels, roles: new Set(roles), daemons: [] };
+    pods.push(pod);
+    cs.forEach((c, i) => {
+      const d = { w, c, role: roles[i], labels, pair, pod, args: parseArgs((c.args || []).map(String)) };
+      if (d.role !== "router") pod.daemons.push(d);
+      found.push(d);
+    });
   }
   for (const d of found) {
     if (d.role === "router") checkRouter(objects, d, opts, ctx, E);
     else checkDaemon(objects, d, opts, ctx, E);
   }
+  for (const pod of pods) if (pod.daemons.length === 2) checkPair(objects, pod, E);
   const cms = new Set(found.filter((d) => d.cfg).map((d) => d.cfg.cm));
   if (cms.size > 1) errors.push(`the pods read ${cms.size} different cluster configs (${[...cms].join(", ")}): one is expected`);
   const cfgDaemon = found.find((d) => d.cfg);
@@ -554,6 +528,7 @@ export function checkRendered(objects, opts) {
   }
   if (!found.some((d) => d.role === "router")) errors.push("no duet-router workload");
   for (const r of ["prefill", "decode"]) if (!found.some((d) => d.role === r)) errors.push(`no duet-${r} workload`);
-  checkNetworkPolicy(objects, found.filter((d) => d.role !== "router"), templatesByRole, E);
-  return { errors, notes };
+  checkNetworkPolicy(objects, pods, E);
+  // a pod's two daemons share the workload-level checks: say each once
+  return { errors: [...new Set(errors)], notes: [...new Set(notes)] };
 }

@@ -6,6 +6,8 @@
 import fs from "node:fs";
 import path from "node:path";
 
+import { checkImageUcx } from "./ucx-image.mjs";
+
 // Instructions with their line numbers; continuation lines joined and
 // comment lines dropped as Docker does.
 export function parseDockerfile(text) {
@@ -119,9 +121,11 @@ function cmakeExecutables(repo, dir) {
 }
 
 // Check one Dockerfile (path relative to repo, context = repo root).
+// files: repository files to read from this map instead (rel -> text).
 // Returns { errors, title, binaries: Set of absolute paths in the final
-// image, capBinaries: Map path -> capability, dataPaths: [paths] }.
-export function checkDockerfile(repo, rel, text = null) {
+// image, capBinaries: Map path -> capability, dataPaths: [paths], cuda,
+// ucx: { pinned, prefix, version, cuda } (lib/ucx-image.mjs) }.
+export function checkDockerfile(repo, rel, text = null, files = new Map()) {
   const errors = [];
   const file = path.join(repo, rel);
   const src = text ?? fs.readFileSync(file, "utf8");
@@ -151,6 +155,7 @@ export function checkDockerfile(repo, rel, text = null) {
     buildStages.some((s) => /^(nvcr\.io\/)?nvidia\/cuda:.*devel/.test(s.image));
   if (DEVEL_IMAGE.test(final.image) || buildStages.some((s) => s.image === final.image))
     err(final.line, `final stage is based on a build image (${final.image})`);
+  info.ucx = checkImageUcx({ repo, rel, stages, final, err, files }, info.cuda);
 
   // the CI scripts, called by the build stage
   const buildRuns = buildStages.flatMap((s) => s.insns.filter((i) => i.cmd === "RUN"));

@@ -1,5 +1,6 @@
 // The images the manifests may use: every deploy/docker/*.Dockerfile,
 // statically checked, keyed by its org.opencontainers.image.title.
+// texts: repository files to read from this map instead (rel -> text).
 import fs from "node:fs";
 import path from "node:path";
 import { checkDockerfile } from "./dockerfile.mjs";
@@ -13,7 +14,7 @@ export function imageInfos(repo, texts = new Map()) {
   const images = new Map();
   const errors = [];
   for (const rel of dockerfiles(repo)) {
-    const info = checkDockerfile(repo, rel, texts.get(rel) ?? null);
+    const info = checkDockerfile(repo, rel, texts.get(rel) ?? null, texts);
     errors.push(...info.errors);
     if (info.title) {
       if (images.has(info.title)) errors.push(`${rel}: image title ${info.title} is used twice`);

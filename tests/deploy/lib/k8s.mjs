@@ -48,6 +48,9 @@ export function resolvePort(container, p) {
   return cp ? cp.containerPort : null;
 }
 
+// UCX's TCP listeners per rank in a pod: one per network device (lo, eth0)
+export const UCX_TCP_DEVICES = 2;
+
 export const id = (o) => `${o.kind}/${o.metadata?.name}`;
 
 export function podTemplate(w) {

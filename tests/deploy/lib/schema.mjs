@@ -1,6 +1,7 @@
 // Offline schema validation of rendered Kubernetes objects with the JSON
-// schemas compiled into kubernetes-models@4.5.1 (ajv standalone code from
-// @kubernetes-models/validate@4.0.0).
+// schemas compiled into kubernetes-models@5.1.0 (Kubernetes 1.34 APIs,
+// resource.k8s.io/v1 included; ajv standalone code from
+// @kubernetes-models/validate@5.0.2).
 //
 // Those schemas do not reject unknown fields (no additionalProperties), so
 // a typo such as `imagePullPolcy` passes them.  The unknown-field check
@@ -13,10 +14,12 @@
 // iterate, is not in the schema: an unknown field.
 import { createRequire } from "node:module";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 
 const require = createRequire(import.meta.url);
-// the package's "exports" map hides _schemas/: load the files by path
-const schemaDir = path.join(path.dirname(require.resolve("kubernetes-models")), "_schemas");
+// The schema modules are ES modules, loaded synchronously by path with
+// require() (Node >= 20.19 or 22.12: tests/deploy/lib/deps.mjs checks).
+const schemaDir = path.join(path.dirname(fileURLToPath(import.meta.resolve("kubernetes-models"))), "_schemas");
 
 function schemaModuleName(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];

@@ -13,18 +13,23 @@ import test from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { checkRendered } from "../lib/crosscheck.mjs";
+import { depsProblem } from "../lib/deps.mjs";
 import { checkDockerfile } from "../lib/dockerfile.mjs";
 import { imageInfos } from "../lib/images.mjs";
 import { render } from "../lib/render.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
+const problem = depsProblem(path.join(here, ".."));
+if (problem) throw new Error(problem);
 const repo = path.resolve(process.env.DUET_SOURCE_DIR || path.join(here, "..", "..", ".."));
 const build = process.env.DUET_BINARY_DIR;
 if (!build || !fs.existsSync(path.join(build, "prefill", "duet-prefill")))
   throw new Error(`DUET_BINARY_DIR must be a build with duet-prefill and duet-decode (got ${build})`);
 const { images } = imageInfos(repo);
 const overlay = (n) => path.join(repo, "deploy", "k8s", "overlays", n);
-const rendered = Object.fromEntries(["p2d4", "mixed", "p2d4-rdma", "cpu"].map((n) => [n, render(overlay(n))]));
+const rendered = Object.fromEntries(
+  ["p2d4", "mixed", "p2d4-rdma", "cpu", "p1d2-same-node"].map((n) => [n, render(overlay(n))]),
+);
 
 const errorsOf = (objs, r = repo) => checkRendered(objs, { build, repo: r, images }).errors;
 const obj = (objs, kind, name) => {
@@ -33,6 +38,11 @@ const obj = (objs, kind, name) => {
   return o;
 };
 const daemon = (objs, name) => obj(objs, "StatefulSet", name).spec.template.spec.containers[0];
+const podSpec = (objs) => obj(objs, "StatefulSet", "duet-pd").spec.template.spec;
+const pdContainer = (objs, name) => podSpec(objs).containers.find((c) => c.name === name);
+const setEnv = (c, name, value) => {
+  c.env = c.env.map((e) => (e.name === name ? { name, value } : e));
+};
 const cfgMap = (objs) => objs.find((x) => x.kind === "ConfigMap");
 const editConfig = (objs, fn) => {
   const cm = cfgMap(objs);
@@ -55,7 +65,7 @@ test("the unbroken overlays pass", () => {
 });
 
 test("scaling a StatefulSet needs no config change", () => {
-  for (const n of ["p2d4", "mixed"]) {
+  for (const n of ["p2d4", "mixed", "p1d2-same-node"]) {
     const objs = structuredClone(rendered[n]);
     for (const o of objs) if (o.kind === "StatefulSet") o.spec.replicas = 5;
     assert.deepEqual(errorsOf(objs), [], n);
@@ -200,6 +210,76 @@ rejects("router grace shorter than preStop + --grace-ms", "p2d4",
   (o) => { obj(o, "Deployment", "duet-router").spec.template.spec.terminationGracePeriodSeconds = 35; },
   /terminationGracePeriodSeconds 35 <= preStop 5s \+ --grace-ms 30000/);
 
+// same-node layout: a prefill and a decode container in one pod on GPUs
+// both see (lib/pair.mjs)
+const pd = "p1d2-same-node";
+rejects("same-node: a container asks for a device-plugin GPU", pd,
+  (o) => { pdContainer(o, "prefill").resources.limits["nvidia.com/gpu"] = 1; },
+  /container prefill asks for nvidia.com\/gpu: device-plugin GPUs are visible to that container only/);
+rejects("same-node: the claim's GPU count is not the TPs' sum", pd,
+  (o) => { obj(o, "ResourceClaimTemplate", "duet-pd-gpus").spec.spec.devices.requests[0].exactly.count = 2; },
+  /its claim gives the pod 2 GPUs but its daemons have tp 1 \+ 2 = 3/);
+rejects("same-node: decode tp raised in the config only", pd,
+  (o) => editConfig(o, (j) => { j.decode[0].tp = 4; j.decode[0].devices = [1, 2, 3, 4]; }),
+  /its claim gives the pod 3 GPUs but its daemons have tp 1 \+ 4 = 5/);
+rejects("same-node: both daemons on the default devices", pd,
+  (o) => editConfig(o, (j) => { delete j.prefill[0].devices; delete j.decode[0].devices; }),
+  /prefill devices \[0\] and decode devices \[0,1\] share GPU 0/);
+rejects("same-node: a device beyond the pod's GPUs", pd,
+  (o) => editConfig(o, (j) => { j.decode[0].devices = [1, 3]; }),
+  /decode devices \[1,3\]: the pod has 3 GPUs, 3 is none of them/);
+rejects("same-node: devices set by a flag", pd,
+  (o) => { pdContainer(o, "prefill").args.push("--devices", "[1]"); },
+  /prefill devices \[1\] and decode devices \[1,2\] share GPU 1/);
+rejects("same-node: a container without the claim", pd,
+  (o) => { delete pdContainer(o, "decode").resources.claims; },
+  /container decode names no resourceClaim/);
+rejects("same-node: a container limited to one request of the claim", pd,
+  (o) => { pdContainer(o, "prefill").resources.claims[0].request = "gpus"; },
+  /container prefill takes only request gpus of claim gpus/);
+rejects("same-node: one claim for every replica", pd,
+  (o) => { podSpec(o).resourceClaims[0] = { name: "gpus", resourceClaimName: "duet-gpus" }; },
+  /resourceClaimName duet-gpus is one claim for every replica/);
+rejects("same-node: the claim template is missing", pd,
+  (o) => o.splice(o.indexOf(obj(o, "ResourceClaimTemplate", "duet-pd-gpus")), 1),
+  /ResourceClaimTemplate duet-pd-gpus is not in the manifests/);
+rejects("same-node: UCX_TLS without cuda_ipc", pd,
+  (o) => setEnv(pdContainer(o, "decode"), "UCX_TLS", "cuda_copy,tcp"),
+  /UCX_TLS cuda_copy,tcp: no cuda_ipc, so this pod's prefill and decode cannot put KV GPU to GPU/);
+rejects("same-node: UCX_TLS without cuda_copy", pd,
+  (o) => setEnv(pdContainer(o, "prefill"), "UCX_TLS", "cuda_ipc,tcp"),
+  /no cuda_copy, so UCX does not recognise GPU memory/);
+rejects("same-node: the shared UCX range too small for both daemons", pd,
+  (o) => { for (const n of ["prefill", "decode"]) setEnv(pdContainer(o, n), "UCX_TCP_PORT_RANGE", "20000-20010"); },
+  /UCX_TCP_PORT_RANGE 20000-20010 has 11 ports for the 6 listeners of the pod's two daemons/);
+rejects("same-node: one daemon's UCX range holds the other's gRPC port", pd,
+  (o) => setEnv(pdContainer(o, "decode"), "UCX_TCP_PORT_RANGE", "9000-9150"),
+  /the decode container's UCX_TCP_PORT_RANGE 9000-9150 contains the prefill gRPC port 9100/);
+rejects("same-node: the pods reach decode's gRPC port", pd,
+  (o) => { obj(o, "NetworkPolicy", "duet-pd").spec.ingress[1].from.push({ podSelector: { matchLabels: { "app.kubernetes.io/component": "prefill-decode" } } }); },
+  /lets prefill\+decode pods reach the gRPC port 9200/);
+rejects("same-node: UCX ports closed between the pods", pd,
+  (o) => { obj(o, "NetworkPolicy", "duet-pd").spec.ingress.splice(2, 1); },
+  /no NetworkPolicy lets decode pods reach UCX ports 20000-20999/);
+rejects("same-node: both gRPC ports named grpc", pd,
+  (o) => { for (const n of ["prefill", "decode"]) pdContainer(o, n).ports[0].name = "grpc"; },
+  /container prefill: no container port named grpc-prefill/);
+rejects("same-node: the decode daemon on the CPU image", pd,
+  (o) => { pdContainer(o, "decode").image = "duet-cpu:0.1.0"; },
+  /UCX_PROTO_INFO "\*ucp_put\*cuda\*" needs UCX >= 1.16; image duet-cpu's UCX \(the distribution's\)/);
+rejects("same-node: the node's IPC namespace", pd,
+  (o) => { podSpec(o).hostIPC = true; },
+  /StatefulSet\/duet-pd: hostIPC: true: the pod joins the node's namespace/);
+rejects("same-node: a third duet container", pd,
+  (o) => { podSpec(o).containers.push({ ...structuredClone(pdContainer(o, "decode")), name: "decode2" }); },
+  /3 duet containers \(prefill, decode, decode\)/);
+rejects("cuda transports on the CPU image's UCX", "cpu",
+  (o) => setEnv(daemon(o, "duet-decode"), "UCX_TLS", "cuda_copy,tcp"),
+  /UCX_TLS cuda_copy,tcp names cuda_copy but image duet-cpu has the distribution's UCX/);
+rejects("separate pods: devices beyond the container's GPUs", "p2d4",
+  (o) => editConfig(o, (j) => { j.prefill[0].devices = [2, 3]; }),
+  /prefill devices \[2,3\]: the container sees 2 GPUs \(nvidia.com\/gpu\), 2, 3 is none of them/);
+
 // the kustomize sources, rendered: a broken patch is caught end to end
 function withSources(edit) {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "duet-k8s-"));
@@ -224,6 +304,15 @@ test("source: a mixed-fleet entry whose Service was not renamed", () => {
   const errs = errorsOf(render(path.join(tmp, "deploy", "k8s", "overlays", "mixed")));
   fs.rmSync(tmp, { recursive: true, force: true });
   assert.ok(errs.some((e) => /discover is duet-decode.duet.svc.cluster.local:9200, the headless Service is duet-decode-tp4/.test(e)), errs.join("\n"));
+});
+test("source: the same-node config with overlapping devices", () => {
+  const tmp = withSources((k) => {
+    const f = path.join(k, "overlays", "p1d2-same-node", "cluster.json");
+    fs.writeFileSync(f, fs.readFileSync(f, "utf8").replace('"devices": [1, 2]', '"devices": [0, 1]'));
+  });
+  const errs = errorsOf(render(path.join(tmp, "deploy", "k8s", "overlays", "p1d2-same-node")));
+  fs.rmSync(tmp, { recursive: true, force: true });
+  assert.ok(errs.some((e) => /prefill devices \[0\] and decode devices \[0,1\] share GPU 0/.test(e)), errs.join("\n"));
 });
 test("source: a kustomization naming a missing patch does not render", () => {
   const tmp = withSources((k) => {
@@ -251,7 +340,7 @@ dockerRejects("base image :latest", "deploy/docker/gpu.Dockerfile", "FROM nvidia
 dockerRejects("runs as root", "deploy/docker/gpu.Dockerfile", "USER 10001:10001", "USER root", /runs as root/);
 dockerRejects("no USER", "deploy/docker/cpu.Dockerfile", "USER 10001:10001", "", /no USER/);
 dockerRejects("build tools in the final stage", "deploy/docker/cpu.Dockerfile", "ucx-utils libcap2-bin", "ucx-utils libcap2-bin build-essential", /installs build tool build-essential/);
-dockerRejects("a -dev package in the final stage", "deploy/docker/gpu.Dockerfile", "ucx-utils libcap2-bin", "ucx-utils libcap2-bin libucx-dev", /installs build tool libucx-dev/);
+dockerRejects("a -dev package in the final stage", "deploy/docker/gpu.Dockerfile", "ibverbs-providers libcap2-bin", "ibverbs-providers libcap2-bin libcjson-dev", /installs build tool libcjson-dev/);
 dockerRejects("final stage on the devel image", "deploy/docker/gpu.Dockerfile", "FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04", "FROM nvidia/cuda:13.0.2-devel-ubuntu24.04", /final stage is based on a build image/);
 dockerRejects("COPY of a missing path", "deploy/docker/cpu.Dockerfile", "COPY models/stories260K", "COPY models/stories999K", /COPY models\/stories999K: no such path/);
 dockerRejects("a script that does not exist", "deploy/docker/gpu.Dockerfile", "deploy/docker/runtime-packages.sh", "deploy/docker/runtime-pkgs.sh", /runtime-pkgs.sh, which does not exist/);
@@ -260,6 +349,34 @@ dockerRejects("a binary CMake does not build", "deploy/docker/cpu.Dockerfile", "
 dockerRejects("apt-get install with recommends", "deploy/docker/gpu.Dockerfile", " --no-install-recommends --no-upgrade", " --no-upgrade", /without --no-install-recommends/);
 dockerRejects("apt lists left in the image", "deploy/docker/cpu.Dockerfile", " && rm -rf /var/lib/apt/lists/* \\\n && groupadd", " && groupadd", /without removing \/var\/lib\/apt\/lists/);
 dockerRejects("the whole context in the final stage", "deploy/docker/cpu.Dockerfile", "COPY models/stories260K /models/stories260K", "COPY . /src", /copies the whole build context/);
+
+// the GPU image's UCX: scripts/build_ucx.sh's pinned, checked release
+// (lib/ucx-image.mjs); broken in the Dockerfile or in the script
+const gpuDf = "deploy/docker/gpu.Dockerfile";
+dockerRejects("GPU image on the distribution's UCX", gpuDf, " \\\n && scripts/build_ucx.sh --prefix /opt/ucx", "", /does not run scripts\/build_ucx.sh: a CUDA image needs UCX with CUDA transports/);
+dockerRejects("UCX built without rdma-core's headers", gpuDf, "libibverbs-dev librdmacm-dev ", "", /build_ucx.sh runs without libibverbs-dev: it builds no RDMA transports/);
+dockerRejects("duet built against Ubuntu's UCX", gpuDf, "PKG_CONFIG_PATH=/opt/ucx/lib/pkgconfig ", "", /scripts\/build.sh runs without PKG_CONFIG_PATH=\/opt\/ucx\/lib\/pkgconfig/);
+dockerRejects("runtime packages blind to the bundled UCX", gpuDf, "runtime-packages.sh --bundled /opt/ucx", "runtime-packages.sh", /runtime-packages.sh without --bundled \/opt\/ucx/);
+dockerRejects("final stage without the bundled UCX", gpuDf, "COPY --from=build /out/ucx/ /opt/ucx/", "COPY --from=build /out/ucx/ /usr/local/ucx/", /the final stage copies nothing to \/opt\/ucx/);
+dockerRejects("bundled UCX not registered with the loader", gpuDf, " \\\n && echo /opt/ucx/lib > /etc/ld.so.conf.d/000-duet-ucx.conf && ldconfig \\\n && ln -s", " \\\n && ln -s", /does not register \/opt\/ucx\/lib with ldconfig/);
+dockerRejects("Ubuntu's UCX next to the bundled one", gpuDf, "ibverbs-providers libcap2-bin", "ibverbs-providers libcap2-bin ucx-utils", /the final stage installs ucx-utils: the distribution's UCX next to \/opt\/ucx's/);
+function ucxScriptRejects(name, from, to, want) {
+  test(`build_ucx.sh: ${name}`, () => {
+    const text = fs.readFileSync(path.join(repo, "scripts", "build_ucx.sh"), "utf8");
+    assert.ok(from.test ? from.test(text) : text.includes(from), `build_ucx.sh has no ${from}`);
+    const files = new Map([["scripts/build_ucx.sh", text.replace(from, to)]]);
+    const errs = checkDockerfile(repo, gpuDf, null, files).errors;
+    assert.ok(errs.some((e) => want.test(e)), `expected ${want} among:\n  ${errs.join("\n  ") || "(no errors)"}`);
+  });
+}
+ucxScriptRejects("the checksum check removed", /if ! sha_ok [^\n]*\n[^\n]*\n[^\n]*exit 1\nfi\n/, "",
+  /does not check the tarball's sha256 \(and stop on a mismatch\) before unpacking it/);
+ucxScriptRejects("a mismatch only warned about", /if ! sha_ok [^\n]*\n[^\n]*\n[^\n]*exit 1\nfi\n/, 'sha_ok "$source" "$want" || echo "sha256 mismatch" >&2\n',
+  /does not check the tarball's sha256/);
+ucxScriptRejects("GDA-KI left in with CUDA and mlx5", " --without-gda", "",
+  /configures CUDA and mlx5 without --without-gda: the gdaki module needs DOCA GPUNetIO headers/);
+ucxScriptRejects("the sha256 not pinned", /^UCX_URL_SHA256=[0-9a-f]+$/m, "UCX_URL_SHA256=", /UCX_URL_SHA256= is not a pinned sha256/);
+ucxScriptRejects("the release over http", "UCX_URL=https://", "UCX_URL=http://", /UCX_URL http:\/\/\S+ is not an https URL/);
 
 // deploy/docker/runtime-packages.sh decides what a final image installs
 test("runtime-packages.sh: the daemons' libraries map to packages, UCX's included", () => {
