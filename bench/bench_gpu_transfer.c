@@ -499,6 +499,8 @@ static int gside_stop(gside_t *g)
         grank_t *k = &g->rk[r];
         duet_aligned_free(k->ref);
         k->ref = NULL;
+        duet_free(k->hlist);
+        k->hlist = NULL;
         if (!g->b->cuda) {
             duet_aligned_free(k->pool);
             duet_aligned_free(k->back);
@@ -518,6 +520,7 @@ static int gside_stop(gside_t *g)
         cudaFreeHost(k->back);
         cudaFreeHost(k->src);
         cudaFree(k->pool);
+        cudaFree(k->dlist);
         if (k->st.s != NULL)
             cudaStreamDestroy(k->st.s);
     }
