@@ -70,6 +70,10 @@
  *              without measuring
  *     --no-cuda  host memory stands in for device memory and memcpy for the
  *              copies (runs without a GPU: a self-test of everything else)
+ *     --layer-done event  release each layer's puts from a waiter thread that
+ *              waits for an event recorded after the layer (instead of a
+ *              host function on the copy stream, which holds the stream
+ *              for a GPU -> host -> GPU round trip per layer)
  *     --corrupt-put N  flip one byte of the source of prefill rank 0's N-th
  *              put (0 = the first): the run must fail its verification (host
  *              pools only: not with --mirror device)
@@ -77,6 +81,7 @@
  * CUDA is only initialised in children (fork after CUDA init is not
  * allowed), like UCX. */
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -131,6 +136,7 @@ typedef struct {
     bool registered;
     bool device; /* --mirror device: the device pools are the transfer pools, no mirror */
     bool packed; /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
+    bool event_done; /* --layer-done event: a waiter thread releases layers (see below) */
     const char *tls;
     int tokens[G_MAX_SIZES];
     int n_tokens;
@@ -251,6 +257,9 @@ typedef struct {
     duet_kv_copy_t *hlist, *dlist; /* --mirror packed: this request's (un)pack copies */
     int n_list;
     uint64_t puts; /* prefill: puts of the last request */
+    cudaEvent_t ev[G_LAYERS]; /* --layer-done event: recorded after each layer's stage */
+    atomic_int recorded;      /* layers whose event is recorded */
+    pthread_t waiter;
 } grank_t;
 
 struct gside {
@@ -521,6 +530,9 @@ static int gside_stop(gside_t *g)
         cudaFreeHost(k->src);
         cudaFree(k->pool);
         cudaFree(k->dlist);
+        for (int l = 0; l < G_LAYERS; l++)
+            if (k->ev[l] != NULL)
+                cudaEventDestroy(k->ev[l]);
         if (k->st.s != NULL)
             cudaStreamDestroy(k->st.s);
     }
@@ -564,6 +576,30 @@ static int run_list(gside_t *g, int r, int plane0, int n_planes)
     DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
                                        plane0, n_planes, k->dlist, k->n_list));
     return 0;
+}
+
+/* --layer-done event: instead of a host function on the copy stream (which
+ * holds the stream until the host ran it, so layer l+1's copies wait for a
+ * GPU -> host -> GPU round trip), each layer's end is an event that this
+ * thread waits for, in layer order, releasing the layer's puts. */
+typedef struct {
+    gside_t *g;
+    int r;
+} gwait_t;
+
+static void *layer_waiter(void *arg)
+{
+    gwait_t *w = arg;
+    grank_t *k = &w->g->rk[w->r];
+    cudaSetDevice(k->st.dev);
+    for (int l = 0; l < G_LAYERS; l++) {
+        while (atomic_load(&k->recorded) <= l)
+            ;
+        if (cudaEventSynchronize(k->ev[l]) != cudaSuccess)
+            atomic_fetch_add(&w->g->post_errors, 1);
+        on_layer_landed(&k->post[l]);
+    }
+    return NULL;
 }
 
 static int32_t *seq_pages(int n)
@@ -750,12 +786,34 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     /* what the rank threads do as each layer's KV is stored; --mirror device
      * exports nothing (the pool was rewritten and synchronised before t0)
      * but posts the puts from the same host functions on the copy stream */
+    gwait_t waits[G_MAX_TP];
+    for (int s = 0; s < g->tp && b->event_done; s++) {
+        grank_t *k = &g->rk[s];
+        waits[s] = (gwait_t){g, s};
+        atomic_store(&k->recorded, 0);
+        G_CUDA(cudaSetDevice(k->st.dev));
+        for (int l = 0; l < G_LAYERS; l++)
+            if (k->ev[l] == NULL)
+                G_CUDA(cudaEventCreateWithFlags(&k->ev[l], cudaEventDisableTiming));
+        DUET_TESTKIT_CHECK(pthread_create(&k->waiter, NULL, layer_waiter, &waits[s]) == 0,
+                           "pthread_create");
+    }
     for (int l = 0; l < G_LAYERS; l++)
-        for (int s = 0; s < g->tp; s++)
+        for (int s = 0; s < g->tp; s++) {
+            grank_t *k = &g->rk[s];
             if ((!b->device && copy_pages(g, s, l, l + 1, pages, n, true)) ||
-                (b->packed && run_list(g, s, 2 * l, 2)) ||
-                gs_host_fn(&g->rk[s].st, on_layer_landed, &g->rk[s].post[l]))
+                (b->packed && run_list(g, s, 2 * l, 2)))
                 return 1;
+            if (b->event_done) {
+                G_CUDA(cudaSetDevice(k->st.dev));
+                G_CUDA(cudaEventRecord(k->ev[l], k->st.s));
+                atomic_store(&k->recorded, l + 1);
+            } else if (gs_host_fn(&k->st, on_layer_landed, &k->post[l])) {
+                return 1;
+            }
+        }
+    for (int s = 0; s < g->tp && b->event_done; s++)
+        pthread_join(g->rk[s].waiter, NULL);
     for (int s = 0; s < g->tp; s++)
         if (gs_sync(&g->rk[s].st))
             return 1;
@@ -1129,12 +1187,20 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "device") == 0) {
             b.registered = false;
             b.device = true;
+        } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "event") == 0) {
+            b.event_done = true;
+        } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "hostfn") == 0) {
+            b.event_done = false;
         } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "packed") == 0) {
             b.registered = false;
             b.device = b.packed = true;
         } else
             usage = 1;
         i++;
+    }
+    if (!usage && b.event_done && !b.cuda) {
+        fprintf(stderr, "--layer-done event needs CUDA streams: not with --no-cuda\n");
+        usage = 1;
     }
     if (!usage && b.device && !b.cuda) {
         fprintf(stderr, "--mirror device needs CUDA device memory: not with --no-cuda\n");
@@ -1143,7 +1209,8 @@ int main(int argc, char **argv)
     if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
-                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed] [--no-cuda] "
+                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed] "
+                "[--layer-done hostfn|event] [--no-cuda] "
                 "[--corrupt-put N]\n",
                 argv[0]);
         return 2;

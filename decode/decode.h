@@ -202,6 +202,9 @@ void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req);
  * release it once safe. */
 void duet_dc_fail(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st, const char *msg);
 void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req);
+/* Give back a packed request's staging pages (it then moves unpacked if it
+ * has not started; see sched.c). */
+void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req);
 /* The KV of a request is complete on every rank (state NEW): stream its
  * first token and queue it for the decode batch. */
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req);

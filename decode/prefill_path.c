@@ -169,6 +169,13 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
 
     req->link = link;
     duet_node_link_hold(&link->base);
+    /* equal TP sizes: every decode rank takes all its heads from one
+     * prefill rank, per-page puts coalesce over consecutive pages, and
+     * packing would only add two copies (measured: README "Packed
+     * transfers"); the first attempt decides, a retry keeps it */
+    if (req->stage0 >= 0 && !req->retried &&
+        duet_slice_plan_prefill_tp(link->base.plan) == duet_slice_plan_decode_tp(link->base.plan))
+        duet_dc_stage_release(dc, req);
     req->transfer_id = atomic_fetch_add(&dc->next_transfer_id, 1);
     req->kv_ok = 0;
     req->kv_failed = false;

@@ -153,7 +153,7 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
 
 /* Give back a packed request's staging pages: once unpacked, or when its
  * pages go (nothing can write them any more then either). */
-static void duet__stage_release(duet_decode_t *dc, duet_dc_req_t *req)
+void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
     for (int i = 0; req->stage0 >= 0 && i < req->n_prompt_pages; i++) {
         int32_t page = req->stage0 + i;
@@ -175,7 +175,7 @@ static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
     duet_status_t st = duet_engine_kv_copy(dc->node.ke.engine, copies, n);
     duet_free(copies);
     if (st == DUET_OK)
-        duet__stage_release(dc, req);
+        duet_dc_stage_release(dc, req);
     return st;
 }
 
@@ -189,7 +189,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
         duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
         req->pages_held = false;
     }
-    duet__stage_release(dc, req);
+    duet_dc_stage_release(dc, req);
     req->next = dc->zombies;
     dc->zombies = req;
 }
