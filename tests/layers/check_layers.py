@@ -2,7 +2,8 @@
 """The layer rule (docs/architecture.md): every directory may include and link
 only the directories on floors below it (and itself).  Fails, naming the file
 and the line, on an #include "dir/..." or a target_link_libraries entry that
-points sideways or up.
+points sideways or up, and on a UCX header included anywhere but the
+transport's implementation (transfer/transport_ucx.c).
 
     check_layers.py SOURCE_DIR          check the tree
     check_layers.py --self-test         show that a wrong include is caught
@@ -89,10 +90,34 @@ def check_links(root, errors):
                         d, m.group(1), lib, owner, d))
 
 
+# The transport boundary (transfer/transport.h): UCX's headers are included
+# by its implementation alone.
+UCX_INCLUDE = re.compile(r'^\s*#\s*include\s+<(ucp|uct|ucs|ucm)/')
+UCX_ALLOWED = {os.path.join("transfer", "transport_ucx.c")}
+
+
+def check_transport(root, errors):
+    for top in sorted(ALLOWED):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                if not name.endswith(SOURCE_EXT):
+                    continue
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, root)
+                if rel in UCX_ALLOWED:
+                    continue
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    for no, line in enumerate(f, 1):
+                        if UCX_INCLUDE.match(line):
+                            errors.append("%s:%d: only transfer/transport_ucx.c speaks UCX (%s)" %
+                                          (rel, no, line.strip()))
+
+
 def check(root):
     errors = []
     check_includes(root, errors)
     check_links(root, errors)
+    check_transport(root, errors)
     return errors
 
 
@@ -104,6 +129,10 @@ def self_test():
             f.write('#include "common/status.h"\n')
         with open(os.path.join(root, "transfer", "bad.c"), "w") as f:
             f.write('#include "kv/ok.h"\n#include "engine/engine.h"\n')
+        with open(os.path.join(root, "transfer", "core.c"), "w") as f:
+            f.write('#include <ucp/api/ucp.h>\n')
+        with open(os.path.join(root, "transfer", "transport_ucx.c"), "w") as f:
+            f.write('#include <ucp/api/ucp.h>\n')
         with open(os.path.join(root, "kv", "CMakeLists.txt"), "w") as f:
             f.write("target_link_libraries(duet_kv PUBLIC duet_engine duet_common)\n")
         os.makedirs(os.path.join(root, "bench"))
@@ -112,7 +141,8 @@ def self_test():
         errors = check(root)
         want = ["transfer/bad.c:2: transfer/ may not include engine/",
                 "kv/CMakeLists.txt: duet_kv links duet_engine",
-                "bench/b.c:2: bench/ may not include tests/"]
+                "bench/b.c:2: bench/ may not include tests/",
+                "transfer/core.c:1: only transfer/transport_ucx.c speaks UCX"]
         for w in want:
             if not any(e.startswith(w) for e in errors):
                 print("self-test: not caught: %s (got %r)" % (w, errors))
@@ -120,7 +150,7 @@ def self_test():
         if len(errors) != len(want):
             print("self-test: unexpected findings %r" % errors)
             return 1
-    print("self-test: wrong includes (bench -> tests too) and a wrong link are caught")
+    print("self-test: wrong includes (bench -> tests too), a wrong link and UCX outside its transport are caught")
     return 0
 
 
