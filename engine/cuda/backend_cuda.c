@@ -128,10 +128,11 @@ static void duet__rank_destroy(duet_backend_rank_t *r)
         cudaEventDestroy(r->ev_meta);
     if (r->ev_wait != NULL)
         cudaEventDestroy(r->ev_wait);
-    if (r->copy_stream != NULL) {
+    if (r->copy_stream != NULL)
         cudaStreamSynchronize(r->copy_stream);
+    duet__cuda_done_stop(r); /* runs the dones still queued, then joins */
+    if (r->copy_stream != NULL)
         cudaStreamDestroy(r->copy_stream);
-    }
     duet__cuda_kv_copy_cleanup(r);
     if (r->ev_copy != NULL)
         cudaEventDestroy(r->ev_copy);

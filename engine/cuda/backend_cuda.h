@@ -36,7 +36,9 @@
  *    of the layer.  With the cuda backend the engine's on_layer hook runs
  *    when layer l's work is enqueued, not finished: the export of the
  *    layer's pages (ops->kv_export_layer, kv_mirror.c) makes its copy
- *    stream wait on that event. */
+ *    stream wait on that event.  The export's and pack's dones run on a
+ *    per-rank completion thread once an event recorded after the layer's
+ *    copies completed (kv_done.c), not as host functions on the stream. */
 #ifndef DUET_ENGINE_CUDA_BACKEND_CUDA_H
 #define DUET_ENGINE_CUDA_BACKEND_CUDA_H
 

@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -96,6 +97,30 @@ typedef struct {
     int next;
 } duet__cuda_kvc_ring_t;
 
+/* kv_done.c: dones of the copy stream's work, run by the rank's completion
+ * thread in queue order once the event recorded after the work completed.
+ * Nodes (each with its event) come from a free list that grows to the
+ * most dones in flight. */
+typedef struct duet__cuda_done_node {
+    struct duet__cuda_done_node *next;
+    cudaEvent_t ev; /* recorded after the layer's work */
+    void (*done)(void *arg);
+    void *arg;
+    int layer;
+} duet__cuda_done_node_t;
+
+typedef struct {
+    bool started, stop; /* started: mu, the conds and thread exist */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work;    /* queue non-empty, or stop */
+    pthread_cond_t drained; /* finished advanced */
+    duet__cuda_done_node_t *head, *tail, *free;
+    uint64_t queued, finished; /* dones queued / run (or skipped) so far */
+    cudaError_t err;           /* first failed event since the last drain */
+    int err_layer;
+} duet__cuda_done_queue_t;
+
 struct duet_backend_rank {
     int rank, device, sm_count;
     cudaStream_t stream;
@@ -161,6 +186,7 @@ struct duet_backend_rank {
     cudaStream_t copy_stream;
     cudaEvent_t ev_copy; /* the copy stream's work so far (the unpack waits) */
     duet__cuda_kvc_ring_t kvc;
+    duet__cuda_done_queue_t dq;  /* the dones of exports and packs (kv_done.c) */
     void *host_pinned_elsewhere; /* host_register found it pinned already (UCX's cuda_copy) */
 };
 
@@ -174,9 +200,17 @@ duet_status_t duet__cuda_kv_import(duet_backend_rank_t *r, const int32_t *pages,
                                    const void *host);
 /* The copy stream and ev_copy, created on first use. */
 duet_status_t duet__cuda_copy_stream(duet_backend_rank_t *r);
-/* Queue done(arg) on stream s (a driver thread runs it in stream order). */
-duet_status_t duet__cuda_launch_done(duet_backend_rank_t *r, cudaStream_t s,
+
+/* kv_done.c: queue done(arg) (for layer) after the work queued on s so far;
+ * r's completion thread (started on first use) runs it once that work
+ * completed, dones in queue order.  On failure done never runs. */
+duet_status_t duet__cuda_launch_done(duet_backend_rank_t *r, cudaStream_t s, int layer,
                                      void (*done)(void *arg), void *arg);
+/* Wait until every done queued so far has returned; the error of a failed
+ * event since the last drain (whose done did not run). */
+duet_status_t duet__cuda_done_drain(duet_backend_rank_t *r);
+/* Drain, then join the completion thread and free the pool (teardown). */
+void duet__cuda_done_stop(duet_backend_rank_t *r);
 
 /* kv_copy_host.c: ops->kv_copy, and the ring's teardown (streams idle) */
 duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,

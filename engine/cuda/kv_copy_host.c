@@ -16,7 +16,8 @@
  *
  * Pack (done != NULL): on the copy stream, after cudaStreamWaitEvent on
  * the layer's "KV stored" event, exactly like the mirror export
- * (kv_mirror.c); done runs as a host function after the kernel.  Unpack
+ * (kv_mirror.c); the rank's completion thread runs done once an event
+ * recorded after the kernel completed (kv_done.c).  Unpack
  * (done == NULL): on the compute stream, after the copy stream's work so
  * far, so the next forward is ordered after it; the call waits. */
 #include "engine/cuda/cuda_internal.h"
@@ -159,7 +160,7 @@ duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[l0], 0));
     if ((st = duet__issue(r, r->copy_stream, l0, l1, copies, n)) != DUET_OK)
         return st;
-    return duet__cuda_launch_done(r, r->copy_stream, done, arg);
+    return duet__cuda_launch_done(r, r->copy_stream, l0, done, arg);
 }
 
 void duet__cuda_kv_copy_cleanup(duet_backend_rank_t *r)

@@ -3,9 +3,11 @@
  *
  * Export (prefill): on the copy stream, wait for the layer's "KV stored"
  * event (recorded by rope_kv_store on the compute stream), copy the
- * layer's K and V slices of the request's pages to the mirror, then run
- * the caller's done() as a host function -- which posts that layer to the
- * transfer layer.  Runs of consecutive page ids are one copy each.
+ * layer's K and V slices of the request's pages to the mirror, then queue
+ * the caller's done() -- which posts that layer to the transfer layer --
+ * to the rank's completion thread, which runs it once an event recorded
+ * after the copies completed (kv_done.c).  Runs of consecutive page ids
+ * are one copy each.
  * Import (decode): the same copies the other way, on the compute stream,
  * so the request's first decode step is ordered after them.
  *
@@ -14,35 +16,7 @@
  * there is no import. */
 #include "engine/cuda/cuda_internal.h"
 
-#include "common/alloc.h"
 #include "common/log.h"
-
-typedef struct {
-    void (*done)(void *arg);
-    void *arg;
-} duet__export_ctx_t;
-
-static void CUDART_CB duet__export_done(void *p)
-{
-    duet__export_ctx_t *c = p;
-    c->done(c->arg);
-    duet_free(c);
-}
-
-duet_status_t duet__cuda_launch_done(duet_backend_rank_t *r, cudaStream_t s,
-                                     void (*done)(void *arg), void *arg)
-{
-    duet__export_ctx_t *c = DUET_NEW(duet__export_ctx_t);
-    if (c == NULL)
-        return duet_error(DUET_ERR_NO_MEMORY, "cuda rank %d: no memory", r->rank);
-    *c = (duet__export_ctx_t){done, arg};
-    cudaError_t e = cudaLaunchHostFunc(s, duet__export_done, c);
-    if (e != cudaSuccess) {
-        duet_free(c);
-        return duet__cuda_check(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
-    }
-    return DUET_OK;
-}
 
 duet_status_t duet__cuda_copy_stream(duet_backend_rank_t *r)
 {
@@ -123,14 +97,19 @@ duet_status_t duet__cuda_kv_export_layer(duet_backend_rank_t *r, int layer, cons
     if (host != NULL && (st = duet__copy_pages(r, layer, layer + 1, pages, n, host, true,
                                                r->copy_stream)) != DUET_OK)
         return st;
-    return duet__cuda_launch_done(r, r->copy_stream, done, arg);
+    return duet__cuda_launch_done(r, r->copy_stream, layer, done, arg);
 }
 
 duet_status_t duet__cuda_kv_export_sync(duet_backend_rank_t *r)
 {
-    if (r->copy_stream != NULL)
-        DUET__CUDA_TRY(cudaStreamSynchronize(r->copy_stream));
-    return DUET_OK;
+    cudaError_t e = r->copy_stream != NULL ? cudaStreamSynchronize(r->copy_stream) : cudaSuccess;
+    /* the stream having drained means the events completed, not that the
+     * completion thread ran their dones: wait for it too (also when the
+     * stream failed: the thread has then skipped the failed layers' dones) */
+    duet_status_t st = duet__cuda_done_drain(r);
+    if (e != cudaSuccess)
+        return duet__cuda_check(e, "cudaStreamSynchronize (kv export)", __FILE__, __LINE__);
+    return st;
 }
 
 duet_status_t duet__cuda_kv_import(duet_backend_rank_t *r, const int32_t *pages, int n,
