@@ -276,9 +276,7 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.max_context = (uint32_t)dc->max_ctx;
     r.version = DUET_VERSION_STRING;
     r.transfer_path = (char *)dc->node.ke.path;
-    char ucx[16];
-    snprintf(ucx, sizeof(ucx), "%d.%d", duet_xfer_ucx_version() / 100, duet_xfer_ucx_version() % 100);
-    r.ucx_version = ucx;
+    r.ucx_version = dc->node.ke.ucx_version;
     r.transfer_packed = dc->node.ke.pack;
     pthread_mutex_lock(&dc->evlock);
     r.requests_total = dc->requests_total;

@@ -1,5 +1,6 @@
 #include "node/kv_engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,15 +227,16 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     } else {
         ke->path = "ucx-host";
     }
+    snprintf(ke->ucx_version, sizeof(ke->ucx_version), "%d.%d", duet_xfer_ucx_version() / 100,
+             duet_xfer_ucx_version() % 100);
     if ((st = duet__pack_mode(ke)) != DUET_OK) {
         duet_kv_engine_destroy(ke);
         return st;
     }
     DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s, packed %s, "
-                  "ucx %d.%d",
+                  "ucx %s",
                   ke->tp, duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
-                  opts->cluster->page_size, ke->path, ke->pack ? "on" : "off",
-                  duet_xfer_ucx_version() / 100, duet_xfer_ucx_version() % 100);
+                  opts->cluster->page_size, ke->path, ke->pack ? "on" : "off", ke->ucx_version);
     return DUET_OK;
 }
 

@@ -27,6 +27,7 @@ typedef struct {
     int kv_heads;             /* total KV heads of the model */
     const char *path;         /* how KV moves: "ucx-host" */
     bool pack;                /* decode asks for packed transfers (transfer/xfer_pack.h) */
+    char ucx_version[16];     /* the UCX library loaded, "major.minor" (Info) */
 } duet_kv_engine_t;
 
 typedef struct {

@@ -179,9 +179,7 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.max_context = (uint32_t)pf->node.ke.model_cfg.max_pos;
     r.version = DUET_VERSION_STRING;
     r.transfer_path = (char *)pf->node.ke.path;
-    char ucx[16];
-    snprintf(ucx, sizeof(ucx), "%d.%d", duet_xfer_ucx_version() / 100, duet_xfer_ucx_version() % 100);
-    r.ucx_version = ucx;
+    r.ucx_version = pf->node.ke.ucx_version;
     r.transfer_packed = pf->node.ke.pack;
     pthread_mutex_lock(&pf->lock);
     r.queue_depth = (uint32_t)pf->n_queued;
