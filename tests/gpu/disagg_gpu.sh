@@ -15,36 +15,26 @@
 # model with 2 KV heads (replicated on the TP=4 side).
 set -u
 cd "$(dirname "$0")/../.."
-ROOT=$PWD
-C=$ROOT/.devcarry/daemons
-BIN=$C/bin
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export UCX_MODULE_DIR=$C/lib/ucx
-# DUET_UCX_CUDA_LIB: a UCX build with CUDA transports (its lib*.so.0 and ucx/
-# modules, e.g. .devcarry/ucxcuda from tests/gpu/build_ucx_cuda.sh): the
-# daemons then put straight between device pools (transfer path
-# ucx-cuda-direct) instead of staging through pinned host memory.
+. tests/gpu/daemons_env.sh
 if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
-    export LD_LIBRARY_PATH=$DUET_UCX_CUDA_LIB:$LD_LIBRARY_PATH
-    export UCX_MODULE_DIR=$DUET_UCX_CUDA_LIB/ucx
     export UCX_PROTO_ENABLE=${UCX_PROTO_ENABLE:-y} # UCX 1.13: device puts need the new protocols
     # UCX < 1.16 emulates device puts (slower than staging): auto would stage
     export DUET_KV_TRANSFER_PATH=${DUET_KV_TRANSFER_PATH:-direct}
     "$DUET_UCX_CUDA_LIB/bin/ucx_info" -d 2>/dev/null | grep -E "Transport: (cuda|sysv|posix|tcp)" | sort -u | sed 's/^/  ucx: /'
 fi
-export NCCL_NVLS_ENABLE=0
 export DUET_LOG_LEVEL=${DUET_LOG_LEVEL:-info}
 LOG=${OUT:+$OUT/disagg.log}
 LOG=${LOG:-/dev/null}
 exec > >(tee -a "$LOG") 2>&1
 W=$(mktemp -d)
 fails=0
+echo "# $(date -u +%FT%TZ) $CARD x$NGPU"
 
 "$BIN/duet" mkmodel --out "$W/syn" --layers 4 --hidden 512 --heads 8 --kv-heads 4 \
     --head-dim 64 --intermediate 1536 --vocab 1024 --max-pos 2048 --dtype bf16 --seed 7 >/dev/null
 "$BIN/duet" mkmodel --out "$W/syn-kv2" --layers 4 --hidden 512 --heads 8 --kv-heads 2 \
     --head-dim 64 --intermediate 1536 --vocab 1024 --max-pos 2048 --dtype bf16 --seed 8 >/dev/null
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+ngpu=$NGPU
 
 run_case() { # name model P pdevs D ddevs
     local name=$1 model=$2 P=$3 pdev=$4 D=$5 ddev=$6

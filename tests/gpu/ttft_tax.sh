@@ -12,20 +12,11 @@
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/ttft_tax.sh
 set -u
 cd "$(dirname "$0")/../.."
-ROOT=$PWD
-C=$ROOT/.devcarry/daemons
-BIN=$C/bin
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export UCX_MODULE_DIR=$C/lib/ucx
-if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
-    export LD_LIBRARY_PATH=$DUET_UCX_CUDA_LIB:$LD_LIBRARY_PATH
-    export UCX_MODULE_DIR=$DUET_UCX_CUDA_LIB/ucx
-fi
-export NCCL_NVLS_ENABLE=0
+. tests/gpu/daemons_env.sh
 W=$(mktemp -d)
 M=${MODEL_DIR:-/tmp/duet-8b}
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$ngpu"
+ngpu=$NGPU
+echo "# $(date -u +%FT%TZ) $CARD x$NGPU"
 if [ ! -f "$M/config.json" ]; then
     t0=$(date +%s)
     "$BIN/duet" mkmodel --out "$M" --preset llama-3-8b-shape --dtype bf16 >/dev/null || exit 1
