@@ -155,10 +155,8 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
  * pages go (nothing can write them any more then either). */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    for (int i = 0; req->stage0 >= 0 && i < req->n_prompt_pages; i++) {
-        int32_t page = req->stage0 + i;
-        duet_kv_pool_release(dc->node.pages, &page, 1);
-    }
+    if (req->stage0 >= 0)
+        duet_kv_pool_release_run(dc->node.pages, req->stage0, req->n_prompt_pages);
     req->stage0 = -1;
 }
 

@@ -1,6 +1,7 @@
 #include "kv/pool.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -141,19 +142,33 @@ duet_status_t duet_kv_pool_ref(duet_kv_pool_t *pool, const int32_t *pages, int n
     return DUET_OK;
 }
 
+/* Drop one reference from page p (lock held); true when it became free. */
+static bool duet__kv_pool_unref(duet_kv_pool_t *pool, int32_t p)
+{
+    if (p < 0 || p >= pool->n_pages || pool->refs[p] == 0) {
+        DUET_LOG_ERROR("kv pool: bad release of page %d (of %d)", (int)p, pool->n_pages);
+        return false;
+    }
+    return --pool->refs[p] == 0;
+}
+
 int duet_kv_pool_release(duet_kv_pool_t *pool, const int32_t *pages, int n)
 {
     int freed = 0;
     pthread_mutex_lock(&pool->lock);
-    for (int i = 0; i < n; i++) {
-        int32_t p = pages[i];
-        if (p < 0 || p >= pool->n_pages || pool->refs[p] == 0) {
-            DUET_LOG_ERROR("kv pool: bad release of page %d (of %d)", (int)p, pool->n_pages);
-            continue;
-        }
-        if (--pool->refs[p] == 0)
-            freed++;
-    }
+    for (int i = 0; i < n; i++)
+        freed += duet__kv_pool_unref(pool, pages[i]);
+    pool->n_free += freed;
+    pthread_mutex_unlock(&pool->lock);
+    return freed;
+}
+
+int duet_kv_pool_release_run(duet_kv_pool_t *pool, int32_t first, int n)
+{
+    int freed = 0;
+    pthread_mutex_lock(&pool->lock);
+    for (int i = 0; i < n; i++)
+        freed += duet__kv_pool_unref(pool, first + i);
     pool->n_free += freed;
     pthread_mutex_unlock(&pool->lock);
     return freed;

@@ -32,6 +32,9 @@ duet_status_t duet_kv_pool_alloc(duet_kv_pool_t *pool, int n, int32_t *pages);
  * scattered pages are. */
 duet_status_t duet_kv_pool_alloc_run(duet_kv_pool_t *pool, int n, int32_t *first_p);
 
+/* duet_kv_pool_release of the n pages [first, first + n), under one lock. */
+int duet_kv_pool_release_run(duet_kv_pool_t *pool, int32_t first, int n);
+
 /* Add one reference to each of pages[0..n), which must be held already.
  * All-or-nothing: a page out of range or free is DUET_ERR_INVALID and no
  * count changes. */

@@ -23,15 +23,6 @@ static int duet__pages_for(const duet_prefill_t *pf, int n_tokens)
     return (n_tokens + ps - 1) / ps;
 }
 
-static void duet__stage_release(duet_prefill_t *pf, duet_pf_req_t *req)
-{
-    for (int i = 0; i < req->n_pages; i++) {
-        int32_t page = req->src_stage0 + i;
-        duet_kv_pool_release(pf->node.pages, &page, 1);
-    }
-    req->src_stage0 = -1;
-}
-
 void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
 {
     if (req == NULL)
@@ -39,7 +30,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     if (req->src_pages != NULL)
         duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
     if (req->src_stage0 >= 0)
-        duet__stage_release(pf, req);
+        duet_kv_pool_release_run(pf->node.pages, req->src_stage0, req->n_pages);
     if (req->pack != NULL) {
         for (int s = 0; s < pf->node.ke.tp; s++)
             duet_free(req->pack[s]);

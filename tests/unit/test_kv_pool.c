@@ -106,6 +106,10 @@ static void test_runs(void **state)
     assert_int_equal(first, 4);
     assert_int_equal(duet_kv_pool_free_count(pool), 0);
     assert_int_equal(duet_kv_pool_alloc_run(pool, 0, &first), DUET_ERR_INVALID);
+    /* a run goes back in one call; a page already free in it is refused */
+    assert_int_equal(duet_kv_pool_release_run(pool, 4, 3), 3);
+    assert_int_equal(duet_kv_pool_release_run(pool, 5, 2), 0);
+    assert_int_equal(duet_kv_pool_free_count(pool), 3);
     duet_kv_pool_destroy(pool);
 }
 
