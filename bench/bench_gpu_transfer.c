@@ -70,6 +70,11 @@
  *              without measuring
  *     --no-cuda  host memory stands in for device memory and memcpy for the
  *              copies (runs without a GPU: a self-test of everything else)
+ *     --mirror auto  what the daemons run on GPUs (DUET_KV_TRANSFER_PACK=auto):
+ *              packed when P != D, the unpacked direct path when P == D
+ *              (consecutive pages coalesce: one put per plane already), with
+ *              --layer-done event unless told otherwise (the daemons' copy
+ *              stream releases layers from a completion thread, kv_done.c)
  *     --layer-done event  release each layer's puts from a waiter thread that
  *              waits for an event recorded after the layer (instead of a
  *              host function on the copy stream, which holds the stream
@@ -136,6 +141,7 @@ typedef struct {
     bool registered;
     bool device; /* --mirror device: the device pools are the transfer pools, no mirror */
     bool packed; /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
+    bool auto_pack; /* --mirror auto: packed when P != D, else unpacked (the daemons' rule) */
     bool event_done; /* --layer-done event: a waiter thread releases layers (see below) */
     const char *tls;
     int tokens[G_MAX_SIZES];
@@ -901,10 +907,13 @@ static int bench_prefill(void *arg)
         uint64_t puts = 0;
         for (int s = 0; s < g->tp; s++)
             puts += g->rk[s].puts;
-        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu\n",
+        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu%s\n",
                b->variant, b->P, b->D, b->tokens[i], bytes / 1048576.0, e2e, med[T_EXPORT] * 1e3,
                med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0,
-               (unsigned long long)puts);
+               (unsigned long long)puts,
+               !b->auto_pack ? ""
+               : b->packed   ? " packed"
+                             : " direct");
         fflush(stdout);
     }
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, "bye") == 0, "channel");
@@ -1153,6 +1162,7 @@ int main(int argc, char **argv)
     const char *pool_desc;
     bench_t b;
     int bad = 0, usage = 0;
+    bool done_set = false;
     memset(&b, 0, sizeof(b));
     b.cuda = true;
     b.tls = NULL; /* G_TLS, or G_TLS_DEVICE with --mirror device */
@@ -1188,12 +1198,18 @@ int main(int argc, char **argv)
             b.registered = false;
             b.device = true;
         } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "event") == 0) {
-            b.event_done = true;
+            b.event_done = done_set = true;
         } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "hostfn") == 0) {
             b.event_done = false;
+            done_set = true;
         } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "packed") == 0) {
             b.registered = false;
             b.device = b.packed = true;
+        } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "auto") == 0) {
+            b.registered = false;
+            b.device = b.auto_pack = true;
+            if (!done_set)
+                b.event_done = true;
         } else
             usage = 1;
         i++;
@@ -1209,7 +1225,7 @@ int main(int argc, char **argv)
     if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
-                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed] "
+                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed|auto] "
                 "[--layer-done hostfn|event] [--no-cuda] "
                 "[--corrupt-put N]\n",
                 argv[0]);
@@ -1279,6 +1295,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bad plan '%s' (P and D must divide %d)\n", pl, G_HEADS);
                 return 2;
             }
+            if (b.auto_pack)
+                b.packed = b.P != b.D;
             place(&b, b.base.n_dev);
             if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
                 return 1;
