@@ -139,9 +139,9 @@ typedef struct {
 typedef struct {
     bool cuda;
     bool registered;
-    bool device; /* --mirror device: the device pools are the transfer pools, no mirror */
-    bool packed; /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
-    bool auto_pack; /* --mirror auto: packed when P != D, else unpacked (the daemons' rule) */
+    bool device;     /* --mirror device: the device pools are the transfer pools, no mirror */
+    bool packed;     /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
+    bool auto_pack;  /* --mirror auto: packed when P != D, else unpacked (the daemons' rule) */
     bool event_done; /* --layer-done event: a waiter thread releases layers (see below) */
     const char *tls;
     int tokens[G_MAX_SIZES];
@@ -262,10 +262,11 @@ typedef struct {
     gpost_t post[G_LAYERS];
     duet_kv_copy_t *hlist, *dlist; /* --mirror packed: this request's (un)pack copies */
     int n_list;
-    uint64_t puts; /* prefill: puts of the last request */
+    uint64_t puts;            /* prefill: puts of the last request */
     cudaEvent_t ev[G_LAYERS]; /* --layer-done event: recorded after each layer's stage */
     atomic_int recorded;      /* layers whose event is recorded */
-    pthread_t waiter;
+    atomic_int launch_failed; /* the launcher gave up */
+    pthread_t waiter, launcher;
 } grank_t;
 
 struct gside {
@@ -342,8 +343,8 @@ static int clear_pages(gside_t *g, int r, int n)
         if (g->role == DUET_XFER_DECODE && gs_memset(&k->st, k->pool + off, 0xa5, len))
             return 1;
         /* packed: staging from an earlier round must not pass either */
-        if (g->b->packed && gs_memset(&k->st, k->pool + off + len,
-                                      g->role == DUET_XFER_DECODE ? 0x3c : 0xc3, len))
+        if (g->b->packed &&
+            gs_memset(&k->st, k->pool + off + len, g->role == DUET_XFER_DECODE ? 0x3c : 0xc3, len))
             return 1;
         if (g->role == DUET_XFER_PREFILL && g->b->device &&
             gs_copy(&k->st, k->pool + off, k->src + g->cplane * (size_t)p, len, false))
@@ -579,8 +580,8 @@ static int run_list(gside_t *g, int r, int plane0, int n_planes)
 {
     grank_t *k = &g->rk[r];
     G_CUDA(cudaSetDevice(k->st.dev));
-    DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
-                                       plane0, n_planes, k->dlist, k->n_list));
+    DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout), plane0,
+                                       n_planes, k->dlist, k->n_list));
     return 0;
 }
 
@@ -591,6 +592,8 @@ static int run_list(gside_t *g, int r, int plane0, int n_planes)
 typedef struct {
     gside_t *g;
     int r;
+    const int32_t *pages; /* the request's pages, n of them (the launcher's staged copies) */
+    int n;
 } gwait_t;
 
 static void *layer_waiter(void *arg)
@@ -600,11 +603,40 @@ static void *layer_waiter(void *arg)
     cudaSetDevice(k->st.dev);
     for (int l = 0; l < G_LAYERS; l++) {
         while (atomic_load(&k->recorded) <= l)
-            ;
+            if (atomic_load(&k->launch_failed))
+                return NULL;
         if (cudaEventSynchronize(k->ev[l]) != cudaSuccess)
             atomic_fetch_add(&w->g->post_errors, 1);
         on_layer_landed(&k->post[l]);
     }
+    return NULL;
+}
+
+/* --layer-done event: rank r's own thread queues its layers (stage, then
+ * an event), as each engine rank thread does in the daemons: one host
+ * thread launching every rank's copies would make the launches, not the
+ * GPU, the bench's per-layer cost. */
+static void *layer_launcher(void *arg)
+{
+    gwait_t *w = arg;
+    gside_t *g = w->g;
+    grank_t *k = &g->rk[w->r];
+    if (cudaSetDevice(k->st.dev) != cudaSuccess)
+        goto err_launch;
+    for (int l = 0; l < G_LAYERS; l++) {
+        if (!g->b->device && copy_pages(g, w->r, l, l + 1, w->pages, w->n, true))
+            goto err_launch;
+        if (g->b->packed && duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
+                                               2 * l, 2, k->dlist, k->n_list) != DUET_OK)
+            goto err_launch;
+        if (cudaEventRecord(k->ev[l], k->st.s) != cudaSuccess)
+            goto err_launch;
+        atomic_store(&k->recorded, l + 1);
+    }
+    return NULL;
+err_launch:
+    atomic_fetch_add(&g->post_errors, 1);
+    atomic_store(&k->launch_failed, 1);
     return NULL;
 }
 
@@ -791,35 +823,41 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     t0 = duet_now_ns();
     /* what the rank threads do as each layer's KV is stored; --mirror device
      * exports nothing (the pool was rewritten and synchronised before t0)
-     * but posts the puts from the same host functions on the copy stream */
+     * but posts the puts from the same host functions on the copy stream
+     * (--layer-done event: from each rank's waiter thread, the layers
+     * queued by each rank's launcher thread) */
     gwait_t waits[G_MAX_TP];
     for (int s = 0; s < g->tp && b->event_done; s++) {
         grank_t *k = &g->rk[s];
-        waits[s] = (gwait_t){g, s};
+        waits[s] = (gwait_t){g, s, pages, n};
         atomic_store(&k->recorded, 0);
+        atomic_store(&k->launch_failed, 0);
         G_CUDA(cudaSetDevice(k->st.dev));
         for (int l = 0; l < G_LAYERS; l++)
             if (k->ev[l] == NULL)
                 G_CUDA(cudaEventCreateWithFlags(&k->ev[l], cudaEventDisableTiming));
-        DUET_TESTKIT_CHECK(pthread_create(&k->waiter, NULL, layer_waiter, &waits[s]) == 0,
-                           "pthread_create");
     }
-    for (int l = 0; l < G_LAYERS; l++)
+    if (b->event_done) {
+        t0 = duet_now_ns();
+        for (int s = 0; s < g->tp; s++)
+            DUET_TESTKIT_CHECK(
+                pthread_create(&g->rk[s].waiter, NULL, layer_waiter, &waits[s]) == 0 &&
+                    pthread_create(&g->rk[s].launcher, NULL, layer_launcher, &waits[s]) == 0,
+                "pthread_create");
+        for (int s = 0; s < g->tp; s++) {
+            pthread_join(g->rk[s].launcher, NULL);
+            pthread_join(g->rk[s].waiter, NULL);
+        }
+    }
+    for (int l = 0; l < G_LAYERS && !b->event_done; l++)
         for (int s = 0; s < g->tp; s++) {
             grank_t *k = &g->rk[s];
             if ((!b->device && copy_pages(g, s, l, l + 1, pages, n, true)) ||
                 (b->packed && run_list(g, s, 2 * l, 2)))
                 return 1;
-            if (b->event_done) {
-                G_CUDA(cudaSetDevice(k->st.dev));
-                G_CUDA(cudaEventRecord(k->ev[l], k->st.s));
-                atomic_store(&k->recorded, l + 1);
-            } else if (gs_host_fn(&k->st, on_layer_landed, &k->post[l])) {
+            if (gs_host_fn(&k->st, on_layer_landed, &k->post[l]))
                 return 1;
-            }
         }
-    for (int s = 0; s < g->tp && b->event_done; s++)
-        pthread_join(g->rk[s].waiter, NULL);
     for (int s = 0; s < g->tp; s++)
         if (gs_sync(&g->rk[s].st))
             return 1;
