@@ -52,8 +52,8 @@ static bool duet__pb_walk(const ProtobufCMessageDescriptor *desc, const uint8_t 
                     : NULL;
             if (f != NULL && (f->type == PROTOBUF_C_TYPE_STRING ||
                               (f->type == PROTOBUF_C_TYPE_MESSAGE && depth < DUET__PB_MAX_DEPTH))) {
-                int n = snprintf(path + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "",
-                                 f->name);
+                int n =
+                    snprintf(path + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", f->name);
                 size_t next = n > 0 && at + (size_t)n < cap ? at + (size_t)n : at;
                 if (f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v) != NULL)
                     return true;

@@ -77,8 +77,8 @@ static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateReq
     if (n == 0)
         return duet_error(DUET_ERR_INVALID, "prompt: empty");
     if (n > (size_t)duet_dc_limits_prompt(dc))
-        return duet_error(DUET_ERR_TOO_LONG, "prompt: %zu tokens exceed the limit of %d tokens",
-                          n, duet_dc_limits_prompt(dc));
+        return duet_error(DUET_ERR_TOO_LONG, "prompt: %zu tokens exceed the limit of %d tokens", n,
+                          duet_dc_limits_prompt(dc));
     req->n_prompt = (int)n;
     return DUET_OK;
 }
@@ -106,8 +106,7 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
         return duet_error(DUET_ERR_INVALID, "prefill_target: too long");
     snprintf(req->prefill_target, sizeof(req->prefill_target), "%s",
              m->prefill_target ? m->prefill_target : "");
-    if ((st = duet_dc_limits_check(dc, g)) != DUET_OK ||
-        (st = duet__prompt(dc, g, req)) != DUET_OK)
+    if ((st = duet_dc_limits_check(dc, g)) != DUET_OK || (st = duet__prompt(dc, g, req)) != DUET_OK)
         return st;
     if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "sampling: ");

@@ -60,11 +60,10 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
         return duet_error(DUET_ERR_INVALID, "%s: empty prompt", m->request_id);
     int prompt_max = duet_limit_prompt_tokens(pf->node.args.cluster, cfg->max_pos);
     if (m->n_prompt_ids > (size_t)prompt_max)
-        return duet_error(DUET_ERR_TOO_LONG,
-                          "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)", m->request_id,
-                          m->n_prompt_ids, prompt_max,
-                          prompt_max < cfg->max_pos ? "router.max_prompt_tokens"
-                                                    : "the model context");
+        return duet_error(
+            DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",
+            m->request_id, m->n_prompt_ids, prompt_max,
+            prompt_max < cfg->max_pos ? "router.max_prompt_tokens" : "the model context");
     for (size_t i = 0; i < m->n_prompt_ids; i++) {
         if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
             return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
@@ -123,8 +122,7 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
 
     if (duet__not_ready(pf, call))
         goto out;
-    if (duet_pb_find_nul(&duet__v1__prefill_request__descriptor, data, len, field,
-                         sizeof(field))) {
+    if (duet_pb_find_nul(&duet__v1__prefill_request__descriptor, data, len, field, sizeof(field))) {
         snprintf(msg, sizeof(msg), "%s: contains a NUL byte (not allowed in strings)", field);
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
         goto out;

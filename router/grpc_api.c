@@ -194,8 +194,7 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
         return;
     }
     /* protobuf-c cuts a string at a NUL: refuse rather than truncate */
-    if (duet_pb_find_nul(&duet__v1__generate_request__descriptor, req, req_len, id,
-                         sizeof(id))) {
+    if (duet_pb_find_nul(&duet__v1__generate_request__descriptor, req, req_len, id, sizeof(id))) {
         snprintf(msg, sizeof(msg), "%s: contains a NUL byte (not allowed in strings)", id);
         code = GRPC_STATUS_INVALID_ARGUMENT;
         goto fail;
