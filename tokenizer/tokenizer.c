@@ -634,8 +634,7 @@ duet_status_t duet_tokenizer_load(const char *dir, duet_tokenizer_t **tok_p)
     snprintf(cfg_path, n, "%s/tokenizer_config.json", dir);
     /* only whether it exists: opening a FIFO there would block (the loader
      * refuses anything but a regular file) */
-    st = duet_tokenizer_load_files(json_path, access(cfg_path, F_OK) == 0 ? cfg_path : NULL,
-                                   tok_p);
+    st = duet_tokenizer_load_files(json_path, access(cfg_path, F_OK) == 0 ? cfg_path : NULL, tok_p);
 out:
     duet_free(json_path);
     duet_free(cfg_path);
