@@ -93,19 +93,18 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
 
     if (g == NULL)
         return duet_error(DUET_ERR_INVALID, "request: missing");
-    if (g->request_id != NULL && g->request_id[0] != '\0') {
-        if (strlen(g->request_id) >= sizeof(req->request_id))
-            return duet_error(DUET_ERR_INVALID, "request_id: longer than %zu bytes",
-                              sizeof(req->request_id) - 1);
-        snprintf(req->request_id, sizeof(req->request_id), "%s", g->request_id);
-    } else {
-        snprintf(req->request_id, sizeof(req->request_id), "%s-%llu", dc->node.args.instance_id,
-                 (unsigned long long)atomic_fetch_add(&dc->next_req, 1));
-    }
+    /* request id and abort token (owner.c) */
+    if ((st = duet_dc_request_owner(dc, g->request_id, m->abort_token, req)) != DUET_OK)
+        return st;
     if (m->prefill_target != NULL && strlen(m->prefill_target) >= sizeof(req->prefill_target))
         return duet_error(DUET_ERR_INVALID, "prefill_target: too long");
     snprintf(req->prefill_target, sizeof(req->prefill_target), "%s",
              m->prefill_target ? m->prefill_target : "");
+    /* only prefill instances of the cluster (a discovered one is checked
+     * before its bootstrap) */
+    if (req->prefill_target[0] != '\0' &&
+        (st = duet_dc_target_check(dc, req->prefill_target, false)) == DUET_ERR_INVALID)
+        return st;
     if ((st = duet__prompt(dc, g, req)) != DUET_OK)
         return st;
     if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
@@ -233,6 +232,18 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "abort: request_id required");
         goto out;
     }
+    /* only the owner: who holds the token given at Generate (an unknown
+     * id and a wrong token answer alike: found = false) */
+    if (m->abort_token == NULL || m->abort_token[0] == '\0') {
+        duet_rpc_call_fail(call, GRPC_STATUS_PERMISSION_DENIED,
+                           "abort: abort_token required (the one the request was started with; "
+                           "a request without one is stopped by cancelling its stream)");
+        goto out;
+    }
+    if (strlen(m->abort_token) > DUET_DC_ABORT_TOKEN_MAX) {
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "abort: abort_token too long");
+        goto out;
+    }
     ev = duet_dc_ev_new(DUET_DC_EV_ABORT, NULL);
     if (ev == NULL) {
         duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no memory");
@@ -240,6 +251,7 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
     }
     ev->call = call;
     snprintf(ev->request_id, sizeof(ev->request_id), "%s", m->request_id);
+    snprintf(ev->abort_token, sizeof(ev->abort_token), "%s", m->abort_token);
     if (!duet_dc_post_live(dc, ev)) { /* else the scheduler answers */
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is shutting down");
         duet_free(ev);
