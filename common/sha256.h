@@ -12,12 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DUET_SHA256_LEN 32
+#define DUET_SHA256_LEN   32
 #define DUET_SHA256_BLOCK 64
 
 typedef struct {
     uint32_t h[8];
-    uint64_t n_bytes;                /* hashed so far */
+    uint64_t n_bytes;               /* hashed so far */
     uint8_t buf[DUET_SHA256_BLOCK]; /* the partial block */
     size_t n_buf;
 } duet_sha256_t;

@@ -146,7 +146,8 @@ typedef struct duet_dc_ev {
     char detail[256];
     duet_rpc_call_t *call;        /* ABORT: the Abort call to answer */
     char request_id[128];         /* ABORT */
-    char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1]; /* ABORT */
+    /* ABORT: the token the caller presented */
+    char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
     struct duet_dc_ev *next;
 } duet_dc_ev_t;
 

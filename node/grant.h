@@ -26,18 +26,18 @@
 #include "common/status.h"
 
 #define DUET_NODE_GRANT_KEY_LEN 32
-#define DUET_NODE_GRANT_LEN DUET_SHA256_LEN
+#define DUET_NODE_GRANT_LEN     DUET_SHA256_LEN
 /* Clock skew between the two hosts that an expiry tolerates. */
 #define DUET_NODE_GRANT_SKEW_MS 30000
 
 typedef struct {
     uint64_t transfer_id;
-    const char *decode_id;  /* the decode's instance id */
-    const int32_t *pages;   /* the destination pages, in order */
+    const char *decode_id; /* the decode's instance id */
+    const int32_t *pages;  /* the destination pages, in order */
     size_t n_pages;
     bool packed;
-    int32_t stage0;         /* first staging page when packed, else ignored */
-    uint64_t expiry_ms;     /* wall clock, ms since the epoch */
+    int32_t stage0;     /* first staging page when packed, else ignored */
+    uint64_t expiry_ms; /* wall clock, ms since the epoch */
 } duet_node_grant_t;
 
 /* The MAC of g under key. */

@@ -220,8 +220,7 @@ static enum MHD_Result duet__submit(duet__hreq_t *r)
     r->created = (int64_t)time(NULL);
     if (duet_router_new_id(rt, r->api == DUET_ROUTER_API_CHAT ? "chatcmpl" : "cmpl", r->id,
                            sizeof(r->id)) != DUET_OK) {
-        duet_router_oai_fail(&err, 500, NULL, "internal_error", "request id: %s",
-                             duet_error_msg());
+        duet_router_oai_fail(&err, 500, NULL, "internal_error", "request id: %s", duet_error_msg());
         return duet__http_respond_error(r, &err);
     }
     if (duet_router_oai_parse(r->body.data ? r->body.data : "", r->body.len, r->api, &lim, &req,

@@ -152,9 +152,9 @@ static void test_grant(void **state)
     assert_int_equal(duet_node_grant_verify(key, &g, mac, sizeof(mac), now), DUET_OK);
     /* clock skew is tolerated, an old grant is not */
     assert_int_equal(duet_node_grant_verify(key, &g, mac, sizeof(mac), now + 5000 + 1000), DUET_OK);
-    assert_int_equal(duet_node_grant_verify(key, &g, mac, sizeof(mac),
-                                            now + 5000 + DUET_NODE_GRANT_SKEW_MS + 1),
-                     DUET_ERR_INVALID);
+    assert_int_equal(
+        duet_node_grant_verify(key, &g, mac, sizeof(mac), now + 5000 + DUET_NODE_GRANT_SKEW_MS + 1),
+        DUET_ERR_INVALID);
     assert_non_null(strstr(duet_error_msg(), "expired"));
     /* missing, short, wrong key */
     assert_int_equal(duet_node_grant_verify(key, &g, mac, 0, now), DUET_ERR_INVALID);
