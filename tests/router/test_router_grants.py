@@ -141,9 +141,15 @@ def test(build, src):
             t.join(120)
             stop.set()
             a.join(30)
-            time.sleep(0.2)
+            # a refusal comes at once; give slow machines 5 s, then stop the
+            # calls that are still running (those were not refused)
+            t_wait = time.time() + 5
             for f in answers:
-                f.cancel()  # refused calls are done; stop the rest
+                try:
+                    f.exception(timeout=max(0.0, t_wait - time.time()))
+                except (grpc.FutureTimeoutError, grpc.FutureCancelledError):
+                    pass
+                f.cancel()
             refused = 0
             for f in answers:
                 try:
