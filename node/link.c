@@ -166,8 +166,8 @@ bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer,
     return true;
 }
 
-/* Prefill: retire the links of a decode instance id or name but keep (a
- * restarted decode replaces its old link). */
+/* Prefill: retire the links of a decode instance id or name other than keep
+ * (the new link of a restarted decode replaces its old one). */
 static void duet__retire_identity(duet_node_t *node, const char *id, const char *name,
                                   const duet_node_link_t *keep)
 {
