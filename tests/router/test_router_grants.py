@@ -275,14 +275,14 @@ def test(build, src):
             t.join(60)
             time.sleep(0.5)
             after = {x: fds(p) for x, p in pids.items()}
+            print("  %d bad bootstraps, %d real requests (%d failed), open fds %s -> %s" %
+                  (sent, count[0], len(bad), before, after))
             check(not bad, "%d of %d real requests failed during %d bad bootstraps: %s" %
                   (len(bad), count[0], sent, bad[:3]))
             check(count[0] > 0, "no real request ran")
             for x in pids:
                 check(after[x] <= before[x] + 8, "%s: open fds %d -> %d after %d bad "
                       "bootstraps" % (x, before[x], after[x], sent))
-            print("  %d bad bootstraps, %d real requests ok, fds %s -> %s" %
-                  (sent, count[0], before, after))
 
         def dial_anywhere():
             lst = socket.socket()
