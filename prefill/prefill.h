@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/rpc.h"
+#include "duet/v1/prefill.pb-c.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
 #include "node/link.h"
@@ -74,6 +75,11 @@ typedef struct {
 
 /* service.c */
 duet_status_t duet_pf_service_register(duet_prefill_t *pf);
+
+/* grant.c: verify the page grant of a validated request (req->link set)
+ * before it is queued; DUET_ERR_INVALID naming why (the caller answers
+ * PERMISSION_DENIED). */
+duet_status_t duet_pf_grant_check(const Duet__V1__PrefillRequest *m, const duet_pf_req_t *req);
 
 /* sched.c */
 duet_status_t duet_pf_sched_start(duet_prefill_t *pf);
