@@ -3,7 +3,6 @@
 #include <pthread.h>
 #include <string.h>
 
-
 static uint32_t duet__crc32c_table[8][256];
 static pthread_once_t duet__crc32c_once = PTHREAD_ONCE_INIT;
 static int duet__crc32c_have_hw;

@@ -98,7 +98,7 @@ static inline DUET_CRC32C_HD uint32_t duet_crc32c_shift(uint32_t raw, uint64_t n
 /* crc(A || B) from crc1 = crc(A), crc2 = crc(B) and len2 = |B| (also for
  * raw CRCs). */
 static inline DUET_CRC32C_HD uint32_t duet_crc32c_combine(uint32_t crc1, uint32_t crc2,
-                                                         uint64_t len2)
+                                                          uint64_t len2)
 {
     return duet_crc32c_shift(crc1, len2) ^ crc2;
 }
@@ -152,15 +152,14 @@ static inline void duet_crc32c_par_tables_init(duet_crc32c_par_tables_t *t)
 /* One lane step: s' = G(v xor s), v the vector's four little-endian
  * words.  g may be in any memory space (shared memory on the GPU). */
 static inline DUET_CRC32C_HD uint32_t duet_crc32c_par_step(const uint32_t (*g)[256], uint32_t s,
-                                                          uint32_t w0, uint32_t w1, uint32_t w2,
-                                                          uint32_t w3)
+                                                           uint32_t w0, uint32_t w1, uint32_t w2,
+                                                           uint32_t w3)
 {
     w0 ^= s;
     return g[0][w0 & 0xff] ^ g[1][(w0 >> 8) & 0xff] ^ g[2][(w0 >> 16) & 0xff] ^ g[3][w0 >> 24] ^
            g[4][w1 & 0xff] ^ g[5][(w1 >> 8) & 0xff] ^ g[6][(w1 >> 16) & 0xff] ^ g[7][w1 >> 24] ^
-           g[8][w2 & 0xff] ^ g[9][(w2 >> 8) & 0xff] ^ g[10][(w2 >> 16) & 0xff] ^
-           g[11][w2 >> 24] ^ g[12][w3 & 0xff] ^ g[13][(w3 >> 8) & 0xff] ^
-           g[14][(w3 >> 16) & 0xff] ^ g[15][w3 >> 24];
+           g[8][w2 & 0xff] ^ g[9][(w2 >> 8) & 0xff] ^ g[10][(w2 >> 16) & 0xff] ^ g[11][w2 >> 24] ^
+           g[12][w3 & 0xff] ^ g[13][(w3 >> 8) & 0xff] ^ g[14][(w3 >> 16) & 0xff] ^ g[15][w3 >> 24];
 }
 
 /* x^(8n) from the digit tables (n < 2^40): at most 4 multiplications. */
@@ -176,7 +175,7 @@ static inline DUET_CRC32C_HD uint32_t duet_crc32c_par_xpow8(const uint32_t (*dig
 /* Keep bytes [lo, hi) of a 16-byte vector's word k (bytes 4k..4k+3), zero
  * the rest: the widening of a piece to whole vectors. */
 static inline DUET_CRC32C_HD uint32_t duet_crc32c_par_mask(uint32_t w, int k, uint32_t lo,
-                                                          uint32_t hi)
+                                                           uint32_t hi)
 {
     for (uint32_t b = 0; b < 4; b++) {
         uint32_t at = 4u * (uint32_t)k + b;

@@ -88,8 +88,8 @@ duet_xfer_op_t duet__corrupt_put(duet_xfer_rank_t *r, duet_xfer_peer_t *peer,
                       seg->len < 2 ? "a 1-byte put" : duet_error_msg());
         return DUET_XFER_OP_DONE;
     }
-    op = r->ops->put(peer->data_ep, r->mem, src + mid + 1, n, peer->remote_base + seg->dst_off + mid,
-                     peer->rkey, cb, arg, &why);
+    op = r->ops->put(peer->data_ep, r->mem, src + mid + 1, n,
+                     peer->remote_base + seg->dst_off + mid, peer->rkey, cb, arg, &why);
     if (op == DUET_XFER_OP_FAILED)
         DUET_LOG_WARN("xfer rank %d: debug corruption put failed: %s", r->index, why);
     return op;

@@ -181,8 +181,8 @@ static void test_parallel_emulated(void **state)
     duet_crc32c_par_tables_init(t);
     /* single ranges: every head/tail alignment, tiny, exactly one round,
      * several rounds, several pieces */
-    static const uint64_t lens[] = {1, 2, 3, 15, 16, 17, 31, 33, 255, 4095, 4096, 4097, 65536,
-                                    70001, 300000};
+    static const uint64_t lens[] = {1,   2,    3,    15,   16,    17,    31,    33,
+                                    255, 4095, 4096, 4097, 65536, 70001, 300000};
     for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++)
         for (uint64_t off = 0; off < 18; off += (lens[k] > 5000 ? 5 : 1)) {
             r[0] = (duet_crc32c_range_t){off + 4096, lens[k]};
@@ -193,8 +193,8 @@ static void test_parallel_emulated(void **state)
         int n = 1 + (int)(rnd() % 64);
         for (int i = 0; i < n; i++) {
             uint64_t len = rnd() % 4 == 0 ? rnd() % 20 : rnd() % 40000;
-            r[i].off = i > 0 && rnd() % 4 == 0 ? r[i - 1].off + r[i - 1].len
-                                               : rnd() % (cap - 100000);
+            r[i].off =
+                i > 0 && rnd() % 4 == 0 ? r[i - 1].off + r[i - 1].len : rnd() % (cap - 100000);
             r[i].len = len;
         }
         assert_int_equal(emulate(t, b, r, n, it % 2 ? 4096 : 64u << 10),

@@ -328,9 +328,8 @@ static void test_kv_crc_cpu(void **state)
     duet_engine_t *e = open_engine(c, NULL);
     const duet_kv_layout_t *l = duet_engine_kv_layout(e);
     uint64_t pool = duet_kv_total_bytes(l), hb = duet_kv_head_bytes(l);
-    duet_crc32c_range_t r[3] = {{duet_kv_offset(l, 1, 1, 9, 1), 3 * hb},
-                                {duet_kv_offset(l, 0, 0, 17, 0), hb + 5},
-                                {7, 1}};
+    duet_crc32c_range_t r[3] = {
+        {duet_kv_offset(l, 1, 1, 9, 1), 3 * hb}, {duet_kv_offset(l, 0, 0, 17, 0), hb + 5}, {7, 1}};
     uint32_t crc[TP] = {0}, got = 1;
 
     prefill(c);
