@@ -116,8 +116,9 @@ extern "C" duet_status_t duet__cuda_kv_crc(cudaStream_t s, const void *base,
         return DUET_OK;
     if (blocks > n)
         blocks = n;
-    duet__kv_crc_kernel < <<blocks<1 ? 1 : blocks, DUET__CRC_LANES, 0, s>>>(
-                              (const unsigned char *)base, pieces, n, tabs, acc);
+    unsigned grid = (unsigned)(blocks < 1 ? 1 : blocks);
+    duet__kv_crc_kernel<<<grid, DUET__CRC_LANES, 0, s>>>((const unsigned char *)base, pieces, n,
+                                                         tabs, acc);
     return DUET__CUDA_LAUNCHED("kv_crc");
 }
 
