@@ -40,8 +40,10 @@
  * Verification reads the destination device pages back as on the staged
  * path; before every transfer prefill rewrites its source pages from the
  * host pattern and decode overwrites its destination pages (device copies
- * and memsets).  No checksums (the CPU does not read device pools), no
- * --corrupt-put.
+ * and memsets).  --checksum works here too: the GPU computes the CRC32C
+ * (the cuda backend's kv_crc as the transfer's checksum hook, as the
+ * daemons install it), and --corrupt-put then fails the run with a checksum
+ * mismatch (the corruption is an extra put: transfer/xfer.h).
  *
  * Same run, a separate process first: cudaMemcpyPeer GPU 0 -> GPU 1 (peer
  * access enabled when the GPUs allow it), pinned host -> device, device ->
@@ -79,9 +81,13 @@
  *              waits for an event recorded after the layer (instead of a
  *              host function on the copy stream, which holds the stream
  *              for a GPU -> host -> GPU round trip per layer)
- *     --corrupt-put N  flip one byte of the source of prefill rank 0's N-th
- *              put (0 = the first): the run must fail its verification (host
- *              pools only: not with --mirror device)
+ *     --corrupt-put N  corrupt what prefill rank 0's N-th put (0 = the
+ *              first) delivers (duet_xfer_debug_corrupt_put): the run must
+ *              fail -- by the byte verification, and with --checksum by the
+ *              receiver's CRC first ("checksum mismatch")
+ *     --checksum  DUET_XFER_SEND_CRC on every request (transfer.checksum):
+ *              the CPU checksums host pools and mirrors, the GPU device
+ *              pools; e2e includes it (compare with a run without)
  *
  * CUDA is only initialised in children (fork after CUDA init is not
  * allowed), like UCX. */
@@ -101,6 +107,7 @@
 #include "common/log.h"
 #include "common/sync.h"
 #include "testkit/testkit.h"
+#include "engine/backend.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "kv/copy.h"
 #include "transfer/slice_plan.h"
@@ -147,7 +154,8 @@ typedef struct {
     int tokens[G_MAX_SIZES];
     int n_tokens;
     int rounds;
-    long corrupt_put; /* >= 0: flip a byte of that put's source (checks the checker) */
+    long corrupt_put; /* >= 0: corrupt that put (checks the checker) */
+    bool checksum;    /* --checksum: DUET_XFER_SEND_CRC */
     const char *variant;
     int P, D;
     int pdev[G_MAX_TP], ddev[G_MAX_TP];
@@ -267,6 +275,7 @@ typedef struct {
     atomic_int recorded;      /* layers whose event is recorded */
     atomic_int launch_failed; /* the launcher gave up */
     pthread_t waiter, launcher;
+    duet_backend_rank_t *crc_br; /* --checksum on a device pool: kv_crc is the checksum hook */
 } grank_t;
 
 struct gside {
@@ -365,6 +374,14 @@ static duet_status_t bind_device(void *arg)
     return DUET_OK;
 }
 
+/* --checksum on device pools: the transfer's checksum hook, the cuda
+ * backend's kv_crc over the rank's pool (node/kv_engine.c installs the
+ * same through the engine). */
+static duet_status_t crc_hook(void *ctx, const duet_crc32c_range_t *ranges, int n, uint32_t *crc_p)
+{
+    return duet_backend_cuda.kv_crc(ctx, ranges, n, crc_p);
+}
+
 static int rank_start(gside_t *g, int r, int dev)
 {
     const duet_kv_layout_t *l = &g->sd.layout;
@@ -389,6 +406,13 @@ static int rank_start(gside_t *g, int r, int dev)
              * context: the rank's GPU (transfer/kv_engine.c does the same) */
             DUET_TESTKIT_OK(
                 duet_xfer_rank_run(duet_xfer_rank(g->sd.x, r), bind_device, &k->st.dev));
+            if (g->b->checksum) {
+                duet_backend_rank_opts_t o = {
+                    .rank = r, .tp = g->tp, .threads = 1, .device = dev, .kv_layout = *l};
+                DUET_TESTKIT_OK(duet_backend_cuda.rank_create(&o, &k->crc_br));
+                duet_backend_cuda.kv_attach(k->crc_br, k->pool);
+                duet_xfer_rank_set_checksum(duet_xfer_rank(g->sd.x, r), crc_hook, k->crc_br);
+            }
         } else {
             e = cudaHostRegister(g->sd.base[r], g->pool_bytes, cudaHostRegisterPortable);
             k->pinned = e == cudaSuccess;
@@ -533,6 +557,8 @@ static int gside_stop(gside_t *g)
     for (int r = 0; g->b->cuda && r < g->tp; r++) {
         grank_t *k = &g->rk[r];
         cudaSetDevice(k->st.dev);
+        if (k->crc_br != NULL)
+            duet_backend_cuda.rank_destroy(k->crc_br); /* the hook went with the xfer */
         cudaFreeHost(k->back);
         cudaFreeHost(k->src);
         cudaFree(k->pool);
@@ -808,8 +834,8 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                               .src_pages = pages,
                               .dst_pages = pages,
                               .n_pages = n,
-                              /* no DUET_XFER_SEND_CRC: device pools have none */
-                              .flags = b->packed ? DUET_XFER_SEND_PACKED : 0,
+                              .flags = (b->packed ? DUET_XFER_SEND_PACKED : 0u) |
+                                       (b->checksum ? DUET_XFER_SEND_CRC : 0u),
                               .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
                               .src_stage0 = b->packed ? n : 0,
                               .dst_stage0 = b->packed ? n : 0};
@@ -1213,6 +1239,10 @@ int main(int argc, char **argv)
             b.cuda = false;
             continue;
         }
+        if (strcmp(argv[i], "--checksum") == 0) {
+            b.checksum = true;
+            continue;
+        }
         if (v == NULL)
             usage = 1;
         else if (strcmp(argv[i], "--plans") == 0)
@@ -1265,13 +1295,8 @@ int main(int argc, char **argv)
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
                 "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed|auto] "
                 "[--layer-done hostfn|event] [--no-cuda] "
-                "[--corrupt-put N]\n",
+                "[--corrupt-put N] [--checksum]\n",
                 argv[0]);
-        return 2;
-    }
-    if (b.device && b.corrupt_put >= 0) {
-        fprintf(stderr, "--corrupt-put is not supported with --mirror device "
-                        "(duet_xfer_debug_corrupt_put writes into host pools only)\n");
         return 2;
     }
     if (b.tls == NULL)
@@ -1283,8 +1308,11 @@ int main(int argc, char **argv)
     duet_log_init_from_env();
     signal(SIGPIPE, SIG_IGN);
     printf("# Llama-3-8B KV (32 layers, 8 KV heads, head_dim 128, page 16, bf16, 128 KiB/token); "
-           "UCX_TLS %s; %d CPUs; %s\n",
-           b.tls, duet_cpu_count(), pool_desc);
+           "UCX_TLS %s; %d CPUs; %s; checksums %s\n",
+           b.tls, duet_cpu_count(), pool_desc,
+           !b.checksum ? "off"
+           : b.device  ? "on (CRC32C on the GPU: kv_crc)"
+                       : "on (CRC32C on the CPU)");
     if (run_baseline(&b))
         return 1;
     if (b.device && !b.base.ucx_cuda) {

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/crc32c.h"
 #include "common/status.h"
 #include "kv/copy.h"
 #include "kv/dtype.h"
@@ -144,6 +145,16 @@ typedef struct duet_backend_ops {
      *    fine.  On failure done never runs. */
     duet_status_t (*kv_copy)(duet_backend_rank_t *r, int l0, int l1, const duet_kv_copy_t *copies,
                              int n, void (*done)(void *arg), void *arg);
+    /* CRC32C (common/crc32c.h) of the pool's bytes ranges[0..n)
+     * concatenated in order (offsets from the pool's start, validated by
+     * the engine) into *crc_p: a KV transfer's checksum where the pool
+     * lives.  From a thread other than the rank's (the transfer layer's
+     * progress thread), one call at a time per rank, while nothing writes
+     * those bytes: it is not ordered after the rank's queued work (the
+     * caller knows the bytes are complete).  cpu: the host CRC; cuda: a
+     * parallel kernel on a stream of its own, then a 4-byte copy back. */
+    duet_status_t (*kv_crc)(duet_backend_rank_t *r, const duet_crc32c_range_t *ranges, int n,
+                            uint32_t *crc_p);
 
     /* ---- optional hooks (NULL when a backend has none; cuda has all) ---- */
     /* Called after batch_prepare.  *replayed_p = true: the backend replayed

@@ -511,6 +511,23 @@ duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies
     return duet__kv_dispatch(e, &job);
 }
 
+duet_status_t duet_engine_kv_crc(duet_engine_t *e, int rank, const duet_crc32c_range_t *ranges,
+                                 int n, uint32_t *crc_p)
+{
+    uint64_t pool = duet_kv_total_bytes(&e->kv_layout);
+    if (rank < 0 || rank >= e->tp || n < 0 || (n > 0 && ranges == NULL))
+        return duet_error(DUET_ERR_INVALID, "kv crc: rank %d of %d, %d ranges", rank, e->tp, n);
+    for (int i = 0; i < n; i++)
+        if (ranges[i].off > pool || ranges[i].len > pool - ranges[i].off)
+            return duet_error(DUET_ERR_INVALID,
+                              "kv crc: range %d (off %llu len %llu) leaves the %llu-byte pool", i,
+                              (unsigned long long)ranges[i].off, (unsigned long long)ranges[i].len,
+                              (unsigned long long)pool);
+    if (e->ops->kv_crc == NULL)
+        return duet_error(DUET_ERR_UNSUPPORTED, "kv crc: backend %s has none", e->ops->name);
+    return e->ops->kv_crc(e->ranks[rank].br, ranges, n, crc_p);
+}
+
 duet_status_t duet_engine_forward(duet_engine_t *e, const duet_engine_seq_t *seqs, int n_seqs,
                                   int32_t *sampled)
 {

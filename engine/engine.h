@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/crc32c.h"
 #include "common/status.h"
 #include "kv/copy.h"
 #include "kv/layout.h"
@@ -122,6 +123,17 @@ duet_status_t duet_engine_kv_copy_layer(duet_engine_t *e, int rank, int layer,
  * after every forward and copy issued before; returns once they landed
  * (decode's unpack). */
 duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies, int n);
+
+/* CRC32C (common/crc32c.h) of rank's pool bytes ranges[0..n)
+ * concatenated in order (offsets from the pool's start), computed where
+ * the pool lives (cuda: a parallel kernel; cpu: the host) -- a KV
+ * transfer's checksum (transfer/xfer.h duet_xfer_rank_set_checksum).  Any
+ * thread but the rank's own, one call per rank at a time; not ordered
+ * after queued forwards or copies: only for bytes nothing writes any more.
+ * DUET_ERR_INVALID for a bad rank or a range outside the pool (naming it);
+ * DUET_ERR_UNSUPPORTED when the backend has no kv_crc. */
+duet_status_t duet_engine_kv_crc(duet_engine_t *e, int rank, const duet_crc32c_range_t *ranges,
+                                 int n, uint32_t *crc_p);
 
 /* One sequence of a forward step. */
 typedef struct {

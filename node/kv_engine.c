@@ -37,6 +37,16 @@ typedef struct {
     int rank;
 } duet__bind_t;
 
+/* The transfer's checksum hook on a device pool: the CRC where the pool
+ * lives (duet_engine_kv_crc: a GPU kernel), on the rank's progress thread
+ * (bound to the rank's GPU below). */
+static duet_status_t duet__kv_crc(void *ctx, const duet_crc32c_range_t *ranges, int n,
+                                  uint32_t *crc_p)
+{
+    const duet_kv_crc_ctx_t *c = ctx;
+    return duet_engine_kv_crc(c->engine, c->rank, ranges, n, crc_p);
+}
+
 static duet_status_t duet__bind(void *arg)
 {
     duet__bind_t *b = arg;
@@ -52,9 +62,10 @@ static duet_status_t duet__bind(void *arg)
  *                   0.7-1.0 GB/s against 5-8 GB/s staged (tests/gpu/NOTES.md)
  *   direct          direct whenever UCX can at all (start-up error if not)
  *   staged          always the mirror
- * Checksums need the mirror (the CPU reads what it checks).  Returns 1 for
- * direct, 0 for staged (*why says why), -1 for a bad value or a forced
- * direct path this UCX cannot run (duet_error set). */
+ * Checksums work on either path: through the mirror the CPU reads what it
+ * checks; on the direct path the GPU computes them (duet__kv_crc).
+ * Returns 1 for direct, 0 for staged (*why says why), -1 for a bad value
+ * or a forced direct path this UCX cannot run (duet_error set). */
 static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfer, const char **why)
 {
     const char *env = getenv("DUET_KV_TRANSFER_PATH");
@@ -68,14 +79,6 @@ static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfe
     }
     if (env != NULL && strcmp(env, "staged") == 0) {
         *why = "DUET_KV_TRANSFER_PATH=staged";
-        return 0;
-    }
-    if (opts->cluster->transfer_checksum) {
-        *why = "transfer.checksum needs host memory to read";
-        if (forced) {
-            duet_error(DUET_ERR_CONFIG, "DUET_KV_TRANSFER_PATH=direct: %s", *why);
-            return -1;
-        }
         return 0;
     }
     if (!duet_xfer_device_puts(xfer, why)) {
@@ -211,11 +214,15 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
                 duet_kv_engine_destroy(ke);
                 return duet_error_wrap(st, "kv: transfer thread of rank %d: ", r);
             }
+            /* transfer.checksum: the GPU computes the CRC of its pool */
+            ke->crc[r] = (duet_kv_crc_ctx_t){ke->engine, r};
+            duet_xfer_rank_set_checksum(duet_xfer_rank(ke->xfer, r), duet__kv_crc, &ke->crc[r]);
         }
         ke->path = "ucx-cuda-direct";
         DUET_LOG_INFO("kv: pools in %s device memory; transfer path %s (%s; puts between device "
-                      "pools, no host copies)",
-                      ops->name, ke->path, why);
+                      "pools, no host copies; checksums %s)",
+                      ops->name, ke->path, why,
+                      opts->cluster->transfer_checksum ? "on, computed on the GPU" : "off");
     } else if (duet_engine_kv_mirrored(ke->engine)) {
         /* device pools: KV goes through the pinned host mirror, layer by
          * layer */

@@ -16,7 +16,14 @@
 
 #include "common/cluster.h"
 #include "engine/engine.h"
+#include "kv/heads.h"
 #include "transfer/xfer.h"
+
+/* Which engine rank computes a transfer rank's checksums. */
+typedef struct {
+    duet_engine_t *engine;
+    int rank;
+} duet_kv_crc_ctx_t;
 
 typedef struct {
     duet_engine_t *engine;
@@ -28,6 +35,7 @@ typedef struct {
     const char *path;         /* how KV moves: "ucx-host" */
     bool pack;                /* decode asks for packed transfers (transfer/xfer_pack.h) */
     char ucx_version[16];     /* the UCX library loaded, "major.minor" (Info) */
+    duet_kv_crc_ctx_t crc[DUET_TP_MAX]; /* the checksum hook's argument per rank (device pools) */
 } duet_kv_engine_t;
 
 typedef struct {

@@ -150,6 +150,9 @@ typedef struct duet_xfer_transport_ops {
     duet_xfer_op_t (*put)(duet_xfer_ep_t *ep, const duet_xfer_mem_t *mem, const void *src,
                           size_t len, uint64_t remote_addr, duet_xfer_rkey_t *rkey,
                           duet_xfer_op_cb_t cb, void *arg, const char **why_p);
+    /* Puts the worker issues after this call land after those it issued
+     * before (the debug corruption's ordering: duet_xfer_debug_corrupt_put). */
+    duet_status_t (*fence)(duet_xfer_worker_t *w);
     /* Send a small message to the remote worker's on_msg.  msg must stay
      * valid until the send completed. */
     duet_xfer_op_t (*msg_send)(duet_xfer_ep_t *ep, const void *msg, size_t len,

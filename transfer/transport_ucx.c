@@ -558,6 +558,16 @@ static duet_xfer_op_t duet__ucx_put(duet_xfer_ep_t *e, const duet_xfer_mem_t *me
         e->w, ucp_put_nbx(e->ep, src, len, remote_addr, duet__ucx_rkey(rkey), &rp), cb, arg, why_p);
 }
 
+/* ucp_worker_fence: puts issued after it complete remotely after those
+ * issued before it, on every endpoint of the worker. */
+static duet_status_t duet__ucx_fence(duet_xfer_worker_t *w)
+{
+    ucs_status_t us = ucp_worker_fence(w->worker);
+    if (us != UCS_OK)
+        return duet_error(DUET_ERR_IO, "ucp_worker_fence: %s", ucs_status_string(us));
+    return DUET_OK;
+}
+
 static duet_xfer_op_t duet__ucx_msg_send(duet_xfer_ep_t *e, const void *msg, size_t len,
                                          duet_xfer_op_cb_t cb, void *arg, const char **why_p)
 {
@@ -592,5 +602,6 @@ const duet_xfer_transport_ops_t duet_xfer_transport_ucx = {
     .rkey_destroy = duet__ucx_rkey_destroy,
     .rkey_mapped = duet__ucx_rkey_mapped,
     .put = duet__ucx_put,
+    .fence = duet__ucx_fence,
     .msg_send = duet__ucx_msg_send,
 };

@@ -59,6 +59,12 @@
  * page, run, head), over the source pages on the sender and over the
  * destination pages on the receiver; for packed requests in the packed
  * order of transfer/xfer_pack.h, over the staging pages of either side.
+ * Where the data lives decides who computes it: a host pool is read by the
+ * CPU (the sender checksums each put's source as it posts it); a rank with
+ * a checksum hook (duet_xfer_rank_set_checksum; a device pool needs one)
+ * hands the slice's byte ranges to the hook instead -- the sender once all
+ * of a receiver's puts are posted, before its notification, the receiver
+ * when the notification arrives.
  *
  * Packed requests (DUET_XFER_SEND_PACKED / DUET_XFER_EXPECT_PACKED): each
  * side stages the request head-major in n_pages consecutive pages of its own
@@ -86,6 +92,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/crc32c.h"
 #include "common/status.h"
 #include "kv/dtype.h"
 #include "kv/layout.h"
@@ -221,8 +228,9 @@ int duet_xfer_ucx_version(void);
  * duet_xfer_device_puts): puts then run from and into device
  * memory (cuda_ipc between GPUs of one host), with no host copy.  Peers
  * must have device pools too (their descriptors say so; a mismatch is
- * refused at connect).  Checksums (DUET_XFER_SEND_CRC) are not available:
- * the CPU does not read the pool.  Unregister before freeing the memory. */
+ * refused at connect).  Checksums (DUET_XFER_SEND_CRC) need a checksum hook
+ * (duet_xfer_rank_set_checksum): the CPU does not read the pool.
+ * Unregister before freeing the memory. */
 duet_status_t duet_xfer_pool_register_device(duet_xfer_rank_t *r, void *base, size_t bytes);
 
 /* Undo duet_xfer_pool_register / _register_device once nothing uses the
@@ -233,6 +241,25 @@ void duet_xfer_pool_unregister(duet_xfer_rank_t *r);
 /* "ucx-alloc", "registered", "registered-cuda" or "none": which pool path
  * this rank runs. */
 const char *duet_xfer_pool_kind(const duet_xfer_rank_t *r);
+
+/* A checksum hook: *crc_p = the CRC32C (common/crc32c.h, the convention of
+ * the inline host path, so either side may compute either way) of the
+ * rank's pool bytes ranges[0..n) concatenated in order (offsets from the
+ * pool's start).  Runs on the rank's progress thread, synchronously; the
+ * bytes do not change during the call.  An error fails the slice (sender:
+ * the receivers get a failure notification; receiver: the request fails
+ * and the sender is told). */
+typedef duet_status_t (*duet_xfer_checksum_fn)(void *ctx, const duet_crc32c_range_t *ranges, int n,
+                                               uint32_t *crc_p);
+
+/* Install fn(ctx, ...) as the rank's checksum hook (fn NULL removes it):
+ * from now on checksums of this rank are computed through it instead of by
+ * reading the pool on the CPU, and a device pool accepts
+ * DUET_XFER_SEND_CRC.  For pools the CPU cannot read: the owner of the
+ * memory computes (the engine's duet_engine_kv_crc, a GPU kernel).  Call
+ * it like the pool calls: before transfers, not concurrently with other
+ * calls on the rank. */
+void duet_xfer_rank_set_checksum(duet_xfer_rank_t *r, duet_xfer_checksum_fn fn, void *ctx);
 
 /* ---- descriptors and peers --------------------------------------------- */
 
@@ -378,10 +405,16 @@ void duet_xfer_rank_stats(const duet_xfer_rank_t *r, duet_xfer_stats_t *stats_p)
 duet_status_t duet_xfer_debug_put(duet_xfer_peer_t *peer, size_t src_off, size_t dst_off,
                                   size_t bytes, int64_t deadline_ns);
 
-/* Tests: flip one byte of the source of the rank's n-th put from now (0 =
- * the next), after its checksum was taken, so the receiver's CRC check must
- * fail.  n < 0 disables.  This writes into the rank's own pool (host pools
- * only). */
+/* Tests: corrupt what the rank's n-th put from now (0 = the next) delivers,
+ * so the receiver's CRC check must fail.  n < 0 disables.  On the inline
+ * path (host pool, no checksum hook) one byte of the put's source is
+ * flipped after its checksum was taken (the rank's own pool keeps the
+ * flip).  With a checksum hook or a device pool (the checksum is taken
+ * after posting, so the source must stay intact), one more put follows the
+ * real one on the same endpoint, after a transport fence: up to 64 bytes
+ * of the source shifted by one byte, written over the middle of the
+ * destination (a window of constant bytes would come out unchanged; KV
+ * data is not constant). */
 void duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n);
 
 #endif

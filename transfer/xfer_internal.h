@@ -30,6 +30,7 @@
 #include "transfer/transport.h"
 #include "transfer/xfer.h"
 #include "transfer/xfer_map.h"
+#include "transfer/xfer_segs.h"
 #include "transfer/xfer_wire.h"
 
 #define DUET__PUT_BUDGET   512        /* puts issued per loop turn, so messages keep flowing */
@@ -193,6 +194,8 @@ struct duet_xfer_rank {
     size_t bytes;
     const void *rkey_buf;
     size_t rkey_len;
+    duet_xfer_checksum_fn crc_fn; /* duet_xfer_rank_set_checksum; NULL: the CPU reads the pool */
+    void *crc_ctx;
 
     pthread_t thread;
     int thread_started;
@@ -294,6 +297,28 @@ duet_xfer_peer_t *duet__peer_next_failure(duet_xfer_rank_t *r);
 int duet__peers_idle(const duet_xfer_rank_t *r);
 void duet__peer_drop_rkeys(duet_xfer_rank_t *r);
 void duet__peer_reap_all(duet_xfer_rank_t *r);
+
+/* xfer_checksum.c: a slice's checksum through the rank's hook.  The byte
+ * ranges of one (prefill rank, decode rank) pair on this rank's side, in
+ * checksum order: per page (transfer/xfer_segs.h) over pages[0..n_pages),
+ * or packed (pages NULL; transfer/xfer_pack.h) over the staging pages at
+ * stage0; dst != 0 reads the runs' dst_head (receiver), else src_head. */
+duet_status_t duet__crc_hook(duet_xfer_rank_t *r, const duet_slice_run_t *runs, int n_runs,
+                             const int32_t *pages, int n_pages, int32_t stage0, int dst,
+                             uint32_t *crc_p);
+/* The same ranges into out (room for 2 L n_runs entries, times n_pages
+ * per page); touching ranges merged.  Returns the count. */
+int duet__crc_ranges(const duet_kv_layout_t *l, const duet_slice_run_t *runs, int n_runs,
+                     const int32_t *pages, int n_pages, int32_t stage0, int dst,
+                     duet_crc32c_range_t *out);
+
+/* duet_xfer_debug_corrupt_put where the source must stay intact (hook or
+ * device pool): after a fence, up to 64 bytes of src (the source of the
+ * put `seg` just issued to peer) shifted by one byte, put over the middle
+ * of that put's destination.  Returns like ops->put (DONE when skipped). */
+duet_xfer_op_t duet__corrupt_put(duet_xfer_rank_t *r, duet_xfer_peer_t *peer,
+                                 const unsigned char *src, const duet__seg_t *seg,
+                                 duet_xfer_op_cb_t cb, void *arg);
 
 /* xfer_outcome.c */
 void duet__cmd_done(duet_xfer_rank_t *r, duet__cmd_t *c, duet_status_t st, const char *fmt, ...)

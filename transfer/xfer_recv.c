@@ -222,10 +222,21 @@ static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet_
     }
     if (m->has_crc) {
         const duet_slice_run_t *runs = e->runs + e->run_off[s];
-        uint32_t crc =
-            e->packed
-                ? duet_xfer_pack_crc(l, r->base, runs, e->run_cnt[s], e->n_pages, e->stage0, 1)
-                : duet__seg_crc(l, r->base, runs, e->run_cnt[s], e->pages, e->n_pages, 1);
+        uint32_t crc = 0;
+        if (r->crc_fn != NULL) { /* the pool's owner reads it (xfer_checksum.c) */
+            duet_status_t st = duet__crc_hook(r, runs, e->run_cnt[s], e->packed ? NULL : e->pages,
+                                              e->n_pages, e->stage0, 1, &crc);
+            if (st != DUET_OK) {
+                duet__recv_fail(r, e, st, "request %" PRIu64 ": prefill rank %d's slice: %s",
+                                e->o.transfer_id, s, duet_error_msg());
+                duet__recv_send_ack(r, m, st);
+                return;
+            }
+        } else if (e->packed) {
+            crc = duet_xfer_pack_crc(l, r->base, runs, e->run_cnt[s], e->n_pages, e->stage0, 1);
+        } else {
+            crc = duet__seg_crc(l, r->base, runs, e->run_cnt[s], e->pages, e->n_pages, 1);
+        }
         if (crc != m->crc) {
             DUET__STAT_ADD(r, crc_failures, 1);
             duet__recv_fail(r, e, DUET_ERR_MISMATCH,

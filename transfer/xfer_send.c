@@ -73,6 +73,7 @@ struct duet__send {
     int timed_out; /* the deadline passed: failing, waiting for puts in flight */
     int64_t first_token;
     long inflight; /* transport operations with a dst of this state as argument */
+    int crc_hook;  /* DUET_XFER_SEND_CRC through the rank's hook (xfer_checksum.c) */
 };
 
 /* After a deadline, how long the outcome waits for puts already in flight:
@@ -266,6 +267,22 @@ static void duet__send_flush_done(void *arg, duet_status_t st, const char *why)
     duet__send_maybe_free(r, s);
 }
 
+/* The pair's checksum through the rank's hook once all its puts are posted
+ * (the source stays as it is until the send ended); a failing hook fails
+ * the send: this notification and the later ones report it. */
+static void duet__send_crc(duet_xfer_rank_t *r, duet__send_dst_t *dst)
+{
+    duet__send_t *s = dst->s;
+    duet_status_t st = duet__crc_hook(r, dst->runs, dst->n_runs,
+                                      (s->flags & DUET_XFER_SEND_PACKED) ? NULL : s->pages,
+                                      s->n_pages, s->src_stage0, 0, &dst->crc);
+    if (st != DUET_OK) {
+        duet__outcome_fail(&s->o, st, "request %" PRIu64 ": decode rank %d's slice: %s",
+                           s->o.transfer_id, dst->d, duet_error_msg());
+        s->stop_posting = s->failing = 1;
+    }
+}
+
 static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
 {
     duet__send_t *s = dst->s;
@@ -279,6 +296,8 @@ static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
     }
     dst->state = DUET__DST_FLUSHING;
     op = r->ops->flush(dst->peer->data_ep, duet__send_flush_done, dst, &why);
+    if (op != DUET_XFER_OP_FAILED && s->crc_hook && !s->failing)
+        duet__send_crc(r, dst); /* while the flush is in flight */
     if (op == DUET_XFER_OP_DONE)
         duet__send_notify(r, dst);
     else if (op == DUET_XFER_OP_FAILED)
@@ -393,6 +412,7 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
         duet_xfer_op_t op;
         duet__seg_t seg;
         unsigned char *src;
+        int corrupt_now;
 
         if (dst->state != DUET__DST_POSTING || dst->peer == NULL || dst->next_page != s->c_page) {
             duet__send_cursor_next(s); /* failed, or this page went out in a longer put */
@@ -400,13 +420,18 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
         }
         duet__send_seg(r, s, dst, &seg);
         src = r->base + seg.src_off;
-        if (s->flags & DUET_XFER_SEND_CRC)
+        if ((s->flags & DUET_XFER_SEND_CRC) && !s->crc_hook)
             dst->crc = duet__crc32c(dst->crc, src, seg.len);
-        if (corrupt >= 0 && !r->info.pool_device) {
-            /* test hook (duet_xfer_debug_corrupt_put): after the checksum */
-            if (atomic_fetch_sub_explicit(&r->corrupt_at, 1, memory_order_relaxed) == 0)
-                src[seg.len / 2] ^= 0x5a;
+        corrupt_now = 0;
+        if (corrupt >= 0) {
+            /* test hook (duet_xfer_debug_corrupt_put): after the checksum,
+             * or by a put after this one where the source must stay intact */
+            corrupt_now = atomic_fetch_sub_explicit(&r->corrupt_at, 1, memory_order_relaxed) == 0;
             corrupt--;
+            if (corrupt_now && r->crc_fn == NULL && !r->info.pool_device) {
+                src[seg.len / 2] ^= 0x5a;
+                corrupt_now = 0;
+            }
         }
         op = r->ops->put(dst->peer->data_ep, r->mem, src, seg.len,
                          dst->peer->remote_base + seg.dst_off, dst->peer->rkey, duet__send_put_done,
@@ -419,6 +444,11 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
             continue;
         }
         if (op == DUET_XFER_OP_PENDING) {
+            s->inflight++;
+            r->put_reqs++;
+        }
+        if (corrupt_now && duet__corrupt_put(r, dst->peer, src, &seg, duet__send_put_done, dst) ==
+                               DUET_XFER_OP_PENDING) {
             s->inflight++;
             r->put_reqs++;
         }
@@ -460,10 +490,10 @@ int duet__send_post_some(duet_xfer_rank_t *r)
 static duet_status_t duet__send_begin_check(duet_xfer_rank_t *r, duet__send_t *s, char *msg,
                                             size_t cap)
 {
-    if ((s->flags & DUET_XFER_SEND_CRC) && r->info.pool_device) {
+    if ((s->flags & DUET_XFER_SEND_CRC) && r->info.pool_device && !s->crc_hook) {
         snprintf(msg, cap,
-                 "request %" PRIu64 ": checksums need a host pool (prefill rank %d's is device "
-                 "memory)",
+                 "request %" PRIu64 ": checksums of prefill rank %d's device pool need a checksum "
+                 "hook (duet_xfer_rank_set_checksum)",
                  s->o.transfer_id, r->index);
         return DUET_ERR_UNSUPPORTED;
     }
@@ -826,6 +856,7 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
     s->o.deadline_ns = in->deadline_ns;
     s->o.res.first_token = DUET_XFER_NO_TOKEN;
     s->flags = in->flags;
+    s->crc_hook = (in->flags & DUET_XFER_SEND_CRC) && r->crc_fn != NULL;
     s->src_stage0 = in->src_stage0;
     s->dst_stage0 = in->dst_stage0;
     s->n_layers = r->info.layout.n_layers;

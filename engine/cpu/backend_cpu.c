@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/crc32c.h"
 
 static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
                                        duet_backend_rank_t **r_p)
@@ -409,6 +410,17 @@ static duet_status_t duet__kv_copy(duet_backend_rank_t *r, int l0, int l1,
     return DUET_OK;
 }
 
+/* The pool is host memory: the byte-serial CRC (SSE4.2), on the calling
+ * thread (the rank's workers belong to its thread). */
+static duet_status_t duet__kv_crc(duet_backend_rank_t *r, const duet_crc32c_range_t *ranges, int n,
+                                  uint32_t *crc_p)
+{
+    if (r->kv_base == NULL)
+        return duet_error(DUET_ERR_INTERNAL, "cpu kv_crc: no kv pool attached");
+    *crc_p = duet_crc32c_ranges(r->kv_base, ranges, n);
+    return DUET_OK;
+}
+
 const duet_backend_ops_t duet_backend_cpu = {
     .name = "cpu",
     .act_dtype = DUET_DTYPE_F32,
@@ -438,4 +450,5 @@ const duet_backend_ops_t duet_backend_cpu = {
     .rows_to_host_f32 = duet__rows_to_host_f32,
     .argmax_rows = duet__argmax_rows,
     .kv_copy = duet__kv_copy,
+    .kv_crc = duet__kv_crc,
 };

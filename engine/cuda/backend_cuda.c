@@ -134,6 +134,7 @@ static void duet__rank_destroy(duet_backend_rank_t *r)
     if (r->copy_stream != NULL)
         cudaStreamDestroy(r->copy_stream);
     duet__cuda_kv_copy_cleanup(r);
+    duet__cuda_kv_crc_cleanup(r);
     if (r->ev_copy != NULL)
         cudaEventDestroy(r->ev_copy);
     if (r->stream != NULL)
@@ -521,4 +522,5 @@ const duet_backend_ops_t duet_backend_cuda = {
     .kv_export_sync = duet__cuda_kv_export_sync,
     .kv_import = duet__cuda_kv_import,
     .kv_copy = duet__cuda_kv_copy_op,
+    .kv_crc = duet__cuda_kv_crc_op,
 };

@@ -121,6 +121,18 @@ typedef struct {
     int err_layer;
 } duet__cuda_done_queue_t;
 
+/* kv_crc_host.c: the checksum's stream and buffers, made on first use. */
+typedef struct {
+    bool ready;
+    cudaStream_t stream;
+    duet_crc32c_par_tables_t *tabs; /* device */
+    duet_crc32c_piece_t *host;      /* pinned [cap] */
+    duet_crc32c_piece_t *dev;       /* device [cap] */
+    size_t cap;
+    uint32_t *acc_d, *acc_h; /* device, pinned */
+    int blocks;              /* grid: resident blocks on the whole GPU */
+} duet__cuda_crc_t;
+
 struct duet_backend_rank {
     int rank, device, sm_count;
     cudaStream_t stream;
@@ -188,6 +200,7 @@ struct duet_backend_rank {
     duet__cuda_kvc_ring_t kvc;
     duet__cuda_done_queue_t dq;  /* the dones of exports and packs (kv_done.c) */
     void *host_pinned_elsewhere; /* host_register found it pinned already (UCX's cuda_copy) */
+    duet__cuda_crc_t crc;        /* ops->kv_crc (kv_crc_host.c) */
 };
 
 /* kv_mirror.c: the ops that move KV between the pool and its host mirror */
@@ -217,6 +230,11 @@ duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
                                     const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
                                     void *arg);
 void duet__cuda_kv_copy_cleanup(duet_backend_rank_t *r);
+
+/* kv_crc_host.c: ops->kv_crc, and its teardown */
+duet_status_t duet__cuda_kv_crc_op(duet_backend_rank_t *r, const duet_crc32c_range_t *ranges, int n,
+                                   uint32_t *crc_p);
+void duet__cuda_kv_crc_cleanup(duet_backend_rank_t *r);
 
 /* Wait on the host for everything issued to r's stream so far; polls the
  * registered watch (deadline, peer failure).  what names the wait. */

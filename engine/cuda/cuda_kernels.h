@@ -16,6 +16,7 @@ extern "C" {
 #endif
 
 /* inside the linkage block: the engine's headers are C */
+#include "common/crc32c.h"
 #include "common/status.h"
 #include "kv/copy.h"
 
@@ -116,6 +117,18 @@ duet_status_t duet__cuda_argmax_rows(cudaStream_t s, float *max_out, int32_t *id
  * n_planes * sum(len) bytes (twice that in memory traffic). */
 duet_status_t duet__cuda_kv_copy(cudaStream_t s, void *base, size_t plane_bytes, int plane0,
                                  int n_planes, const duet_kv_copy_t *copies, int n);
+
+/* The parallel CRC32C (common/crc32c_math.h) of pieces[0..n) (device
+ * memory, duet_crc32c_plan) of the buffer at base (16-byte aligned; a
+ * piece's first and last 16-byte vectors are read whole): the xor of the
+ * pieces' T values is xor-ed into *acc (device; the caller zeroes it and
+ * finishes with duet_crc32c_par_finish).  tabs: the tables, device memory.
+ * blocks: the grid (capped at n). */
+duet_status_t duet__cuda_kv_crc(cudaStream_t s, const void *base, const duet_crc32c_piece_t *pieces,
+                                int n, const duet_crc32c_par_tables_t *tabs, uint32_t *acc,
+                                int blocks);
+/* Blocks of duet__cuda_kv_crc resident per SM (occupancy). */
+int duet__cuda_kv_crc_blocks_per_sm(void);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,8 @@
 # TP=2 on GPUs 0-1 + decode TP=4 on GPUs 0-3, and prefill TP=4 on GPUs 0-3 +
 # decode TP=2 on GPUs 2-3, on stories260K (4 KV heads) and a synthetic
 # model with 2 KV heads (replicated on the TP=4 side).
+# DUET_TRANSFER_CHECKSUM=true: transfer.checksum on (the direct path's
+# CRC32C computed on the GPUs); a "checksum mismatch" in a log fails.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/daemons_env.sh
@@ -40,7 +42,8 @@ run_case() { # name model P pdevs D ddevs
     local name=$1 model=$2 P=$3 pdev=$4 D=$5 ddev=$6
     local pp=$((19100 + RANDOM % 500)) dp=$((19700 + RANDOM % 500))
     cat > "$W/c.json" <<JSON
-{"model": "$model", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 20000},
+{"model": "$model", "kv": {"page_size": 16},
+ "transfer": {"timeout_ms": 20000, "checksum": ${DUET_TRANSFER_CHECKSUM:-false}},
  "prefill": [{"name": "p0", "address": "127.0.0.1:$pp", "tp": $P, "backend": "cuda",
               "devices": [$pdev], "n_pages": 512}],
  "decode": [{"name": "d0", "address": "127.0.0.1:$dp", "tp": $D, "backend": "cuda",
@@ -102,6 +105,10 @@ PY
     kill -TERM $dpid $ppid
     wait $dpid; echo "  decode exit $?"
     wait $ppid; echo "  prefill exit $?"
+    if grep -q "checksum mismatch" "$W/p.log" "$W/d.log"; then
+        echo "$name P=$P D=$D: checksum mismatch"; grep -h -m3 "checksum mismatch" "$W/p.log" "$W/d.log"
+        fails=$((fails + 1))
+    fi
     if [ $fails -gt 0 ]; then tail -n 20 "$W/p.log" "$W/d.log"; fi
 }
 

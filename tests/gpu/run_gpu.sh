@@ -58,7 +58,7 @@ unit)
         else
             fail=$((fail + 1)); r=FAIL
         fi
-        grep -E "rel_l2|argmax|graphs|equal|nccl|tp2|tp4|divergence|init|all_reduce|skipped|recording|FAIL|PASSED|SKIPPED|ERROR|error" /tmp/unit.out | tail -80
+        grep -E "rel_l2|argmax|graphs|equal|nccl|tp2|tp4|divergence|init|all_reduce|skipped|recording|INFO|FAIL|PASSED|SKIPPED|ERROR|error" /tmp/unit.out | tail -80
         echo "--- $(basename "$t"): $r"
     done
     echo "unit: $pass passed, $fail failed"

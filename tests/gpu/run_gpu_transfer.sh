@@ -67,6 +67,17 @@ if [ "${1:-}" = "--build" ]; then
         echo "a corrupted put passed verification"
         exit 1
     fi
+    # checksums (the CPU's on host pools): a clean run passes, a corrupted
+    # put fails by its checksum
+    "$BIN" --no-cuda --checksum --tokens 512 --rounds 1 --plans 1x1,1x2,2x1 --variants same \
+        >/dev/null
+    if "$BIN" --no-cuda --checksum --tokens 512 --rounds 1 --plans 1x1 --variants same \
+        --corrupt-put 10 >"$C/corrupt.log" 2>&1 || ! grep -q "checksum mismatch" "$C/corrupt.log"; then
+        echo "--checksum: a corrupted put was not caught by its checksum"
+        cat "$C/corrupt.log"
+        exit 1
+    fi
+    rm -f "$C/corrupt.log"
     # --mirror device needs the GPU: refused with --no-cuda (usage, exit 2)
     set +e
     "$BIN" --no-cuda --mirror device --tokens 512 --rounds 1 >/dev/null 2>&1
@@ -92,10 +103,12 @@ if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
     UCX_DESC="DUET_UCX_CUDA_LIB"
 fi
 DEVICE=0
+MIRROR=
 for a in "$@"; do
-    [ "$a" = device ] && [ "${prev:-}" = --mirror ] && DEVICE=1
+    [ "${prev:-}" = --mirror ] && MIRROR=$a
     prev=$a
 done
+case $MIRROR in device | packed) DEVICE=1 ;; esac
 LOG=${OUT:+$OUT/gpu-transfer.log}
 LOG=${LOG:-/dev/null}
 exec > >(tee -a "$LOG") 2>&1
@@ -118,17 +131,23 @@ rc=$?
 echo "# bench_gpu_transfer exit $rc"
 
 # the checker itself, on the CUDA path: a corrupted put must fail the run
-# (on the staged path: --corrupt-put needs a host pool; the device-direct
-# path verifies with the same code)
+# -- on the staged path by the byte verification; on the direct path
+# (--mirror device or packed) with checksums on, by the receiver's CRC
+# computed on the GPU ("checksum mismatch"), before the bytes are compared
 # (spread needs two GPUs: one GPU runs it as "same")
 VAR=spread
 [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] || VAR=same
+CARGS=()
+[ $DEVICE = 1 ] && CARGS=(--mirror "$MIRROR" --checksum)
 if timeout 25 "$BIN" --tokens 512 --rounds 1 --plans 1x1 --variants $VAR --corrupt-put 10 \
-    >"$W/corrupt.log" 2>&1; then
-    echo "# corrupted put: NOT detected (verification broken)"
+    "${CARGS[@]}" >"$W/corrupt.log" 2>&1; then
+    echo "# corrupted put${CARGS[*]:+ (${CARGS[*]})}: NOT detected (verification broken)"
+    rc=1
+elif [ $DEVICE = 1 ] && ! grep -q "checksum mismatch" "$W/corrupt.log"; then
+    echo "# corrupted put (${CARGS[*]}): failed, but not by its checksum: $(grep -m1 'decode rank' "$W/corrupt.log")"
     rc=1
 else
-    echo "# corrupted put: detected, as it must be: $(grep -m1 'decode rank' "$W/corrupt.log")"
+    echo "# corrupted put${CARGS[*]:+ (${CARGS[*]})}: detected, as it must be: $(grep -m1 'decode rank' "$W/corrupt.log")"
 fi
 
 if [ $rc -ne 0 ] && [ $DEVICE = 0 ]; then

@@ -6,16 +6,21 @@
 # (tests/gpu/build_carry.sh) and .devcarry/daemons
 # (tests/gpu/build_carry_daemons.sh).
 #
-#   tests/gpu/run_packed.sh unit bench disagg     # any subset, in order
+#   tests/gpu/run_packed.sh unit bench checksum disagg     # any subset, in order
 #
 #   unit    test_cuda_kv_copy (the pack/unpack kernel, the KV-store -> pack
-#           ordering), test_cuda_add, test_cuda_engine
+#           ordering), test_cuda_kv_crc (the GPU's CRC32C against the host's,
+#           and its GB/s), test_cuda_add, test_cuda_engine
 #   bench   bench_gpu_transfer --mirror auto (the daemons' choice: packed
 #           when P != D) for every pair the GPUs allow (1x1 1x2 2x1; 2x4
 #           4x2 with 4 GPUs) at 512-8192 tokens, then the same with
 #           DUET_XFER_ARM_DEVICE=1 (the old progress-thread sleep) as the
 #           same-run baseline; BENCH_MODES picks others (packed, device);
 #           cudaMemcpyPeer as the reference
+#   checksum  --mirror auto with --checksum (the CRC32C of every slice
+#           computed on the GPU on both sides): e2e against `bench` is the
+#           cost of transfer.checksum on the direct path; the corrupted-put
+#           check at the end must fail by "checksum mismatch"
 #   disagg  tests/gpu/disagg_gpu.sh on the direct path (packed: the
 #           default there), every layout the GPUs allow
 # Logs: $OUT/packed-*.log
@@ -30,25 +35,32 @@ rc=0
 for what in "$@"; do
     case $what in
     unit)
-        UNIT_TESTS="test_cuda_kv_copy test_cuda_add test_cuda_engine" tests/gpu/run_gpu.sh unit \
+        UNIT_TESTS="test_cuda_kv_copy test_cuda_kv_crc test_cuda_add test_cuda_engine" tests/gpu/run_gpu.sh unit \
             2>&1 | tee "${OUT:-/tmp}/packed-unit.log" | grep -E "PASS|FAIL|INFO|passed|failed|===|Error" | tail -40
         ;;
-    bench)
+    bench | checksum)
         # auto: what the daemons run (packed when P != D, the direct path
         # when P == D); auto-arm: the same with the progress thread arming
         # UCX while device puts are in flight (the behaviour before the
         # polling fix, DUET_XFER_ARM_DEVICE=1), as the same-run baseline;
         # packed: packing forced for every pair
-        for mode in ${BENCH_MODES:-auto auto-arm}; do
+        crc=()
+        modes=${BENCH_MODES:-auto auto-arm}
+        if [ "$what" = checksum ]; then
+            crc=(--checksum)
+            modes=${CHECKSUM_MODES:-auto}
+        fi
+        for mode in $modes; do
             case $mode in
             auto-arm) mirror=auto; export DUET_XFER_ARM_DEVICE=1 ;;
             *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
             esac
-            echo "=== bench_gpu_transfer --mirror $mirror ($mode; $plans)"
+            log=${OUT:-/tmp}/packed-bench-$mode${crc[0]:+-crc}.log
+            echo "=== bench_gpu_transfer --mirror $mirror ${crc[*]} ($mode; $plans)"
             DUET_UCX_CUDA_LIB=$U BENCH_TIMEOUT=250 timeout 280 tests/gpu/run_gpu_transfer.sh --mirror $mirror \
-                --plans $plans --tokens ${BENCH_TOKENS:-512,1024,4096,8192} --rounds ${BENCH_ROUNDS:-5} --variants spread \
-                > "${OUT:-/tmp}/packed-bench-$mode.log" 2>&1 || rc=1
-            grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "${OUT:-/tmp}/packed-bench-$mode.log" | \
+                --plans $plans --tokens ${BENCH_TOKENS:-512,1024,4096,8192} --rounds ${BENCH_ROUNDS:-5} \
+                --variants spread "${crc[@]}" > "$log" 2>&1 || rc=1
+            grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "$log" | \
                 grep -E "^spread|^copy|exit|corrupt|FAIL|error" | head -60
         done
         unset DUET_XFER_ARM_DEVICE

@@ -15,7 +15,10 @@
  *    returns, and every one has when duet_engine_kv_export_sync returns --
  *    the prefill scheduler ends its sends right after it.  (The direct
  *    path returned from the rank's sync job without syncing: the sends
- *    then ended "after N of M layers".) */
+ *    then ended "after N of M layers".)
+ *  - duet_engine_kv_crc (a transfer's checksum where the pool lives): the
+ *    CRC32C of the listed bytes of each rank's pool, ranges outside the
+ *    pool refused. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +33,7 @@
 #include <cmocka.h>
 
 #include "common/alloc.h"
+#include "common/crc32c.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "synth/mkmodel.h"
@@ -315,6 +319,37 @@ static void test_pack_unpack_cpu(void **state)
     duet_free(c);
 }
 
+/* duet_engine_kv_crc on the cpu backend: the CRC32C of the listed pool
+ * bytes in list order (a transfer's checksum hook), ranges validated. */
+static void test_kv_crc_cpu(void **state)
+{
+    (void)state;
+    ctx_t *c = DUET_NEW(ctx_t);
+    duet_engine_t *e = open_engine(c, NULL);
+    const duet_kv_layout_t *l = duet_engine_kv_layout(e);
+    uint64_t pool = duet_kv_total_bytes(l), hb = duet_kv_head_bytes(l);
+    duet_crc32c_range_t r[3] = {
+        {duet_kv_offset(l, 1, 1, 9, 1), 3 * hb}, {duet_kv_offset(l, 0, 0, 17, 0), hb + 5}, {7, 1}};
+    uint32_t crc[TP] = {0}, got = 1;
+
+    prefill(c);
+    for (int rank = 0; rank < TP; rank++) {
+        assert_int_equal(duet_engine_kv_crc(e, rank, r, 3, &crc[rank]), DUET_OK);
+        assert_int_equal(crc[rank], duet_crc32c_ranges(c->pool[rank], r, 3));
+    }
+    assert_int_not_equal(crc[0], crc[1]); /* each rank its own pool */
+    assert_int_equal(duet_engine_kv_crc(e, 0, r, 0, &got), DUET_OK);
+    assert_int_equal(got, 0);
+    r[1] = (duet_crc32c_range_t){pool - 4, 5};
+    assert_int_equal(duet_engine_kv_crc(e, 0, r, 3, &got), DUET_ERR_INVALID);
+    assert_non_null(strstr(duet_error_msg(), "range 1 "));
+    r[1] = (duet_crc32c_range_t){8, UINT64_MAX};
+    assert_int_equal(duet_engine_kv_crc(e, 0, r, 3, &got), DUET_ERR_INVALID);
+    assert_int_equal(duet_engine_kv_crc(e, TP, r, 1, &got), DUET_ERR_INVALID);
+    duet_engine_destroy(e);
+    duet_free(c);
+}
+
 /* ---- a backend that completes packs and exports only in kv_export_sync,
  * as the GPU does asynchronously; its pool is registered for direct puts */
 typedef struct {
@@ -552,6 +587,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_unpack_cpu),
+        cmocka_unit_test(test_kv_crc_cpu),
         cmocka_unit_test(test_export_sync_waits_direct),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

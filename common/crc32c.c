@@ -1,9 +1,7 @@
-#include "transfer/xfer_crc32c.h"
+#include "common/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
-
-#define CRC32C_POLY 0x82F63B78u
 
 static uint32_t duet__crc32c_table[8][256];
 static pthread_once_t duet__crc32c_once = PTHREAD_ONCE_INIT;
@@ -14,7 +12,7 @@ static void duet__crc32c_init(void)
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
-            c = (c >> 1) ^ (CRC32C_POLY & (0u - (c & 1u)));
+            c = (c >> 1) ^ (DUET_CRC32C_POLY & (0u - (c & 1u)));
         duet__crc32c_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
@@ -27,7 +25,7 @@ static void duet__crc32c_init(void)
 #endif
 }
 
-uint32_t duet__crc32c_sw(uint32_t crc, const void *buf, size_t n)
+uint32_t duet_crc32c_sw(uint32_t crc, const void *buf, size_t n)
 {
     uint32_t(*t)[256] = duet__crc32c_table;
     const unsigned char *p = buf;
@@ -73,12 +71,43 @@ __attribute__((target("sse4.2"))) static uint32_t duet__crc32c_hw(uint32_t crc, 
 }
 #endif
 
-uint32_t duet__crc32c(uint32_t crc, const void *buf, size_t n)
+uint32_t duet_crc32c(uint32_t crc, const void *buf, size_t n)
 {
     pthread_once(&duet__crc32c_once, duet__crc32c_init);
 #if defined(__x86_64__)
     if (duet__crc32c_have_hw)
         return duet__crc32c_hw(crc, buf, n);
 #endif
-    return duet__crc32c_sw(crc, buf, n);
+    return duet_crc32c_sw(crc, buf, n);
+}
+
+uint32_t duet_crc32c_ranges(const void *base, const duet_crc32c_range_t *ranges, int n)
+{
+    uint32_t crc = 0;
+    for (int i = 0; i < n; i++)
+        crc = duet_crc32c(crc, (const unsigned char *)base + ranges[i].off, (size_t)ranges[i].len);
+    return crc;
+}
+
+size_t duet_crc32c_plan(const duet_crc32c_range_t *ranges, int n, uint64_t piece_max,
+                        duet_crc32c_piece_t *out, size_t cap, uint64_t *total_p)
+{
+    uint64_t total = 0, at = 0;
+    size_t m = 0;
+    for (int i = 0; i < n; i++)
+        total += ranges[i].len;
+    for (int i = 0; i < n;) {
+        uint64_t off = ranges[i].off, len = ranges[i].len;
+        /* merge the ranges that continue this one */
+        for (i++; i < n && (ranges[i].len == 0 || ranges[i].off == off + len); i++)
+            len += ranges[i].len;
+        for (uint64_t done = 0; done < len; done += piece_max, m++) {
+            uint64_t piece = len - done < piece_max ? len - done : piece_max;
+            if (m < cap)
+                out[m] = (duet_crc32c_piece_t){off + done, piece, total - (at + done + piece)};
+        }
+        at += len;
+    }
+    *total_p = total;
+    return m;
 }
