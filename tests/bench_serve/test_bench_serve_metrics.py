@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""duet bench-serve's metric definitions against a scripted SSE server
+(fake_openai.py) with known timings: the first token after 150 ms (every
+second request: 450 ms), then one every 50 ms, 9 tokens.  So each request
+has TTFT 150 or 450 ms, TPOT = ITL = 50 ms, E2E = TTFT + 8 x 50 ms, and a
+TTFT SLO of 300 ms is met by exactly half of them.
+
+The server also records when it really sent each chunk.  On a loaded
+machine (a starved Python thread sends late) a run whose server-side
+timings strayed more than 15 ms from the script is repeated (up to 4
+times), so the checks below compare against timings that really happened.
+
+    test_bench_serve_metrics.py BUILD_DIR SOURCE_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from fake_openai import FakeOpenAI  # noqa: E402
+from ports import free_port  # noqa: E402
+
+BUILD = sys.argv[1]
+DUET = os.path.join(BUILD, "tools", "duet")
+TMP = tempfile.mkdtemp(prefix="duet_bench_serve_")
+N, OUT, IN = 6, 9, 32
+FAST, SLOW, GAP = 150.0, 450.0, 50.0
+
+
+def check(cond, msg):
+    if not cond:
+        print("FAIL:", msg, flush=True)
+        sys.exit(1)
+
+
+def bench_once(port, *args, expect_rc=0):
+    res = os.path.join(TMP, "r.json")
+    if os.path.exists(res):
+        os.unlink(res)
+    cmd = [DUET, "bench-serve", "--base-url", "http://127.0.0.1:%d" % port,
+           "--dataset", "random", "--random-input-len", str(IN), "--random-output-len", str(OUT),
+           "--num-requests", str(N), "--result-json", res, "--no-progress"] + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    check(p.returncode == expect_rc, "%s: exit %d\n%s\n%s" % (cmd, p.returncode, p.stdout,
+                                                              p.stderr))
+    if expect_rc != 0:
+        return p, None
+    with open(res) as f:
+        return p, json.load(f)
+
+
+def bench(port, *args, srv=None, expect_rc=0):
+    """bench_once, repeated while the server's own timings strayed."""
+    for attempt in range(4):
+        if srv is not None:
+            srv.reset()
+        p, r = bench_once(port, *args, expect_rc=expect_rc)
+        if srv is None or clean(srv):
+            return p, r
+        print("server timings strayed (loaded machine?), again:", srv.truth(), flush=True)
+    check(False, "the server never kept its script in 4 runs")
+
+
+def clean(srv):
+    for ttft, gaps in srv.truth():
+        if min(abs(ttft - FAST), abs(ttft - SLOW)) > 15 or any(abs(g - GAP) > 15 for g in gaps):
+            return False
+    return True
+
+
+def near(x, want, lo, hi, what):
+    check(want - lo <= x <= want + hi, "%s = %.2f, want %.0f (-%g/+%g)" % (what, x, want, lo, hi))
+
+
+def check_timings(run, what):
+    check(run["completed"] == N and run["failed"] == 0, "%s: %s" % (what, run["errors"]))
+    check(run["total_output_tokens"] == N * OUT, "%s: output tokens %s" % (what,
+                                                                          run["output_lens"]))
+    ttfts = sorted(run["ttfts_ms"])
+    for t in ttfts[:N // 2]:
+        near(t, FAST, 1, 40, what + " fast TTFT")
+    for t in ttfts[N // 2:]:
+        near(t, SLOW, 1, 40, what + " slow TTFT")
+    near(run["mean_ttft_ms"], (FAST + SLOW) / 2, 1, 40, what + " mean TTFT")
+    # numpy's median of 3 x FAST and 3 x SLOW: halfway
+    near(run["p50_ttft_ms"], (FAST + SLOW) / 2, 1, 40, what + " p50 TTFT")
+    near(run["p99_ttft_ms"], SLOW, 1, 40, what + " p99 TTFT")
+    for t in run["tpots_ms"]:
+        near(t, GAP, 3, 5, what + " TPOT")
+    itls = [x for per in run["itls_ms"] for x in per]
+    check(len(itls) == N * (OUT - 1), "%s: %d ITL samples, want %d" % (what, len(itls),
+                                                                      N * (OUT - 1)))
+    for x in itls:
+        near(x, GAP, 25, 25, what + " ITL")
+    near(run["mean_itl_ms"], GAP, 3, 5, what + " mean ITL")
+    for e, t in zip(run["e2els_ms"], run["ttfts_ms"]):
+        near(e - t, (OUT - 1) * GAP, 5, 30, what + " E2E - TTFT")
+    # throughput: completed / duration, tokens / duration
+    d = run["duration"]
+    near(d, (SLOW + (OUT - 1) * GAP) / 1e3, 0.001, 0.2, what + " duration (s)")
+    check(abs(run["request_throughput"] - N / d) < 1e-6, what + " request throughput")
+    check(abs(run["output_throughput"] - N * OUT / d) < 1e-6, what + " output throughput")
+
+
+def main():
+    port = free_port()
+    srv = FakeOpenAI(port, ttft_s=FAST / 1e3, slow_ttft_s=SLOW / 1e3, itl_s=GAP / 1e3)
+    try:
+        # all N at once: TTFT, TPOT, ITL, E2E, counts, and goodput with a TTFT
+        # SLO between the two groups (exactly half) and a TPOT SLO above 50
+        p, r = bench(port, "--concurrency", str(N), "--ignore-eos", "--api-key", "sekrit",
+                     "--slo-ttft-ms", "300", "--slo-tpot-ms", "70", srv=srv)
+        run = r["runs"][0]
+        check_timings(run, "completions")
+        check(run["good_requests"] == N // 2, "SLO 300/70: %d good, want %d" % (
+            run["good_requests"], N // 2))
+        check(abs(run["request_goodput"] - (N // 2) / run["duration"]) < 1e-6, "goodput")
+        check("Request goodput (req/s):" in p.stdout and "Mean TPOT" in p.stdout, p.stdout)
+        check(r["model"] == "fake-model", "model from /v1/models: %r" % r["model"])
+        reqs = srv.bench_requests()
+        check(len(reqs) == N, "%d requests reached the server" % len(reqs))
+        for path, body, headers, _ in reqs:
+            check(path == "/v1/completions", path)
+            check(body["stream"] is True and body["stream_options"] == {"include_usage": True},
+                  "stream fields: %s" % body)
+            check(body["ignore_eos"] is True and body["max_tokens"] == OUT, body)
+            check(body["model"] == "fake-model", body)
+            check(len(body["prompt"]) == IN and all(3 <= t < 512 for t in body["prompt"]),
+                  "prompt ids: %s" % body["prompt"])
+            check(headers.get("Authorization") == "Bearer sekrit", headers)
+        srv.reset()
+
+        # the TTFT SLO above both groups: all good; a TPOT SLO under 50: none
+        _, r = bench(port, "--concurrency", str(N), "--slo-ttft-ms", "500", "--slo-tpot-ms", "70", srv=srv)
+        check(r["runs"][0]["good_requests"] == N, "SLO 500/70: %d good" %
+              r["runs"][0]["good_requests"])
+        srv.reset()
+        _, r = bench(port, "--concurrency", str(N), "--slo-ttft-ms", "500", "--slo-tpot-ms", "40", srv=srv)
+        check(r["runs"][0]["good_requests"] == 0, "SLO 500/40: %d good" %
+              r["runs"][0]["good_requests"])
+        srv.reset()
+
+        # chat: delta.content chunks, text prompts
+        _, r = bench(port, "--concurrency", str(N), "--backend", "openai-chat", "--model", "m1",
+                     srv=srv)
+        check_timings(r["runs"][0], "chat")
+        for path, body, _, _ in srv.bench_requests():
+            check(path == "/v1/chat/completions" and body["model"] == "m1", (path, body))
+            words = body["messages"][0]["content"].split()
+            check(len(words) == IN, "chat prompt of %d words" % len(words))
+        srv.reset()
+
+        # closed loop with 2 in flight: requests start as others finish
+        _, r = bench(port, "--concurrency", "2")
+        run = r["runs"][0]
+        check(run["completed"] == N, run["errors"])
+        arrivals = sorted(t for *_, t in srv.bench_requests())
+        check(arrivals[2] - arrivals[0] >= (FAST + (OUT - 1) * GAP) / 1e3 - 0.02, "closed loop: third request %.3f s after the "
+              "first, before one finished" % (arrivals[2] - arrivals[0]))
+        srv.reset()
+
+        # open loop sweep (Poisson; 2 rates) with plots
+        plot = os.path.join(TMP, "plots")
+        _, r = bench(port, "--request-rate", "10,1000", "--seed", "7", "--slo-ttft-ms", "300",
+                     "--plot", plot)
+        check(len(r["runs"]) == 2 and [x["request_rate"] for x in r["runs"]] == [10, 1000],
+              "sweep runs: %s" % [x["request_rate"] for x in r["runs"]])
+        for x in r["runs"]:
+            check(x["completed"] == N, x["errors"])
+        for f in ("cdf.png", "goodput.png", "plot.gp", "ttft_0.dat", "tpot_1.dat",
+                  "goodput.dat"):
+            path = os.path.join(plot, f)
+            check(os.path.exists(path) and os.path.getsize(path) > 0, "plot file %s" % f)
+        with open(os.path.join(plot, "cdf.png"), "rb") as f:
+            check(f.read(8) == b"\x89PNG\r\n\x1a\n", "cdf.png is not a PNG")
+        srv.reset()
+    finally:
+        srv.close()
+
+    # a server that refuses stream_options: counts come from the chunks
+    port = free_port()
+    srv = FakeOpenAI(port, ttft_s=FAST / 1e3, slow_ttft_s=SLOW / 1e3, itl_s=GAP / 1e3,
+                     reject_stream_options=True)
+    try:
+        p, r = bench(port, "--concurrency", str(N), srv=srv)
+        check("stream_options" in p.stderr, "no note about stream_options: %s" % p.stderr)
+        check_timings(r["runs"][0], "no usage")
+        for _, body, _, _ in srv.bench_requests():
+            check("stream_options" not in body, "stream_options still sent")
+    finally:
+        srv.close()
+
+    # nothing listening: a clear error, exit 1
+    p, _ = bench_once(free_port(), expect_rc=1)
+    check("Could not connect" in p.stderr or "Couldn't connect" in p.stderr, p.stderr)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
