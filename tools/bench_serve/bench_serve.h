@@ -60,8 +60,7 @@ typedef struct {
 } duet_bs_workload_config_t;
 
 /* Build the workload.  Trace errors name the file, the line and the field. */
-duet_status_t duet_bs_workload_build(const duet_bs_workload_config_t *cfg,
-                                     duet_bs_workload_t *wl);
+duet_status_t duet_bs_workload_build(const duet_bs_workload_config_t *cfg, duet_bs_workload_t *wl);
 void duet_bs_workload_free(duet_bs_workload_t *wl);
 
 /* Prompt content: token j of hash block `block` (equal blocks, equal
@@ -105,7 +104,7 @@ typedef struct {
     const char *api_key;  /* Bearer key; NULL for none */
     bool text_prompts;    /* send text built from words (chat always does) */
     bool ignore_eos;
-    bool usage;          /* stream_options.include_usage */
+    bool usage; /* stream_options.include_usage */
     double temperature;
     const char *extra_body; /* JSON object merged into each HTTP body */
     long timeout_ms;        /* per request */
@@ -140,11 +139,11 @@ duet_status_t duet_bs_http_probe(duet_bs_backend_config_t *cfg, char **model_p);
 typedef struct {
     double request_rate; /* 0: closed loop (or the trace's own times, see use_trace_times) */
     bool use_trace_times;
-    int concurrency;     /* closed loop: N in flight; open loop: a cap (0 none) */
-    double duration_s;   /* no new requests after this (0: none) */
-    uint64_t seed;       /* Poisson arrivals */
-    bool progress;       /* draw the bar on stderr */
-    const char *label;   /* shown on the bar */
+    int concurrency;   /* closed loop: N in flight; open loop: a cap (0 none) */
+    double duration_s; /* no new requests after this (0: none) */
+    uint64_t seed;     /* Poisson arrivals */
+    bool progress;     /* draw the bar on stderr */
+    const char *label; /* shown on the bar */
 } duet_bs_run_config_t;
 
 typedef struct {
@@ -154,8 +153,7 @@ typedef struct {
 } duet_bs_run_t;
 
 duet_status_t duet_bs_run(const duet_bs_run_config_t *cfg, const duet_bs_backend_ops_t *ops,
-                          duet_bs_backend_t *be, const duet_bs_workload_t *wl,
-                          duet_bs_run_t *run);
+                          duet_bs_backend_t *be, const duet_bs_workload_t *wl, duet_bs_run_t *run);
 void duet_bs_run_free(duet_bs_run_t *run);
 
 /* ---- metrics ------------------------------------------------------------------ */
@@ -193,8 +191,8 @@ duet_status_t duet_bs_samples(const duet_bs_run_t *run, double **ttft, size_t *n
 /* ---- plots ---------------------------------------------------------------------- */
 
 typedef struct {
-    const char *label;           /* "rate 2/s", "concurrency 4" */
-    double rate;                 /* the sweep's x (request rate) */
+    const char *label; /* "rate 2/s", "concurrency 4" */
+    double rate;       /* the sweep's x (request rate) */
     const duet_bs_run_t *run;
     const duet_bs_summary_t *sum;
 } duet_bs_plot_series_t;

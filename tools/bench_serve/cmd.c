@@ -122,25 +122,44 @@ static int duet__rates(duet__opts_t *o, const char *s)
 static int duet__parse(duet__opts_t *o, int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"backend", 1, 0, 'b'},        {"base-url", 1, 0, 'u'},
-        {"grpc-target", 1, 0, 'g'},    {"model", 1, 0, 'm'},
-        {"api-key", 1, 0, 'k'},        {"prompt-format", 1, 0, 'F'},
-        {"ignore-eos", 0, 0, 'e'},     {"no-usage", 0, 0, 'U'},
-        {"temperature", 1, 0, 'T'},    {"extra-body", 1, 0, 'x'},
-        {"timeout-ms", 1, 0, 't'},     {"concurrency", 1, 0, 'c'},
-        {"request-rate", 1, 0, 'r'},   {"num-requests", 1, 0, 'n'},
-        {"duration", 1, 0, 'd'},       {"seed", 1, 0, 's'},
-        {"dataset", 1, 0, 'D'},        {"random-input-len", 1, 0, 'I'},
-        {"random-output-len", 1, 0, 'O'}, {"range-ratio", 1, 0, 'R'},
-        {"prefix-len", 1, 0, 'P'},     {"suffix-len", 1, 0, 'S'},
-        {"num-prefixes", 1, 0, 'G'},   {"output-len", 1, 0, 'o'},
-        {"trace", 1, 0, 'f'},          {"trace-len-scale", 1, 0, 'L'},
-        {"trace-output-scale", 1, 0, 'Q'}, {"trace-block-size", 1, 0, 'B'},
-        {"trace-time-scale", 1, 0, 'Z'}, {"max-context", 1, 0, 'C'},
-        {"vocab-size", 1, 0, 'V'},     {"first-token-id", 1, 0, 'W'},
-        {"slo-ttft-ms", 1, 0, '1'},    {"slo-tpot-ms", 1, 0, '2'},
-        {"result-json", 1, 0, 'j'},    {"plot", 1, 0, 'p'},
-        {"no-progress", 0, 0, 'N'},    {"help", 0, 0, 'h'},
+        {"backend", 1, 0, 'b'},
+        {"base-url", 1, 0, 'u'},
+        {"grpc-target", 1, 0, 'g'},
+        {"model", 1, 0, 'm'},
+        {"api-key", 1, 0, 'k'},
+        {"prompt-format", 1, 0, 'F'},
+        {"ignore-eos", 0, 0, 'e'},
+        {"no-usage", 0, 0, 'U'},
+        {"temperature", 1, 0, 'T'},
+        {"extra-body", 1, 0, 'x'},
+        {"timeout-ms", 1, 0, 't'},
+        {"concurrency", 1, 0, 'c'},
+        {"request-rate", 1, 0, 'r'},
+        {"num-requests", 1, 0, 'n'},
+        {"duration", 1, 0, 'd'},
+        {"seed", 1, 0, 's'},
+        {"dataset", 1, 0, 'D'},
+        {"random-input-len", 1, 0, 'I'},
+        {"random-output-len", 1, 0, 'O'},
+        {"range-ratio", 1, 0, 'R'},
+        {"prefix-len", 1, 0, 'P'},
+        {"suffix-len", 1, 0, 'S'},
+        {"num-prefixes", 1, 0, 'G'},
+        {"output-len", 1, 0, 'o'},
+        {"trace", 1, 0, 'f'},
+        {"trace-len-scale", 1, 0, 'L'},
+        {"trace-output-scale", 1, 0, 'Q'},
+        {"trace-block-size", 1, 0, 'B'},
+        {"trace-time-scale", 1, 0, 'Z'},
+        {"max-context", 1, 0, 'C'},
+        {"vocab-size", 1, 0, 'V'},
+        {"first-token-id", 1, 0, 'W'},
+        {"slo-ttft-ms", 1, 0, '1'},
+        {"slo-tpot-ms", 1, 0, '2'},
+        {"result-json", 1, 0, 'j'},
+        {"plot", 1, 0, 'p'},
+        {"no-progress", 0, 0, 'N'},
+        {"help", 0, 0, 'h'},
         {0, 0, 0, 0},
     };
     long v;
@@ -159,18 +178,32 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
             else
                 rc = duet__bad("--backend", optarg, "expected openai, openai-chat or grpc");
             break;
-        case 'u': o->be.base_url = optarg; break;
-        case 'g': o->be.target = optarg; break;
-        case 'm': o->be.model = optarg; break;
-        case 'k': o->be.api_key = optarg; break;
+        case 'u':
+            o->be.base_url = optarg;
+            break;
+        case 'g':
+            o->be.target = optarg;
+            break;
+        case 'm':
+            o->be.model = optarg;
+            break;
+        case 'k':
+            o->be.api_key = optarg;
+            break;
         case 'F':
             if (strcmp(optarg, "ids") != 0 && strcmp(optarg, "text") != 0)
                 rc = duet__bad("--prompt-format", optarg, "expected ids or text");
             o->be.text_prompts = strcmp(optarg, "text") == 0;
             break;
-        case 'e': o->be.ignore_eos = true; break;
-        case 'U': o->be.usage = false; break;
-        case 'T': rc = duet__num("--temperature", optarg, 0, 100, &o->be.temperature); break;
+        case 'e':
+            o->be.ignore_eos = true;
+            break;
+        case 'U':
+            o->be.usage = false;
+            break;
+        case 'T':
+            rc = duet__num("--temperature", optarg, 0, 100, &o->be.temperature);
+            break;
         case 'x': {
             cJSON *e = cJSON_Parse(optarg);
             if (!cJSON_IsObject(e))
@@ -179,17 +212,23 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
             o->be.extra_body = optarg;
             break;
         }
-        case 't': rc = duet__int("--timeout-ms", optarg, 1, 86400000, &o->be.timeout_ms); break;
+        case 't':
+            rc = duet__int("--timeout-ms", optarg, 1, 86400000, &o->be.timeout_ms);
+            break;
         case 'c':
             if ((rc = duet__int("--concurrency", optarg, 1, 100000, &v)) == 0)
                 o->run.concurrency = (int)v;
             break;
-        case 'r': rc = duet__rates(o, optarg); break;
+        case 'r':
+            rc = duet__rates(o, optarg);
+            break;
         case 'n':
             if ((rc = duet__int("--num-requests", optarg, 1, 100000000, &v)) == 0)
                 o->wl.num_requests = (size_t)v;
             break;
-        case 'd': rc = duet__num("--duration", optarg, 0.001, 1e7, &o->run.duration_s); break;
+        case 'd':
+            rc = duet__num("--duration", optarg, 0.001, 1e7, &o->run.duration_s);
+            break;
         case 's':
             if ((rc = duet__int("--seed", optarg, 0, 1L << 53, &v)) == 0)
                 o->wl.seed = o->run.seed = (uint64_t)v;
@@ -208,33 +247,62 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
     if ((rc = duet__int(flag, optarg, lo, hi, &v)) == 0)                                           \
         field = (int)v;                                                                            \
     break
-        case 'I': DUET__INTO("--random-input-len", 1, 10000000, o->wl.input_len);
-        case 'O': DUET__INTO("--random-output-len", 1, 10000000, o->wl.output_len);
-        case 'P': DUET__INTO("--prefix-len", 0, 10000000, o->wl.prefix_len);
-        case 'S': DUET__INTO("--suffix-len", 0, 10000000, o->wl.suffix_len);
-        case 'G': DUET__INTO("--num-prefixes", 1, 1000000, o->wl.num_prefixes);
-        case 'o': DUET__INTO("--output-len", 1, 10000000, output_len);
-        case 'B': DUET__INTO("--trace-block-size", 1, 1000000, o->wl.trace_block_size);
-        case 'C': DUET__INTO("--max-context", 0, 100000000, o->wl.max_context);
-        case 'V': DUET__INTO("--vocab-size", 2, 100000000, o->wl.vocab_size);
-        case 'W': DUET__INTO("--first-token-id", 0, 100000000, o->wl.first_token_id);
+        case 'I':
+            DUET__INTO("--random-input-len", 1, 10000000, o->wl.input_len);
+        case 'O':
+            DUET__INTO("--random-output-len", 1, 10000000, o->wl.output_len);
+        case 'P':
+            DUET__INTO("--prefix-len", 0, 10000000, o->wl.prefix_len);
+        case 'S':
+            DUET__INTO("--suffix-len", 0, 10000000, o->wl.suffix_len);
+        case 'G':
+            DUET__INTO("--num-prefixes", 1, 1000000, o->wl.num_prefixes);
+        case 'o':
+            DUET__INTO("--output-len", 1, 10000000, output_len);
+        case 'B':
+            DUET__INTO("--trace-block-size", 1, 1000000, o->wl.trace_block_size);
+        case 'C':
+            DUET__INTO("--max-context", 0, 100000000, o->wl.max_context);
+        case 'V':
+            DUET__INTO("--vocab-size", 2, 100000000, o->wl.vocab_size);
+        case 'W':
+            DUET__INTO("--first-token-id", 0, 100000000, o->wl.first_token_id);
 #undef DUET__INTO
-        case 'R': rc = duet__num("--range-ratio", optarg, 0, 0.999, &o->wl.range_ratio); break;
-        case 'f': o->wl.trace_path = optarg; break;
-        case 'L': rc = duet__num("--trace-len-scale", optarg, 1e-6, 1e6, &o->wl.trace_len_scale); break;
+        case 'R':
+            rc = duet__num("--range-ratio", optarg, 0, 0.999, &o->wl.range_ratio);
+            break;
+        case 'f':
+            o->wl.trace_path = optarg;
+            break;
+        case 'L':
+            rc = duet__num("--trace-len-scale", optarg, 1e-6, 1e6, &o->wl.trace_len_scale);
+            break;
         case 'Q':
             rc = duet__num("--trace-output-scale", optarg, 1e-6, 1e6, &o->wl.trace_output_scale);
             break;
         case 'Z':
             rc = duet__num("--trace-time-scale", optarg, 0, 1e6, &o->wl.trace_time_scale);
             break;
-        case '1': rc = duet__num("--slo-ttft-ms", optarg, 1e-3, 1e9, &o->slo.slo_ttft_ms); break;
-        case '2': rc = duet__num("--slo-tpot-ms", optarg, 1e-3, 1e9, &o->slo.slo_tpot_ms); break;
-        case 'j': o->result_json = optarg; break;
-        case 'p': o->plot_dir = optarg; break;
-        case 'N': o->run.progress = false; break;
-        case 'h': duet__usage(stdout); return 1;
-        default: return 2;
+        case '1':
+            rc = duet__num("--slo-ttft-ms", optarg, 1e-3, 1e9, &o->slo.slo_ttft_ms);
+            break;
+        case '2':
+            rc = duet__num("--slo-tpot-ms", optarg, 1e-3, 1e9, &o->slo.slo_tpot_ms);
+            break;
+        case 'j':
+            o->result_json = optarg;
+            break;
+        case 'p':
+            o->plot_dir = optarg;
+            break;
+        case 'N':
+            o->run.progress = false;
+            break;
+        case 'h':
+            duet__usage(stdout);
+            return 1;
+        default:
+            return 2;
         }
     }
     if (rc != 0)
@@ -278,8 +346,8 @@ static cJSON *duet__config_json(const duet__opts_t *o, char **argv, int argc)
     strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
     cJSON_AddStringToObject(c, "date", date);
     cJSON_AddStringToObject(c, "backend", backends[o->be.kind]);
-    cJSON_AddStringToObject(c, "server", o->be.kind == DUET_BS_GRPC ? o->be.target
-                                                                     : o->be.base_url);
+    cJSON_AddStringToObject(c, "server",
+                            o->be.kind == DUET_BS_GRPC ? o->be.target : o->be.base_url);
     cJSON_AddStringToObject(c, "model", o->be.model ? o->be.model : "");
     cJSON_AddStringToObject(c, "dataset", datasets[o->wl.dataset]);
     cJSON_AddNumberToObject(c, "seed", (double)o->wl.seed);
@@ -309,12 +377,23 @@ static int duet__write_json(const char *path, cJSON *root)
 int duet_bs_main(int argc, char **argv)
 {
     duet__opts_t o = {
-        .wl = {.dataset = DUET_BS_RANDOM, .seed = 1, .vocab_size = 512, .first_token_id = 3,
-               .input_len = 128, .output_len = 32, .prefix_len = 64, .suffix_len = 16,
-               .num_prefixes = 1, .trace_len_scale = 1, .trace_output_scale = -1,
+        .wl = {.dataset = DUET_BS_RANDOM,
+               .seed = 1,
+               .vocab_size = 512,
+               .first_token_id = 3,
+               .input_len = 128,
+               .output_len = 32,
+               .prefix_len = 64,
+               .suffix_len = 16,
+               .num_prefixes = 1,
+               .trace_len_scale = 1,
+               .trace_output_scale = -1,
                .trace_time_scale = 1},
-        .be = {.kind = DUET_BS_OPENAI, .base_url = "http://127.0.0.1:8000", .usage = true,
-               .timeout_ms = 600000, .api_key = getenv("OPENAI_API_KEY")},
+        .be = {.kind = DUET_BS_OPENAI,
+               .base_url = "http://127.0.0.1:8000",
+               .usage = true,
+               .timeout_ms = 600000,
+               .api_key = getenv("OPENAI_API_KEY")},
         .run = {.seed = 1, .progress = isatty(2)},
     };
     duet_bs_workload_t wl = {0};
@@ -353,8 +432,7 @@ int duet_bs_main(int argc, char **argv)
         duet_bs_run_config_t rcfg = o.run;
         rcfg.request_rate = o.rates[done];
         if (o.run.use_trace_times)
-            snprintf(labels[done], sizeof(labels[done]), "trace times x%g",
-                     o.wl.trace_time_scale);
+            snprintf(labels[done], sizeof(labels[done]), "trace times x%g", o.wl.trace_time_scale);
         else if (rcfg.request_rate > 0)
             snprintf(labels[done], sizeof(labels[done]), "rate %g/s", rcfg.request_rate);
         else
@@ -373,10 +451,10 @@ int duet_bs_main(int argc, char **argv)
                         sums[done].failed, runs[done].res[i].error);
                 break;
             }
-        cJSON_AddItemToArray(jruns, duet_bs_run_json(&runs[done], &wl, &sums[done],
-                                                     rcfg.request_rate));
-        series[done] = (duet_bs_plot_series_t){labels[done], rcfg.request_rate, &runs[done],
-                                               &sums[done]};
+        cJSON_AddItemToArray(jruns,
+                             duet_bs_run_json(&runs[done], &wl, &sums[done], rcfg.request_rate));
+        series[done] =
+            (duet_bs_plot_series_t){labels[done], rcfg.request_rate, &runs[done], &sums[done]};
     }
     rc = 0;
     if (o.result_json != NULL && duet__write_json(o.result_json, root) != 0)

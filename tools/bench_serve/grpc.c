@@ -138,10 +138,10 @@ static duet_status_t duet__grpc_start(duet_bs_backend_t *be, size_t idx, const d
     if ((st = duet_pb_pack(&g.base, &buf, &len)) != DUET_OK)
         goto free_call;
     res->start_ns = duet_now_ns();
-    st = duet_rpc_client_stream(be->cli, be->cfg.target, "/duet.v1.Generate/Generate", buf, len,
-                                duet_deadline_in_ms(be->cfg.timeout_ms > 0 ? be->cfg.timeout_ms
-                                                                           : -1),
-                                duet__on_message, duet__on_done, c, NULL);
+    st = duet_rpc_client_stream(
+        be->cli, be->cfg.target, "/duet.v1.Generate/Generate", buf, len,
+        duet_deadline_in_ms(be->cfg.timeout_ms > 0 ? be->cfg.timeout_ms : -1), duet__on_message,
+        duet__on_done, c, NULL);
     duet_free(buf);
     duet_free(text);
     if (st != DUET_OK)

@@ -152,8 +152,10 @@ void duet_bs_summary_print(const duet_bs_summary_t *s, const char *title, const 
     const struct {
         const char *name;
         const duet_bs_stat_t *st;
-    } rows[] = {{"TTFT", &s->ttft_ms}, {"TPOT (excl. 1st token)", &s->tpot_ms},
-                {"ITL", &s->itl_ms},   {"E2E latency", &s->e2el_ms}};
+    } rows[] = {{"TTFT", &s->ttft_ms},
+                {"TPOT (excl. 1st token)", &s->tpot_ms},
+                {"ITL", &s->itl_ms},
+                {"E2E latency", &s->e2el_ms}};
     printf("================ %s ================\n", title);
     printf("%-40s%zu\n", "Successful requests:", s->completed);
     printf("%-40s%zu\n", "Failed requests:", s->failed);
@@ -188,7 +190,7 @@ static void duet__json_stat(cJSON *o, const char *name, const duet_bs_stat_t *st
     const struct {
         const char *pre;
         double v;
-    } f[] = {{"mean", st->mean}, {"std", st->std}, {"median", st->median},
+    } f[] = {{"mean", st->mean},  {"std", st->std}, {"median", st->median},
              {"p50", st->median}, {"p90", st->p90}, {"p99", st->p99}};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         snprintf(k, sizeof(k), "%s_%s_ms", f[i].pre, name);
@@ -236,14 +238,14 @@ cJSON *duet_bs_run_json(const duet_bs_run_t *run, const duet_bs_workload_t *wl,
         cJSON_AddItemToArray(in, cJSON_CreateNumber((double)r->prompt_tokens));
         cJSON_AddItemToArray(out, cJSON_CreateNumber(r->ok ? (double)r->output_tokens : 0));
         cJSON_AddItemToArray(asked, cJSON_CreateNumber(wl->reqs[i].out_len));
-        cJSON_AddItemToArray(ttft, cJSON_CreateNumber(r->ok ? duet__ms(r->first_ns - r->start_ns)
-                                                            : 0));
+        cJSON_AddItemToArray(ttft,
+                             cJSON_CreateNumber(r->ok ? duet__ms(r->first_ns - r->start_ns) : 0));
         cJSON_AddItemToArray(tpot, cJSON_CreateNumber(r->ok ? duet__tpot(r) : 0));
-        cJSON_AddItemToArray(e2e, cJSON_CreateNumber(r->ok ? duet__ms(r->end_ns - r->start_ns)
-                                                           : 0));
+        cJSON_AddItemToArray(e2e,
+                             cJSON_CreateNumber(r->ok ? duet__ms(r->end_ns - r->start_ns) : 0));
         for (size_t k = 1; r->ok && k < r->n_chunks && k < r->cap_chunks; k++)
-            cJSON_AddItemToArray(itl, cJSON_CreateNumber(
-                                          duet__ms(r->chunk_ns[k] - r->chunk_ns[k - 1])));
+            cJSON_AddItemToArray(itl,
+                                 cJSON_CreateNumber(duet__ms(r->chunk_ns[k] - r->chunk_ns[k - 1])));
         cJSON_AddItemToArray(itls, itl);
         cJSON_AddItemToArray(errs, cJSON_CreateString(r->ok ? "" : r->error));
     }
