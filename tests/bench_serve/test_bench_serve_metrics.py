@@ -163,6 +163,18 @@ def main():
               "first, before one finished" % (arrivals[2] - arrivals[0]))
         srv.reset()
 
+        # --duration: no request starts after 0.5 s; those started finish
+        _, r = bench(port, "--request-rate", "20", "--num-requests", "500", "--duration",
+                     "0.5", "--seed", "5")
+        run = r["runs"][0]
+        arrivals = sorted(t for *_, t in srv.bench_requests())
+        check(2 <= run["num_requests"] < 40 and run["completed"] == run["num_requests"] and
+              len(arrivals) == run["num_requests"], "duration: %d launched, %d completed, %d "
+              "at the server" % (run["num_requests"], run["completed"], len(arrivals)))
+        check(arrivals[-1] - arrivals[0] <= 0.5 + 0.05, "a request started %.3f s in" %
+              (arrivals[-1] - arrivals[0]))
+        srv.reset()
+
         # open loop sweep (Poisson; 2 rates) with plots
         plot = os.path.join(TMP, "plots")
         _, r = bench(port, "--request-rate", "10,1000", "--seed", "7", "--slo-ttft-ms", "300",

@@ -469,10 +469,10 @@ int duet_bs_main(int argc, char **argv)
             rc = 1;
         }
 out:
+    if (be != NULL)
+        ops->destroy(be); /* first: a stream still open writes into its result */
     for (size_t k = 0; k < done; k++)
         duet_bs_run_free(&runs[k]);
-    if (be != NULL)
-        ops->destroy(be);
     cJSON_Delete(root);
     duet_free(model);
     duet_bs_workload_free(&wl);
