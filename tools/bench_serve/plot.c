@@ -44,11 +44,15 @@ static duet_status_t duet__cdf(const char *dir, const char *name, size_t k, cons
     return DUET_OK;
 }
 
+/* xmax: the largest sample of every series; the SLO line stays in view. */
 static void duet__plot_cdf(FILE *g, const char *what, const char *name,
-                           const duet_bs_plot_series_t *series, size_t n, double slo)
+                           const duet_bs_plot_series_t *series, size_t n, double slo, double xmax)
 {
     fprintf(g, "set title '%s CDF'\nset xlabel '%s (ms)'\nset ylabel 'fraction of requests'\n",
             what, what);
+    if (slo * 1.05 > xmax)
+        xmax = slo * 1.05;
+    fprintf(g, "set xrange [0:%g]\n", xmax > 0 ? xmax : 1);
     fprintf(g, "set yrange [0:1]\nset grid\nset key bottom right\nunset arrow\n");
     if (slo > 0)
         fprintf(g, "set arrow from %g, graph 0 to %g, graph 1 nohead dt 2 lc rgb 'red'\n", slo,
@@ -64,6 +68,7 @@ duet_status_t duet_bs_plot(const char *dir, const duet_bs_plot_series_t *series,
                            const duet_bs_slo_t *slo)
 {
     char p[4096];
+    double max_ttft = 0, max_tpot = 0;
     duet_status_t st = DUET_OK;
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return duet_error(DUET_ERR_IO, "--plot %s: %s", dir, strerror(errno));
@@ -72,6 +77,10 @@ duet_status_t duet_bs_plot(const char *dir, const duet_bs_plot_series_t *series,
         size_t nt, np;
         if ((st = duet_bs_samples(series[k].run, &ttft, &nt, &tpot, &np)) != DUET_OK)
             return st;
+        if (nt > 0 && ttft[nt - 1] > max_ttft)
+            max_ttft = ttft[nt - 1];
+        if (np > 0 && tpot[np - 1] > max_tpot)
+            max_tpot = tpot[np - 1];
         if ((st = duet__cdf(dir, "ttft", k, ttft, nt)) == DUET_OK)
             st = duet__cdf(dir, "tpot", k, tpot, np);
         duet_free(ttft);
@@ -101,13 +110,13 @@ duet_status_t duet_bs_plot(const char *dir, const duet_bs_plot_series_t *series,
                "  set terminal png size 1200,480\n"
                "}\n"
                "set output 'cdf.png'\nset multiplot layout 1,2\n");
-    duet__plot_cdf(g, "TTFT", "ttft", series, n, slo->slo_ttft_ms);
-    duet__plot_cdf(g, "TPOT", "tpot", series, n, slo->slo_tpot_ms);
-    fprintf(g, "unset multiplot\n");
+    duet__plot_cdf(g, "TTFT", "ttft", series, n, slo->slo_ttft_ms, max_ttft);
+    duet__plot_cdf(g, "TPOT", "tpot", series, n, slo->slo_tpot_ms, max_tpot);
+    fprintf(g, "unset multiplot\nset xrange [*:*]\n");
     if (n > 1)
         fprintf(g, "set output 'goodput.png'\nunset arrow\nset title 'Goodput vs request rate'\n"
                    "set xlabel 'offered request rate (req/s)'\nset ylabel 'req/s'\n"
-                   "set yrange [0:*]\nset key top left\nset grid\n"
+                   "set xrange [0:*]\nset yrange [0:*]\nset key top left\nset grid\n"
                    "plot 'goodput.dat' using 1:2 with linespoints lw 2 pt 7 title "
                    "'goodput (met the SLO)', '' using 1:3 with linespoints lw 2 pt 5 title "
                    "'throughput (completed)', x with lines dt 2 lc rgb 'gray' title 'offered'\n");
