@@ -2,7 +2,8 @@
  * directory, rendered to cdf.png (TTFT and TPOT CDFs, one line per run) and,
  * for a request-rate sweep, goodput.png (goodput and throughput against the
  * offered rate).  gnuplot is optional: without it the files stay there for
- * later (`gnuplot plot.gp` in that directory). */
+ * later (`gnuplot plot.gp` in that directory).  The CDFs' x axes end at
+ * the largest p99 of the runs (or the SLO, if larger). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,11 +45,13 @@ static duet_status_t duet__cdf(const char *dir, const char *name, size_t k, cons
     return DUET_OK;
 }
 
-/* xmax: the largest sample of every series; the SLO line stays in view. */
+/* xmax: the largest p99 of the series; the SLO line stays in view. */
 static void duet__plot_cdf(FILE *g, const char *what, const char *name,
                            const duet_bs_plot_series_t *series, size_t n, double slo, double xmax)
 {
-    fprintf(g, "set title '%s CDF'\nset xlabel '%s (ms)'\nset ylabel 'fraction of requests'\n",
+    fprintf(g,
+            "set title '%s CDF'\nset xlabel '%s (ms; the axis ends at the largest p99)'\n"
+            "set ylabel 'fraction of requests'\n",
             what, what);
     if (slo * 1.05 > xmax)
         xmax = slo * 1.05;
@@ -77,10 +80,11 @@ duet_status_t duet_bs_plot(const char *dir, const duet_bs_plot_series_t *series,
         size_t nt, np;
         if ((st = duet_bs_samples(series[k].run, &ttft, &nt, &tpot, &np)) != DUET_OK)
             return st;
-        if (nt > 0 && ttft[nt - 1] > max_ttft)
-            max_ttft = ttft[nt - 1];
-        if (np > 0 && tpot[np - 1] > max_tpot)
-            max_tpot = tpot[np - 1];
+        /* the x axis ends at the largest p99: a long tail would squash the rest */
+        if (duet_bs_percentile(ttft, nt, 99) > max_ttft)
+            max_ttft = duet_bs_percentile(ttft, nt, 99);
+        if (duet_bs_percentile(tpot, np, 99) > max_tpot)
+            max_tpot = duet_bs_percentile(tpot, np, 99);
         if ((st = duet__cdf(dir, "ttft", k, ttft, nt)) == DUET_OK)
             st = duet__cdf(dir, "tpot", k, tpot, np);
         duet_free(ttft);
