@@ -37,17 +37,17 @@ def check(cond, msg):
         sys.exit(1)
 
 
-def bench_once(port, *args, expect_rc=0):
+def bench_once(port, *args, expect_rc=0, env=None):
     res = os.path.join(TMP, "r.json")
     if os.path.exists(res):
         os.unlink(res)
     cmd = [DUET, "bench-serve", "--base-url", "http://127.0.0.1:%d" % port,
            "--dataset", "random", "--random-input-len", str(IN), "--random-output-len", str(OUT),
            "--num-requests", str(N), "--result-json", res, "--no-progress"] + list(args)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     check(p.returncode == expect_rc, "%s: exit %d\n%s\n%s" % (cmd, p.returncode, p.stdout,
                                                               p.stderr))
-    if expect_rc != 0:
+    if expect_rc != 0 or not os.path.exists(res):
         return p, None
     with open(res) as f:
         return p, json.load(f)
@@ -190,6 +190,25 @@ def main():
         with open(os.path.join(plot, "cdf.png"), "rb") as f:
             check(f.read(8) == b"\x89PNG\r\n\x1a\n", "cdf.png is not a PNG")
         srv.reset()
+
+        # no gnuplot on the PATH: a clear message, exit 1, the data still there
+        plot2 = os.path.join(TMP, "plots2")
+        p, r = bench_once(port, "--request-rate", "1000", "--plot", plot2, expect_rc=1,
+                          env=dict(os.environ, PATH="/nonexistent"))
+        check("gnuplot is not installed" in p.stderr and plot2 in p.stderr, p.stderr)
+        check(os.path.exists(os.path.join(plot2, "plot.gp")) and
+              os.path.exists(os.path.join(plot2, "ttft_0.dat")) and
+              not os.path.exists(os.path.join(plot2, "cdf.png")), "plot files without gnuplot")
+        check(os.path.exists(os.path.join(TMP, "r.json")), "no JSON when plotting failed")
+        srv.reset()
+
+        # --api-key is refused for gRPC; $OPENAI_API_KEY is not sent there
+        p = subprocess.run([DUET, "bench-serve", "--backend", "grpc", "--grpc-target",
+                            "127.0.0.1:1", "--api-key", "k"], capture_output=True, text=True)
+        check(p.returncode == 2 and "--api-key" in p.stderr, p.stderr)
+        p = subprocess.run([DUET, "bench-serve", "--request-rate", "fast"], capture_output=True,
+                           text=True)
+        check(p.returncode == 2 and "--request-rate fast" in p.stderr, p.stderr)
     finally:
         srv.close()
 

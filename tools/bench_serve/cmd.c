@@ -23,6 +23,7 @@ typedef struct {
     double rates[DUET__MAX_RATES];
     size_t n_rates;
     const char *result_json, *plot_dir;
+    bool api_key_given; /* --api-key, not $OPENAI_API_KEY */
 } duet__opts_t;
 
 static void duet__usage(FILE *f)
@@ -189,6 +190,7 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
             break;
         case 'k':
             o->be.api_key = optarg;
+            o->api_key_given = true;
             break;
         case 'F':
             if (strcmp(optarg, "ids") != 0 && strcmp(optarg, "text") != 0)
@@ -321,7 +323,7 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
         return duet__bad("--prefix-len", NULL, "prefix plus suffix must be at least 1 token");
     if (o->be.kind == DUET_BS_GRPC && o->be.target == NULL)
         return duet__bad("--backend grpc", NULL, "needs --grpc-target HOST:PORT");
-    if (o->be.kind == DUET_BS_GRPC && o->be.api_key != NULL && o->be.api_key[0])
+    if (o->be.kind == DUET_BS_GRPC && o->be.api_key != getenv("OPENAI_API_KEY"))
         return duet__bad("--api-key", NULL, "is for HTTP; the gRPC client sends no metadata");
     /* no rate and no concurrency: a trace replays its own times, else one at a time */
     if (o->n_rates == 0 && !o->run.use_trace_times && o->run.concurrency == 0) {
