@@ -422,11 +422,11 @@ int duet_bs_main(int argc, char **argv)
     ops = o.be.kind == DUET_BS_GRPC ? &duet_bs_grpc_ops : &duet_bs_http_ops;
     if (o.be.kind != DUET_BS_GRPC && duet_bs_http_probe(&o.be, &model) != DUET_OK) {
         fprintf(stderr, "duet bench-serve: %s\n", duet_error_msg());
-        goto out;
+        goto release_all;
     }
     if (ops->create(&o.be, &be) != DUET_OK) {
         fprintf(stderr, "duet bench-serve: %s\n", duet_error_msg());
-        goto out;
+        goto release_all;
     }
     root = duet__config_json(&o, argv, argc);
     jruns = cJSON_AddArrayToObject(root, "runs");
@@ -444,7 +444,7 @@ int duet_bs_main(int argc, char **argv)
             duet_bs_summarize(&runs[done], &o.slo, &sums[done]) != DUET_OK) {
             fprintf(stderr, "duet bench-serve: %s\n", duet_error_msg());
             done++;
-            goto out;
+            goto release_all;
         }
         duet_bs_summary_print(&sums[done], labels[done], &o.slo);
         for (size_t i = 0; i < runs[done].launched && sums[done].failed; i++)
@@ -470,7 +470,7 @@ int duet_bs_main(int argc, char **argv)
             fprintf(stderr, "duet bench-serve: no request completed\n");
             rc = 1;
         }
-out:
+release_all:
     if (be != NULL)
         ops->destroy(be); /* first: a stream still open writes into its result */
     for (size_t k = 0; k < done; k++)

@@ -97,7 +97,7 @@ static char *duet__body(const duet_bs_backend_config_t *cfg, const duet_bs_req_t
         cJSON_AddStringToObject(o, "model", cfg->model);
     if (cfg->kind == DUET_BS_OPENAI_CHAT || cfg->text_prompts) {
         if ((text = duet_bs_prompt_text(req->ids, req->n_ids)) == NULL)
-            goto out;
+            goto delete_json;
     }
     if (cfg->kind == DUET_BS_OPENAI_CHAT) {
         cJSON *msgs = cJSON_AddArrayToObject(o, "messages"), *m = cJSON_CreateObject();
@@ -131,7 +131,7 @@ static char *duet__body(const duet_bs_backend_config_t *cfg, const duet_bs_req_t
         cJSON_Delete(extra);
     }
     out = cJSON_PrintUnformatted(o);
-out:
+delete_json:
     duet_free(text);
     cJSON_Delete(o);
     return out;
@@ -397,7 +397,7 @@ static duet_status_t duet__once(const duet_bs_backend_config_t *cfg, const char 
     *resp = NULL;
     if ((x.easy = curl_easy_init()) == NULL || (x.hdrs = duet__headers(cfg)) == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "bench-serve: libcurl handle");
-        goto out;
+        goto cleanup_easy;
     }
     curl_easy_setopt(x.easy, CURLOPT_URL, url);
     curl_easy_setopt(x.easy, CURLOPT_HTTPHEADER, x.hdrs);
@@ -411,12 +411,12 @@ static duet_status_t duet__once(const duet_bs_backend_config_t *cfg, const char 
     if ((cc = curl_easy_perform(x.easy)) != CURLE_OK) {
         st = duet_error(DUET_ERR_PEER, "bench-serve: %s %s: %s", body ? "POST" : "GET", url,
                         curl_easy_strerror(cc));
-        goto out;
+        goto cleanup_easy;
     }
     curl_easy_getinfo(x.easy, CURLINFO_RESPONSE_CODE, code);
     *resp = x.buf ? x.buf : duet_strdup("");
     x.buf = NULL;
-out:
+cleanup_easy:
     curl_slist_free_all(x.hdrs);
     curl_easy_cleanup(x.easy);
     duet_free(x.buf);
@@ -435,7 +435,7 @@ duet_status_t duet_bs_http_probe(duet_bs_backend_config_t *cfg, char **model_p)
         if ((url = duet__join(cfg->base_url, "/v1/models")) == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "bench-serve: url");
         if ((st = duet__once(cfg, url, NULL, &code, &resp)) != DUET_OK)
-            goto out;
+            goto free_probe;
         if (code == 200 && (o = cJSON_Parse(resp)) != NULL)
             id = cJSON_GetObjectItemCaseSensitive(
                 cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "data"), 0), "id");
@@ -444,7 +444,7 @@ duet_status_t duet_bs_http_probe(duet_bs_backend_config_t *cfg, char **model_p)
             st = duet_error(DUET_ERR_PEER,
                             "bench-serve: GET %s: HTTP %ld, no model id (pass --model): %.200s",
                             url, code, resp);
-            goto out;
+            goto free_probe;
         }
         *model_p = duet_strdup(id->valuestring);
         cJSON_Delete(o);
@@ -463,10 +463,10 @@ duet_status_t duet_bs_http_probe(duet_bs_backend_config_t *cfg, char **model_p)
         resp = NULL;
         if ((body = duet__body(cfg, &req, cfg->usage)) == NULL) {
             st = duet_error(DUET_ERR_NO_MEMORY, "bench-serve: request body");
-            goto out;
+            goto free_probe;
         }
         if ((st = duet__once(cfg, url, body, &code, &resp)) != DUET_OK)
-            goto out;
+            goto free_probe;
         if (code == 400 && cfg->usage && strstr(resp, "stream_options") != NULL) {
             fprintf(stderr, "bench-serve: the server refuses stream_options; token counts "
                             "come from the streamed chunks\n");
@@ -477,7 +477,7 @@ duet_status_t duet_bs_http_probe(duet_bs_backend_config_t *cfg, char **model_p)
     }
     if (code != 200 || strstr(resp, "data:") == NULL)
         st = duet_error(DUET_ERR_PEER, "bench-serve: POST %s: HTTP %ld: %.300s", url, code, resp);
-out:
+free_probe:
     if (st != DUET_OK) {
         if (*model_p != NULL)
             cfg->model = NULL;

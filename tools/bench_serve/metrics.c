@@ -105,7 +105,7 @@ duet_status_t duet_bs_summarize(const duet_bs_run_t *run, const duet_bs_slo_t *s
     itl = DUET_NEW_ARRAY(double, cap_itl + 1);
     if (ttft == NULL || tpot == NULL || e2e == NULL || itl == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "bench-serve: metrics");
-        goto out;
+        goto free_samples;
     }
     s->duration_s = (double)(run->end_ns - run->start_ns) / 1e9;
     for (size_t i = 0; i < n; i++) {
@@ -139,7 +139,7 @@ duet_status_t duet_bs_summarize(const duet_bs_run_t *run, const duet_bs_slo_t *s
     duet__stat(tpot, n_tpot, &s->tpot_ms);
     duet__stat(itl, n_itl, &s->itl_ms);
     duet__stat(e2e, n_ok, &s->e2el_ms);
-out:
+free_samples:
     duet_free(ttft);
     duet_free(tpot);
     duet_free(e2e);

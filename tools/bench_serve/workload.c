@@ -127,27 +127,27 @@ static duet_status_t duet__trace_line(const duet_bs_workload_config_t *cfg, cons
     if ((st = duet__trace_int(o, "timestamp", path, line, ts)) != DUET_OK ||
         (st = duet__trace_int(o, "input_length", path, line, &in)) != DUET_OK ||
         (st = duet__trace_int(o, "output_length", path, line, &out)) != DUET_OK)
-        goto out;
+        goto delete_json;
     if (in < 1) {
         st = duet_error(DUET_ERR_FORMAT, "%s:%zu: field 'input_length' must be at least 1", path,
                         line);
-        goto out;
+        goto delete_json;
     }
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "hash_ids"), *e;
     if (h == NULL) {
         st = duet_error(DUET_ERR_FORMAT, "%s:%zu: field 'hash_ids' is missing", path, line);
-        goto out;
+        goto delete_json;
     }
     if (!cJSON_IsArray(h)) {
         st = duet_error(DUET_ERR_FORMAT, "%s:%zu: field 'hash_ids' must be an array of integers",
                         path, line);
-        goto out;
+        goto delete_json;
     }
     size_t n_hash = (size_t)cJSON_GetArraySize(h), k = 0;
     uint64_t *hash = DUET_NEW_ARRAY(uint64_t, n_hash ? n_hash : 1);
     if (hash == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "%s:%zu: hash_ids", path, line);
-        goto out;
+        goto delete_json;
     }
     cJSON_ArrayForEach(e, h)
     {
@@ -156,7 +156,7 @@ static duet_status_t duet__trace_line(const duet_bs_workload_config_t *cfg, cons
             st = duet_error(DUET_ERR_FORMAT,
                             "%s:%zu: field 'hash_ids' element %zu must be a non-negative integer",
                             path, line, k);
-            goto out;
+            goto delete_json;
         }
         hash[k++] = (uint64_t)e->valuedouble;
     }
@@ -179,7 +179,7 @@ static duet_status_t duet__trace_line(const duet_bs_workload_config_t *cfg, cons
     if (r->ids == NULL) {
         duet_free(hash);
         st = duet_error(DUET_ERR_NO_MEMORY, "%s:%zu: prompt", path, line);
-        goto out;
+        goto delete_json;
     }
     size_t from = n_hash * (size_t)block < n_in ? n_hash * (size_t)block : n_in;
     for (size_t p = 0; p < from; p++)
@@ -187,7 +187,7 @@ static duet_status_t duet__trace_line(const duet_bs_workload_config_t *cfg, cons
                                          p % (size_t)block, cfg->first_token_id, cfg->vocab_size);
     duet__fill_unique(cfg, r->ids, from, n_in, idx);
     duet_free(hash);
-out:
+delete_json:
     cJSON_Delete(o);
     return st;
 }
