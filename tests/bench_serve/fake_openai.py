@@ -59,7 +59,8 @@ class FakeOpenAI:
                 self.wfile.write(data)
 
             def do_POST(self):
-                t = time.monotonic()
+                with fake.lock:
+                    t = fake.accepted.get(self.client_address, time.monotonic())
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 chat = self.path == "/v1/chat/completions"
                 if self.path not in ("/v1/completions", "/v1/chat/completions"):
@@ -108,7 +109,16 @@ class FakeOpenAI:
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(ThreadingHTTPServer):
+            def process_request(self, request, client_address):
+                # accepted: the request's clock starts here (before a thread
+                # is started for it)
+                with fake.lock:
+                    fake.accepted[request.getpeername()] = time.monotonic()
+                super().process_request(request, client_address)
+
+        self.accepted = {}  # peer address -> accept time
+        self.httpd = Server(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -119,15 +129,17 @@ class FakeOpenAI:
             return [r for r in self.requests if not is_probe(r[1])]
 
     def truth(self):
-        """What the server did, per bench request: (TTFT ms from arrival to
-        the first chunk sent, [gaps between chunks sent, ms])."""
+        """What the server really did, per bench request: ttft (ms from the
+        connection's accept to its first chunk sent), gaps (ms between chunks
+        sent), arrival and last (time.monotonic() seconds)."""
         with self.lock:
             out = []
             for t, sent, probe in self.sends:
                 if probe or not sent:
                     continue
-                out.append(((sent[0] - t) * 1e3,
-                            [(b - a) * 1e3 for a, b in zip(sent, sent[1:])]))
+                out.append({"ttft": (sent[0] - t) * 1e3,
+                            "gaps": [(b - a) * 1e3 for a, b in zip(sent, sent[1:])],
+                            "arrival": t, "last": sent[-1]})
             return out
 
     def reset(self):
