@@ -85,10 +85,19 @@ def main():
     srv = FakeOpenAI(port, ttft_s=0.01, slow_ttft_s=0.01, itl_s=0.005)
     try:
         res = os.path.join(TMP, "r.json")
-        p = run(trace, "--trace-len-scale", "0.25", "--trace-block-size", "8",
-                "--trace-time-scale", "0.5", "--max-context", "512", "--result-json", res,
-                port=port)
-        check(p.returncode == 0, p.stdout + p.stderr)
+        for attempt in range(4):  # arrival times: again if a loaded machine stalled us
+            srv.reset()
+            p = run(trace, "--trace-len-scale", "0.25", "--trace-block-size", "8",
+                    "--trace-time-scale", "0.5", "--max-context", "512", "--result-json", res,
+                    port=port)
+            check(p.returncode == 0, p.stdout + p.stderr)
+            t = sorted(r[3] for r in srv.bench_requests())
+            gaps = [(x - t[0]) * 1e3 for x in t]
+            if all(want - 5 <= got <= want + 60 for got, want in zip(gaps, [0, 200, 600, 600])):
+                break
+            print("arrivals %s (want 0 200 600 600); again" % gaps, flush=True)
+        else:
+            check(False, "arrivals %s, want 0 200 600 600 (+60 ms)" % gaps)
         check("1 of 4 prompts cut" in p.stderr, p.stderr)
         reqs = srv.bench_requests()
         check(len(reqs) == 4, "%d requests" % len(reqs))
@@ -102,11 +111,6 @@ def main():
         check(by_len[511][:8] not in (a[:8], a[8:16], c[8:16]), "block 11 is its own")
         outs = {len(r[1]["prompt"]): r[1]["max_tokens"] for r in reqs}
         check(outs == {24: 5, 16: 2, 20: 3, 511: 1}, "max_tokens %s" % outs)
-        # arrivals: 0, 200, 600, 600 ms after the first
-        t = sorted(r[3] for r in reqs)
-        gaps = [(x - t[0]) * 1e3 for x in t]
-        for got, want in zip(gaps, [0, 200, 600, 600]):
-            check(want - 5 <= got <= want + 60, "arrivals %s, want 0 200 600 600" % gaps)
         with open(res) as f:
             r = json.load(f)
         check(r["dataset"] == "trace" and r["trace_times"] is True, r)
