@@ -15,6 +15,7 @@ packages=(
   libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf
   curl libnss-wrapper
+  libcurl4-openssl-dev gnuplot-nox
 )
 
 missing=()
