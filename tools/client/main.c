@@ -5,7 +5,18 @@
  *   duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids "1 2 3")
  *               [--prefill HOST:PORT] [--router] [--max-tokens N]
  *               [--temperature X] [--seed N] [--ignore-eos] [--output text|ids]
- *               [--timeout-ms N]
+ *               [--timeout-ms N] [AUTH]
+ *   duet-client --target HOST:PORT --health [AUTH]
+ *
+ * AUTH, as the cluster config's auth section (docs/security.md):
+ *   --ca FILE --cert FILE --key FILE   mutual TLS with the cluster CA
+ *   --secret-file FILE                 the shared secret (x-duet-secret)
+ *   --server-name NAME                 name expected in the server certificate
+ *   --api-key KEY                      the router's API key (Bearer)
+ *
+ * --health asks grpc.health.v1 Check: exit 0 when SERVING, 1 otherwise
+ * (an exec probe for Kubernetes when TLS is on: kubelet's gRPC probe
+ * speaks plaintext only).
  *
  * --output ids prints the generated token ids on one line (the format of
  * `duet generate --output ids`); text prints the streamed text.  Exit
@@ -20,6 +31,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "common/rpc_auth.h"
 #include "common/rpc_pb.h"
 #include "duet/v1/decode.pb-c.h"
 #include "duet/v1/generate.pb-c.h"
@@ -59,6 +71,37 @@ static int duet__ids(const char *s, int32_t **ids_p, size_t *n_p)
     return 0;
 }
 
+/* grpc.health.v1 Check of the whole server: 0 when SERVING. */
+static int duet__health(const char *target, duet_rpc_auth_t *auth, long timeout_ms)
+{
+    duet_rpc_client_config_t cc;
+    duet_rpc_client_t *cli = NULL;
+    duet_rpc_result_t res = {0};
+    int rc = 1;
+
+    duet_rpc_client_config_init(&cc);
+    cc.auth = auth;
+    if (duet_rpc_client_create(&cc, &cli) != DUET_OK) {
+        fprintf(stderr, "duet-client: %s\n", duet_error_msg());
+        return 1;
+    }
+    /* an empty HealthCheckRequest asks about service "" */
+    duet_status_t st = duet_rpc_client_unary(cli, target, "/grpc.health.v1.Health/Check", NULL, 0,
+                                             duet_deadline_in_ms(timeout_ms), &res);
+    if (st != DUET_OK) {
+        fprintf(stderr, "duet-client: %s: %s\n", duet_rpc_code_name(res.code),
+                res.message ? res.message : "");
+    } else {
+        /* HealthCheckResponse: field 1 (status) varint; absent = UNKNOWN */
+        int status = res.len == 2 && res.data[0] == 0x08 ? res.data[1] : 0;
+        printf("%s\n", status == 1 ? "SERVING" : status == 2 ? "NOT_SERVING" : "UNKNOWN");
+        rc = status == 1 ? 0 : 1;
+    }
+    duet_rpc_result_cleanup(&res);
+    duet_rpc_client_destroy(cli);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -69,13 +112,20 @@ int main(int argc, char **argv)
         {"seed", required_argument, NULL, 's'},    {"ignore-eos", no_argument, NULL, 'e'},
         {"output", required_argument, NULL, 'o'},  {"timeout-ms", required_argument, NULL, 'd'},
         {"router", no_argument, NULL, 'r'},        {"help", no_argument, NULL, 'h'},
+        {"ca", required_argument, NULL, 'A'},      {"cert", required_argument, NULL, 'C'},
+        {"key", required_argument, NULL, 'K'},     {"secret-file", required_argument, NULL, 'S'},
+        {"server-name", required_argument, NULL, 'N'},
+        {"health", no_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
     const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output = "text";
     long max_tokens = 16, timeout_ms = 60000;
     double temperature = 0;
     unsigned long long seed = 0;
-    bool has_seed = false, ignore_eos = false, router = false;
+    bool has_seed = false, ignore_eos = false, router = false, health = false;
+    duet_auth_config_t ac = {.ca = "", .cert = "", .key = "", .secret_file = "",
+                             .server_name = ""};
+    duet_rpc_auth_t *auth = NULL;
     int c, rc = 1;
 
     duet_log_init_from_env();
@@ -92,19 +142,38 @@ int main(int argc, char **argv)
         case 'o': output = optarg; break;
         case 'd': timeout_ms = strtol(optarg, NULL, 10); break;
         case 'r': router = true; break;
+        case 'A': ac.ca = optarg; break;
+        case 'C': ac.cert = optarg; break;
+        case 'K': ac.key = optarg; break;
+        case 'S': ac.secret_file = optarg; break;
+        case 'N': ac.server_name = optarg; break;
+        case 'H': health = true; break;
         case 'h':
             printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
                    "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
-                   "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N]\n");
+                   "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N] [AUTH]\n"
+                   "       duet-client --target HOST:PORT --health [AUTH]\n"
+                   "AUTH: [--ca FILE --cert FILE --key FILE] [--secret-file FILE] "
+                   "[--server-name NAME]\n");
             return 0;
         default:
             return 2;
         }
     }
+    if (duet_rpc_auth_load(&ac, &auth) != DUET_OK) {
+        fprintf(stderr, "duet-client: %s\n", duet_error_msg());
+        return 2;
+    }
+    if (health && target != NULL) {
+        rc = duet__health(target, auth, timeout_ms);
+        duet_rpc_auth_destroy(auth);
+        return rc;
+    }
     if (target == NULL || (text == NULL) == (ids_arg == NULL) || max_tokens < 1 ||
         (strcmp(output, "text") != 0 && strcmp(output, "ids") != 0)) {
         fprintf(stderr, "duet-client: need --target and one of --prompt / --prompt-ids "
                         "(--help for usage)\n");
+        duet_rpc_auth_destroy(auth);
         return 2;
     }
 
@@ -117,6 +186,7 @@ int main(int argc, char **argv)
     if (ids_arg != NULL) {
         if (duet__ids(ids_arg, &ids, &n_ids) != 0) {
             fprintf(stderr, "duet-client: --prompt-ids: not a list of token ids\n");
+            duet_rpc_auth_destroy(auth);
             return 2;
         }
         tids.n_ids = n_ids;
@@ -142,6 +212,7 @@ int main(int argc, char **argv)
     duet_rpc_client_t *cli = NULL;
     duet_rpc_messages_t msgs = {0};
     duet_rpc_client_config_init(&cc);
+    cc.auth = auth;
     if (duet_pb_pack(router ? &g.base : &dg.base, &buf, &len) != DUET_OK ||
         duet_rpc_client_create(&cc, &cli) != DUET_OK) {
         fprintf(stderr, "duet-client: %s\n", duet_error_msg());
@@ -176,6 +247,7 @@ int main(int argc, char **argv)
 out:
     duet_rpc_messages_cleanup(&msgs);
     duet_rpc_client_destroy(cli);
+    duet_rpc_auth_destroy(auth);
     duet_free(buf);
     duet_free(ids);
     return rc;
