@@ -5,8 +5,12 @@
  *   bench_router [--router 127.0.0.1:8001] [--http 127.0.0.1:8000]
  *                [--decode 127.0.0.1:9200] [--prefill 127.0.0.1:9100]
  *                [--requests 200] [--max-tokens 4] [--concurrency 8]
- *                [--seconds 10]
+ *                [--seconds 10] [--ca FILE --cert FILE --key FILE] [--secret-file FILE]
  *
+ * With the auth options (the cluster's auth section: docs/security.md) the
+ * gRPC calls use mutual TLS and/or the shared secret; the raw HTTP client
+ * has no TLS, so give --http "" against an HTTPS router (bench/auth_cost.sh
+ * measures HTTPS with curl).
  * 1. Latency: the same greedy request, alternately straight to decode's
  *    Decode.Generate (with prefill_target) and through the router's
  *    duet.v1.Generate (gRPC) and POST /v1/completions (HTTP, keep-alive,
@@ -30,6 +34,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "common/rpc_auth.h"
 #include "duet/v1/decode.pb-c.h"
 #include "duet/v1/generate.pb-c.h"
 
@@ -251,7 +256,13 @@ int main(int argc, char **argv)
                                          {"max-tokens", required_argument, NULL, 't'},
                                          {"concurrency", required_argument, NULL, 'c'},
                                          {"seconds", required_argument, NULL, 's'},
+                                         {"ca", required_argument, NULL, 'A'},
+                                         {"cert", required_argument, NULL, 'C'},
+                                         {"key", required_argument, NULL, 'K'},
+                                         {"secret-file", required_argument, NULL, 'S'},
                                          {NULL, 0, NULL, 0}};
+    duet_auth_config_t ac = {"", "", "", "", ""};
+    duet_rpc_auth_t *auth = NULL;
     duet_rpc_client_config_t cc;
     duet_rpc_client_t *cli;
     duet__bodies_t b;
@@ -284,6 +295,18 @@ int main(int argc, char **argv)
         case 's':
             a.seconds = atoi(optarg);
             break;
+        case 'A':
+            ac.ca = optarg;
+            break;
+        case 'C':
+            ac.cert = optarg;
+            break;
+        case 'K':
+            ac.key = optarg;
+            break;
+        case 'S':
+            ac.secret_file = optarg;
+            break;
         default:
             fprintf(stderr, "usage: see the header of bench/bench_router.c\n");
             return 2;
@@ -296,6 +319,11 @@ int main(int argc, char **argv)
     duet_log_init_from_env();
     duet_rpc_client_config_init(&cc);
     cc.n_threads = 2;
+    if (duet_rpc_auth_load(&ac, &auth) != DUET_OK) {
+        fprintf(stderr, "bench_router: %s\n", duet_error_msg());
+        return 2;
+    }
+    cc.auth = auth;
     if (duet_rpc_client_create(&cc, &cli) != DUET_OK || duet__build(&a, &b) != 0) {
         fprintf(stderr, "bench_router: %s\n", duet_error_msg());
         return 1;
@@ -356,6 +384,7 @@ int main(int argc, char **argv)
     duet_free(b.gen);
     duet_free(b.dec);
     duet_rpc_client_destroy(cli);
+    duet_rpc_auth_destroy(auth);
     if (errors)
         fprintf(stderr, "bench_router: %ld errors\n", errors);
     return errors ? 1 : 0;

@@ -9,6 +9,8 @@
  *   duet-client --target HOST:PORT --health [AUTH]
  *
  * AUTH, as the cluster config's auth section (docs/security.md):
+ *   --config FILE                      take the auth section of a cluster config
+ *                                      (the flags below override its keys)
  *   --ca FILE --cert FILE --key FILE   mutual TLS with the cluster CA
  *   --secret-file FILE                 the shared secret (x-duet-secret)
  *   --server-name NAME                 name expected in the server certificate
@@ -29,6 +31,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/cluster.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/rpc_auth.h"
@@ -69,6 +72,37 @@ static int duet__ids(const char *s, int32_t **ids_p, size_t *n_p)
     *ids_p = ids;
     *n_p = n;
     return 0;
+}
+
+/* The auth material: a cluster config's auth section (when config is not
+ * NULL) with the flags (ca, cert, key, secret_file, server_name; NULL =
+ * not given) over it. */
+static duet_status_t duet__auth(const char *config, const char *const flag[5],
+                                duet_rpc_auth_t **auth_p)
+{
+    static const char *const keys[5] = {"ca", "cert", "key", "secret_file", "server_name"};
+    duet_cluster_config_t *cfg = NULL;
+    duet_auth_config_t plain = {"", "", "", "", ""};
+    char **field[5] = {&plain.ca, &plain.cert, &plain.key, &plain.secret_file,
+                       &plain.server_name};
+    duet_status_t st = DUET_OK;
+
+    if (config != NULL && (st = duet_cluster_load(config, &cfg)) != DUET_OK)
+        return duet_error_wrap(st, "--config: ");
+    for (int i = 0; i < 5; i++) {
+        if (flag[i] == NULL)
+            continue;
+        if (cfg != NULL)
+            st = duet_cluster_auth_set(cfg, keys[i], flag[i]);
+        else
+            *field[i] = (char *)flag[i];
+        if (st != DUET_OK)
+            goto out;
+    }
+    st = duet_rpc_auth_load(cfg != NULL ? &cfg->auth : &plain, auth_p);
+out:
+    duet_cluster_free(cfg);
+    return st;
 }
 
 /* grpc.health.v1 Check of the whole server: 0 when SERVING. */
@@ -115,7 +149,7 @@ int main(int argc, char **argv)
         {"ca", required_argument, NULL, 'A'},      {"cert", required_argument, NULL, 'C'},
         {"key", required_argument, NULL, 'K'},     {"secret-file", required_argument, NULL, 'S'},
         {"server-name", required_argument, NULL, 'N'},
-        {"health", no_argument, NULL, 'H'},
+        {"health", no_argument, NULL, 'H'},      {"config", required_argument, NULL, 'c'},
         {NULL, 0, NULL, 0},
     };
     const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output = "text";
@@ -123,8 +157,8 @@ int main(int argc, char **argv)
     double temperature = 0;
     unsigned long long seed = 0;
     bool has_seed = false, ignore_eos = false, router = false, health = false;
-    duet_auth_config_t ac = {.ca = "", .cert = "", .key = "", .secret_file = "",
-                             .server_name = ""};
+    const char *flag[5] = {NULL, NULL, NULL, NULL, NULL}; /* ca cert key secret name */
+    const char *config = NULL;
     duet_rpc_auth_t *auth = NULL;
     int c, rc = 1;
 
@@ -142,25 +176,26 @@ int main(int argc, char **argv)
         case 'o': output = optarg; break;
         case 'd': timeout_ms = strtol(optarg, NULL, 10); break;
         case 'r': router = true; break;
-        case 'A': ac.ca = optarg; break;
-        case 'C': ac.cert = optarg; break;
-        case 'K': ac.key = optarg; break;
-        case 'S': ac.secret_file = optarg; break;
-        case 'N': ac.server_name = optarg; break;
+        case 'A': flag[0] = optarg; break;
+        case 'C': flag[1] = optarg; break;
+        case 'K': flag[2] = optarg; break;
+        case 'S': flag[3] = optarg; break;
+        case 'N': flag[4] = optarg; break;
+        case 'c': config = optarg; break;
         case 'H': health = true; break;
         case 'h':
             printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
                    "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
                    "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N] [AUTH]\n"
                    "       duet-client --target HOST:PORT --health [AUTH]\n"
-                   "AUTH: [--ca FILE --cert FILE --key FILE] [--secret-file FILE] "
-                   "[--server-name NAME]\n");
+                   "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
+                   "[--secret-file FILE] [--server-name NAME]\n");
             return 0;
         default:
             return 2;
         }
     }
-    if (duet_rpc_auth_load(&ac, &auth) != DUET_OK) {
+    if (duet__auth(config, flag, &auth) != DUET_OK) {
         fprintf(stderr, "duet-client: %s\n", duet_error_msg());
         return 2;
     }
