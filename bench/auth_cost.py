@@ -79,7 +79,7 @@ class Cluster:
         return "https" if self.auth else "http"
 
     def curl_base(self):
-        c = ["curl", "-s", "-o", "/dev/null"]
+        c = ["curl", "-s"]
         if self.auth:
             c += ["--cacert", os.path.join(self.auth, "ca.pem")]
         return c
@@ -90,7 +90,7 @@ class Cluster:
         while time.time() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 sys.exit("%s: a process exited at start-up (logs in %s)" % (self.name, self.tmp))
-            r = subprocess.run(self.curl_base() + ["-w", "%{http_code}", url],
+            r = subprocess.run(self.curl_base() + ["-o", "/dev/null", "-w", "%{http_code}", url],
                                capture_output=True, text=True)
             if r.stdout == "200":
                 return
@@ -132,7 +132,9 @@ class Cluster:
                            "temperature": 0, "ignore_eos": True})
         url = "%s://127.0.0.1:%d/v1/completions" % (self.scheme(), self.http)
         cmd = self.curl_base() + ["-w", "%{http_code} %{time_total}\n", "-H",
-                                  "Content-Type: application/json", "-d", body] + [url] * (n + 5)
+                                  "Content-Type: application/json", "-d", body]
+        for _ in range(n + 5):
+            cmd += ["-o", "/dev/null", url]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         vals = []
         for line in r.stdout.splitlines()[5:]:  # warm-up: the connection, the handshake
