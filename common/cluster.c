@@ -249,8 +249,8 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
                             &tr)) ||
         (st = duet__section(root, "router", duet__router_fields, N_OF(duet__router_fields),
                             &cfg->router)) ||
-        (st = duet__section(root, "auth", duet__auth_fields, N_OF(duet__auth_fields),
-                            &cfg->auth)) ||
+        (st =
+             duet__section(root, "auth", duet__auth_fields, N_OF(duet__auth_fields), &cfg->auth)) ||
         (st = duet__resolve_paths(cfg, base_dir)))
         goto err;
     cfg->page_size = kv.page_size;
@@ -352,8 +352,7 @@ duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char
     return duet_cfg_set_str(duet__instance_fields, N_OF(duet__instance_fields), inst, key, value);
 }
 
-duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key,
-                                    const char *value)
+duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key, const char *value)
 {
     return duet_cfg_set_str(duet__auth_fields, N_OF(duet__auth_fields), &cfg->auth, key, value);
 }

@@ -102,10 +102,10 @@ typedef struct {
     int64_t shutdown_grace_ms; /* grace used by duet_rpc_server_destroy */
     duet_rpc_check_cb check;   /* optional */
     void *check_arg;
-    duet_rpc_auth_t *auth;     /* optional (rpc_auth.h): TLS credentials and a
-                                  check run before everything else, health
-                                  and unknown methods included; outlives
-                                  the server */
+    duet_rpc_auth_t *auth; /* optional (rpc_auth.h): TLS credentials and a
+                              check run before everything else, health
+                              and unknown methods included; outlives
+                              the server */
 } duet_rpc_server_config_t;
 
 /* Defaults: "0.0.0.0:0", 2 threads, 4 MiB, 1024 queued writes, 5000 ms. */

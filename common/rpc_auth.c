@@ -172,8 +172,8 @@ out:
 }
 
 duet_status_t duet_rpc_auth_read_pair(const char *cert_key, const char *cert_path,
-                                      const char *key_key, const char *key_path,
-                                      char **cert_pem_p, char **key_pem_p)
+                                      const char *key_key, const char *key_path, char **cert_pem_p,
+                                      char **key_pem_p)
 {
     char *cert = NULL, *key = NULL;
     size_t len;
@@ -220,9 +220,8 @@ static duet_status_t duet__check_tls(const duet_auth_config_t *cfg, const duet_r
     for (int i = 0; i < sk_X509_num(ca); i++)
         X509_STORE_add_cert(store, sk_X509_value(ca, i));
     if (X509_STORE_CTX_init(ctx, store, leaf, chain) != 1 || X509_verify_cert(ctx) != 1) {
-        st = duet_error(DUET_ERR_CONFIG, "auth.cert: %s: not valid under auth.ca %s: %s",
-                        cfg->cert, cfg->ca,
-                        X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx)));
+        st = duet_error(DUET_ERR_CONFIG, "auth.cert: %s: not valid under auth.ca %s: %s", cfg->cert,
+                        cfg->ca, X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx)));
         goto out;
     }
 out:
@@ -261,8 +260,8 @@ static duet_status_t duet__load_secret(const char *path, duet_rpc_auth_t *auth)
         }
     }
     if (n < DUET_RPC_AUTH_SECRET_MIN) {
-        st = duet_error(DUET_ERR_CONFIG, "auth.secret_file: %s: secret of %zu bytes, need %d",
-                        path, n, DUET_RPC_AUTH_SECRET_MIN);
+        st = duet_error(DUET_ERR_CONFIG, "auth.secret_file: %s: secret of %zu bytes, need %d", path,
+                        n, DUET_RPC_AUTH_SECRET_MIN);
         goto err_free;
     }
     auth->secret = text;
@@ -295,8 +294,7 @@ duet_status_t duet_rpc_auth_load(const duet_auth_config_t *cfg, duet_rpc_auth_t 
         return duet_error(DUET_ERR_NO_MEMORY, "auth: no memory");
     pthread_mutex_init(&auth->log_lock, NULL);
     if (tls && ((st = duet__read_file("auth.ca", cfg->ca, &auth->ca_pem, &len)) != DUET_OK ||
-                (st = duet__read_file("auth.cert", cfg->cert, &auth->cert_pem, &len)) !=
-                    DUET_OK ||
+                (st = duet__read_file("auth.cert", cfg->cert, &auth->cert_pem, &len)) != DUET_OK ||
                 (st = duet__read_file("auth.key", cfg->key, &auth->key_pem, &len)) != DUET_OK ||
                 (st = duet__check_tls(cfg, auth)) != DUET_OK))
         goto err_destroy;
@@ -356,8 +354,7 @@ grpc_server_credentials *duet__rpc_auth_server_creds(const duet_rpc_auth_t *auth
 {
     if (auth == NULL || auth->ca_pem == NULL)
         return grpc_insecure_server_credentials_create();
-    grpc_ssl_pem_key_cert_pair pair = {.private_key = auth->key_pem,
-                                       .cert_chain = auth->cert_pem};
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = auth->key_pem, .cert_chain = auth->cert_pem};
     return grpc_ssl_server_credentials_create_ex(
         auth->ca_pem, &pair, 1, GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY, NULL);
 }
@@ -366,8 +363,7 @@ grpc_channel_credentials *duet__rpc_auth_channel_creds(const duet_rpc_auth_t *au
 {
     if (auth == NULL || auth->ca_pem == NULL)
         return grpc_insecure_credentials_create();
-    grpc_ssl_pem_key_cert_pair pair = {.private_key = auth->key_pem,
-                                       .cert_chain = auth->cert_pem};
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = auth->key_pem, .cert_chain = auth->cert_pem};
     return grpc_ssl_credentials_create(auth->ca_pem, &pair, NULL, NULL);
 }
 

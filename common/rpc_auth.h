@@ -24,10 +24,10 @@
 #include "common/status.h"
 
 /* Metadata key of the shared secret. */
-#define DUET_RPC_AUTH_SECRET_KEY   "x-duet-secret"
+#define DUET_RPC_AUTH_SECRET_KEY "x-duet-secret"
 /* Shortest secret accepted. */
-#define DUET_RPC_AUTH_SECRET_MIN   16
-#define DUET_RPC_AUTH_LOG_BURST    5
+#define DUET_RPC_AUTH_SECRET_MIN 16
+#define DUET_RPC_AUTH_LOG_BURST  5
 
 typedef struct duet_rpc_auth duet_rpc_auth_t;
 
@@ -43,8 +43,8 @@ duet_status_t duet_rpc_auth_load(const duet_auth_config_t *cfg, duet_rpc_auth_t 
  * is not gRPC (the router's HTTPS): both must parse and match.  Errors name
  * cert_key / key_key (the config keys).  The texts are duet_malloc'd. */
 duet_status_t duet_rpc_auth_read_pair(const char *cert_key, const char *cert_path,
-                                      const char *key_key, const char *key_path,
-                                      char **cert_pem_p, char **key_pem_p);
+                                      const char *key_key, const char *key_path, char **cert_pem_p,
+                                      char **key_pem_p);
 
 /* Accepts NULL. */
 void duet_rpc_auth_destroy(duet_rpc_auth_t *auth);
