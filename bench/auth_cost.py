@@ -3,14 +3,17 @@
 clusters of the same shape (deploy/configs/local.json: prefill TP=2, decode
 TP=4, CPU, stories260K) run side by side, one with auth off and one with
 mutual TLS + the shared secret on every gRPC hop and HTTPS on the router.
-Rounds alternate between them so both see the same machine load.
+Requests alternate between them so both see the same machine load.
 
-Per round and cluster:
-  bench_router   gRPC latency p50/p99 (decode direct, through the router)
-                 and throughput through the router (bench/bench_router.c,
-                 with --ca/--cert/--key/--secret-file for the auth cluster)
-  curl           HTTP vs HTTPS latency of /v1/completions on one keep-alive
-                 connection (curl's time_total per request)
+Per round:
+  bench_router --compare   gRPC latency p50/p99 (decode direct, through the
+                 router), the two clusters interleaved request by request,
+                 and router throughput in alternating slices (A = auth off,
+                 B = --ca/--cert/--key/--secret-file)
+  curl           HTTP vs HTTPS latency of /v1/completions, alternating
+                 batches on keep-alive connections (curl's time_total; the
+                 first request of a batch, which pays the handshake, is
+                 left out)
 
 usage: bench/auth_cost.py [BUILD_DIR] [--rounds N] [--requests N] [--seconds S]
        [--concurrency C]
@@ -20,7 +23,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,46 +106,24 @@ class Cluster:
                 os.path.join(self.auth, "node.pem"), "--key", os.path.join(self.auth, "node.key"),
                 "--secret-file", os.path.join(self.auth, "secret")]
 
-    def bench_router(self, a):
-        cmd = [os.path.join(self.build, "bench", "bench_router"),
-               "--router", "127.0.0.1:%d" % self.grpc, "--http", "",
-               "--decode", self.cfg["decode"][0]["address"],
-               "--prefill", self.cfg["prefill"][0]["address"],
-               "--requests", str(a.requests), "--seconds", str(a.seconds),
-               "--concurrency", str(a.concurrency)] + self.auth_args()
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            sys.exit("%s: bench_router failed:\n%s%s" % (self.name, r.stdout, r.stderr))
-        out = {}
-        for line in r.stdout.splitlines():
-            words = line.split()
-            if "p50" in words and "req/s" not in words and "direct" in line:
-                out["direct"] = (float(words[words.index("p50") + 1]),
-                                 float(words[words.index("p99") + 1]))
-            elif "p50" in words and "req/s" not in words and "router gRPC" in line:
-                out["router"] = (float(words[words.index("p50") + 1]),
-                                 float(words[words.index("p99") + 1]))
-            elif "req/s" in words and "router gRPC" in line:
-                out["rps"] = float(words[words.index("req/s") - 1])
-        return out
-
-    def curl_latency(self, n):
+    def curl_batch(self, n):
+        """n requests on one keep-alive connection; the latencies (us) of all
+        but the first (which pays the connection and the TLS handshake)."""
         body = json.dumps({"prompt": [1, 403, 407, 261, 378], "max_tokens": 4,
                            "temperature": 0, "ignore_eos": True})
         url = "%s://127.0.0.1:%d/v1/completions" % (self.scheme(), self.http)
         cmd = self.curl_base() + ["-w", "%{http_code} %{time_total}\n", "-H",
                                   "Content-Type: application/json", "-d", body]
-        for _ in range(n + 5):
+        for _ in range(n + 1):
             cmd += ["-o", "/dev/null", url]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         vals = []
-        for line in r.stdout.splitlines()[5:]:  # warm-up: the connection, the handshake
+        for line in r.stdout.splitlines()[1:]:
             code, t = line.split()
             if code != "200":
                 sys.exit("%s: HTTP %s" % (self.name, code))
             vals.append(float(t) * 1e6)
-        vals.sort()
-        return vals[len(vals) // 2], vals[min(len(vals) - 1, int(0.99 * (len(vals) - 1) + 0.5))]
+        return vals
 
     def stop(self):
         for p in reversed(self.procs):
@@ -169,40 +149,44 @@ def main():
     auth = os.path.join(tmp, "auth")
     subprocess.run([os.path.join(SRC, "scripts", "gen-auth.sh"), auth], check=True)
     plain, secure = Cluster(build, tmp, "plain", None), Cluster(build, tmp, "auth", auth)
-    res = {"plain": [], "auth": []}
     try:
         plain.start()
         secure.start()
         plain.wait()
         secure.wait()
         for r in range(a.rounds):
-            order = (plain, secure) if r % 2 == 0 else (secure, plain)
-            for c in order:
-                b = c.bench_router(a)
-                b["http"] = c.curl_latency(a.requests)
-                res[c.name].append(b)
-                print("round %d %-5s direct p50 %6.0f p99 %6.0f | router gRPC p50 %6.0f p99 %6.0f"
-                      " %6.1f req/s | %-5s p50 %6.0f p99 %6.0f us" %
-                      (r + 1, c.name, *b["direct"], *b["router"], b["rps"],
-                       c.scheme().upper(), *b["http"]), flush=True)
+            cmd = [os.path.join(build, "bench", "bench_router"),
+                   "--router", "127.0.0.1:%d" % plain.grpc, "--http", "",
+                   "--decode", plain.cfg["decode"][0]["address"],
+                   "--prefill", plain.cfg["prefill"][0]["address"],
+                   "--b-router", "127.0.0.1:%d" % secure.grpc,
+                   "--b-decode", secure.cfg["decode"][0]["address"],
+                   "--b-prefill", secure.cfg["prefill"][0]["address"],
+                   "--requests", str(a.requests), "--seconds", str(a.seconds),
+                   "--concurrency", str(a.concurrency)] + secure.auth_args()
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            print("round %d (A = auth off, B = mTLS + secret)" % (r + 1))
+            print(out.stdout.rstrip(), flush=True)
+            if out.returncode != 0:
+                sys.exit("bench_router failed:\n" + out.stderr)
+            # HTTP vs HTTPS: alternating batches on fresh keep-alive connections
+            lat = {"plain": [], "auth": []}
+            for k in range(20):
+                for c in ((plain, secure) if k % 2 == 0 else (secure, plain)):
+                    lat[c.name] += c.curl_batch(max(1, a.requests // 20))
+            x, y = pct(lat["plain"]), pct(lat["auth"])
+            print("  %-22s p50 %10.0f %10.0f %+7.1f%%  (us, curl, keep-alive)" %
+                  ("router HTTP vs HTTPS", x[0], y[0], 100.0 * (y[0] - x[0]) / x[0]))
+            print("  %-22s p99 %10.0f %10.0f %+7.1f%%" %
+                  ("router HTTP vs HTTPS", x[1], y[1], 100.0 * (y[1] - x[1]) / x[1]), flush=True)
     finally:
         plain.stop()
         secure.stop()
 
-    def med(name, key, i=None):
-        v = [x[key] if i is None else x[key][i] for x in res[name]]
-        return statistics.median(v)
 
-    print("\nmedian of %d rounds (us; throughput with %d clients for %d s)" %
-          (a.rounds, a.concurrency, a.seconds))
-    print("%-28s %10s %10s %8s" % ("", "auth off", "auth on", "cost"))
-    for label, key, i in (("decode direct gRPC p50", "direct", 0),
-                          ("decode direct gRPC p99", "direct", 1),
-                          ("router gRPC p50", "router", 0), ("router gRPC p99", "router", 1),
-                          ("router HTTP(S) p50", "http", 0), ("router HTTP(S) p99", "http", 1),
-                          ("router gRPC req/s", "rps", None)):
-        p, s = med("plain", key, i), med("auth", key, i)
-        print("%-28s %10.1f %10.1f %+7.1f%%" % (label, p, s, 100.0 * (s - p) / p))
+def pct(v):
+    v = sorted(v)
+    return v[len(v) // 2], v[min(len(v) - 1, int(0.99 * (len(v) - 1) + 0.5))]
 
 
 if __name__ == "__main__":
