@@ -16,7 +16,7 @@ Per round:
                  left out)
 
 usage: bench/auth_cost.py [BUILD_DIR] [--rounds N] [--requests N] [--seconds S]
-       [--concurrency C]
+       [--concurrency C] [--tp N]
 """
 import argparse
 import json
@@ -39,8 +39,9 @@ def free_port():
 
 
 class Cluster:
-    def __init__(self, build, tmp, name, auth_dir):
-        self.build, self.name, self.auth = build, name, auth_dir
+    def __init__(self, build, tmp, name, auth_dir, tp, mode="mtls+secret"):
+        self.build, self.name, self.auth, self.mode = build, name, auth_dir, mode
+        self.tls = auth_dir is not None and "mtls" in mode
         with open(os.path.join(SRC, "deploy", "configs", "local.json")) as f:
             cfg = json.load(f)
         cfg["model"] = os.path.join(SRC, "models", "stories260K")
@@ -50,13 +51,18 @@ class Cluster:
         for role in ("prefill", "decode"):
             for e in cfg[role]:
                 e["address"] = "127.0.0.1:%d" % free_port()
+                if tp:
+                    e["tp"] = tp
         if auth_dir:
-            cfg["auth"] = {"ca": os.path.join(auth_dir, "ca.pem"),
-                           "cert": os.path.join(auth_dir, "node.pem"),
-                           "key": os.path.join(auth_dir, "node.key"),
-                           "secret_file": os.path.join(auth_dir, "secret")}
-            cfg["router"]["https_cert"] = os.path.join(auth_dir, "node.pem")
-            cfg["router"]["https_key"] = os.path.join(auth_dir, "node.key")
+            cfg["auth"] = {}
+            if "secret" in mode:
+                cfg["auth"]["secret_file"] = os.path.join(auth_dir, "secret")
+            if self.tls:
+                cfg["auth"].update({"ca": os.path.join(auth_dir, "ca.pem"),
+                                    "cert": os.path.join(auth_dir, "node.pem"),
+                                    "key": os.path.join(auth_dir, "node.key")})
+                cfg["router"]["https_cert"] = os.path.join(auth_dir, "node.pem")
+                cfg["router"]["https_key"] = os.path.join(auth_dir, "node.key")
         self.cfg = cfg
         self.path = os.path.join(tmp, name + ".json")
         with open(self.path, "w") as f:
@@ -78,11 +84,11 @@ class Cluster:
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
 
     def scheme(self):
-        return "https" if self.auth else "http"
+        return "https" if self.tls else "http"
 
     def curl_base(self):
         c = ["curl", "-s"]
-        if self.auth:
+        if self.tls:
             c += ["--cacert", os.path.join(self.auth, "ca.pem")]
         return c
 
@@ -100,11 +106,14 @@ class Cluster:
         sys.exit("%s: not ready (logs in %s)" % (self.name, self.tmp))
 
     def auth_args(self):
-        if not self.auth:
-            return []
-        return ["--ca", os.path.join(self.auth, "ca.pem"), "--cert",
-                os.path.join(self.auth, "node.pem"), "--key", os.path.join(self.auth, "node.key"),
-                "--secret-file", os.path.join(self.auth, "secret")]
+        out = []
+        if self.tls:
+            out += ["--ca", os.path.join(self.auth, "ca.pem"), "--cert",
+                    os.path.join(self.auth, "node.pem"), "--key",
+                    os.path.join(self.auth, "node.key")]
+        if self.auth and "secret" in self.mode:
+            out += ["--secret-file", os.path.join(self.auth, "secret")]
+        return out
 
     def curl_batch(self, n):
         """n requests on one keep-alive connection; the latencies (us) of all
@@ -143,12 +152,17 @@ def main():
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--mode", default="mtls+secret", choices=["mtls+secret", "mtls", "secret"],
+                    help="what cluster B turns on (HTTPS comes with mtls)")
+    ap.add_argument("--tp", type=int, default=0,
+                    help="TP of every instance (default: local.json's, prefill 2 and decode 4)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     tmp = tempfile.mkdtemp(prefix="duet-auth-cost-")
     auth = os.path.join(tmp, "auth")
     subprocess.run([os.path.join(SRC, "scripts", "gen-auth.sh"), auth], check=True)
-    plain, secure = Cluster(build, tmp, "plain", None), Cluster(build, tmp, "auth", auth)
+    plain = Cluster(build, tmp, "plain", None, a.tp)
+    secure = Cluster(build, tmp, "auth", auth, a.tp, a.mode)
     try:
         plain.start()
         secure.start()
@@ -165,7 +179,7 @@ def main():
                    "--requests", str(a.requests), "--seconds", str(a.seconds),
                    "--concurrency", str(a.concurrency)] + secure.auth_args()
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            print("round %d (A = auth off, B = mTLS + secret)" % (r + 1))
+            print("round %d (A = auth off, B = %s)" % (r + 1, a.mode))
             print(out.stdout.rstrip(), flush=True)
             if out.returncode != 0:
                 sys.exit("bench_router failed:\n" + out.stderr)
@@ -175,10 +189,11 @@ def main():
                 for c in ((plain, secure) if k % 2 == 0 else (secure, plain)):
                     lat[c.name] += c.curl_batch(max(1, a.requests // 20))
             x, y = pct(lat["plain"]), pct(lat["auth"])
+            what = "router HTTP vs HTTPS" if secure.tls else "router HTTP"
             print("  %-22s p50 %10.0f %10.0f %+7.1f%%  (us, curl, keep-alive)" %
-                  ("router HTTP vs HTTPS", x[0], y[0], 100.0 * (y[0] - x[0]) / x[0]))
+                  (what, x[0], y[0], 100.0 * (y[0] - x[0]) / x[0]))
             print("  %-22s p99 %10.0f %10.0f %+7.1f%%" %
-                  ("router HTTP vs HTTPS", x[1], y[1], 100.0 * (y[1] - x[1]) / x[1]), flush=True)
+                  (what, x[1], y[1], 100.0 * (y[1] - x[1]) / x[1]), flush=True)
     finally:
         plain.stop()
         secure.stop()

@@ -153,8 +153,10 @@ static grpc_status_code call_with(duet_auth_config_t *cfg, const char *target, c
     assert_int_equal(duet_rpc_client_create(&cc, &cli), DUET_OK);
     duet_rpc_client_unary(cli, target, method, "hi", 2, duet_deadline_in_ms(10000), &res);
     grpc_status_code code = res.code;
-    if (code == GRPC_STATUS_OK)
+    if (code == GRPC_STATUS_OK && strcmp(method, "/t.T/Echo") == 0) {
+        assert_int_equal(res.len, 2);
         assert_memory_equal(res.data, "hi", 2);
+    }
     duet_rpc_result_cleanup(&res);
     duet_rpc_client_destroy(cli);
     duet_rpc_auth_destroy(auth);
