@@ -177,6 +177,13 @@ function checkImage(w, c, opts, E) {
   const cmd0 = (c.command || [])[0];
   const exe = cmd0.startsWith("/") ? cmd0 : `/usr/local/bin/${cmd0}`;
   if (!info.binaries.has(exe)) E(w, `container ${c.name}: ${exe} is not in image ${img.name}`);
+  // exec probes (duet-client --health where TLS is on) run from the image too
+  for (const k of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    const p0 = c[k]?.exec?.command?.[0];
+    if (!p0) continue;
+    const pexe = p0.startsWith("/") ? p0 : `/usr/local/bin/${p0}`;
+    if (!info.binaries.has(pexe)) E(w, `${k}: ${pexe} is not in image ${img.name}`);
+  }
   return info;
 }
 

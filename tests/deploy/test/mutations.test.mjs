@@ -114,6 +114,9 @@ rejects("native gRPC probe of a TLS daemon (kubelet speaks plaintext)", "p2d4",
 rejects("exec probe without the config's auth", "p2d4",
   (o) => { const c = daemon(o, "duet-decode").startupProbe.exec.command; c.splice(c.indexOf("--config"), 2); },
   /startupProbe: duet-client --config \(none\)/);
+rejects("probe binary the image lacks", "p2d4",
+  (o) => { daemon(o, "duet-prefill").readinessProbe.exec.command[0] = "duet-probe"; },
+  /readinessProbe: \/usr\/local\/bin\/duet-probe is not in image duet-gpu/);
 rejects("auth off: probes must be native gRPC again", "cpu",
   (o) => editConfig(o, (j) => { delete j.auth; }),
   /startupProbe: not a native gRPC probe/);
