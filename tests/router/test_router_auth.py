@@ -373,6 +373,8 @@ def test(build, src):
             print("---- %s log ----\n%s" % (p.name, p.log()))
         cl.kill_all()
         raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the generated keys
 
 
 if __name__ == "__main__":
