@@ -5,8 +5,15 @@
  *   bench_router [--router 127.0.0.1:8001] [--http 127.0.0.1:8000]
  *                [--decode 127.0.0.1:9200] [--prefill 127.0.0.1:9100]
  *                [--requests 200] [--max-tokens 4] [--concurrency 8]
- *                [--seconds 10]
+ *                [--seconds 10] [--ca FILE --cert FILE --key FILE] [--secret-file FILE]
  *
+ * With the auth options (the cluster's auth section: docs/security.md) the
+ * gRPC calls use mutual TLS and/or the shared secret; the raw HTTP client
+ * has no TLS, so give --http "" against an HTTPS router.
+ *
+ * --b-router H:P --b-decode H:P --b-prefill H:P: compare two clusters, A
+ * (the targets above, plain) and B (these, with the auth options), request
+ * by request (bench/auth_cost.py runs it).
  * 1. Latency: the same greedy request, alternately straight to decode's
  *    Decode.Generate (with prefill_target) and through the router's
  *    duet.v1.Generate (gRPC) and POST /v1/completions (HTTP, keep-alive,
@@ -30,12 +37,14 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "common/rpc_auth.h"
 #include "duet/v1/decode.pb-c.h"
 #include "duet/v1/generate.pb-c.h"
 
 typedef struct {
     const char *router, *http, *decode, *prefill;
     int requests, max_tokens, concurrency, seconds;
+    const char *b_router, *b_decode, *b_prefill; /* --compare: cluster B */
 } duet__bargs_t;
 
 typedef struct {
@@ -165,18 +174,21 @@ static void *duet__worker(void *p)
     return NULL;
 }
 
-static long duet__throughput(const duet__bargs_t *a, duet_rpc_client_t *cli, const char *label,
-                             const char *target, const char *method, const uint8_t *req, size_t len)
+/* concurrency clients on target for `seconds`: every latency (appended to
+ * *lat_p, *n_p) and the wall time; returns the errors. */
+static long duet__load(const duet__bargs_t *a, duet_rpc_client_t *cli, const char *target,
+                       const char *method, const uint8_t *req, size_t len, int seconds,
+                       int64_t **lat_p, size_t *n_p, double *secs_p)
 {
     duet__worker_t *w = DUET_NEW_ARRAY(duet__worker_t, (size_t)a->concurrency);
     pthread_t *th = DUET_NEW_ARRAY(pthread_t, (size_t)a->concurrency);
     atomic_long errors = 0;
-    int64_t t0 = duet_now_ns(), *all;
-    size_t total = 0, k = 0;
+    int64_t t0 = duet_now_ns();
+    size_t total = *n_p;
 
     for (int i = 0; i < a->concurrency; i++) {
         w[i] = (duet__worker_t){
-            cli,  target, method, req,    len, t0 + (int64_t)a->seconds * DUET_NS_PER_S,
+            cli,  target, method, req,    len, t0 + (int64_t)seconds * DUET_NS_PER_S,
             NULL, 0,      0,      &errors};
         pthread_create(&th[i], NULL, duet__worker, &w[i]);
     }
@@ -184,24 +196,39 @@ static long duet__throughput(const duet__bargs_t *a, duet_rpc_client_t *cli, con
         pthread_join(th[i], NULL);
         total += w[i].n;
     }
-    double secs = (double)(duet_now_ns() - t0) / 1e9;
-    all = duet_malloc((total ? total : 1) * sizeof(*all));
+    *secs_p += (double)(duet_now_ns() - t0) / 1e9;
+    int64_t *all = duet_realloc(*lat_p, (total ? total : 1) * sizeof(*all));
     for (int i = 0; i < a->concurrency; i++) {
-        memcpy(all + k, w[i].lat, w[i].n * sizeof(*all));
-        k += w[i].n;
+        if (all != NULL)
+            memcpy(all + *n_p, w[i].lat, w[i].n * sizeof(*all));
+        *n_p += w[i].n;
         duet_free(w[i].lat);
     }
-    printf("  %-22s %8.1f req/s  p50 %8.0f us  p99 %8.0f us  (%zu requests, %ld errors, "
-           "%d clients)\n",
-           label, (double)total / secs, duet__pct(all, total, 0.5), duet__pct(all, total, 0.99),
-           total, atomic_load(&errors), a->concurrency);
-    duet_free(all);
+    if (all == NULL)
+        *n_p = 0;
+    else
+        *lat_p = all;
     duet_free(w);
     duet_free(th);
     return atomic_load(&errors);
 }
 
-static int duet__build(const duet__bargs_t *a, duet__bodies_t *b)
+static long duet__throughput(const duet__bargs_t *a, duet_rpc_client_t *cli, const char *label,
+                             const char *target, const char *method, const uint8_t *req, size_t len)
+{
+    int64_t *all = NULL;
+    size_t total = 0;
+    double secs = 0;
+    long errors = duet__load(a, cli, target, method, req, len, a->seconds, &all, &total, &secs);
+    printf("  %-22s %8.1f req/s  p50 %8.0f us  p99 %8.0f us  (%zu requests, %ld errors, "
+           "%d clients)\n",
+           label, (double)total / secs, duet__pct(all, total, 0.5), duet__pct(all, total, 0.99),
+           total, errors, a->concurrency);
+    duet_free(all);
+    return errors;
+}
+
+static int duet__build(const duet__bargs_t *a, const char *prefill, duet__bodies_t *b)
 {
     static int32_t ids[] = {1, 403, 407, 261, 378}; /* "Once upon a time" (stories260K) */
     Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
@@ -218,7 +245,7 @@ static int duet__build(const duet__bargs_t *a, duet__bodies_t *b)
     g.max_tokens = (uint32_t)a->max_tokens;
     g.ignore_eos = true;
     d.request = &g;
-    d.prefill_target = (char *)a->prefill;
+    d.prefill_target = (char *)prefill;
     b->gen_len = duet__v1__generate_request__get_packed_size(&g);
     b->dec_len = duet__v1__decode_generate_request__get_packed_size(&d);
     b->gen = duet_malloc(b->gen_len);
@@ -239,10 +266,89 @@ static int duet__build(const duet__bargs_t *a, duet__bodies_t *b)
     return 0;
 }
 
+/* --compare: the same requests to cluster A (plain client) and cluster B
+ * (the auth options), interleaved request by request and, for throughput,
+ * in alternating slices (ABBA...), so both see the same machine load. */
+static long duet__compare(const duet__bargs_t *a, duet_rpc_client_t *cli[2],
+                          const duet__bodies_t b[2])
+{
+    const char *router[2] = {a->router, a->b_router}, *decode[2] = {a->decode, a->b_decode};
+    static const char *const gen = "/duet.v1.Generate/Generate", *dec = "/duet.v1.Decode/Generate";
+    int64_t *lat[2][2], *load[2] = {NULL, NULL};
+    size_t n[2][2] = {{0, 0}, {0, 0}}, nl[2] = {0, 0};
+    double secs[2] = {0, 0};
+    long errors = 0;
+
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 2; k++)
+            lat[s][k] = duet_malloc((size_t)a->requests * sizeof(int64_t));
+    for (int i = 0; i < 5; i++)
+        for (int s = 0; s < 2; s++) {
+            duet__grpc_once(cli[s], decode[s], dec, b[s].dec, b[s].dec_len);
+            duet__grpc_once(cli[s], router[s], gen, b[s].gen, b[s].gen_len);
+        }
+    for (int i = 0; i < a->requests; i++) {
+        for (int j = 0; j < 2; j++) {
+            int s = (i + j) % 2;
+            int64_t t;
+            if ((t = duet__grpc_once(cli[s], decode[s], dec, b[s].dec, b[s].dec_len)) >= 0)
+                lat[s][0][n[s][0]++] = t;
+            else
+                errors++;
+            if ((t = duet__grpc_once(cli[s], router[s], gen, b[s].gen, b[s].gen_len)) >= 0)
+                lat[s][1][n[s][1]++] = t;
+            else
+                errors++;
+        }
+    }
+    int slice = a->seconds / 4 > 0 ? a->seconds / 4 : 1;
+    for (int k = 0; k < 8; k++) {
+        int s = (k % 4 == 0 || k % 4 == 3) ? 0 : 1;
+        errors += duet__load(a, cli[s], router[s], gen, b[s].gen, b[s].gen_len, slice, &load[s],
+                             &nl[s], &secs[s]);
+    }
+    printf("bench_router --compare: A plain, B with the auth options; %d interleaved "
+           "requests each, max_tokens %d\n",
+           a->requests, a->max_tokens);
+    printf("  %-26s %10s %10s %8s\n", "", "A", "B", "B vs A");
+    const char *what[2] = {"decode direct gRPC", "router gRPC"};
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < 2; q++) {
+            double p = q ? 0.99 : 0.5;
+            double x = duet__pct(lat[0][k], n[0][k], p), y = duet__pct(lat[1][k], n[1][k], p);
+            printf("  %-22s %s %10.0f %10.0f %+7.1f%%  (us)\n", what[k], q ? "p99" : "p50", x, y,
+                   100.0 * (y - x) / x);
+        }
+    double ra = (double)nl[0] / secs[0], rb = (double)nl[1] / secs[1];
+    printf("  %-26s %10.1f %10.1f %+7.1f%%  (%d clients, 8 alternating slices of %d s)\n",
+           "router gRPC req/s", ra, rb, 100.0 * (rb - ra) / ra, a->concurrency, slice);
+    for (int q = 0; q < 2; q++) {
+        double p = q ? 0.99 : 0.5;
+        double x = duet__pct(load[0], nl[0], p), y = duet__pct(load[1], nl[1], p);
+        printf("  %-22s %s %10.0f %10.0f %+7.1f%%  (us, under load)\n", "router gRPC",
+               q ? "p99" : "p50", x, y, 100.0 * (y - x) / x);
+    }
+    for (int s = 0; s < 2; s++) {
+        duet_free(load[s]);
+        for (int k = 0; k < 2; k++)
+            duet_free(lat[s][k]);
+    }
+    return errors;
+}
+
 int main(int argc, char **argv)
 {
-    duet__bargs_t a = {
-        "127.0.0.1:8001", "127.0.0.1:8000", "127.0.0.1:9200", "127.0.0.1:9100", 200, 4, 8, 10};
+    duet__bargs_t a = {"127.0.0.1:8001",
+                       "127.0.0.1:8000",
+                       "127.0.0.1:9200",
+                       "127.0.0.1:9100",
+                       200,
+                       4,
+                       8,
+                       10,
+                       NULL,
+                       NULL,
+                       NULL};
     static const struct option opts[] = {{"router", required_argument, NULL, 'r'},
                                          {"http", required_argument, NULL, 'h'},
                                          {"decode", required_argument, NULL, 'd'},
@@ -251,7 +357,16 @@ int main(int argc, char **argv)
                                          {"max-tokens", required_argument, NULL, 't'},
                                          {"concurrency", required_argument, NULL, 'c'},
                                          {"seconds", required_argument, NULL, 's'},
+                                         {"ca", required_argument, NULL, 'A'},
+                                         {"cert", required_argument, NULL, 'C'},
+                                         {"key", required_argument, NULL, 'K'},
+                                         {"secret-file", required_argument, NULL, 'S'},
+                                         {"b-router", required_argument, NULL, 'R'},
+                                         {"b-decode", required_argument, NULL, 'D'},
+                                         {"b-prefill", required_argument, NULL, 'F'},
                                          {NULL, 0, NULL, 0}};
+    duet_auth_config_t ac = {"", "", "", "", ""};
+    duet_rpc_auth_t *auth = NULL;
     duet_rpc_client_config_t cc;
     duet_rpc_client_t *cli;
     duet__bodies_t b;
@@ -284,6 +399,27 @@ int main(int argc, char **argv)
         case 's':
             a.seconds = atoi(optarg);
             break;
+        case 'A':
+            ac.ca = optarg;
+            break;
+        case 'C':
+            ac.cert = optarg;
+            break;
+        case 'K':
+            ac.key = optarg;
+            break;
+        case 'S':
+            ac.secret_file = optarg;
+            break;
+        case 'R':
+            a.b_router = optarg;
+            break;
+        case 'D':
+            a.b_decode = optarg;
+            break;
+        case 'F':
+            a.b_prefill = optarg;
+            break;
         default:
             fprintf(stderr, "usage: see the header of bench/bench_router.c\n");
             return 2;
@@ -296,7 +432,37 @@ int main(int argc, char **argv)
     duet_log_init_from_env();
     duet_rpc_client_config_init(&cc);
     cc.n_threads = 2;
-    if (duet_rpc_client_create(&cc, &cli) != DUET_OK || duet__build(&a, &b) != 0) {
+    if (duet_rpc_auth_load(&ac, &auth) != DUET_OK) {
+        fprintf(stderr, "bench_router: %s\n", duet_error_msg());
+        return 2;
+    }
+    if (a.b_router != NULL) {
+        if (a.b_decode == NULL || a.b_prefill == NULL) {
+            fprintf(stderr, "bench_router: --b-router needs --b-decode and --b-prefill\n");
+            return 2;
+        }
+        duet_rpc_client_t *clis[2] = {NULL, NULL};
+        duet__bodies_t bs[2];
+        memset(bs, 0, sizeof(bs));
+        if (duet_rpc_client_create(&cc, &clis[0]) != DUET_OK ||
+            (cc.auth = auth, duet_rpc_client_create(&cc, &clis[1])) != DUET_OK ||
+            duet__build(&a, a.prefill, &bs[0]) != 0 || duet__build(&a, a.b_prefill, &bs[1]) != 0) {
+            fprintf(stderr, "bench_router: %s\n", duet_error_msg());
+            return 1;
+        }
+        errors = duet__compare(&a, clis, bs);
+        for (int s = 0; s < 2; s++) {
+            duet_rpc_client_destroy(clis[s]);
+            duet_free(bs[s].gen);
+            duet_free(bs[s].dec);
+        }
+        duet_rpc_auth_destroy(auth);
+        if (errors)
+            fprintf(stderr, "bench_router: %ld errors\n", errors);
+        return errors ? 1 : 0;
+    }
+    cc.auth = auth;
+    if (duet_rpc_client_create(&cc, &cli) != DUET_OK || duet__build(&a, a.prefill, &b) != 0) {
         fprintf(stderr, "bench_router: %s\n", duet_error_msg());
         return 1;
     }
@@ -356,6 +522,7 @@ int main(int argc, char **argv)
     duet_free(b.gen);
     duet_free(b.dec);
     duet_rpc_client_destroy(cli);
+    duet_rpc_auth_destroy(auth);
     if (errors)
         fprintf(stderr, "bench_router: %ld errors\n", errors);
     return errors ? 1 : 0;

@@ -45,6 +45,16 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_INT(duet_router_config_t, health_interval_ms, 50, 600000, 1000, "worker health-check period"),
     DUET_CFG_F_INT(duet_router_config_t, request_timeout_ms, 100, 86400000, 600000, "end-to-end deadline of a request"),
     DUET_CFG_F_STRING(duet_router_config_t, served_model_name, "", "model id in the API (\"\" = model directory name)"),
+    DUET_CFG_F_STRING(duet_router_config_t, https_cert, "", "PEM certificate chain: HTTPS on router.http (\"\" = plain HTTP)"),
+    DUET_CFG_F_STRING(duet_router_config_t, https_key, "", "PEM private key of router.https_cert"),
+};
+
+static const duet_cfg_field_t duet__auth_fields[] = {
+    DUET_CFG_F_STRING(duet_auth_config_t, ca, "", "PEM cluster CA: mutual TLS on every gRPC server and client (\"\" = off)"),
+    DUET_CFG_F_STRING(duet_auth_config_t, cert, "", "PEM certificate chain of this process (with auth.ca)"),
+    DUET_CFG_F_STRING(duet_auth_config_t, key, "", "PEM private key of auth.cert"),
+    DUET_CFG_F_STRING(duet_auth_config_t, secret_file, "", "file whose first line is the shared secret (\"\" = none)"),
+    DUET_CFG_F_STRING(duet_auth_config_t, server_name, "", "name expected in server certificates (\"\" = the host dialled)"),
 };
 /* clang-format on */
 
@@ -152,11 +162,41 @@ static duet_status_t duet__section(const cJSON *root, const char *key,
     return duet_cfg_parse(sec, key, fields, n, obj);
 }
 
+/* A relative path in the file names a file next to it. */
+static duet_status_t duet__resolve(char **path_p, const char *base_dir, const char *key)
+{
+    char *p = *path_p, *r;
+    size_t n;
+
+    if (p == NULL || p[0] == '\0' || p[0] == '/' || base_dir == NULL)
+        return DUET_OK;
+    n = strlen(base_dir) + strlen(p) + 2;
+    if ((r = duet_malloc(n)) == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", key);
+    snprintf(r, n, "%s/%s", base_dir, p);
+    duet_free(p);
+    *path_p = r;
+    return DUET_OK;
+}
+
+static duet_status_t duet__resolve_paths(duet_cluster_config_t *cfg, const char *base_dir)
+{
+    duet_status_t st;
+    if ((st = duet__resolve(&cfg->auth.ca, base_dir, "auth.ca")) ||
+        (st = duet__resolve(&cfg->auth.cert, base_dir, "auth.cert")) ||
+        (st = duet__resolve(&cfg->auth.key, base_dir, "auth.key")) ||
+        (st = duet__resolve(&cfg->auth.secret_file, base_dir, "auth.secret_file")) ||
+        (st = duet__resolve(&cfg->router.https_cert, base_dir, "router.https_cert")) ||
+        (st = duet__resolve(&cfg->router.https_key, base_dir, "router.https_key")))
+        return st;
+    return DUET_OK;
+}
+
 duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
                                  const char *base_dir, duet_cluster_config_t **cfg_p)
 {
-    static const char *const known[] = {"model", "kv", "transfer", "router", "prefill",
-                                        "decode"};
+    static const char *const known[] = {"model", "kv",      "transfer", "router",
+                                        "auth",  "prefill", "decode"};
     duet_cluster_config_t *cfg;
     duet__kv_section_t kv;
     duet__transfer_section_t tr;
@@ -208,7 +248,10 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
         (st = duet__section(root, "transfer", duet__transfer_fields, N_OF(duet__transfer_fields),
                             &tr)) ||
         (st = duet__section(root, "router", duet__router_fields, N_OF(duet__router_fields),
-                            &cfg->router)))
+                            &cfg->router)) ||
+        (st =
+             duet__section(root, "auth", duet__auth_fields, N_OF(duet__auth_fields), &cfg->auth)) ||
+        (st = duet__resolve_paths(cfg, base_dir)))
         goto err;
     cfg->page_size = kv.page_size;
     cfg->transfer_timeout_ms = tr.timeout_ms;
@@ -279,6 +322,7 @@ void duet_cluster_free(duet_cluster_config_t *cfg)
     duet_free(cfg->prefill);
     duet_free(cfg->decode);
     duet_cfg_free(duet__router_fields, N_OF(duet__router_fields), &cfg->router);
+    duet_cfg_free(duet__auth_fields, N_OF(duet__auth_fields), &cfg->auth);
     duet_free(cfg->model);
     duet_free(cfg->path);
     duet_free(cfg);
@@ -308,6 +352,11 @@ duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char
     return duet_cfg_set_str(duet__instance_fields, N_OF(duet__instance_fields), inst, key, value);
 }
 
+duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key, const char *value)
+{
+    return duet_cfg_set_str(duet__auth_fields, N_OF(duet__auth_fields), &cfg->auth, key, value);
+}
+
 void duet_cluster_describe(FILE *out)
 {
     fprintf(out, "cluster config keys:\n  model                   string  (required) model "
@@ -315,6 +364,7 @@ void duet_cluster_describe(FILE *out)
     duet_cfg_describe(out, "kv.", duet__kv_fields, N_OF(duet__kv_fields));
     duet_cfg_describe(out, "transfer.", duet__transfer_fields, N_OF(duet__transfer_fields));
     duet_cfg_describe(out, "router.", duet__router_fields, N_OF(duet__router_fields));
+    duet_cfg_describe(out, "auth.", duet__auth_fields, N_OF(duet__auth_fields));
     duet_cfg_describe(out, "prefill[]./decode[].", duet__instance_fields,
                       N_OF(duet__instance_fields));
 }

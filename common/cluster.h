@@ -9,6 +9,8 @@
  *     "transfer": {"timeout_ms": 10000, "checksum": false},
  *     "router": {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001",
  *                "policy": "least_load"},
+ *     "auth": {"ca": "ca.pem", "cert": "node.pem", "key": "node.key",
+ *              "secret_file": "secret"},
  *     "prefill": [{"name": "prefill-0", "address": "127.0.0.1:9100", "tp": 2}],
  *     "decode":  [{"name": "decode-0",  "address": "127.0.0.1:9200", "tp": 4}]
  *   }
@@ -68,7 +70,24 @@ typedef struct {
     int health_interval_ms;
     int request_timeout_ms;
     char *served_model_name; /* "" = the model directory's name */
+    char *https_cert;        /* PEM certificate chain for HTTPS ("" = plain HTTP) */
+    char *https_key;         /* its private key (PEM) */
 } duet_router_config_t;
+
+/* auth: how the cluster's gRPC servers authenticate their callers and how
+ * its clients authenticate themselves (docs/security.md "Authentication").
+ * Every string is a file path ("" = off); relative paths in the file are
+ * resolved against its directory.  TLS is on when ca is set (then cert and
+ * key are required): servers ask for a client certificate signed by ca and
+ * clients check the server's.  secret_file holds a shared secret sent as
+ * metadata x-duet-secret and checked by every server. */
+typedef struct {
+    char *ca;          /* PEM bundle of the cluster CA */
+    char *cert;        /* this process's certificate chain (server and client) */
+    char *key;         /* its private key */
+    char *secret_file; /* the shared secret (first line, >= 16 bytes) */
+    char *server_name; /* name clients expect in server certificates ("" = host) */
+} duet_auth_config_t;
 
 typedef struct {
     char *model;          /* model directory */
@@ -77,6 +96,7 @@ typedef struct {
     bool transfer_checksum;
     int rpc_timeout_ms;   /* control-plane calls between daemons */
     duet_router_config_t router;
+    duet_auth_config_t auth;
     duet_instance_config_t *prefill;
     int n_prefill;
     duet_instance_config_t *decode;
@@ -101,6 +121,11 @@ duet_instance_config_t *duet_cluster_find(duet_cluster_config_t *cfg, const char
  * table; DUET_ERR_NOT_FOUND for a key the table does not have. */
 duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char *key,
                                         const char *value);
+
+/* Override an auth key ("ca", "secret_file", ...) from a command-line flag
+ * (the value is used as given, not resolved against the config file). */
+duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key,
+                                    const char *value);
 
 /* Print every key with its type, default, range and doc. */
 void duet_cluster_describe(FILE *out);

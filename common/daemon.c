@@ -21,6 +21,8 @@ static void duet__usage(const char *prog, duet_role_t role)
            "  --model DIR        override the config's model directory\n"
            "  --check-config     validate the config and exit\n"
            "  --log-level LEVEL  error, warn, info, debug or trace\n"
+           "  --auth-KEY VALUE   override an auth key (--auth-ca, --auth-cert, --auth-key,\n"
+           "                     --auth-secret-file, --auth-server-name)\n"
            "  --KEY VALUE        override an instance key (e.g. --tp 2, --n-pages 512)\n\n",
            prog, duet_role_name(role));
     duet_cluster_describe(stdout);
@@ -102,6 +104,20 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
         char key[64];
         if (strcmp(f, "--check-config") == 0)
             continue;
+        if (strncmp(f, "--auth-", 7) == 0) {
+            snprintf(key, sizeof(key), "%s", f + 7);
+            for (char *p = key; *p; p++) {
+                if (*p == '-')
+                    *p = '_';
+            }
+            st = duet_cluster_auth_set(a.cluster, key, argv[i + 1]);
+            if (st == DUET_ERR_NOT_FOUND)
+                st = duet_error(DUET_ERR_CONFIG, "%s: unknown flag (not an auth key)", f);
+            if (st != DUET_OK)
+                goto err;
+            i++;
+            continue;
+        }
         if (strcmp(f, "--config") == 0 || strcmp(f, "--name") == 0 ||
             strcmp(f, "--model") == 0 || strcmp(f, "--log-level") == 0) {
             i++;

@@ -68,6 +68,8 @@ const char *duet_rpc_code_name(grpc_status_code code);
 
 typedef struct duet_rpc_server duet_rpc_server_t;
 typedef struct duet_rpc_call duet_rpc_call_t;
+/* Authentication material (common/rpc_auth.h); NULL = none. */
+typedef struct duet_rpc_auth duet_rpc_auth_t;
 
 typedef enum {
     DUET_RPC_UNARY = 0,            /* one request, one reply */
@@ -100,6 +102,10 @@ typedef struct {
     int64_t shutdown_grace_ms; /* grace used by duet_rpc_server_destroy */
     duet_rpc_check_cb check;   /* optional */
     void *check_arg;
+    duet_rpc_auth_t *auth; /* optional (rpc_auth.h): TLS credentials and a
+                              check run before everything else, health
+                              and unknown methods included; outlives
+                              the server */
 } duet_rpc_server_config_t;
 
 /* Defaults: "0.0.0.0:0", 2 threads, 4 MiB, 1024 queued writes, 5000 ms. */
@@ -198,6 +204,9 @@ typedef struct {
     int64_t keepalive_timeout_ms; /* drop the connection after this without ack */
     int64_t reconnect_backoff_ms; /* longest wait between reconnect attempts */
     int n_threads;                /* CQ threads for streams, 1..64 */
+    duet_rpc_auth_t *auth;        /* optional (rpc_auth.h): TLS credentials and
+                                     the secret on every call; outlives the
+                                     client */
 } duet_rpc_client_config_t;
 
 /* Defaults: 4 MiB, keepalive 30000 ms / 10000 ms, backoff 1000 ms, 1 thread. */

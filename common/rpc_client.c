@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/rpc_auth.h"
 #include "common/rpc_internal.h"
 #include "common/sync.h"
 
@@ -33,7 +34,9 @@ typedef struct {
 struct duet_rpc_client {
     duet_rpc_client_config_t cfg;
     grpc_channel_credentials *creds;
-    grpc_arg args[10];
+    grpc_metadata secret_md; /* sent on every call when has_secret */
+    bool has_secret;
+    grpc_arg args[12];
     grpc_channel_args chargs;
 
     pthread_mutex_t lock;
@@ -160,6 +163,15 @@ void duet_rpc_client_forget(duet_rpc_client_t *cli, const char *target)
         duet__channel_put(cli, e);
 }
 
+/* The cluster secret (rpc_auth.h) in a SEND_INITIAL_METADATA op. */
+static void duet__secret_op(duet_rpc_client_t *cli, grpc_op *op)
+{
+    if (cli->has_secret) {
+        op->data.send_initial_metadata.count = 1;
+        op->data.send_initial_metadata.metadata = &cli->secret_md;
+    }
+}
+
 static grpc_call *duet__channel_call(duet__channel_entry_t *e, grpc_completion_queue *cq,
                                      const char *method, int64_t deadline_ns)
 {
@@ -222,6 +234,7 @@ duet_status_t duet_rpc_client_unary(duet_rpc_client_t *cli, const char *target, 
 
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    duet__secret_op(cli, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -494,6 +507,7 @@ duet_status_t duet_rpc_client_stream(duet_rpc_client_t *cli, const char *target,
     pthread_mutex_lock(&s->lock);
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    duet__secret_op(cli, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -695,7 +709,14 @@ duet_status_t duet_rpc_client_create(const duet_rpc_client_config_t *cfg, duet_r
     pthread_mutex_init(&cli->lock, NULL);
     pthread_cond_init(&cli->cond, NULL);
     duet__rpc_grpc_acquire();
-    cli->creds = grpc_insecure_credentials_create();
+    cli->creds = duet__rpc_auth_channel_creds(cfg->auth);
+    const char *secret, *server_name = duet__rpc_auth_server_name(cfg->auth);
+    size_t secret_len;
+    if (duet__rpc_auth_secret(cfg->auth, &secret, &secret_len)) {
+        cli->secret_md.key = grpc_slice_from_static_string(DUET_RPC_AUTH_SECRET_KEY);
+        cli->secret_md.value = grpc_slice_from_copied_buffer(secret, secret_len);
+        cli->has_secret = true;
+    }
 
     cli->args[n++] =
         duet__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
@@ -716,6 +737,13 @@ duet_status_t duet_rpc_client_create(const duet_rpc_client_config_t *cfg, duet_r
         /* Otherwise core stops pinging after 2 pings without data, and a
          * quiet stream (health Watch) to a vanished peer is never noticed. */
         cli->args[n++] = duet__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    }
+    if (server_name) {
+        /* certificates name the cluster, not each pod's address */
+        memset(&cli->args[n], 0, sizeof(cli->args[n]));
+        cli->args[n].type = GRPC_ARG_STRING;
+        cli->args[n].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        cli->args[n++].value.string = (char *)server_name;
     }
     cli->chargs.num_args = (size_t)n;
     cli->chargs.args = cli->args;
@@ -770,6 +798,8 @@ void duet_rpc_client_destroy(duet_rpc_client_t *cli)
         channels = next;
     }
     grpc_channel_credentials_release(cli->creds);
+    if (cli->has_secret)
+        grpc_slice_unref(cli->secret_md.value);
     pthread_cond_destroy(&cli->cond);
     pthread_mutex_destroy(&cli->lock);
     duet_free(cli);

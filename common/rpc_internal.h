@@ -120,6 +120,20 @@ duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_meth
 void duet__rpc_call_on_close(duet_rpc_call_t *call);
 void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success);
 
+/* ---- rpc_auth.c ---- */
+
+/* Credentials for auth (insecure ones when auth is NULL or has no TLS). */
+grpc_server_credentials *duet__rpc_auth_server_creds(const duet_rpc_auth_t *auth);
+grpc_channel_credentials *duet__rpc_auth_channel_creds(const duet_rpc_auth_t *auth);
+/* The TLS target name override, NULL for none. */
+const char *duet__rpc_auth_server_name(const duet_rpc_auth_t *auth);
+/* The secret to send (false: none). */
+bool duet__rpc_auth_secret(const duet_rpc_auth_t *auth, const char **secret_p, size_t *len_p);
+/* CQ thread, before anything else runs for the call: GRPC_STATUS_OK, or
+ * UNAUTHENTICATED with *msg_p (static) after logging the refusal. */
+grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *call,
+                                      const char **msg_p);
+
 /* ---- rpc_server.c ---- */
 void duet__rpc_server_call_added(duet_rpc_server_t *srv);
 void duet__rpc_server_call_removed(duet_rpc_server_t *srv);

@@ -16,6 +16,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/rpc_auth.h"
 #include "common/rpc_internal.h"
 #include "common/sync.h"
 
@@ -186,6 +187,14 @@ static void duet__on_request(duet__request_slot_t *slot, bool success)
         DUET_LOG_ERROR("rpc: dropping call: %s", duet_error_msg());
         return;
     }
+    if (srv->cfg.auth) {
+        const char *msg = NULL;
+        grpc_status_code code = duet__rpc_auth_check(srv->cfg.auth, call, &msg);
+        if (code != GRPC_STATUS_OK) {
+            duet_rpc_call_fail(call, code, msg);
+            return;
+        }
+    }
     if (!method) {
         DUET_LOG_DEBUG("rpc: unimplemented method %s", path);
         char msg[DUET__RPC_MAX_PATH + 32];
@@ -346,7 +355,7 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
         srv->cqs[i] = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(srv->server, srv->cqs[i], NULL);
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = duet__rpc_auth_server_creds(cfg->auth);
     srv->port = grpc_server_add_http2_port(srv->server, srv->bind_addr, creds);
     grpc_server_credentials_release(creds);
     if (srv->port == 0) {
@@ -447,8 +456,8 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
         }
         srv->n_threads_started++;
     }
-    DUET_LOG_INFO("rpc: serving addr %s port %d methods %zu threads %d", srv->bind_addr, srv->port,
-                  srv->n_methods, n);
+    DUET_LOG_INFO("rpc: serving addr %s port %d methods %zu threads %d auth %s", srv->bind_addr,
+                  srv->port, srv->n_methods, n, duet_rpc_auth_mode(srv->cfg.auth));
     return DUET_OK;
 }
 

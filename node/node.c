@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/rpc_auth.h"
 #include "engine/backend.h"
 #include "engine/tp.h"
 #include "node/link.h"
@@ -26,6 +27,11 @@ static int duet__check_config(duet_node_t *node)
 
     if (st == DUET_OK)
         st = duet_tp_check(&cfg, a->self->tp);
+    if (st == DUET_OK) {
+        duet_rpc_auth_t *auth = NULL;
+        st = duet_rpc_auth_load(&a->cluster->auth, &auth);
+        duet_rpc_auth_destroy(auth);
+    }
     if (st != DUET_OK) {
         fprintf(stderr, "duet-%s: %s: %s\n", node->role, a->self->name, duet_error_msg());
         return 1;
@@ -55,7 +61,10 @@ static duet_status_t duet__start(duet_node_t *node)
     duet_model_config_t mc;
     if ((st = duet_model_config_load(node->args.cluster->model, &mc)) != DUET_OK)
         return st;
+    if ((st = duet_rpc_auth_load(&node->args.cluster->auth, &node->auth)) != DUET_OK)
+        return st;
     duet_rpc_server_config_init(&sc);
+    sc.auth = node->auth;
     sc.bind_addr = node->args.self->listen;
     sc.n_threads = node->args.self->grpc_threads;
     /* the router's caps: a bigger request is RESOURCE_EXHAUSTED */
@@ -63,6 +72,7 @@ static duet_status_t duet__start(duet_node_t *node)
     sc.stream_queue_limit = 4096;
     sc.shutdown_grace_ms = 2000;
     duet_rpc_client_config_init(&cc);
+    cc.auth = node->auth;
     cc.max_message_bytes = 64u << 20;
     if ((st = duet_workq_create(ops->role == DUET_ROLE_PREFILL ? "pf-work" : "dc-work",
                                 &node->workq)) != DUET_OK ||
@@ -142,6 +152,8 @@ static void duet__stop(duet_node_t *node)
     node->srv = NULL;
     duet_rpc_health_destroy(node->health);
     node->health = NULL;
+    duet_rpc_auth_destroy(node->auth);
+    node->auth = NULL;
     for (int r = 0; node->descs != NULL && r < node->ke.tp; r++)
         duet_free(node->descs[r]);
     duet_free(node->descs);

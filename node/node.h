@@ -82,6 +82,7 @@ struct duet_node {
     duet_rpc_server_t *srv;
     duet_rpc_health_t *health;
     duet_rpc_client_t *cli; /* ops->rpc_client only */
+    duet_rpc_auth_t *auth;  /* the config's auth section, NULL = off */
     duet_workq_t *workq;    /* blocking work: connects, disconnects, bootstrap calls */
     void **descs;           /* our transfer descriptors, one per rank */
     size_t *desc_lens;

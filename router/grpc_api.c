@@ -286,6 +286,7 @@ duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int th
     cfg.max_message_bytes = duet_limit_router_message_bytes(rt->cfg);
     cfg.check = duet__check;
     cfg.check_arg = rt;
+    cfg.auth = rt->auth;
     if ((st = duet_rpc_server_create(&cfg, &rt->grpc)) != DUET_OK)
         return duet_error_wrap(st, "router.grpc: ");
     if ((st = duet_rpc_health_create(rt->grpc, DUET_RPC_HEALTH_NOT_SERVING, &rt->health)) !=

@@ -545,12 +545,19 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
     }
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* router.https_cert/https_key (router.c checked them) */
+    struct MHD_OptionItem tls[] = {{MHD_OPTION_HTTPS_MEM_KEY, 0, rt->https_key_pem},
+                                   {MHD_OPTION_HTTPS_MEM_CERT, 0, rt->https_cert_pem},
+                                   {MHD_OPTION_END, 0, NULL}};
+    if (rt->https_cert_pem != NULL)
+        flags |= MHD_USE_TLS;
     http->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, duet__access, http, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(threads > 0 ? threads : 2),
         MHD_OPTION_NOTIFY_COMPLETED, duet__completed, http, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)1024, MHD_OPTION_END);
+        (unsigned)1024, MHD_OPTION_ARRAY, rt->https_cert_pem != NULL ? tls : &tls[2],
+        MHD_OPTION_END);
     if (http->daemon == NULL) {
         duet_router_http_destroy(http);
         return duet_error(DUET_ERR_IO, "router.http: cannot listen on %s (in use?)", addr);

@@ -42,6 +42,12 @@ static void duet__usage(FILE *f)
             "  --discovery-grace-ms N  keep a discover group's workers this long while\n"
             "                       its DNS lookups fail (default 3 health intervals)\n"
             "  --log-level L        error|warn|info|debug|trace (or DUET_LOG_LEVEL)\n"
+            "  --https-cert FILE    PEM certificate chain: HTTPS (default router.https_cert)\n"
+            "  --https-key FILE     its private key (default router.https_key)\n"
+            "  --auth-ca FILE, --auth-cert FILE, --auth-key FILE, --auth-secret-file FILE,\n"
+            "  --auth-server-name NAME\n"
+            "                       cluster authentication (default: the auth section;\n"
+            "                       docs/security.md)\n"
             "  --help-config        describe every cluster config key\n",
             policies);
 }
@@ -76,7 +82,14 @@ int main(int argc, char **argv)
         O_DISC_GRACE,
         O_LOG,
         O_HELP,
-        O_HELP_CONFIG
+        O_HELP_CONFIG,
+        O_HTTPS_CERT,
+        O_HTTPS_KEY,
+        O_AUTH_CA,
+        O_AUTH_CERT,
+        O_AUTH_KEY,
+        O_AUTH_SECRET,
+        O_AUTH_NAME
     };
     static const struct option opts[] = {
         {"config", required_argument, NULL, O_CONFIG},
@@ -94,6 +107,13 @@ int main(int argc, char **argv)
         {"log-level", required_argument, NULL, O_LOG},
         {"help", no_argument, NULL, O_HELP},
         {"help-config", no_argument, NULL, O_HELP_CONFIG},
+        {"https-cert", required_argument, NULL, O_HTTPS_CERT},
+        {"https-key", required_argument, NULL, O_HTTPS_KEY},
+        {"auth-ca", required_argument, NULL, O_AUTH_CA},
+        {"auth-cert", required_argument, NULL, O_AUTH_CERT},
+        {"auth-key", required_argument, NULL, O_AUTH_KEY},
+        {"auth-secret-file", required_argument, NULL, O_AUTH_SECRET},
+        {"auth-server-name", required_argument, NULL, O_AUTH_NAME},
         {NULL, 0, NULL, 0},
     };
     duet_router_options_t opt;
@@ -164,6 +184,27 @@ int main(int argc, char **argv)
             duet_log_set_level((duet_log_level_t)lvl);
             break;
         }
+        case O_HTTPS_CERT:
+            opt.https_cert = optarg;
+            break;
+        case O_HTTPS_KEY:
+            opt.https_key = optarg;
+            break;
+        case O_AUTH_CA:
+            opt.auth_ca = optarg;
+            break;
+        case O_AUTH_CERT:
+            opt.auth_cert = optarg;
+            break;
+        case O_AUTH_KEY:
+            opt.auth_key = optarg;
+            break;
+        case O_AUTH_SECRET:
+            opt.auth_secret_file = optarg;
+            break;
+        case O_AUTH_NAME:
+            opt.auth_server_name = optarg;
+            break;
         case O_HELP:
             duet__usage(stdout);
             return 0;

@@ -11,10 +11,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <microhttpd.h>
+
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/random.h"
+#include "common/rpc_auth.h"
 #include "common/sync.h"
 #include "model/model_config.h"
 #include "router/router_internal.h"
@@ -52,6 +55,46 @@ static char *duet__model_name(const duet_cluster_config_t *cfg)
     name = duet_strdup(basename(copy));
     duet_free(copy);
     return name;
+}
+
+static duet_status_t duet__auth_overrides(duet_router_t *rt, const duet_router_options_t *opt)
+{
+    const struct {
+        const char *key, *value;
+    } ov[] = {{"ca", opt->auth_ca},
+              {"cert", opt->auth_cert},
+              {"key", opt->auth_key},
+              {"secret_file", opt->auth_secret_file},
+              {"server_name", opt->auth_server_name}};
+    duet_router_config_t *rc = &rt->cfg->router;
+    duet_status_t st;
+
+    for (size_t i = 0; i < sizeof(ov) / sizeof(ov[0]); i++)
+        if (ov[i].value && (st = duet_cluster_auth_set(rt->cfg, ov[i].key, ov[i].value)) != DUET_OK)
+            return st;
+    if ((opt->https_cert && (st = duet__set_str(&rc->https_cert, opt->https_cert))) ||
+        (opt->https_key && (st = duet__set_str(&rc->https_key, opt->https_key))))
+        return st;
+    return DUET_OK;
+}
+
+/* router.https_cert/https_key: both or neither, checked now. */
+static duet_status_t duet__https_load(duet_router_t *rt)
+{
+    const duet_router_config_t *rc = &rt->cfg->router;
+    bool cert = rc->https_cert[0] != '\0', key = rc->https_key[0] != '\0';
+
+    if (!cert && !key)
+        return DUET_OK;
+    if (!cert || !key)
+        return duet_error(DUET_ERR_CONFIG, "%s: required with %s",
+                          cert ? "router.https_key" : "router.https_cert",
+                          cert ? "router.https_cert" : "router.https_key");
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        return duet_error(DUET_ERR_CONFIG,
+                          "router.https_cert: this libmicrohttpd is built without TLS");
+    return duet_rpc_auth_read_pair("router.https_cert", rc->https_cert, "router.https_key",
+                                   rc->https_key, &rt->https_cert_pem, &rt->https_key_pem);
 }
 
 static duet_status_t duet__load_model(duet_router_t *rt)
@@ -115,6 +158,10 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
         (opt->http_addr && (st = duet__set_str(&rc->http, opt->http_addr))) ||
         (opt->grpc_addr && (st = duet__set_str(&rc->grpc, opt->grpc_addr))) ||
         (opt->policy && (st = duet__set_str(&rc->policy, opt->policy))))
+        goto err;
+    if ((st = duet__auth_overrides(rt, opt)) != DUET_OK ||
+        (st = duet_rpc_auth_load(&rt->cfg->auth, &rt->auth)) != DUET_OK ||
+        (st = duet__https_load(rt)) != DUET_OK)
         goto err;
     if ((st = duet_router_policy_check(rc->policy, "router.policy", &rt->policy)) != DUET_OK)
         goto err;
@@ -320,6 +367,7 @@ duet_status_t duet_router_start(duet_router_t *rt)
     int rc_thr;
 
     duet_rpc_client_config_init(&cc);
+    cc.auth = rt->auth;
     cc.n_threads = rt->opt.client_threads > 0 ? rt->opt.client_threads : 2;
     cc.reconnect_backoff_ms = 500;
     if ((st = duet_rpc_client_create(&cc, &rt->cli)) != DUET_OK)
@@ -443,6 +491,11 @@ void duet_router_destroy(duet_router_t *rt)
     duet_free(rt->eos_str);
     duet_free(rt->model_name);
     duet_free(rt->api_key);
+    duet_rpc_auth_destroy(rt->auth);
+    if (rt->https_key_pem)
+        memset(rt->https_key_pem, 0, strlen(rt->https_key_pem));
+    duet_free(rt->https_key_pem);
+    duet_free(rt->https_cert_pem);
     duet_cluster_free(rt->cfg);
     pthread_cond_destroy(&rt->tick_cond);
     pthread_mutex_destroy(&rt->tick_lock);

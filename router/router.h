@@ -31,6 +31,9 @@ typedef struct {
     int client_threads;    /* gRPC client CQ threads (default 2) */
     int keepalive_ms;      /* SSE keepalive comment period (default 2000) */
     int disc_grace_ms;     /* failing DNS keeps a group's workers (0: 3 intervals) */
+    /* overrides of the config's auth keys and router.https_*, NULL = config */
+    const char *auth_ca, *auth_cert, *auth_key, *auth_secret_file, *auth_server_name;
+    const char *https_cert, *https_key;
 } duet_router_options_t;
 
 void duet_router_options_init(duet_router_options_t *opt);

@@ -39,7 +39,9 @@ struct duet_router {
     int64_t max_tokens_limit;
     int64_t default_max_tokens; /* gRPC max_tokens 0 */
     int64_t request_timeout_ms;
-    char *api_key; /* NULL = no auth */
+    char *api_key;                        /* NULL = no auth */
+    duet_rpc_auth_t *auth;                /* cluster auth (rpc_auth.h), NULL = off */
+    char *https_cert_pem, *https_key_pem; /* router.https_*, NULL = plain HTTP */
     duet_tokenizer_t *tok;
     duet_router_chat_tmpl_t *chat; /* NULL: no (usable) template */
     char chat_unavailable[256];    /* why, for the 400 */

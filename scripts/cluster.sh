@@ -10,6 +10,14 @@
 #   DUET_SKIP_BUILD=1                  use the binaries already built
 #   DUET_CLUSTER_LOGS=DIR              where daemon logs go (default: a temp dir)
 #   DUET_CLUSTER_TIMEOUT=SECONDS       start-up limit (default 120)
+#   DUET_CLUSTER_AUTH=0                authentication off (default on, below)
+#
+# Authentication (docs/security.md "Authentication") is on by default: a CA,
+# one certificate for every process and a random shared secret are made by
+# scripts/gen-auth.sh in a private temp dir (0700, files 0600, removed at
+# exit); every gRPC server then wants mutual TLS and the secret, and the
+# router's HTTP side is HTTPS (curl --cacert <dir>/ca.pem).  A config that
+# has its own auth section or router.https_cert is used as it is.
 #
 # Every daemon runs in its own session, so Ctrl-C reaches this script only;
 # it then stops the router first (it drains in-flight requests), then the
@@ -37,19 +45,47 @@ for exe in router/duet-router prefill/duet-prefill decode/duet-decode; do
     exit 1
   fi
 done
-"$build/router/duet-router" --config "$config" --check-config >/dev/null
+
+# Authentication material, unless off or the config brings its own.
+auth_dir=""
+auth_args=()
+https_args=()
+has_own=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(1 if c.get("auth") or c.get("router",{}).get("https_cert") else 0)' "$config")
+if [ "${DUET_CLUSTER_AUTH:-1}" != "0" ] && [ "$has_own" = 0 ]; then
+  auth_dir=$(mktemp -d -t duet-auth.XXXXXX)
+  trap 'rm -rf "$auth_dir"' EXIT
+  scripts/gen-auth.sh "$auth_dir"
+  auth_args=(--auth-ca "$auth_dir/ca.pem" --auth-cert "$auth_dir/node.pem"
+             --auth-key "$auth_dir/node.key" --auth-secret-file "$auth_dir/secret")
+  https_args=(--https-cert "$auth_dir/node.pem" --https-key "$auth_dir/node.key")
+fi
+"$build/router/duet-router" --config "$config" --check-config "${auth_args[@]}" \
+  "${https_args[@]}" >/dev/null
 
 # Instance names and the router's HTTP address from the config.
-read -r http prefills decodes keyvar < <(python3 - "$config" <<'PY'
-import json, sys
+read -r http grpc prefills decodes keyvar scheme cacert < <(python3 - "$config" "$auth_dir" <<'PY'
+import json, os, sys
 c = json.load(open(sys.argv[1]))
 r = c.get("router", {})
-print(r.get("http", "127.0.0.1:8000") or "-",
+ca = (c.get("auth") or {}).get("ca") or ""
+if ca and not ca.startswith("/"):
+    ca = os.path.join(os.path.dirname(sys.argv[1]), ca)
+if sys.argv[2]:
+    ca = os.path.join(sys.argv[2], "ca.pem")
+print(r.get("http", "127.0.0.1:8000") or "-", r.get("grpc", "127.0.0.1:8001") or "-",
       ",".join(p["name"] for p in c.get("prefill", [])) or "-",
       ",".join(d["name"] for d in c.get("decode", [])) or "-",
-      "literal" if r.get("api_key") else (r.get("api_key_env") or "-"))
+      "literal" if r.get("api_key") else (r.get("api_key_env") or "-"),
+      "https" if sys.argv[2] or r.get("https_cert") else "http", ca or "-")
 PY
 )
+# curl options for our own requests (and the hints printed below)
+tls=()
+tls_hint=""
+if [ "$scheme" = https ] && [ "$cacert" != "-" ]; then
+  tls=(--cacert "$cacert")
+  tls_hint=" --cacert $cacert"
+fi
 # The bearer token, when the router wants one (for our own requests).
 auth=()
 auth_hint=""
@@ -74,7 +110,7 @@ names=()
 pids=()
 start() { # role name
   local role=$1 name=$2
-  setsid "$build/$role/duet-$role" --config "$config" --name "$name" \
+  setsid "$build/$role/duet-$role" --config "$config" --name "$name" "${auth_args[@]}" \
     >"$logs/$name.log" 2>&1 </dev/null &
   names+=("$name")
   pids+=("$!")
@@ -129,13 +165,14 @@ on_signal() {
   exit 1
 }
 trap on_signal INT TERM
-trap 'stop_all >/dev/null 2>&1 || true' EXIT
+trap 'stop_all >/dev/null 2>&1 || true; [ -n "$auth_dir" ] && rm -rf "$auth_dir"' EXIT
 
 IFS=, read -r -a plist <<<"$prefills"
 IFS=, read -r -a dlist <<<"$decodes"
 for n in "${plist[@]}"; do [ "$n" != "-" ] && start prefill "$n"; done
 for n in "${dlist[@]}"; do [ "$n" != "-" ] && start decode "$n"; done
-setsid "$build/router/duet-router" --config "$config" >"$logs/router.log" 2>&1 </dev/null &
+setsid "$build/router/duet-router" --config "$config" "${auth_args[@]}" "${https_args[@]}" \
+  >"$logs/router.log" 2>&1 </dev/null &
 names+=("router")
 pids+=("$!")
 
@@ -149,27 +186,35 @@ while :; do
       exit 1
     fi
   done
-  if curl -sf "http://$http/health" >/dev/null 2>&1; then
+  if curl -sf "${tls[@]}" "$scheme://$http/health" >/dev/null 2>&1; then
     break
   fi
   if [ $SECONDS -ge $deadline ]; then
     echo "cluster: not ready after ${timeout_s} s; router /health says:" >&2
-    curl -s "http://$http/health" >&2 || true
+    curl -s "${tls[@]}" "$scheme://$http/health" >&2 || true
     stop_all || true
     exit 1
   fi
   sleep 0.2
 done
 
-model=$(curl -sf "${auth[@]}" "http://$http/v1/models" |
+model=$(curl -sf "${tls[@]}" "${auth[@]}" "$scheme://$http/v1/models" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])' || echo "?")
+auth_lines=""
+if [ -n "$auth_dir" ]; then
+  auth_lines="  auth         mutual TLS + shared secret, material in $auth_dir (removed at exit)
+  duet-client  $build/tools/duet-client --target $grpc --router \\
+                 --ca $auth_dir/ca.pem --cert $auth_dir/node.pem \\
+                 --key $auth_dir/node.key --secret-file $auth_dir/secret --prompt 'Once'
+"
+fi
 cat <<EOF2
 cluster: ready
-  OpenAI API   http://$http/v1  (model "$model")
-  workers      http://$http/workers     metrics  http://$http/metrics
+  OpenAI API   $scheme://$http/v1  (model "$model")
+  workers      $scheme://$http/workers     metrics  $scheme://$http/metrics
   logs         $logs
-
-  curl http://$http/v1/completions -H 'Content-Type: application/json'$auth_hint \\
+$auth_lines
+  curl$tls_hint $scheme://$http/v1/completions -H 'Content-Type: application/json'$auth_hint \\
     -d '{"model": "$model", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}'
 
 Press Ctrl-C to stop.

@@ -12,7 +12,7 @@ packages=(
   libucx-dev ucx-utils
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler protobuf-compiler-grpc
-  libmicrohttpd-dev
+  libmicrohttpd-dev libssl-dev openssl
   python3 python3-numpy python3-grpcio python3-protobuf
   curl libnss-wrapper
   libcurl4-openssl-dev gnuplot-nox

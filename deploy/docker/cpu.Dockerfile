@@ -17,7 +17,8 @@ COPY . .
 RUN DUET_SKIP_DEPS=1 DUET_BUILD_DIR=build/image scripts/build.sh \
  && mkdir -p /out/bin \
  && install -m 0755 build/image/prefill/duet-prefill build/image/decode/duet-decode \
-      build/image/router/duet-router build/image/tools/duet /out/bin/ \
+      build/image/router/duet-router build/image/tools/duet build/image/tools/duet-client \
+      /out/bin/ \
  && strip /out/bin/* \
  && deploy/docker/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt \
  && cat /out/runtime-packages.txt

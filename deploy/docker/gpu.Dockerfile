@@ -53,7 +53,8 @@ RUN PKG_CONFIG_PATH=/opt/ucx/lib/pkgconfig DUET_SKIP_DEPS=1 DUET_BUILD_DIR=build
  && ldd build/image/decode/duet-decode | grep -q '=> /opt/ucx/lib/libucp.so' \
  && mkdir -p /out/bin /out/ucx/lib/ucx /out/ucx/bin \
  && install -m 0755 build/image/prefill/duet-prefill build/image/decode/duet-decode \
-      build/image/router/duet-router build/image/tools/duet /out/bin/ \
+      build/image/router/duet-router build/image/tools/duet build/image/tools/duet-client \
+      /out/bin/ \
  && strip /out/bin/* \
  && cp -a /opt/ucx/lib/*.so.* /out/ucx/lib/ \
  && cp -a /opt/ucx/lib/ucx/*.so.* /out/ucx/lib/ucx/ \

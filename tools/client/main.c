@@ -5,7 +5,20 @@
  *   duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids "1 2 3")
  *               [--prefill HOST:PORT] [--router] [--max-tokens N]
  *               [--temperature X] [--seed N] [--ignore-eos] [--output text|ids]
- *               [--timeout-ms N]
+ *               [--timeout-ms N] [AUTH]
+ *   duet-client --target HOST:PORT --health [AUTH]
+ *
+ * AUTH, as the cluster config's auth section (docs/security.md):
+ *   --config FILE                      take the auth section of a cluster config
+ *                                      (the flags below override its keys)
+ *   --ca FILE --cert FILE --key FILE   mutual TLS with the cluster CA
+ *   --secret-file FILE                 the shared secret (x-duet-secret)
+ *   --server-name NAME                 name expected in the server certificate
+ *   --api-key KEY                      the router's API key (Bearer)
+ *
+ * --health asks grpc.health.v1 Check: exit 0 when SERVING, 1 otherwise
+ * (an exec probe for Kubernetes when TLS is on: kubelet's gRPC probe
+ * speaks plaintext only).
  *
  * --output ids prints the generated token ids on one line (the format of
  * `duet generate --output ids`); text prints the streamed text.  Exit
@@ -18,8 +31,10 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/cluster.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "common/rpc_auth.h"
 #include "common/rpc_pb.h"
 #include "duet/v1/decode.pb-c.h"
 #include "duet/v1/generate.pb-c.h"
@@ -59,6 +74,67 @@ static int duet__ids(const char *s, int32_t **ids_p, size_t *n_p)
     return 0;
 }
 
+/* The auth material: a cluster config's auth section (when config is not
+ * NULL) with the flags (ca, cert, key, secret_file, server_name; NULL =
+ * not given) over it. */
+static duet_status_t duet__auth(const char *config, const char *const flag[5],
+                                duet_rpc_auth_t **auth_p)
+{
+    static const char *const keys[5] = {"ca", "cert", "key", "secret_file", "server_name"};
+    duet_cluster_config_t *cfg = NULL;
+    duet_auth_config_t plain = {"", "", "", "", ""};
+    char **field[5] = {&plain.ca, &plain.cert, &plain.key, &plain.secret_file, &plain.server_name};
+    duet_status_t st = DUET_OK;
+
+    if (config != NULL && (st = duet_cluster_load(config, &cfg)) != DUET_OK)
+        return duet_error_wrap(st, "--config: ");
+    for (int i = 0; i < 5; i++) {
+        if (flag[i] == NULL)
+            continue;
+        if (cfg != NULL)
+            st = duet_cluster_auth_set(cfg, keys[i], flag[i]);
+        else
+            *field[i] = (char *)flag[i];
+        if (st != DUET_OK)
+            goto out;
+    }
+    st = duet_rpc_auth_load(cfg != NULL ? &cfg->auth : &plain, auth_p);
+out:
+    duet_cluster_free(cfg);
+    return st;
+}
+
+/* grpc.health.v1 Check of the whole server: 0 when SERVING. */
+static int duet__health(const char *target, duet_rpc_auth_t *auth, long timeout_ms)
+{
+    duet_rpc_client_config_t cc;
+    duet_rpc_client_t *cli = NULL;
+    duet_rpc_result_t res = {0};
+    int rc = 1;
+
+    duet_rpc_client_config_init(&cc);
+    cc.auth = auth;
+    if (duet_rpc_client_create(&cc, &cli) != DUET_OK) {
+        fprintf(stderr, "duet-client: %s\n", duet_error_msg());
+        return 1;
+    }
+    /* an empty HealthCheckRequest asks about service "" */
+    duet_status_t st = duet_rpc_client_unary(cli, target, "/grpc.health.v1.Health/Check", NULL, 0,
+                                             duet_deadline_in_ms(timeout_ms), &res);
+    if (st != DUET_OK) {
+        fprintf(stderr, "duet-client: %s: %s\n", duet_rpc_code_name(res.code),
+                res.message ? res.message : "");
+    } else {
+        /* HealthCheckResponse: field 1 (status) varint; absent = UNKNOWN */
+        int status = res.len == 2 && res.data[0] == 0x08 ? res.data[1] : 0;
+        printf("%s\n", status == 1 ? "SERVING" : status == 2 ? "NOT_SERVING" : "UNKNOWN");
+        rc = status == 1 ? 0 : 1;
+    }
+    duet_rpc_result_cleanup(&res);
+    duet_rpc_client_destroy(cli);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -69,13 +145,20 @@ int main(int argc, char **argv)
         {"seed", required_argument, NULL, 's'},    {"ignore-eos", no_argument, NULL, 'e'},
         {"output", required_argument, NULL, 'o'},  {"timeout-ms", required_argument, NULL, 'd'},
         {"router", no_argument, NULL, 'r'},        {"help", no_argument, NULL, 'h'},
+        {"ca", required_argument, NULL, 'A'},      {"cert", required_argument, NULL, 'C'},
+        {"key", required_argument, NULL, 'K'},     {"secret-file", required_argument, NULL, 'S'},
+        {"server-name", required_argument, NULL, 'N'},
+        {"health", no_argument, NULL, 'H'},      {"config", required_argument, NULL, 'c'},
         {NULL, 0, NULL, 0},
     };
     const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output = "text";
     long max_tokens = 16, timeout_ms = 60000;
     double temperature = 0;
     unsigned long long seed = 0;
-    bool has_seed = false, ignore_eos = false, router = false;
+    bool has_seed = false, ignore_eos = false, router = false, health = false;
+    const char *flag[5] = {NULL, NULL, NULL, NULL, NULL}; /* ca cert key secret name */
+    const char *config = NULL;
+    duet_rpc_auth_t *auth = NULL;
     int c, rc = 1;
 
     duet_log_init_from_env();
@@ -92,19 +175,39 @@ int main(int argc, char **argv)
         case 'o': output = optarg; break;
         case 'd': timeout_ms = strtol(optarg, NULL, 10); break;
         case 'r': router = true; break;
+        case 'A': flag[0] = optarg; break;
+        case 'C': flag[1] = optarg; break;
+        case 'K': flag[2] = optarg; break;
+        case 'S': flag[3] = optarg; break;
+        case 'N': flag[4] = optarg; break;
+        case 'c': config = optarg; break;
+        case 'H': health = true; break;
         case 'h':
             printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
                    "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
-                   "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N]\n");
+                   "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N] [AUTH]\n"
+                   "       duet-client --target HOST:PORT --health [AUTH]\n"
+                   "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
+                   "[--secret-file FILE] [--server-name NAME]\n");
             return 0;
         default:
             return 2;
         }
     }
+    if (duet__auth(config, flag, &auth) != DUET_OK) {
+        fprintf(stderr, "duet-client: %s\n", duet_error_msg());
+        return 2;
+    }
+    if (health && target != NULL) {
+        rc = duet__health(target, auth, timeout_ms);
+        duet_rpc_auth_destroy(auth);
+        return rc;
+    }
     if (target == NULL || (text == NULL) == (ids_arg == NULL) || max_tokens < 1 ||
         (strcmp(output, "text") != 0 && strcmp(output, "ids") != 0)) {
         fprintf(stderr, "duet-client: need --target and one of --prompt / --prompt-ids "
                         "(--help for usage)\n");
+        duet_rpc_auth_destroy(auth);
         return 2;
     }
 
@@ -117,6 +220,7 @@ int main(int argc, char **argv)
     if (ids_arg != NULL) {
         if (duet__ids(ids_arg, &ids, &n_ids) != 0) {
             fprintf(stderr, "duet-client: --prompt-ids: not a list of token ids\n");
+            duet_rpc_auth_destroy(auth);
             return 2;
         }
         tids.n_ids = n_ids;
@@ -142,6 +246,7 @@ int main(int argc, char **argv)
     duet_rpc_client_t *cli = NULL;
     duet_rpc_messages_t msgs = {0};
     duet_rpc_client_config_init(&cc);
+    cc.auth = auth;
     if (duet_pb_pack(router ? &g.base : &dg.base, &buf, &len) != DUET_OK ||
         duet_rpc_client_create(&cc, &cli) != DUET_OK) {
         fprintf(stderr, "duet-client: %s\n", duet_error_msg());
@@ -176,6 +281,7 @@ int main(int argc, char **argv)
 out:
     duet_rpc_messages_cleanup(&msgs);
     duet_rpc_client_destroy(cli);
+    duet_rpc_auth_destroy(auth);
     duet_free(buf);
     duet_free(ids);
     return rc;

@@ -13,6 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
+import { checkAuthMounts, execProbeProblem, tlsOn, withLocalAuth } from "./auth.mjs";
 import { checkNetworkPolicy } from "./netpol.mjs";
 import { checkPair, daemonDevices } from "./pair.mjs";
 import { validateObject } from "./schema.mjs";
@@ -176,6 +177,13 @@ function checkImage(w, c, opts, E) {
   const cmd0 = (c.command || [])[0];
   const exe = cmd0.startsWith("/") ? cmd0 : `/usr/local/bin/${cmd0}`;
   if (!info.binaries.has(exe)) E(w, `container ${c.name}: ${exe} is not in image ${img.name}`);
+  // exec probes (duet-client --health where TLS is on) run from the image too
+  for (const k of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    const p0 = c[k]?.exec?.command?.[0];
+    if (!p0) continue;
+    const pexe = p0.startsWith("/") ? p0 : `/usr/local/bin/${p0}`;
+    if (!info.binaries.has(pexe)) E(w, `${k}: ${pexe} is not in image ${img.name}`);
+  }
   return info;
 }
 
@@ -217,7 +225,8 @@ function checkDaemon(objects, d, opts, ctx, E) {
     E(w, `model ${modelPath}: no models/${path.basename(modelPath || "?")} in the repository for --check-config`);
     return;
   }
-  const tmp = writeTemp(cfg.text);
+  checkAuthMounts(w, c, cfg.json, { router: false }, E);
+  const tmp = writeTemp(JSON.stringify(withLocalAuth(cfg.json, opts.repo)));
   const argv = (c.args || []).map(String);
   const ci = argv.indexOf("--config");
   argv[ci + 1] = tmp.file;
@@ -261,10 +270,14 @@ function checkDaemon(objects, d, opts, ctx, E) {
   if (!cport) E(w, `container ${c.name}: no container port named ${d.pair ? `grpc-${role}` : "grpc"}`);
   else if (cport.containerPort !== listen.port)
     E(w, `container port ${cport.name} is ${cport.containerPort} but duet-${role} listens on ${listen.port}`);
+  const authTls = tlsOn(cfg.json);
   for (const k of ["startupProbe", "readinessProbe", "livenessProbe"]) {
     const p = c[k];
     if (!p) E(w, `container ${c.name}: no ${k}`);
-    else if (!p.grpc) E(w, `${k}: not a native gRPC probe (grpc.health.v1)`);
+    else if (authTls) {
+      const why = execProbeProblem(k, p, listen.port, args.get("--config"), `duet-${role}`);
+      if (why) E(w, why);
+    } else if (!p.grpc) E(w, `${k}: not a native gRPC probe (grpc.health.v1)`);
     else {
       const port = resolvePort(c, p.grpc.port);
       if (port !== listen.port) E(w, `${k}: probes port ${p.grpc.port}, duet-${role} listens on ${listen.port}`);
@@ -421,12 +434,25 @@ function checkRouter(objects, d, opts, ctx, E) {
   }
   d.port = grpc.port;
   const ready = c.readinessProbe;
-  if (!ready?.grpc || resolvePort(c, ready.grpc.port) !== grpc.port)
+  const tls = tlsOn(cfg.json);
+  const https = !!cfg.json.router?.https_cert;
+  checkAuthMounts(w, c, cfg.json, { router: true }, E);
+  if (tls) {
+    const why = ready ? execProbeProblem("readinessProbe", ready, grpc.port, args.get("--config"), "duet-router") : "no readinessProbe";
+    if (why) E(w, why);
+  } else if (!ready?.grpc || resolvePort(c, ready.grpc.port) !== grpc.port)
     E(w, `readinessProbe: not a gRPC probe of the router's grpc.health.v1 on ${grpc.port}`);
   const live = c.livenessProbe;
   if (!live) E(w, "no livenessProbe");
   else if (live.httpGet && resolvePort(c, live.httpGet.port) !== http.port) E(w, `livenessProbe: port ${live.httpGet.port} is not the HTTP port ${http.port}`);
+  else if (live.httpGet && (live.httpGet.scheme ?? "HTTP") !== (https ? "HTTPS" : "HTTP"))
+    E(w, `livenessProbe: scheme ${live.httpGet.scheme ?? "HTTP"}, the router serves ${https ? "HTTPS (router.https_cert)" : "HTTP"}`);
+  else if (live.grpc && tls) E(w, "livenessProbe: a native gRPC probe of a TLS server (auth.ca) cannot connect");
   else if (live.grpc && resolvePort(c, live.grpc.port) !== grpc.port) E(w, `livenessProbe: port ${live.grpc.port} is not the gRPC port ${grpc.port}`);
+  else if (live.exec) {
+    const why = execProbeProblem("livenessProbe", live, grpc.port, args.get("--config"), "duet-router");
+    if (why) E(w, why);
+  }
   const ann = t.metadata?.annotations || {};
   if (ann["prometheus.io/scrape"] !== "true") E(w, "pod annotation prometheus.io/scrape is not \"true\"");
   if (Number(ann["prometheus.io/port"]) !== http.port) E(w, `prometheus.io/port ${ann["prometheus.io/port"]} is not the HTTP port ${http.port} (/metrics)`);
@@ -457,7 +483,7 @@ function checkRouter(objects, d, opts, ctx, E) {
   }
   const model = repoModel(opts.repo, cfg.json.model);
   if (!model) return;
-  const tmp = writeTemp(JSON.stringify({ ...cfg.json, model }));
+  const tmp = writeTemp(JSON.stringify({ ...withLocalAuth(cfg.json, opts.repo), model }));
   const argv = (c.args || []).map(String);
   argv[argv.indexOf("--config") + 1] = tmp.file;
   argv.push("--check-config");

@@ -103,11 +103,37 @@ rejects("listen bound to one address", "p2d4",
   (o) => { const a = daemon(o, "duet-decode").args; a[a.indexOf("--listen") + 1] = "127.0.0.1:9200"; },
   /listens on 127.0.0.1:9200: one address of the pod/);
 rejects("probe on another port", "p2d4",
-  (o) => { daemon(o, "duet-prefill").livenessProbe.grpc.port = 9200; },
+  (o) => { const c = daemon(o, "duet-prefill").livenessProbe.exec.command; c[c.indexOf("--target") + 1] = "127.0.0.1:9200"; },
   /livenessProbe: probes port 9200, duet-prefill listens on 9100/);
 rejects("HTTP probe on a gRPC daemon", "p2d4",
   (o) => { daemon(o, "duet-prefill").startupProbe = { httpGet: { path: "/", port: 9100 } }; },
+  /startupProbe: auth.ca turns TLS on: not an exec probe of duet-client --health/);
+rejects("native gRPC probe of a TLS daemon (kubelet speaks plaintext)", "p2d4",
+  (o) => { daemon(o, "duet-decode").readinessProbe = { grpc: { port: 9200 } }; },
+  /readinessProbe: auth.ca turns TLS on: not an exec probe/);
+rejects("exec probe without the config's auth", "p2d4",
+  (o) => { const c = daemon(o, "duet-decode").startupProbe.exec.command; c.splice(c.indexOf("--config"), 2); },
+  /startupProbe: duet-client --config \(none\)/);
+rejects("probe binary the image lacks", "p2d4",
+  (o) => { daemon(o, "duet-prefill").readinessProbe.exec.command[0] = "duet-probe"; },
+  /readinessProbe: \/usr\/local\/bin\/duet-probe is not in image duet-gpu/);
+rejects("auth off: probes must be native gRPC again", "cpu",
+  (o) => editConfig(o, (j) => { delete j.auth; }),
   /startupProbe: not a native gRPC probe/);
+
+// authentication material: from Secrets, mounted read-only
+rejects("auth file on no mount", "p2d4",
+  (o) => editConfig(o, (j) => { j.auth.ca = "/etc/elsewhere/ca.crt"; }),
+  /config auth.ca \/etc\/elsewhere\/ca.crt is on no volumeMount/);
+rejects("auth files on an emptyDir, not a Secret", "p2d4",
+  (o) => { const v = obj(o, "StatefulSet", "duet-decode").spec.template.spec.volumes.find((x) => x.name === "tls"); delete v.secret; v.emptyDir = {}; },
+  /config auth.ca \/etc\/duet-tls\/ca.crt is on volume tls, not a Secret/);
+rejects("secret mount writable", "p2d4",
+  (o) => { daemon(o, "duet-prefill").volumeMounts.find((m) => m.name === "cluster-secret").readOnly = false; },
+  /volumeMount cluster-secret \(auth.secret_file\) is not readOnly/);
+rejects("router HTTPS probed over HTTP", "p2d4",
+  (o) => { delete obj(o, "Deployment", "duet-router").spec.template.spec.containers[0].livenessProbe.httpGet.scheme; },
+  /livenessProbe: scheme HTTP, the router serves HTTPS/);
 rejects("a --name the config does not have (real binary's error)", "p2d4",
   (o) => { const a = daemon(o, "duet-prefill").args; a[a.indexOf("--name") + 1] = "prefill-x"; },
   /has no prefill instance named 'prefill-x'/);

@@ -23,6 +23,8 @@ for (const role of ["prefill", "decode"]) {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "duet-pid1-"));
     const cfg = JSON.parse(fs.readFileSync(path.join(repo, "deploy", "k8s", "overlays", "cpu", "cluster.json"), "utf8"));
     cfg.model = path.join(repo, "models", "stories260K");
+    // the auth files live in the pod's Secrets; signals do not depend on them
+    delete cfg.auth;
     fs.writeFileSync(path.join(tmp, "cluster.json"), JSON.stringify(cfg));
     const log = path.join(tmp, "log");
     const out = fs.openSync(log, "w");
