@@ -15,6 +15,7 @@ packages=(
   libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf
   curl libnss-wrapper
+  iproute2  # ip netns, tc: the network-fault tests (tests/netfault)
 )
 
 missing=()
