@@ -61,9 +61,10 @@ struct duet_xfer_worker {
     long inflight;
     duet_xfer_msg_cb_t on_msg;
     void *msg_arg;
-    duet_xfer_ep_t *eps;      /* wrappers not freed yet */
-    int in_callback;          /* inside a completion callback of ours */
-    duet_xfer_ep_t *deferred; /* closes asked for from inside a callback */
+    duet_xfer_ep_t *eps;             /* wrappers not freed yet */
+    int in_callback;                 /* inside a completion callback of ours */
+    struct duet__ucx_put_box *boxes; /* routed puts in flight */
+    duet_xfer_ep_t *deferred;        /* closes asked for from inside a callback */
 };
 
 struct duet_xfer_ep {
@@ -96,11 +97,12 @@ typedef struct {
     uint64_t remote_addr;
 } duet__ucx_put_hdr_t;
 
-typedef struct {
+typedef struct duet__ucx_put_box {
     duet__ucx_put_hdr_t hdr;
     duet_xfer_worker_t *w;
     duet_xfer_op_cb_t cb;
     void *arg;
+    struct duet__ucx_put_box *next, *prev; /* w->boxes */
 } duet__ucx_put_box_t;
 
 /* The reserved space of every request. */
@@ -462,6 +464,11 @@ static void duet__ucx_worker_destroy(duet_xfer_worker_t *w)
             ucp_worker_release_address(w->worker, w->addr);
         ucp_worker_destroy(w->worker); /* and the endpoints still open on it */
     }
+    while (w->boxes != NULL) { /* routed puts UCX dropped with the worker */
+        duet__ucx_put_box_t *b = w->boxes;
+        w->boxes = b->next;
+        duet_free(b);
+    }
     while (w->eps != NULL)
         duet__ucx_ep_free(w->eps);
     duet_free(w);
@@ -742,6 +749,12 @@ static bool duet__ucx_rkey_mapped(duet_xfer_rkey_t *rkey, uint64_t remote_addr)
 static void duet__ucx_routed_done(void *request, ucs_status_t status, void *user_data)
 {
     duet__ucx_put_box_t b = *(duet__ucx_put_box_t *)user_data;
+    if (b.prev != NULL)
+        b.prev->next = b.next;
+    else
+        b.w->boxes = b.next;
+    if (b.next != NULL)
+        b.next->prev = b.prev;
     duet_free(user_data);
     ucp_request_free(request);
     b.w->inflight--;
@@ -785,6 +798,11 @@ static duet_xfer_op_t duet__ucx_put_routed(duet_xfer_ep_t *e, const void *src, s
         *why_p = ucs_status_string(UCS_PTR_STATUS(req));
         return DUET_XFER_OP_FAILED;
     }
+    b->prev = NULL;
+    b->next = e->w->boxes;
+    if (b->next != NULL)
+        b->next->prev = b;
+    e->w->boxes = b;
     e->w->inflight++;
     return DUET_XFER_OP_PENDING;
 }
