@@ -14,6 +14,9 @@ import time
 
 import grpc
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ports import free_port  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration", "daemons"))
 from duet_cluster import Cluster  # noqa: E402
@@ -23,7 +26,7 @@ UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "cl0"}
 
 
 class NsCluster(Cluster):
-    def __init__(self, pair, build, src, model, second_prefill=False, **kw):
+    def __init__(self, pair, build, src, model, second_prefill=False, control_delay=None, **kw):
         prefill = [("p0", 1)] + ([("p1", 1)] if second_prefill else [])
         env = dict(UCX_ENV)
         env.update(kw.pop("env", {}) or {})
@@ -33,10 +36,25 @@ class NsCluster(Cluster):
         for name, d in self.daemons.items():
             d.host = pair.ip[self.side[name]]
             d.address = "%s:%d" % (d.host, d.port)
+        # control_delay=(ms, jitter ms): p0's gRPC through delay_proxy.py in
+        # decode's namespace (its address in the config is the proxy's; it
+        # listens on its own); KV still goes straight over the link
+        self.proxy, self.proxy_spec = None, None
+        if control_delay is not None:
+            d = self.daemons["p0"]
+            d.extra["listen"] = d.address
+            d.address = "%s:%d" % (pair.ip["d"], free_port())
+            self.proxy_spec = (d.address, d.extra["listen"]) + tuple(str(x) for x in control_delay)
         self.write_config()
 
     def start(self, name, env=None, wait=True, args=()):
         d = self.daemons[name]
+        if name == "p0" and self.proxy_spec is not None and self.proxy is None:
+            self.proxy = subprocess.Popen(self.pair.exec_prefix("d") +
+                                          ["/usr/bin/python3", os.path.join(HERE, "delay_proxy.py")] +
+                                          list(self.proxy_spec), stdout=subprocess.PIPE, text=True)
+            if self.proxy.stdout.readline().strip() != "ready":
+                raise RuntimeError("delay_proxy.py did not start")
         exe = os.path.join(self.build, d.role, "duet-" + d.role)
         e = dict(self.env)
         if env:
@@ -67,6 +85,15 @@ class NsCluster(Cluster):
             except grpc.RpcError:
                 time.sleep(0.05)
         raise RuntimeError("%s not ready after %ss:\n%s" % (name, timeout, self.log(name)))
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            if self.proxy is not None:
+                self.proxy.kill()
+                self.proxy.wait()
+                self.proxy = None
 
     def alive(self, name):
         d = self.daemons[name]

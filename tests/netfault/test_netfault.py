@@ -23,6 +23,8 @@ on both daemons, and both keep serving afterwards.
                      peer's connection resets under decode's feet (UCX
                      1.13 aborted decode here: "ucp_put_handler: Fatal:
                      unexpected error"); decode survives and serves
+  control_delay      decode's gRPC to prefill through a userspace proxy that
+                     delays every byte 40 ms +- 20 ms each way (no netem)
   netem_delay        netem delay 20ms jitter 10ms         } need the
   netem_loss         netem loss 3%                        } sch_netem
   netem_reorder      netem delay 5ms reorder 25% 50%      } kernel module
@@ -156,16 +158,17 @@ def expect_alive(c, names):
         expect(c.alive(n), "%s died (exit %s):\n%s" % (n, c.daemons[n].proc.returncode, c.log(n)))
 
 
-def cluster(pair, second_prefill=False):
+def cluster(pair, second_prefill=False, control_delay=None):
     c = NsCluster(pair, BUILD, SRC, model(), second_prefill=second_prefill,
-                  transfer_timeout_ms=TRANSFER_TIMEOUT_MS, page_size=16, n_pages=256)
+                  control_delay=control_delay, transfer_timeout_ms=TRANSFER_TIMEOUT_MS,
+                  page_size=16, n_pages=256)
     c.start_all()
     return c
 
 
-def with_cluster(body, second_prefill=False):
+def with_cluster(body, second_prefill=False, control_delay=None):
     with netns.Pair() as pair:
-        c = cluster(pair, second_prefill)
+        c = cluster(pair, second_prefill, control_delay)
         try:
             body(pair, c)
         finally:
@@ -323,6 +326,29 @@ def partition_prefill_dies():
     with_cluster(body, second_prefill=True)
 
 
+def control_delay():
+    """gRPC between decode and prefill through a proxy adding 40 ms +- 20 ms
+    each way (no netem needed), the KV link slow: 3 concurrent requests and
+    then one more, all correct."""
+    def body(pair, c):
+        t0 = time.time()
+        c.info("p0")  # through the proxy: a round trip costs 2 x 40 ms +- 20
+        rtt = time.time() - t0
+        expect(rtt >= 0.04, "the proxy is not in p0's path (Info took %.3fs)" % rtt)
+        pair.slow(rate="16mbit")
+        calls = [(prompt(70 + k), None) for k in range(3)]
+        calls = [(ids, Call(c, ids)) for ids, _ in calls]
+        for ids, call in calls:
+            call.wait(END_WITHIN_S + 10)
+            print("  control delay 40ms jitter 20ms -> %s" % call.describe())
+            expect_correct(call, ids)
+        pair.clear()
+        expect_baseline(c, ["d0", "p0"])
+        expect_serving(c)
+        expect_baseline(c, ["d0", "p0"])
+    with_cluster(body, control_delay=(40, 20))
+
+
 def netem_case(spec, label):
     def body(pair, c):
         pair.netem(*spec)
@@ -352,7 +378,7 @@ def netem_reorder():
 
 
 CASES = [slow_link, partition_heals, partition_stays, partition_late, partition_prefill_dies,
-         netem_delay, netem_loss, netem_reorder]
+         control_delay, netem_delay, netem_loss, netem_reorder]
 NETEM = {netem_delay, netem_loss, netem_reorder}
 
 
