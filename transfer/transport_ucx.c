@@ -14,21 +14,13 @@
  * function and argument); a worker keeps its open ones in a list and frees
  * those still open when it is destroyed (UCX destroys their endpoints).
  *
- * Routed puts.  Where no lane of an endpoint does RMA (tcp: UCX emulates a
- * put with an active message whose target copies the data and answers with
- * a completion), UCX 1.13 to 1.22 abort the *target* process when that
- * answer cannot be sent: ucp_put_handler -> ucp_rma_sw_send_cmpl ->
- * ucp_request_send, whose "unexpected error" (the tcp connection reset or
- * timed out after the data arrived: the sender died, or a partition healed
- * after it gave up) is ucs_fatal.  On such endpoints a put of host memory
- * is an active message of our own instead (DUET__UCX_PUT_AM_ID, eager, the
- * remote address in its header), which the target copies into a region it
- * mapped here and never answers: nothing there can fail.  The copy lands
- * only inside a host region of this transport (never "any address", as
- * UCX's emulation would) and only from an endpoint this worker opened and
- * has not closed.  Its order with the messages that follow it on the same
- * endpoint is the order of the stream, which is what flush-then-notify
- * needs. */
+ * Routed puts (docs/security.md "Network faults").  Where no lane does RMA
+ * (tcp), UCX emulates a put with a message whose target answers, and aborts
+ * the target when that answer cannot be sent (ucp_put_handler: ucs_fatal,
+ * 1.13 to 1.22).  There a put of host memory goes as eager messages of our
+ * own (DUET__UCX_PUT_AM_ID, remote address in the header) that the target
+ * copies, unanswered, into a host region mapped here, only from an open
+ * endpoint of its worker; stream order puts them before later messages. */
 #include "transfer/transport.h"
 
 #include <pthread.h>
@@ -91,18 +83,23 @@ struct duet_xfer_mem {
     duet_xfer_mem_t *next; /* t->mems */
 };
 
-/* The header of a routed put, kept with the caller's callback until UCX
- * completed the send (UCX 1.13 reads the header until then). */
+/* Routed puts go in messages of at most this many bytes (the target
+ * buffers each message whole before its handler runs). */
+#define DUET__UCX_ROUTED_CHUNK ((size_t)256 << 10)
+
+/* A routed put's headers (UCX 1.13 reads them until the send completed). */
 typedef struct {
     uint64_t remote_addr;
 } duet__ucx_put_hdr_t;
 
 typedef struct duet__ucx_put_box {
-    duet__ucx_put_hdr_t hdr;
     duet_xfer_worker_t *w;
     duet_xfer_op_cb_t cb;
     void *arg;
     struct duet__ucx_put_box *next, *prev; /* w->boxes */
+    int pending;                           /* messages not completed */
+    ucs_status_t status;                   /* the first failure */
+    duet__ucx_put_hdr_t hdr[];             /* one per message */
 } duet__ucx_put_box_t;
 
 /* The reserved space of every request. */
@@ -635,8 +632,6 @@ static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr
         return DUET_ERR_PEER;
     }
     e->routed_puts = !duet__ucx_ep_has_rma(e->ep);
-    if (e->routed_puts)
-        DUET_LOG_DEBUG("xfer: no lane of this endpoint does RMA: its puts go as messages");
     e->next = w->eps;
     if (w->eps != NULL)
         w->eps->prev = e;
@@ -668,13 +663,11 @@ static duet_xfer_op_t duet__ucx_ep_close_now(duet_xfer_ep_t *e, bool force, duet
     return op;
 }
 
-/* Closes asked for from inside a completion callback run after progress
- * returned: UCX completes requests from deep inside its own handling of
- * the endpoint (ucp_ep_set_failed purging its pending requests), and
- * closing that endpoint there frees it under UCX's feet (seen with 1.13:
- * a crash in ucp_worker_discard_uct_ep when a tcp connection failed while
- * its peer was being dropped).  The caller was told PENDING, so its
- * callback runs exactly once, here or from the close's completion. */
+/* Closes asked for inside a completion callback run after progress: UCX
+ * completes requests from inside ucp_ep_set_failed, and closing that
+ * endpoint there frees it under UCX (1.13: SIGSEGV in
+ * ucp_worker_discard_uct_ep).  The caller was told PENDING: its callback
+ * runs once, here or from the close's completion. */
 static void duet__ucx_run_deferred(duet_xfer_worker_t *w)
 {
     while (w->deferred != NULL) {
@@ -746,56 +739,85 @@ static bool duet__ucx_rkey_mapped(duet_xfer_rkey_t *rkey, uint64_t remote_addr)
     return ucp_rkey_ptr(duet__ucx_rkey(rkey), remote_addr, &ptr) == UCS_OK;
 }
 
-static void duet__ucx_routed_done(void *request, ucs_status_t status, void *user_data)
+static void duet__ucx_box_unlink(duet__ucx_put_box_t *b)
 {
-    duet__ucx_put_box_t b = *(duet__ucx_put_box_t *)user_data;
-    if (b.prev != NULL)
-        b.prev->next = b.next;
+    if (b->prev != NULL)
+        b->prev->next = b->next;
     else
-        b.w->boxes = b.next;
-    if (b.next != NULL)
-        b.next->prev = b.prev;
-    duet_free(user_data);
-    ucp_request_free(request);
-    b.w->inflight--;
-    b.w->in_callback++;
-    b.cb(b.arg,
-         status == UCS_OK             ? DUET_OK
-         : status == UCS_ERR_CANCELED ? DUET_ERR_CANCELLED
-                                      : DUET_ERR_PEER,
-         ucs_status_string(status));
-    b.w->in_callback--;
+        b->w->boxes = b->next;
+    if (b->next != NULL)
+        b->next->prev = b->prev;
 }
 
-/* A put as our own eager message (see "Routed puts" above). */
+static void duet__ucx_routed_done(void *request, ucs_status_t status, void *user_data)
+{
+    duet__ucx_put_box_t *b = user_data;
+    duet_xfer_worker_t *w = b->w;
+    duet_xfer_op_cb_t cb = b->cb;
+    void *arg = b->arg;
+
+    ucp_request_free(request);
+    if (status != UCS_OK && b->status == UCS_OK)
+        b->status = status;
+    if (--b->pending > 0)
+        return;
+    status = b->status;
+    duet__ucx_box_unlink(b);
+    duet_free(b);
+    w->inflight--;
+    w->in_callback++;
+    cb(arg,
+       status == UCS_OK             ? DUET_OK
+       : status == UCS_ERR_CANCELED ? DUET_ERR_CANCELLED
+                                    : DUET_ERR_PEER,
+       ucs_status_string(status));
+    w->in_callback--;
+}
+
+/* A put as our own eager messages (see "Routed puts" above). */
 static duet_xfer_op_t duet__ucx_put_routed(duet_xfer_ep_t *e, const void *src, size_t len,
                                            uint64_t remote_addr, duet_xfer_op_cb_t cb, void *arg,
                                            const char **why_p)
 {
+    size_t n = len == 0 ? 1 : (len + DUET__UCX_ROUTED_CHUNK - 1) / DUET__UCX_ROUTED_CHUNK;
     ucp_request_param_t rp;
-    ucs_status_ptr_t req;
-    duet__ucx_put_box_t *b = DUET_NEW(duet__ucx_put_box_t);
+    duet__ucx_put_box_t *b;
 
+    b = duet_calloc(1, sizeof(*b) + n * sizeof(b->hdr[0]));
     if (b == NULL) {
         *why_p = "out of memory";
         return DUET_XFER_OP_FAILED;
     }
-    b->hdr.remote_addr = remote_addr;
     b->w = e->w;
     b->cb = cb;
     b->arg = arg;
+    b->status = UCS_OK;
     memset(&rp, 0, sizeof(rp));
     rp.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = duet__ucx_routed_done;
     rp.user_data = b;
     rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-    req = ucp_am_send_nbx(e->ep, DUET__UCX_PUT_AM_ID, &b->hdr, sizeof(b->hdr), src, len, &rp);
-    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+    for (size_t i = 0, off = 0; i < n; i++, off += DUET__UCX_ROUTED_CHUNK) {
+        size_t part = len - off < DUET__UCX_ROUTED_CHUNK ? len - off : DUET__UCX_ROUTED_CHUNK;
+        ucs_status_ptr_t req;
+
+        b->hdr[i].remote_addr = remote_addr + off;
+        req = ucp_am_send_nbx(e->ep, DUET__UCX_PUT_AM_ID, &b->hdr[i], sizeof(b->hdr[i]),
+                              (const char *)src + off, part, &rp);
+        if (UCS_PTR_IS_ERR(req)) {
+            b->status = UCS_PTR_STATUS(req);
+            break;
+        }
+        if (req != NULL)
+            b->pending++; /* completions run from progress only, never in here */
+    }
+    if (b->pending == 0) {
+        ucs_status_t us = b->status;
         duet_free(b);
-        if (req == NULL)
+        if (us == UCS_OK)
             return DUET_XFER_OP_DONE;
-        *why_p = ucs_status_string(UCS_PTR_STATUS(req));
+        *why_p = ucs_status_string(us);
         return DUET_XFER_OP_FAILED;
     }
     b->prev = NULL;
@@ -804,7 +826,7 @@ static duet_xfer_op_t duet__ucx_put_routed(duet_xfer_ep_t *e, const void *src, s
         b->next->prev = b;
     e->w->boxes = b;
     e->w->inflight++;
-    return DUET_XFER_OP_PENDING;
+    return DUET_XFER_OP_PENDING; /* a failure to post a later part is reported at the end */
 }
 
 static duet_xfer_op_t duet__ucx_put(duet_xfer_ep_t *e, const duet_xfer_mem_t *mem, const void *src,
