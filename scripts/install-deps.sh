@@ -16,6 +16,7 @@ packages=(
   python3 python3-numpy python3-grpcio python3-protobuf
   curl libnss-wrapper
   libcurl4-openssl-dev gnuplot-nox
+  iproute2  # ip netns, tc: the network-fault tests (tests/netfault)
 )
 
 missing=()

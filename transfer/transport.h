@@ -133,7 +133,9 @@ typedef struct duet_xfer_transport_ops {
      * after. */
     duet_xfer_op_t (*ep_close)(duet_xfer_ep_t *ep, bool force, duet_xfer_op_cb_t cb, void *arg,
                                const char **why_p);
-    /* Complete every put issued on ep so far (remotely visible). */
+    /* Complete every put issued on ep so far: remotely visible, or (puts
+     * routed as messages where no lane does RMA: transport_ucx.c) ordered
+     * before every later message on ep. */
     duet_xfer_op_t (*flush)(duet_xfer_ep_t *ep, duet_xfer_op_cb_t cb, void *arg,
                             const char **why_p);
     /* Unpack a peer's packed key for use on ep.  The transport may write
@@ -146,7 +148,8 @@ typedef struct duet_xfer_transport_ops {
      * memory on one host), so puts into it need nothing from the remote. */
     bool (*rkey_mapped)(duet_xfer_rkey_t *rkey, uint64_t remote_addr);
     /* Write len bytes at src (inside mem) to remote_addr.  src must stay
-     * unchanged until the put completed. */
+     * unchanged until the put completed.  remote_addr must lie in a region
+     * the remote transport mapped (a routed put elsewhere is dropped). */
     duet_xfer_op_t (*put)(duet_xfer_ep_t *ep, const duet_xfer_mem_t *mem, const void *src,
                           size_t len, uint64_t remote_addr, duet_xfer_rkey_t *rkey,
                           duet_xfer_op_cb_t cb, void *arg, const char **why_p);

@@ -12,9 +12,18 @@
  *
  * Endpoints are small wrappers (the error callback needs the caller's
  * function and argument); a worker keeps its open ones in a list and frees
- * those still open when it is destroyed (UCX destroys their endpoints). */
+ * those still open when it is destroyed (UCX destroys their endpoints).
+ *
+ * Routed puts (docs/security.md "Network faults").  Where no lane does RMA
+ * (tcp), UCX emulates a put with a message whose target answers, and aborts
+ * the target when that answer cannot be sent (ucp_put_handler: ucs_fatal,
+ * 1.13 to 1.22).  There a put of host memory goes as eager messages of our
+ * own (DUET__UCX_PUT_AM_ID, remote address in the header) that the target
+ * copies, unanswered, into a host region mapped here, only from an open
+ * endpoint of its worker; stream order puts them before later messages. */
 #include "transfer/transport.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,14 +34,18 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
-#define DUET__UCX_AM_ID 0x2d /* active-message id of notifications and acks */
+#define DUET__UCX_AM_ID     0x2d /* active-message id of notifications and acks */
+#define DUET__UCX_PUT_AM_ID 0x2e /* active-message id of routed puts */
 
 struct duet_xfer_transport {
     ucp_context_h ucp;
-    bool peer_failure; /* some transport in UCX_TLS can report a dead peer */
+    bool peer_failure;     /* some transport in UCX_TLS can report a dead peer */
+    pthread_mutex_t lock;  /* mems */
+    duet_xfer_mem_t *mems; /* host regions mapped here: where routed puts land */
 };
 
 struct duet_xfer_worker {
+    duet_xfer_transport_t *t;
     ucp_worker_h worker;
     ucp_address_t *addr;
     size_t addr_len;
@@ -40,7 +53,10 @@ struct duet_xfer_worker {
     long inflight;
     duet_xfer_msg_cb_t on_msg;
     void *msg_arg;
-    duet_xfer_ep_t *eps; /* wrappers not freed yet */
+    duet_xfer_ep_t *eps;             /* wrappers not freed yet */
+    int in_callback;                 /* inside a completion callback of ours */
+    struct duet__ucx_put_box *boxes; /* routed puts in flight */
+    duet_xfer_ep_t *deferred;        /* closes asked for from inside a callback */
 };
 
 struct duet_xfer_ep {
@@ -48,7 +64,13 @@ struct duet_xfer_ep {
     duet_xfer_worker_t *w;
     duet_xfer_ep_error_cb_t on_error;
     void *arg;
-    duet_xfer_ep_t *next, *prev; /* w->eps */
+    bool routed_puts; /* no lane does RMA: puts go as our own messages */
+    bool closed;      /* ep_close was called: accept no routed put from it */
+    bool close_force; /* a deferred close: its arguments */
+    duet_xfer_op_cb_t close_cb;
+    void *close_arg;
+    duet_xfer_ep_t *next_deferred; /* w->deferred */
+    duet_xfer_ep_t *next, *prev;   /* w->eps */
 };
 
 struct duet_xfer_mem {
@@ -56,7 +78,29 @@ struct duet_xfer_mem {
     void *rkey_buf;
     size_t rkey_len;
     bool device;
+    uintptr_t base; /* host regions: where routed puts may land */
+    size_t bytes;
+    duet_xfer_mem_t *next; /* t->mems */
 };
+
+/* Routed puts go in messages of at most this many bytes (the target
+ * buffers each message whole before its handler runs). */
+#define DUET__UCX_ROUTED_CHUNK ((size_t)256 << 10)
+
+/* A routed put's headers (UCX 1.13 reads them until the send completed). */
+typedef struct {
+    uint64_t remote_addr;
+} duet__ucx_put_hdr_t;
+
+typedef struct duet__ucx_put_box {
+    duet_xfer_worker_t *w;
+    duet_xfer_op_cb_t cb;
+    void *arg;
+    struct duet__ucx_put_box *next, *prev; /* w->boxes */
+    int pending;                           /* messages not completed */
+    ucs_status_t status;                   /* the first failure */
+    duet__ucx_put_hdr_t hdr[];             /* one per message */
+} duet__ucx_put_box_t;
 
 /* The reserved space of every request. */
 typedef struct {
@@ -96,7 +140,9 @@ static void duet__ucx_req_done(void *request, ucs_status_t status, void *user_da
     q.w->inflight--;
     if (q.closed != NULL)
         duet__ucx_ep_free(q.closed);
+    q.w->in_callback++;
     q.cb(q.arg, st, ucs_status_string(status));
+    q.w->in_callback--;
 }
 
 /* The three outcomes of a *_nbx call. */
@@ -157,6 +203,7 @@ static duet_status_t duet__ucx_create(const char *tls, duet_xfer_transport_t **t
     t = DUET_NEW(duet_xfer_transport_t);
     if (t == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "ucx context");
+    pthread_mutex_init(&t->lock, NULL);
     t->peer_failure = duet__ucx_tls_detects_failure(tls_in_use);
     if (!t->peer_failure)
         DUET_LOG_WARN("xfer: no transport in UCX_TLS %s detects peer failure; a dead peer is "
@@ -190,6 +237,7 @@ static duet_status_t duet__ucx_create(const char *tls, duet_xfer_transport_t **t
 err_release_config:
     ucp_config_release(config);
 err_free:
+    pthread_mutex_destroy(&t->lock);
     duet_free(t);
     return st;
 }
@@ -199,6 +247,7 @@ static void duet__ucx_destroy(duet_xfer_transport_t *t)
     if (t == NULL)
         return;
     ucp_cleanup(t->ucp);
+    pthread_mutex_destroy(&t->lock);
     duet_free(t);
 }
 
@@ -307,6 +356,14 @@ static duet_status_t duet__ucx_mem_map(duet_xfer_transport_t *t, void *base, siz
     info_p->base = ma.address;
     info_p->rkey = mem->rkey_buf;
     info_p->rkey_len = mem->rkey_len;
+    if (!mem->device) {
+        mem->base = (uintptr_t)ma.address;
+        mem->bytes = bytes;
+        pthread_mutex_lock(&t->lock);
+        mem->next = t->mems;
+        t->mems = mem;
+        pthread_mutex_unlock(&t->lock);
+    }
     *mem_p = mem;
     return DUET_OK;
 
@@ -321,6 +378,13 @@ static void duet__ucx_mem_unmap(duet_xfer_transport_t *t, duet_xfer_mem_t *mem)
 {
     if (mem == NULL)
         return;
+    pthread_mutex_lock(&t->lock);
+    for (duet_xfer_mem_t **pp = &t->mems; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == mem) {
+            *pp = mem->next;
+            break;
+        }
+    pthread_mutex_unlock(&t->lock);
     ucp_rkey_buffer_release(mem->rkey_buf);
     ucp_mem_unmap(t->ucp, mem->memh);
     duet_free(mem);
@@ -341,6 +405,53 @@ static ucs_status_t duet__ucx_am_recv(void *arg, const void *header, size_t head
     return UCS_OK;
 }
 
+/* Copy a routed put into the host region of t that holds all of it;
+ * false when none does.  Under the lock: the region stays mapped. */
+static bool duet__ucx_land(duet_xfer_transport_t *t, uint64_t addr, const void *data, size_t len)
+{
+    bool landed = false;
+    pthread_mutex_lock(&t->lock);
+    for (duet_xfer_mem_t *m = t->mems; m != NULL; m = m->next)
+        if (addr >= m->base && len <= m->bytes && addr - m->base <= m->bytes - len) {
+            memcpy((void *)(uintptr_t)addr, data, len);
+            landed = true;
+            break;
+        }
+    pthread_mutex_unlock(&t->lock);
+    return landed;
+}
+
+/* Whether ep is an endpoint of w that is not closed. */
+static bool duet__ucx_ep_open(const duet_xfer_worker_t *w, ucp_ep_h ep)
+{
+    for (const duet_xfer_ep_t *e = w->eps; e != NULL; e = e->next)
+        if (e->ep == ep)
+            return !e->closed;
+    return false;
+}
+
+static ucs_status_t duet__ucx_put_recv(void *arg, const void *header, size_t header_length,
+                                       void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    duet_xfer_worker_t *w = arg;
+    duet__ucx_put_hdr_t h;
+    const char *why = NULL;
+
+    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+        why = "malformed";
+    else if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+             !duet__ucx_ep_open(w, param->reply_ep))
+        why = "from an endpoint not open here";
+    if (why == NULL) {
+        memcpy(&h, header, sizeof(h));
+        if (!duet__ucx_land(w->t, h.remote_addr, data, length))
+            why = "outside every region mapped here";
+    }
+    if (why != NULL)
+        DUET_LOG_WARN("xfer: dropped a routed put of %zu bytes: %s", length, why);
+    return UCS_OK;
+}
+
 static void duet__ucx_worker_destroy(duet_xfer_worker_t *w)
 {
     if (w == NULL)
@@ -349,6 +460,11 @@ static void duet__ucx_worker_destroy(duet_xfer_worker_t *w)
         if (w->addr != NULL)
             ucp_worker_release_address(w->worker, w->addr);
         ucp_worker_destroy(w->worker); /* and the endpoints still open on it */
+    }
+    while (w->boxes != NULL) { /* routed puts UCX dropped with the worker */
+        duet__ucx_put_box_t *b = w->boxes;
+        w->boxes = b->next;
+        duet_free(b);
     }
     while (w->eps != NULL)
         duet__ucx_ep_free(w->eps);
@@ -367,6 +483,7 @@ static duet_status_t duet__ucx_worker_create(duet_xfer_transport_t *t, duet_xfer
     w = DUET_NEW(duet_xfer_worker_t);
     if (w == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "ucx worker");
+    w->t = t;
     w->efd = -1;
     w->on_msg = on_msg;
     w->msg_arg = arg;
@@ -387,6 +504,11 @@ static duet_status_t duet__ucx_worker_create(duet_xfer_transport_t *t, duet_xfer
     hp.arg = w;
     hp.flags = UCP_AM_FLAG_WHOLE_MSG;
     us = ucp_worker_set_am_recv_handler(w->worker, &hp);
+    if (us == UCS_OK) {
+        hp.id = DUET__UCX_PUT_AM_ID;
+        hp.cb = duet__ucx_put_recv;
+        us = ucp_worker_set_am_recv_handler(w->worker, &hp);
+    }
     if (us == UCS_OK) {
         memset(&wa, 0, sizeof(wa));
         wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
@@ -418,9 +540,16 @@ static int duet__ucx_event_fd(const duet_xfer_worker_t *w)
     return w->efd;
 }
 
+static void duet__ucx_run_deferred(duet_xfer_worker_t *w);
+
 static unsigned duet__ucx_progress(duet_xfer_worker_t *w)
 {
-    return ucp_worker_progress(w->worker);
+    unsigned n = ucp_worker_progress(w->worker);
+    if (w->deferred != NULL) {
+        duet__ucx_run_deferred(w);
+        n++;
+    }
+    return n;
 }
 
 static int duet__ucx_arm(duet_xfer_worker_t *w)
@@ -442,6 +571,32 @@ static void duet__ucx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     (void)ep;
     if (e->on_error != NULL)
         e->on_error(e->arg, ucs_status_string(status));
+}
+
+/* Whether some lane of ep does RMA (UCX's own description of the endpoint:
+ * its lanes' uses, "rma#0" or "rma_bw#0" among them).  True when the
+ * description cannot be read: puts then stay UCX's. */
+static bool duet__ucx_ep_has_rma(ucp_ep_h ep)
+{
+    char *text = NULL, *save = NULL;
+    size_t len = 0;
+    bool lanes = false, rma = false;
+    FILE *f = open_memstream(&text, &len);
+
+    if (f == NULL)
+        return true;
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    for (char *line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        if (strstr(line, "lane[") == NULL)
+            continue;
+        lanes = true;
+        if (strstr(line, " rma#") != NULL || strstr(line, " rma_bw#") != NULL)
+            rma = true;
+    }
+    free(text);
+    return rma || !lanes;
 }
 
 static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr, size_t addr_len,
@@ -476,6 +631,7 @@ static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr
         *why_p = ucs_status_string(us);
         return DUET_ERR_PEER;
     }
+    e->routed_puts = !duet__ucx_ep_has_rma(e->ep);
     e->next = w->eps;
     if (w->eps != NULL)
         w->eps->prev = e;
@@ -484,8 +640,8 @@ static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr
     return DUET_OK;
 }
 
-static duet_xfer_op_t duet__ucx_ep_close(duet_xfer_ep_t *e, bool force, duet_xfer_op_cb_t cb,
-                                         void *arg, const char **why_p)
+static duet_xfer_op_t duet__ucx_ep_close_now(duet_xfer_ep_t *e, bool force, duet_xfer_op_cb_t cb,
+                                             void *arg, const char **why_p)
 {
     ucp_request_param_t rp;
     duet_xfer_op_t op;
@@ -505,6 +661,47 @@ static duet_xfer_op_t duet__ucx_ep_close(duet_xfer_ep_t *e, bool force, duet_xfe
     else
         e->on_error = NULL; /* the endpoint may live on until the worker goes: stay silent */
     return op;
+}
+
+/* Closes asked for inside a completion callback run after progress: UCX
+ * completes requests from inside ucp_ep_set_failed, and closing that
+ * endpoint there frees it under UCX (1.13: SIGSEGV in
+ * ucp_worker_discard_uct_ep).  The caller was told PENDING: its callback
+ * runs once, here or from the close's completion. */
+static void duet__ucx_run_deferred(duet_xfer_worker_t *w)
+{
+    while (w->deferred != NULL) {
+        duet_xfer_ep_t *e = w->deferred;
+        duet_xfer_op_cb_t cb = e->close_cb;
+        void *arg = e->close_arg;
+        const char *why = NULL;
+        duet_xfer_op_t op;
+
+        w->deferred = e->next_deferred;
+        w->inflight--;
+        op = duet__ucx_ep_close_now(e, e->close_force, cb, arg, &why);
+        if (op == DUET_XFER_OP_DONE)
+            cb(arg, DUET_OK, "closed");
+        else if (op == DUET_XFER_OP_FAILED)
+            cb(arg, DUET_ERR_PEER, why);
+    }
+}
+
+static duet_xfer_op_t duet__ucx_ep_close(duet_xfer_ep_t *e, bool force, duet_xfer_op_cb_t cb,
+                                         void *arg, const char **why_p)
+{
+    duet_xfer_worker_t *w = e->w;
+
+    e->closed = true;
+    if (w->in_callback == 0)
+        return duet__ucx_ep_close_now(e, force, cb, arg, why_p);
+    e->close_force = force;
+    e->close_cb = cb;
+    e->close_arg = arg;
+    e->next_deferred = w->deferred;
+    w->deferred = e;
+    w->inflight++;
+    return DUET_XFER_OP_PENDING;
 }
 
 static duet_xfer_op_t duet__ucx_flush(duet_xfer_ep_t *e, duet_xfer_op_cb_t cb, void *arg,
@@ -542,11 +739,103 @@ static bool duet__ucx_rkey_mapped(duet_xfer_rkey_t *rkey, uint64_t remote_addr)
     return ucp_rkey_ptr(duet__ucx_rkey(rkey), remote_addr, &ptr) == UCS_OK;
 }
 
+static void duet__ucx_box_unlink(duet__ucx_put_box_t *b)
+{
+    if (b->prev != NULL)
+        b->prev->next = b->next;
+    else
+        b->w->boxes = b->next;
+    if (b->next != NULL)
+        b->next->prev = b->prev;
+}
+
+static void duet__ucx_routed_done(void *request, ucs_status_t status, void *user_data)
+{
+    duet__ucx_put_box_t *b = user_data;
+    duet_xfer_worker_t *w = b->w;
+    duet_xfer_op_cb_t cb = b->cb;
+    void *arg = b->arg;
+
+    ucp_request_free(request);
+    if (status != UCS_OK && b->status == UCS_OK)
+        b->status = status;
+    if (--b->pending > 0)
+        return;
+    status = b->status;
+    duet__ucx_box_unlink(b);
+    duet_free(b);
+    w->inflight--;
+    w->in_callback++;
+    cb(arg,
+       status == UCS_OK             ? DUET_OK
+       : status == UCS_ERR_CANCELED ? DUET_ERR_CANCELLED
+                                    : DUET_ERR_PEER,
+       ucs_status_string(status));
+    w->in_callback--;
+}
+
+/* A put as our own eager messages (see "Routed puts" above). */
+static duet_xfer_op_t duet__ucx_put_routed(duet_xfer_ep_t *e, const void *src, size_t len,
+                                           uint64_t remote_addr, duet_xfer_op_cb_t cb, void *arg,
+                                           const char **why_p)
+{
+    size_t n = len == 0 ? 1 : (len + DUET__UCX_ROUTED_CHUNK - 1) / DUET__UCX_ROUTED_CHUNK;
+    ucp_request_param_t rp;
+    duet__ucx_put_box_t *b;
+
+    b = duet_calloc(1, sizeof(*b) + n * sizeof(b->hdr[0]));
+    if (b == NULL) {
+        *why_p = "out of memory";
+        return DUET_XFER_OP_FAILED;
+    }
+    b->w = e->w;
+    b->cb = cb;
+    b->arg = arg;
+    b->status = UCS_OK;
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = duet__ucx_routed_done;
+    rp.user_data = b;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    for (size_t i = 0, off = 0; i < n; i++, off += DUET__UCX_ROUTED_CHUNK) {
+        size_t part = len - off < DUET__UCX_ROUTED_CHUNK ? len - off : DUET__UCX_ROUTED_CHUNK;
+        ucs_status_ptr_t req;
+
+        b->hdr[i].remote_addr = remote_addr + off;
+        req = ucp_am_send_nbx(e->ep, DUET__UCX_PUT_AM_ID, &b->hdr[i], sizeof(b->hdr[i]),
+                              (const char *)src + off, part, &rp);
+        if (UCS_PTR_IS_ERR(req)) {
+            b->status = UCS_PTR_STATUS(req);
+            break;
+        }
+        if (req != NULL)
+            b->pending++; /* completions run from progress only, never in here */
+    }
+    if (b->pending == 0) {
+        ucs_status_t us = b->status;
+        duet_free(b);
+        if (us == UCS_OK)
+            return DUET_XFER_OP_DONE;
+        *why_p = ucs_status_string(us);
+        return DUET_XFER_OP_FAILED;
+    }
+    b->prev = NULL;
+    b->next = e->w->boxes;
+    if (b->next != NULL)
+        b->next->prev = b;
+    e->w->boxes = b;
+    e->w->inflight++;
+    return DUET_XFER_OP_PENDING; /* a failure to post a later part is reported at the end */
+}
+
 static duet_xfer_op_t duet__ucx_put(duet_xfer_ep_t *e, const duet_xfer_mem_t *mem, const void *src,
                                     size_t len, uint64_t remote_addr, duet_xfer_rkey_t *rkey,
                                     duet_xfer_op_cb_t cb, void *arg, const char **why_p)
 {
     ucp_request_param_t rp;
+    if (e->routed_puts && !mem->device)
+        return duet__ucx_put_routed(e, src, len, remote_addr, cb, arg, why_p);
     duet__ucx_params(&rp);
     rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     rp.memh = mem->memh;

@@ -292,6 +292,10 @@ void duet__peer_exec_put(duet_xfer_rank_t *r, duet__cmd_t *c);
 int duet__peer_known(const duet_xfer_rank_t *r, const duet_xfer_peer_t *p);
 duet_xfer_peer_t *duet__peer_find(duet_xfer_rank_t *r, uint64_t instance, int rank);
 void duet__peer_close_start(duet_xfer_rank_t *r, duet_xfer_peer_t *p);
+/* Cut the link to p at once (force-close its endpoints, so that nothing it
+ * still sends lands here) and fail it; 0 when its endpoints cannot be
+ * forced (no failure detection: only deadlines cover it). */
+int duet__peer_reset(duet_xfer_rank_t *r, duet_xfer_peer_t *p, const char *why);
 void duet__peer_scan(duet_xfer_rank_t *r, int64_t now);
 duet_xfer_peer_t *duet__peer_next_failure(duet_xfer_rank_t *r);
 int duet__peers_idle(const duet_xfer_rank_t *r);

@@ -198,6 +198,33 @@ void duet__peer_close_start(duet_xfer_rank_t *r, duet_xfer_peer_t *p)
     duet__peer_close_advance(r, p);
 }
 
+/* A transfer from p timed out here while its KV may still be on the way
+ * (a partition that heals later delivers it, seconds late): its pages go
+ * back to the pool once the outcome is out and are given to other
+ * requests, so p's late puts must not land.  Force-closing the endpoints
+ * makes UCX drop whatever still arrives on them (their id is released at
+ * once), before the outcome is delivered.  The failure is then reported
+ * like any other (the node retires the link; the next request bootstraps
+ * a new one).  Endpoints without failure detection cannot be forced. */
+int duet__peer_reset(duet_xfer_rank_t *r, duet_xfer_peer_t *p, const char *why)
+{
+    if (p->closing || !p->ctl_peer_mode)
+        return 0;
+    duet__peer_fail(p, DUET_ERR_PEER, why);
+    if (p->ctl_ep == NULL)
+        return 1; /* already cut */
+    DUET_LOG_WARN("xfer rank %d: cutting the link to %s rank %d: %s", r->index,
+                  duet__role_name(p->info.role), p->info.rank, why);
+    r->ops->rkey_destroy(p->rkey);
+    p->rkey = NULL;
+    if (p->data_ep != NULL && !p->ctl_shared)
+        duet__peer_ep_close(r, p, p->data_ep, 0);
+    duet__peer_ep_close(r, p, p->ctl_ep, 1);
+    p->data_ep = p->ctl_ep = NULL;
+    p->ready = 0;
+    return 1;
+}
+
 int duet__peers_idle(const duet_xfer_rank_t *r)
 {
     return r->peers == NULL;

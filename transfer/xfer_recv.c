@@ -435,6 +435,11 @@ void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
         }
         DUET__STAT_ADD(r, timeouts, 1);
         duet__recv_rank_list(e->senders & ~e->reported, missing, sizeof(missing));
+        /* the senders that did not report may still be putting into this
+         * request's pages: cut them off before the pages are given back */
+        for (int s = 0; s < e->P; s++)
+            if (!(e->reported >> s & 1u) && e->peers[s] != NULL)
+                duet__peer_reset(r, e->peers[s], "a transfer from it timed out here");
         duet__recv_fail(r, e, DUET_ERR_TIMEOUT,
                         "request %" PRIu64
                         ": deadline exceeded on decode rank %d waiting for prefill "
