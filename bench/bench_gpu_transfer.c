@@ -552,13 +552,18 @@ static int gside_stop(gside_t *g)
             cudaHostUnregister(g->sd.base[r]);
         if (g->b->device)
             duet_xfer_pool_unregister(duet_xfer_rank(g->sd.x, r)); /* before cudaFree */
+        if (k->crc_br != NULL) {
+            /* nothing is in flight any more: the hook goes first, then its
+             * backend rank (before side_stop counts the blocks still live) */
+            duet_xfer_rank_set_checksum(duet_xfer_rank(g->sd.x, r), NULL, NULL);
+            duet_backend_cuda.rank_destroy(k->crc_br);
+            k->crc_br = NULL;
+        }
     }
     rc = duet_testkit_side_stop(&g->sd);
     for (int r = 0; g->b->cuda && r < g->tp; r++) {
         grank_t *k = &g->rk[r];
         cudaSetDevice(k->st.dev);
-        if (k->crc_br != NULL)
-            duet_backend_cuda.rank_destroy(k->crc_br); /* the hook went with the xfer */
         cudaFreeHost(k->back);
         cudaFreeHost(k->src);
         cudaFree(k->pool);

@@ -108,7 +108,7 @@ for a in "$@"; do
     [ "${prev:-}" = --mirror ] && MIRROR=$a
     prev=$a
 done
-case $MIRROR in device | packed) DEVICE=1 ;; esac
+case $MIRROR in device | packed | auto) DEVICE=1 ;; esac
 LOG=${OUT:+$OUT/gpu-transfer.log}
 LOG=${LOG:-/dev/null}
 exec > >(tee -a "$LOG") 2>&1
