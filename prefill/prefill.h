@@ -74,6 +74,11 @@ typedef struct {
 
 /* service.c */
 duet_status_t duet_pf_service_register(duet_prefill_t *pf);
+/* The checks Prefill runs on a request before queueing it (fills req;
+ * the caller frees it with duet_pf_req_free).  Exposed for fuzz/. */
+struct Duet__V1__PrefillRequest;
+duet_status_t duet_pf_validate(duet_prefill_t *pf, const struct Duet__V1__PrefillRequest *m,
+                               duet_pf_req_t *req);
 
 /* sched.c */
 duet_status_t duet_pf_sched_start(duet_prefill_t *pf);
