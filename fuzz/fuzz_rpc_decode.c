@@ -45,8 +45,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     node->role = "decode";
     pthread_mutex_init(&dc->evlock, NULL);
     if (duet_model_config_load(model, &node->ke.model_cfg) != DUET_OK ||
-        duet_kv_pool_create(64, &node->pages) != DUET_OK)
+        duet_kv_pool_create(64, &node->pages) != DUET_OK) {
+        fprintf(stderr, "fuzz_rpc_decode: %s\n", duet_error_msg());
         abort();
+    }
     dc->tok = duet_fuzz_tokenizer("models/stories260K");
     node->ke.tp = 1;
     dc->max_ctx = node->ke.model_cfg.max_pos;

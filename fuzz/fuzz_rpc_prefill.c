@@ -47,12 +47,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     node->role = "prefill";
     pthread_mutex_init(&pf->lock, NULL);
     pthread_mutex_init(&node->links_lock, NULL);
-    duet_engine_opts_t eo = {.model_dir = model, .tp = 1, .threads = 1, .page_size = 16,
-                             .n_pages = 64};
+    duet_engine_opts_t eo;
+    duet_engine_opts_default(&eo);
+    eo.model_dir = model;
+    eo.tp = 1;
+    eo.threads = 1;
+    eo.page_size = 16;
+    eo.n_pages = 64;
     if (duet_model_config_load(model, &node->ke.model_cfg) != DUET_OK ||
         duet_engine_create(&eo, &node->ke.engine) != DUET_OK ||
-        duet_kv_pool_create(64, &node->pages) != DUET_OK)
+        duet_kv_pool_create(64, &node->pages) != DUET_OK) {
+        fprintf(stderr, "fuzz_rpc_prefill: %s\n", duet_error_msg());
         abort();
+    }
     node->ke.tp = 1;
     node->ke.path = "ucx-host";
     duet_node_link_t *link = duet_node_link_add(node, "decode-fuzz", sizeof(*link));

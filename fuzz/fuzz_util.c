@@ -2,6 +2,7 @@
 #include "fuzz/fuzz.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,12 +34,33 @@ char *duet_fuzz_next(duet_fuzz_cut_t *c, uint8_t sep, size_t *len_p)
     return s;
 }
 
+static char duet__fuzz_scratch[512];
+
+static int duet__fuzz_rm(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void duet__fuzz_cleanup(void)
+{
+    if (duet__fuzz_scratch[0] != '\0')
+        nftw(duet__fuzz_scratch, duet__fuzz_rm, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 char *duet_fuzz_path(const char *rel)
 {
     const char *tmp = getenv("TMPDIR");
     char path[512];
 
     snprintf(path, sizeof(path), "%s/duet-fuzz-%d", tmp && tmp[0] ? tmp : "/tmp", (int)getpid());
+    if (duet__fuzz_scratch[0] == '\0') {
+        snprintf(duet__fuzz_scratch, sizeof(duet__fuzz_scratch), "%s", path);
+        atexit(duet__fuzz_cleanup);
+    }
     mkdir(path, 0700);
     for (const char *s = rel; (s = strchr(s, '/')) != NULL; s++) {
         snprintf(path, sizeof(path), "%s/duet-fuzz-%d/%.*s", tmp && tmp[0] ? tmp : "/tmp",

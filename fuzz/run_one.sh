@@ -7,6 +7,10 @@ set -euo pipefail
 harness=$1 secs=$2 work=$3 seeds=$4
 shift 4
 mkdir -p "$work/corpus"
+# the harnesses write their model files to TMPDIR: tmpfs when there is one
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  export TMPDIR=/dev/shm
+fi
 log="$work/log"
 set +e
 "$harness" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
@@ -17,7 +21,8 @@ runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
 echo "$(basename "$harness"): ${runs:-?} executions in ${secs} s (${rate:-?} exec/s), rc $rc"
 if [ "$rc" -ne 0 ]; then
-  tail -n 60 "$log"
+  # the report, without libFuzzer's progress lines
+  grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse|INITED|RELOAD)' "$log" | tail -n 60
   ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* 2>/dev/null || true
 fi
 exit "$rc"

@@ -3,6 +3,7 @@
  * recursive-descent parser into duet__node_t trees. */
 #include <ctype.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,8 +221,16 @@ static duet__tok_t duet__peek(duet__parser_t *ps)
             p++;
         tk.kind = DUET__T_NAME;
     } else if (isdigit((unsigned char)*p)) {
-        while (p < ps->tend && isdigit((unsigned char)*p))
-            tk.i = tk.i * 10 + (*p++ - '0');
+        while (p < ps->tend && isdigit((unsigned char)*p)) {
+            int d = *p++ - '0';
+            if (tk.i > (INT64_MAX - d) / 10) { /* found by fuzz/fuzz_chat_template */
+                tk.kind = DUET__T_END;
+                tk.p = NULL;
+                duet__perr(ps, DUET_ERR_FORMAT, "integer literal out of range");
+                return tk;
+            }
+            tk.i = tk.i * 10 + d;
+        }
         tk.kind = DUET__T_INT;
     } else if (*p == '\'' || *p == '"') {
         char q = *p++;
