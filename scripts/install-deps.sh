@@ -15,6 +15,7 @@ packages=(
   libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf
   curl libnss-wrapper
+  clang libclang-rt-14-dev
 )
 
 missing=()
