@@ -52,8 +52,11 @@ static bool duet__fuzz_utf8_ok(const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
         unsigned c = s[i];
-        size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                                : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t k = c < 0x80             ? 1
+                   : (c & 0xE0) == 0xC0 ? 2
+                   : (c & 0xF0) == 0xE0 ? 3
+                   : (c & 0xF8) == 0xF0 ? 4
+                                        : 0;
         if (k == 0 || i + k > n || (k == 2 && c < 0xC2) || (k == 4 && c > 0xF4))
             return false;
         for (size_t j = 1; j < k; j++)

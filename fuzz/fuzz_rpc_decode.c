@@ -41,7 +41,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     duet__fuzz_self.max_tokens_default = 256;
     node->args.cluster = &duet__fuzz_cluster;
     node->args.self = &duet__fuzz_self;
-    snprintf(node->args.instance_id, sizeof(node->args.instance_id), "decode-fuzz-0123456789abcdef");
+    snprintf(node->args.instance_id, sizeof(node->args.instance_id),
+             "decode-fuzz-0123456789abcdef");
     node->role = "decode";
     pthread_mutex_init(&dc->evlock, NULL);
     if (duet_model_config_load(model, &node->ke.model_cfg) != DUET_OK ||

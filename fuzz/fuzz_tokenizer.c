@@ -39,8 +39,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static void duet__fuzz_encode(const duet_tokenizer_t *tok, bool exact, const char *text,
-                              size_t len, bool add_special)
+static void duet__fuzz_encode(const duet_tokenizer_t *tok, bool exact, const char *text, size_t len,
+                              bool add_special)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -116,8 +116,8 @@ static void duet__fuzz_decode(const duet_tokenizer_t *tok, const uint8_t *data, 
         /* a <0x00> piece decodes to a NUL byte: compare as C strings */
         size_t slen = strnlen(streamed, got);
         if (strlen(whole) != slen || memcmp(whole, streamed, slen) != 0) {
-            fprintf(stderr, "streamed decode (%zu bytes) differs from a whole decode (%zu)\n",
-                    slen, strlen(whole));
+            fprintf(stderr, "streamed decode (%zu bytes) differs from a whole decode (%zu)\n", slen,
+                    strlen(whole));
             abort();
         }
         duet_free(whole);

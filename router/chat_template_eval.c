@@ -327,6 +327,19 @@ static duet__val_t *duet__slice(duet__rs_t *rs, const duet__node_t *n)
     return r;
 }
 
+/* a + b, a - b or a * b (n->op); out of int64 range is the template's
+ * error, not wrap-around (found by fuzz/fuzz_chat_template). */
+static duet__val_t *duet__arith(duet__rs_t *rs, const duet__node_t *n, int64_t a, int64_t b)
+{
+    int64_t r;
+    bool over = n->op == DUET__OP_SUB   ? __builtin_sub_overflow(a, b, &r)
+                : n->op == DUET__OP_MUL ? __builtin_mul_overflow(a, b, &r)
+                                        : __builtin_add_overflow(a, b, &r);
+    if (over)
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "integer overflow");
+    return duet__tmpl_int(rs, DUET__V_INT, r);
+}
+
 static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
 {
     duet__val_t *a = duet__tmpl_eval(rs, n->a), *b, *r;
@@ -342,10 +355,11 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
     case DUET__OP_CONCAT:
         if ((a = duet__tmpl_to_str(rs, a)) == NULL || (b = duet__tmpl_to_str(rs, b)) == NULL)
             return NULL;
+        ints = false; /* now two strings: 1 ~ 2 is "12" */
         /* fall through */
     case DUET__OP_ADD:
         if (ints)
-            return duet__tmpl_int(rs, DUET__V_INT, a->i + b->i);
+            return duet__arith(rs, n, a->i, b->i);
         if (a->kind == DUET__V_STR && b->kind == DUET__V_STR) {
             char *s = duet__tmpl_arena_alloc(&rs->arena, a->n + b->n + 1);
             if (s == NULL)
@@ -399,9 +413,8 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
         return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "arithmetic on non-numbers");
     switch (n->op) {
     case DUET__OP_SUB:
-        return duet__tmpl_int(rs, DUET__V_INT, a->i - b->i);
     case DUET__OP_MUL:
-        return duet__tmpl_int(rs, DUET__V_INT, a->i * b->i);
+        return duet__arith(rs, n, a->i, b->i);
     case DUET__OP_LT:
         return duet__tmpl_int(rs, DUET__V_BOOL, a->i < b->i);
     case DUET__OP_GT:
@@ -415,6 +428,8 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
     }
     if (b->i == 0)
         return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "division by zero");
+    if (a->i == INT64_MIN && b->i == -1) /* the quotient does not fit (x86 traps) */
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "integer overflow");
     int64_t q = a->i / b->i, m = a->i % b->i;
     if (m != 0 && ((m < 0) != (b->i < 0))) { /* Python floor semantics */
         q--;
@@ -471,6 +486,8 @@ duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
             return NULL;
         if (v->kind != DUET__V_INT)
             return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "negating a non-number");
+        if (v->i == INT64_MIN)
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "integer overflow");
         return duet__tmpl_int(rs, DUET__V_INT, -v->i);
     case DUET__E_BINOP:
         return duet__binary(rs, n);
