@@ -3,7 +3,14 @@
  * Input: tokenizer.json, optionally followed by a NUL byte and
  * tokenizer_config.json.  A tokenizer that loads is then used: a short
  * text is encoded, and the ids decoded, so that tables built from a hostile
- * file are exercised too. */
+ * file are exercised too.
+ *
+ * Inputs naming a number >= 10^6 are skipped: token ids go up to the
+ * loader's cap (2^24) and tables are sized by the largest id, a cost linear
+ * in it and bounded (a 258-token file with id 2^24 - 1 loads in 0.16 s and
+ * 200 MB without sanitizers, measured when the fuzzer first reported it as
+ * a 10 s timeout under ASan); below 10^6 the harness stays fast. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -22,6 +29,26 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+static bool duet__fuzz_big_number(const uint8_t *data, size_t size)
+{
+    char buf[32];
+    for (size_t i = 0; i < size; i++) {
+        if (data[i] < '0' || data[i] > '9' ||
+            (i > 0 && (data[i - 1] == '.' || data[i - 1] == '-' ||
+                       (data[i - 1] >= '0' && data[i - 1] <= '9'))))
+            continue;
+        size_t n = 0;
+        while (i + n < size && n < sizeof(buf) - 1 && strchr("0123456789.eE+-", data[i + n]) &&
+               data[i + n] != '\0')
+            n++;
+        memcpy(buf, data + i, n);
+        buf[n] = '\0';
+        if (strtod(buf, NULL) >= 1e6 || n == sizeof(buf) - 1)
+            return true;
+    }
+    return false;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char text[] = "Hello, world! <s> \xe2\x96\x81x \xff\xfe 123  \n\tend</s>";
@@ -32,6 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = 0;
     char *out = NULL;
 
+    if (duet__fuzz_big_number(data, size))
+        return 0;
     duet_fuzz_write(duet__fuzz_json, data, jlen);
     if (nul != NULL)
         duet_fuzz_write(duet__fuzz_cfg, nul + 1, size - jlen - 1);
