@@ -14,6 +14,7 @@
 
 #define DUET__MAX_OUTPUT (16u << 20)
 #define DUET__MAX_STEPS  10000000u
+#define DUET__MAX_DEPTH  256
 
 /* never written: every undefined value is this one */
 duet__val_t duet__tmpl_undef = {.kind = DUET__V_UNDEF};
@@ -438,14 +439,10 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
     return duet__tmpl_int(rs, DUET__V_INT, n->op == DUET__OP_MOD ? m : q);
 }
 
-duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
+static duet__val_t *duet__eval_node(duet__rs_t *rs, const duet__node_t *n)
 {
     duet__val_t *v, *w;
 
-    if (rs->err)
-        return NULL;
-    if (++rs->steps > DUET__MAX_STEPS)
-        return duet__tmpl_fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "template runs too long");
     switch (n->kind) {
     case DUET__E_STR:
         return duet__tmpl_str(rs, n->s, n->slen, false);
@@ -527,6 +524,26 @@ duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
     default:
         return duet__tmpl_fail(rs, DUET_ERR_INTERNAL, n->line, "%s", "bad expression node");
     }
+}
+
+/* An operator chain parses into a tree as deep as it is long (1+1+...+1),
+ * and evaluation recurses over it: bounded here (found by
+ * fuzz/fuzz_chat_template). */
+duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
+{
+    duet__val_t *v;
+
+    if (rs->err)
+        return NULL;
+    if (++rs->steps > DUET__MAX_STEPS)
+        return duet__tmpl_fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "template runs too long");
+    if (rs->depth >= DUET__MAX_DEPTH)
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s",
+                               "expression nested more than 256 levels deep");
+    rs->depth++;
+    v = duet__eval_node(rs, n);
+    rs->depth--;
+    return v;
 }
 
 static duet_status_t duet__exec(duet__rs_t *rs, const duet__node_t *n);

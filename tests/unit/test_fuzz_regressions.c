@@ -99,12 +99,75 @@ static void test_chat_template_concat_ints(void **state)
     duet_free(out);
 }
 
+static char *repeat(const char *head, const char *unit, size_t n, const char *mid,
+                    const char *unit2, const char *tail)
+{
+    size_t a = strlen(unit), b = unit2 ? strlen(unit2) : 0;
+    char *s = duet_malloc(strlen(head) + n * (a + b) + strlen(mid) + strlen(tail) + 1), *p = s;
+    assert_non_null(s);
+    p += sprintf(p, "%s", head);
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s", unit);
+    p += sprintf(p, "%s", mid);
+    for (size_t i = 0; unit2 && i < n; i++)
+        p += sprintf(p, "%s", unit2);
+    sprintf(p, "%s", tail);
+    return s;
+}
+
+/* fuzz_chat_template: "{{ ((((...", a long chain of not / - and nested
+ * blocks recursed in the parser until the stack overflowed; now a compile
+ * error past 100 levels.  A long operator chain (1+1+...+1) parses
+ * iteratively but evaluation recursed as deep: a render error past 256. */
+static void test_chat_template_nesting(void **state)
+{
+    static const struct {
+        const char *head, *unit, *mid, *unit2, *tail;
+    } deep[] = {
+        {"{{ ", "(", "1", ")", " }}"},
+        {"{{ ", "[", "1", "]", " }}"},
+        {"{{ ", "not ", "1", NULL, " }}"},
+        {"{{ ", "-", "1", NULL, " }}"},
+        {"", "{% if 1 %}", "x", "{% endif %}", ""},
+        {"", "{% for m in messages %}", "x", "{% endfor %}", ""},
+    };
+    duet_router_chat_tmpl_t *t = NULL;
+    long live = duet_alloc_live();
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(deep) / sizeof(deep[0]); i++) {
+        /* far past any stack */
+        char *src =
+            repeat(deep[i].head, deep[i].unit, 200000, deep[i].mid, deep[i].unit2, deep[i].tail);
+        assert_int_equal(duet_router_chat_tmpl_compile(src, &t), DUET_ERR_UNSUPPORTED);
+        assert_non_null(strstr(duet_error_msg(), "nested more than 100 levels deep"));
+        duet_free(src);
+        /* what real templates nest is fine */
+        src = repeat(deep[i].head, deep[i].unit, 40, deep[i].mid, deep[i].unit2, deep[i].tail);
+        if (duet_router_chat_tmpl_compile(src, &t) != DUET_OK)
+            fail_msg("%s: %s", src, duet_error_msg());
+        duet_router_chat_tmpl_destroy(t);
+        duet_free(src);
+    }
+    char *src = repeat("{{ 1", "+1", 100000, "", NULL, " }}");
+    render_fails(src, "nested more than 256 levels deep");
+    duet_free(src);
+    char *out = render_ok("{{ 1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1 }}");
+    assert_string_equal(out, "30");
+    duet_free(out);
+    /* error lines are still counted right */
+    assert_int_equal(duet_router_chat_tmpl_compile("a\n{{ x }}\n\n{% if %}", &t), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "line 4"));
+    assert_int_equal(duet_alloc_live(), live);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_template_int_literal),
         cmocka_unit_test(test_chat_template_int_overflow),
         cmocka_unit_test(test_chat_template_concat_ints),
+        cmocka_unit_test(test_chat_template_nesting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
