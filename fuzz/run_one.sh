@@ -19,7 +19,7 @@ rc=$?
 set -e
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-echo "$(basename "$harness"): ${runs:-?} executions in ${secs} s (${rate:-?} exec/s), rc $rc"
+echo "$(basename "$harness"): ${runs:-?} executions, ${rate:-?} exec/s (budget ${secs} s), rc $rc"
 if [ "$rc" -ne 0 ]; then
   # the report, without libFuzzer's progress lines
   grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse|INITED|RELOAD)' "$log" | tail -n 60
