@@ -70,6 +70,11 @@
  *              without measuring
  *     --no-cuda  host memory stands in for device memory and memcpy for the
  *              copies (runs without a GPU: a self-test of everything else)
+ *     --mirror auto  what the daemons run on GPUs (DUET_KV_TRANSFER_PACK=auto):
+ *              packed when P != D, the unpacked direct path when P == D
+ *              (consecutive pages coalesce: one put per plane already), with
+ *              --layer-done event unless told otherwise (the daemons' copy
+ *              stream releases layers from a completion thread, kv_done.c)
  *     --layer-done event  release each layer's puts from a waiter thread that
  *              waits for an event recorded after the layer (instead of a
  *              host function on the copy stream, which holds the stream
@@ -134,8 +139,9 @@ typedef struct {
 typedef struct {
     bool cuda;
     bool registered;
-    bool device; /* --mirror device: the device pools are the transfer pools, no mirror */
-    bool packed; /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
+    bool device;     /* --mirror device: the device pools are the transfer pools, no mirror */
+    bool packed;     /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
+    bool auto_pack;  /* --mirror auto: packed when P != D, else unpacked (the daemons' rule) */
     bool event_done; /* --layer-done event: a waiter thread releases layers (see below) */
     const char *tls;
     int tokens[G_MAX_SIZES];
@@ -256,10 +262,11 @@ typedef struct {
     gpost_t post[G_LAYERS];
     duet_kv_copy_t *hlist, *dlist; /* --mirror packed: this request's (un)pack copies */
     int n_list;
-    uint64_t puts; /* prefill: puts of the last request */
+    uint64_t puts;            /* prefill: puts of the last request */
     cudaEvent_t ev[G_LAYERS]; /* --layer-done event: recorded after each layer's stage */
     atomic_int recorded;      /* layers whose event is recorded */
-    pthread_t waiter;
+    atomic_int launch_failed; /* the launcher gave up */
+    pthread_t waiter, launcher;
 } grank_t;
 
 struct gside {
@@ -336,8 +343,8 @@ static int clear_pages(gside_t *g, int r, int n)
         if (g->role == DUET_XFER_DECODE && gs_memset(&k->st, k->pool + off, 0xa5, len))
             return 1;
         /* packed: staging from an earlier round must not pass either */
-        if (g->b->packed && gs_memset(&k->st, k->pool + off + len,
-                                      g->role == DUET_XFER_DECODE ? 0x3c : 0xc3, len))
+        if (g->b->packed &&
+            gs_memset(&k->st, k->pool + off + len, g->role == DUET_XFER_DECODE ? 0x3c : 0xc3, len))
             return 1;
         if (g->role == DUET_XFER_PREFILL && g->b->device &&
             gs_copy(&k->st, k->pool + off, k->src + g->cplane * (size_t)p, len, false))
@@ -573,8 +580,8 @@ static int run_list(gside_t *g, int r, int plane0, int n_planes)
 {
     grank_t *k = &g->rk[r];
     G_CUDA(cudaSetDevice(k->st.dev));
-    DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
-                                       plane0, n_planes, k->dlist, k->n_list));
+    DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout), plane0,
+                                       n_planes, k->dlist, k->n_list));
     return 0;
 }
 
@@ -585,6 +592,8 @@ static int run_list(gside_t *g, int r, int plane0, int n_planes)
 typedef struct {
     gside_t *g;
     int r;
+    const int32_t *pages; /* the request's pages, n of them (the launcher's staged copies) */
+    int n;
 } gwait_t;
 
 static void *layer_waiter(void *arg)
@@ -594,11 +603,40 @@ static void *layer_waiter(void *arg)
     cudaSetDevice(k->st.dev);
     for (int l = 0; l < G_LAYERS; l++) {
         while (atomic_load(&k->recorded) <= l)
-            ;
+            if (atomic_load(&k->launch_failed))
+                return NULL;
         if (cudaEventSynchronize(k->ev[l]) != cudaSuccess)
             atomic_fetch_add(&w->g->post_errors, 1);
         on_layer_landed(&k->post[l]);
     }
+    return NULL;
+}
+
+/* --layer-done event: rank r's own thread queues its layers (stage, then
+ * an event), as each engine rank thread does in the daemons: one host
+ * thread launching every rank's copies would make the launches, not the
+ * GPU, the bench's per-layer cost. */
+static void *layer_launcher(void *arg)
+{
+    gwait_t *w = arg;
+    gside_t *g = w->g;
+    grank_t *k = &g->rk[w->r];
+    if (cudaSetDevice(k->st.dev) != cudaSuccess)
+        goto err_launch;
+    for (int l = 0; l < G_LAYERS; l++) {
+        if (!g->b->device && copy_pages(g, w->r, l, l + 1, w->pages, w->n, true))
+            goto err_launch;
+        if (g->b->packed && duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
+                                               2 * l, 2, k->dlist, k->n_list) != DUET_OK)
+            goto err_launch;
+        if (cudaEventRecord(k->ev[l], k->st.s) != cudaSuccess)
+            goto err_launch;
+        atomic_store(&k->recorded, l + 1);
+    }
+    return NULL;
+err_launch:
+    atomic_fetch_add(&g->post_errors, 1);
+    atomic_store(&k->launch_failed, 1);
     return NULL;
 }
 
@@ -785,35 +823,41 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     t0 = duet_now_ns();
     /* what the rank threads do as each layer's KV is stored; --mirror device
      * exports nothing (the pool was rewritten and synchronised before t0)
-     * but posts the puts from the same host functions on the copy stream */
+     * but posts the puts from the same host functions on the copy stream
+     * (--layer-done event: from each rank's waiter thread, the layers
+     * queued by each rank's launcher thread) */
     gwait_t waits[G_MAX_TP];
     for (int s = 0; s < g->tp && b->event_done; s++) {
         grank_t *k = &g->rk[s];
-        waits[s] = (gwait_t){g, s};
+        waits[s] = (gwait_t){g, s, pages, n};
         atomic_store(&k->recorded, 0);
+        atomic_store(&k->launch_failed, 0);
         G_CUDA(cudaSetDevice(k->st.dev));
         for (int l = 0; l < G_LAYERS; l++)
             if (k->ev[l] == NULL)
                 G_CUDA(cudaEventCreateWithFlags(&k->ev[l], cudaEventDisableTiming));
-        DUET_TESTKIT_CHECK(pthread_create(&k->waiter, NULL, layer_waiter, &waits[s]) == 0,
-                           "pthread_create");
     }
-    for (int l = 0; l < G_LAYERS; l++)
+    if (b->event_done) {
+        t0 = duet_now_ns();
+        for (int s = 0; s < g->tp; s++)
+            DUET_TESTKIT_CHECK(
+                pthread_create(&g->rk[s].waiter, NULL, layer_waiter, &waits[s]) == 0 &&
+                    pthread_create(&g->rk[s].launcher, NULL, layer_launcher, &waits[s]) == 0,
+                "pthread_create");
+        for (int s = 0; s < g->tp; s++) {
+            pthread_join(g->rk[s].launcher, NULL);
+            pthread_join(g->rk[s].waiter, NULL);
+        }
+    }
+    for (int l = 0; l < G_LAYERS && !b->event_done; l++)
         for (int s = 0; s < g->tp; s++) {
             grank_t *k = &g->rk[s];
             if ((!b->device && copy_pages(g, s, l, l + 1, pages, n, true)) ||
                 (b->packed && run_list(g, s, 2 * l, 2)))
                 return 1;
-            if (b->event_done) {
-                G_CUDA(cudaSetDevice(k->st.dev));
-                G_CUDA(cudaEventRecord(k->ev[l], k->st.s));
-                atomic_store(&k->recorded, l + 1);
-            } else if (gs_host_fn(&k->st, on_layer_landed, &k->post[l])) {
+            if (gs_host_fn(&k->st, on_layer_landed, &k->post[l]))
                 return 1;
-            }
         }
-    for (int s = 0; s < g->tp && b->event_done; s++)
-        pthread_join(g->rk[s].waiter, NULL);
     for (int s = 0; s < g->tp; s++)
         if (gs_sync(&g->rk[s].st))
             return 1;
@@ -901,10 +945,13 @@ static int bench_prefill(void *arg)
         uint64_t puts = 0;
         for (int s = 0; s < g->tp; s++)
             puts += g->rk[s].puts;
-        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu\n",
+        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu%s\n",
                b->variant, b->P, b->D, b->tokens[i], bytes / 1048576.0, e2e, med[T_EXPORT] * 1e3,
                med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0,
-               (unsigned long long)puts);
+               (unsigned long long)puts,
+               !b->auto_pack ? ""
+               : b->packed   ? " packed"
+                             : " direct");
         fflush(stdout);
     }
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_p, "bye") == 0, "channel");
@@ -1153,6 +1200,7 @@ int main(int argc, char **argv)
     const char *pool_desc;
     bench_t b;
     int bad = 0, usage = 0;
+    bool done_set = false;
     memset(&b, 0, sizeof(b));
     b.cuda = true;
     b.tls = NULL; /* G_TLS, or G_TLS_DEVICE with --mirror device */
@@ -1188,12 +1236,18 @@ int main(int argc, char **argv)
             b.registered = false;
             b.device = true;
         } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "event") == 0) {
-            b.event_done = true;
+            b.event_done = done_set = true;
         } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "hostfn") == 0) {
             b.event_done = false;
+            done_set = true;
         } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "packed") == 0) {
             b.registered = false;
             b.device = b.packed = true;
+        } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "auto") == 0) {
+            b.registered = false;
+            b.device = b.auto_pack = true;
+            if (!done_set)
+                b.event_done = true;
         } else
             usage = 1;
         i++;
@@ -1209,7 +1263,7 @@ int main(int argc, char **argv)
     if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
-                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed] "
+                "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed|auto] "
                 "[--layer-done hostfn|event] [--no-cuda] "
                 "[--corrupt-put N]\n",
                 argv[0]);
@@ -1279,6 +1333,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bad plan '%s' (P and D must divide %d)\n", pl, G_HEADS);
                 return 2;
             }
+            if (b.auto_pack)
+                b.packed = b.P != b.D;
             place(&b, b.base.n_dev);
             if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
                 return 1;

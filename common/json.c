@@ -1,40 +1,60 @@
 #include "common/json.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 
 duet_status_t duet_file_read(const char *path, char **data_p, size_t *len_p)
 {
-    FILE *f = fopen(path, "rb");
+    /* O_NONBLOCK: a FIFO in place of the file must not block the open */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     char *data = NULL;
-    long size;
+    struct stat sb;
+    size_t size, got = 0;
 
-    if (f == NULL)
+    if (fd < 0)
         return duet_error(DUET_ERR_IO, "%s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return duet_error(DUET_ERR_IO, "%s: cannot determine size: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return duet_error(DUET_ERR_IO, "%s: %s", path, strerror(errno));
     }
-    data = duet_malloc((size_t)size + 1);
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return duet_error(DUET_ERR_IO, "%s: not a regular file (%s)", path,
+                          S_ISFIFO(sb.st_mode)  ? "a FIFO"
+                          : S_ISDIR(sb.st_mode) ? "a directory"
+                                                : "a device or socket");
+    }
+    size = (size_t)sb.st_size;
+    data = duet_malloc(size + 1);
     if (data == NULL) {
-        fclose(f);
-        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory for %ld bytes", path, size);
+        close(fd);
+        return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory for %zu bytes", path, size);
     }
-    if (size > 0 && fread(data, 1, (size_t)size, f) != (size_t)size) {
-        duet_free(data);
-        fclose(f);
-        return duet_error(DUET_ERR_IO, "%s: short read", path);
+    while (got < size) {
+        ssize_t n = read(fd, data + got, size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            duet_free(data);
+            close(fd);
+            return duet_error(DUET_ERR_IO, "%s: short read%s%s", path, n < 0 ? ": " : "",
+                              n < 0 ? strerror(errno) : "");
+        }
+        got += (size_t)n;
     }
-    fclose(f);
+    close(fd);
     data[size] = '\0';
     *data_p = data;
     if (len_p != NULL)
-        *len_p = (size_t)size;
+        *len_p = size;
     return DUET_OK;
 }
 

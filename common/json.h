@@ -25,7 +25,9 @@ duet_status_t duet_json_load_file(const char *path, cJSON **root_p);
 /* Parse a JSON text of len bytes; errors name `what` and the position. */
 duet_status_t duet_json_parse(const char *text, size_t len, const char *what, cJSON **root_p);
 
-/* Read a whole file into a NUL-terminated buffer (free with duet_free). */
+/* Read a whole file into a NUL-terminated buffer (free with duet_free).
+ * Only a regular file: a FIFO, device or directory is DUET_ERR_IO naming
+ * the path and its type, without blocking. */
 duet_status_t duet_file_read(const char *path, char **data_p, size_t *len_p);
 
 typedef enum {

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/limits.h"
 #include "common/rpc.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
@@ -29,8 +30,8 @@
 #include "node/node.h"
 #include "tokenizer/tokenizer.h"
 
-#define DUET_DC_MAX_STOPS 16
-#define DUET_DC_STOP_MAX_LEN 256
+#define DUET_DC_MAX_STOPS    DUET_LIMIT_STOP_STRINGS
+#define DUET_DC_STOP_MAX_LEN DUET_LIMIT_STOP_BYTES
 
 typedef struct duet_dc_req duet_dc_req_t;
 

@@ -1,6 +1,7 @@
 /* Streaming a request's tokens: detokenize incrementally (primed with the
  * prompt so the first piece keeps its leading space), hold back text that
  * may begin a stop string, and end the stream with a Finished message. */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -145,6 +146,16 @@ bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token)
 
     if (req->call == NULL)
         return true;
+    if (token == DUET_ENGINE_NONFINITE) { /* broken weights: this request fails, not the daemon */
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "non-finite logits (NaN or inf) at output token %d: the model's weights or "
+                 "activations are broken",
+                 req->n_out);
+        DUET_LOG_ERROR("request %s: %s", req->request_id, msg);
+        duet_dc_fail(dc, req, DUET_ERR_INTERNAL, msg);
+        return true;
+    }
     if (req->t_first == 0)
         req->t_first = duet_now_ns();
     req->out[req->n_out++] = token;

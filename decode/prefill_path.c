@@ -372,6 +372,11 @@ void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     if (ev->status != DUET_OK) {
         char msg[640];
         req->kv_failed = true;
+        /* prefill refused to send (non-finite logits): its Prefill reply,
+         * which follows, says why; on_rpc_done fails the request with it */
+        if (ev->status == DUET_ERR_INTERNAL && req->rpc_started && !req->rpc_done &&
+            req->state == DUET_DC_PREFILL)
+            return;
         /* a connection of the link failed (also one whose peer error came
          * while it was booting): the next request bootstraps again */
         if (ev->status == DUET_ERR_PEER && req->link != NULL &&

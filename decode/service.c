@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/rpc_pb.h"
 #include "decode/decode.h"
+#include "decode/limits.h"
 #include "duet/v1/decode.pb-c.h"
 
 #define DUET_VERSION_STRING "0.1.0"
@@ -75,10 +76,9 @@ static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateReq
     }
     if (n == 0)
         return duet_error(DUET_ERR_INVALID, "prompt: empty");
-    if (n > (size_t)dc->max_ctx)
-        return duet_error(DUET_ERR_TOO_LONG,
-                          "prompt: %zu tokens exceed the model context of %d tokens", n,
-                          dc->max_ctx);
+    if (n > (size_t)duet_dc_limits_prompt(dc))
+        return duet_error(DUET_ERR_TOO_LONG, "prompt: %zu tokens exceed the limit of %d tokens", n,
+                          duet_dc_limits_prompt(dc));
     req->n_prompt = (int)n;
     return DUET_OK;
 }
@@ -106,7 +106,7 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
         return duet_error(DUET_ERR_INVALID, "prefill_target: too long");
     snprintf(req->prefill_target, sizeof(req->prefill_target), "%s",
              m->prefill_target ? m->prefill_target : "");
-    if ((st = duet__prompt(dc, g, req)) != DUET_OK)
+    if ((st = duet_dc_limits_check(dc, g)) != DUET_OK || (st = duet__prompt(dc, g, req)) != DUET_OK)
         return st;
     if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "sampling: ");
@@ -171,6 +171,10 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
     }
     if (atomic_load(&dc->node.draining)) {
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is draining");
+        return;
+    }
+    if ((st = duet_dc_limits_check_raw(data, len)) != DUET_OK) {
+        duet_rpc_call_fail_status(call, st, duet_error_msg());
         return;
     }
     m = duet__v1__decode_generate_request__unpack(NULL, len, data);

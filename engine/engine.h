@@ -137,9 +137,16 @@ typedef struct {
     bool all_logits;        /* of every new token [n_tokens][vocab] */
 } duet_engine_seq_t;
 
+/* sampled[i] when the row's logits were not finite (NaN or inf: broken
+ * weights): the caller fails that request; the engine stays usable.  CPU
+ * backend: any non-finite logit; a device argmax (cuda, greedy rows): a
+ * non-finite maximum (all NaN, or an inf); the host sampling path: any. */
+#define DUET_ENGINE_NONFINITE (-2)
+
 /* Run the model over the new tokens of n_seqs sequences: write their KV at
  * positions start_pos.., fill the requested logits, and put the sampled
- * next token of sequence i into sampled[i] (-1 when not sampled).  Inputs
+ * next token of sequence i into sampled[i] (-1 when not sampled,
+ * DUET_ENGINE_NONFINITE when its logits were not finite).  Inputs
  * are validated first (token ids, context length -> DUET_ERR_TOO_LONG, page
  * coverage); batches over max_batch_tokens / max_seqs run as several
  * chunks.  A failure inside a rank (deadline, memory) leaves the engine

@@ -19,6 +19,7 @@
  * to every rank, so no other rank needs them: a step broadcasts nothing,
  * and a decode step issues 2 all-reduces per layer plus one all-gather per
  * DUET_LM_BLOCK output rows, nothing else. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -309,15 +310,25 @@ static duet_status_t duet__logits_argmax(duet__rank_t *rk, const duet__job_t *jo
         if (st != DUET_OK)
             return st;
         for (int i = 0; i < nr; i++) {
-            if (id[i] < 0 || mx[i] > best[i]) {
+            if (id[i] >= 0 && !isfinite(best[i]))
+                continue; /* a non-finite shard taints the row */
+            if (id[i] < 0 || !isfinite(mx[i]) || mx[i] > best[i]) {
                 best[i] = mx[i];
                 id[i] = sq.vocab0 + ix[i];
             }
         }
     }
     for (int i = 0; i < nr; i++)
-        job->sampled[job->out[r0 + i].seq] = id[i];
+        job->sampled[job->out[r0 + i].seq] = isfinite(best[i]) ? id[i] : DUET_ENGINE_NONFINITE;
     return DUET_OK;
+}
+
+static bool duet__all_finite(const float *x, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += x[i] * 0.0f; /* NaN once any x is NaN or inf */
+    return acc == 0.0f;
 }
 
 /* Logits of rows [r0, r0 + nr) of the job's output rows; rank 0 fills the
@@ -378,8 +389,10 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
             memcpy(o->logits, lg, (size_t)cfg->vocab * sizeof(float));
         if (o->sample) {
             const duet_engine_seq_t *sq = &job->seqs[o->seq];
-            job->sampled[o->seq] =
-                duet_sample(lg, cfg->vocab, &sq->sampling, sq->sample_index, rk->sample_scratch);
+            job->sampled[o->seq] = duet__all_finite(lg, cfg->vocab)
+                                       ? duet_sample(lg, cfg->vocab, &sq->sampling,
+                                                     sq->sample_index, rk->sample_scratch)
+                                       : DUET_ENGINE_NONFINITE;
         }
     }
     return DUET_OK;

@@ -305,7 +305,9 @@ static duet_status_t duet__st_file_add(duet_st_set_t *set, const char *path)
     memset(f, 0, sizeof(*f));
     if ((f->path = duet_strdup(path)) == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", path);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in place of the file must not block the open;
+     * fstat below refuses anything but a regular file */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         st = duet_error(errno == ENOENT ? DUET_ERR_NOT_FOUND : DUET_ERR_IO, "%s: %s", path,
                         strerror(errno));
@@ -316,7 +318,10 @@ static duet_status_t duet__st_file_add(duet_st_set_t *set, const char *path)
         goto err_close;
     }
     if (!S_ISREG(sb.st_mode)) {
-        st = duet_error(DUET_ERR_FORMAT, "%s: not a regular file", path);
+        st = duet_error(DUET_ERR_FORMAT, "%s: not a regular file (%s)", path,
+                        S_ISFIFO(sb.st_mode)  ? "a FIFO"
+                        : S_ISDIR(sb.st_mode) ? "a directory"
+                                              : "a device or socket");
         goto err_close;
     }
     if (sb.st_size < 8) {

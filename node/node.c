@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "engine/backend.h"
 #include "engine/tp.h"
@@ -51,10 +52,14 @@ static duet_status_t duet__start(duet_node_t *node)
     char host[64] = "localhost";
     gethostname(host, sizeof(host) - 1);
     snprintf(node->host_name, sizeof(node->host_name), "%s@%s", node->args.self->name, host);
+    duet_model_config_t mc;
+    if ((st = duet_model_config_load(node->args.cluster->model, &mc)) != DUET_OK)
+        return st;
     duet_rpc_server_config_init(&sc);
     sc.bind_addr = node->args.self->listen;
     sc.n_threads = node->args.self->grpc_threads;
-    sc.max_message_bytes = 64u << 20;
+    /* the router's caps: a bigger request is RESOURCE_EXHAUSTED */
+    sc.max_message_bytes = duet_limit_daemon_message_bytes(node->args.cluster, mc.max_pos);
     sc.stream_queue_limit = 4096;
     sc.shutdown_grace_ms = 2000;
     duet_rpc_client_config_init(&cc);

@@ -304,10 +304,18 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
     for (int i = 0; i < n_live; i++) {
         duet_pf_req_t *req = live[i];
         duet_status_t rst = st != DUET_OK ? st : req->aborted ? DUET_ERR_CANCELLED : DUET_OK;
+        const char *why = st != DUET_OK ? failed : "aborted";
+        if (rst == DUET_OK && sampled[i] == DUET_ENGINE_NONFINITE) {
+            /* broken weights: this request fails, not the daemon */
+            rst = DUET_ERR_INTERNAL;
+            why = "non-finite logits (NaN or inf) at the first output token: the model's "
+                  "weights or activations are broken";
+            DUET_LOG_ERROR("request %s: %s", req->request_id, why);
+        }
         req->first_token = sampled[i];
         req->t_computed = t1;
         if (rst != DUET_OK)
-            duet__req_error(req, rst, st != DUET_OK ? failed : "aborted");
+            duet__req_error(req, rst, why);
         for (int s = 0; s < pf->node.ke.tp; s++)
             duet_xfer_send_end(duet_xfer_rank(pf->node.ke.xfer, s), req->transfer_id, rst,
                                rst == DUET_OK ? sampled[i] : DUET_XFER_NO_TOKEN);

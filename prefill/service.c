@@ -4,7 +4,9 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/limits.h"
 #include "common/log.h"
+#include "common/pb_strings.h"
 #include "common/rpc_pb.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/tp.h"
@@ -56,9 +58,12 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
         return duet_error(DUET_ERR_INVALID, "%s: transfer_id must be set", m->request_id);
     if (m->n_prompt_ids == 0)
         return duet_error(DUET_ERR_INVALID, "%s: empty prompt", m->request_id);
-    if (m->n_prompt_ids > (size_t)cfg->max_pos)
-        return duet_error(DUET_ERR_TOO_LONG, "%s: prompt of %zu tokens exceeds the context of %d",
-                          m->request_id, m->n_prompt_ids, cfg->max_pos);
+    int prompt_max = duet_limit_prompt_tokens(pf->node.args.cluster, cfg->max_pos);
+    if (m->n_prompt_ids > (size_t)prompt_max)
+        return duet_error(
+            DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",
+            m->request_id, m->n_prompt_ids, prompt_max,
+            prompt_max < cfg->max_pos ? "router.max_prompt_tokens" : "the model context");
     for (size_t i = 0; i < m->n_prompt_ids; i++) {
         if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
             return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
@@ -113,9 +118,15 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
     Duet__V1__PrefillRequest *m = duet__v1__prefill_request__unpack(NULL, len, data);
     duet_pf_req_t *req = DUET_NEW(duet_pf_req_t);
     duet_status_t st;
+    char field[64], msg[128];
 
     if (duet__not_ready(pf, call))
         goto out;
+    if (duet_pb_find_nul(&duet__v1__prefill_request__descriptor, data, len, field, sizeof(field))) {
+        snprintf(msg, sizeof(msg), "%s: contains a NUL byte (not allowed in strings)", field);
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
     if (m == NULL || req == NULL) {
         duet_rpc_call_fail(call, m ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
                            m ? "no memory" : "malformed PrefillRequest");

@@ -16,7 +16,9 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "common/log.h"
+#include "common/pb_strings.h"
 #include "router/router_internal.h"
 
 typedef struct {
@@ -131,6 +133,15 @@ static bool duet__prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char
         *code_p = GRPC_STATUS_INVALID_ARGUMENT;
         return false;
     }
+    if (in->n_stop > DUET_LIMIT_STOP_STRINGS || in->n_stop_token_ids > DUET_LIMIT_STOP_TOKEN_IDS) {
+        snprintf(msg, msg_cap, "%s: %zu given, at most %d are allowed",
+                 in->n_stop > DUET_LIMIT_STOP_STRINGS ? "stop" : "stop_token_ids",
+                 in->n_stop > DUET_LIMIT_STOP_STRINGS ? in->n_stop : in->n_stop_token_ids,
+                 in->n_stop > DUET_LIMIT_STOP_STRINGS ? DUET_LIMIT_STOP_STRINGS
+                                                      : DUET_LIMIT_STOP_TOKEN_IDS);
+        *code_p = GRPC_STATUS_INVALID_ARGUMENT;
+        return false;
+    }
     for (size_t i = 0; i < in->n_stop_token_ids; i++) {
         if (in->stop_token_ids[i] < 0 || in->stop_token_ids[i] >= rt->vocab) {
             snprintf(msg, msg_cap, "stop_token_ids[%zu]: %d is out of range", i,
@@ -181,6 +192,12 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
         duet_router_metrics_grpc(&rt->metrics, GRPC_STATUS_INVALID_ARGUMENT);
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed GenerateRequest");
         return;
+    }
+    /* protobuf-c cuts a string at a NUL: refuse rather than truncate */
+    if (duet_pb_find_nul(&duet__v1__generate_request__descriptor, req, req_len, id, sizeof(id))) {
+        snprintf(msg, sizeof(msg), "%s: contains a NUL byte (not allowed in strings)", id);
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+        goto fail;
     }
     if (!duet__prepare(rt, in, id, sizeof(id), &ids, &n_ids, &code, msg, sizeof(msg)))
         goto fail;
@@ -262,7 +279,7 @@ duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int th
     cfg.n_threads = threads > 0 ? threads : 2;
     cfg.stream_queue_limit = 8192;
     cfg.shutdown_grace_ms = 1000;
-    cfg.max_message_bytes = (size_t)rt->cfg->router.max_body_bytes + 4096;
+    cfg.max_message_bytes = duet_limit_router_message_bytes(rt->cfg);
     cfg.check = duet__check;
     cfg.check_arg = rt;
     if ((st = duet_rpc_server_create(&cfg, &rt->grpc)) != DUET_OK)

@@ -327,7 +327,10 @@ static enum MHD_Result duet__begin(duet__hreq_t *r, const char *url, const char 
     bool post = r->route == DUET_ROUTER_ROUTE_COMPLETIONS || r->route == DUET_ROUTER_ROUTE_CHAT;
     bool want_post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
     bool want_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+    enum MHD_Result framing_ret;
 
+    if (duet__http_framing_bad(r, &framing_ret))
+        return framing_ret;
     if (r->route == DUET_ROUTER_ROUTE_OTHER) {
         duet_router_oai_fail(&err, 404, NULL, "not_found", "no route %s %s", method, url);
         return duet__http_respond_error(r, &err);
@@ -392,10 +395,9 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
         return MHD_YES; /* discarding the rest of an upload we already answered */
     if (*upload_data_size > 0) {
         if (!r->too_large) {
-            if (r->body.len + *upload_data_size > (size_t)http->rt->cfg->router.max_body_bytes) {
-                r->too_large = true;
-                duet_router_buf_cleanup(&r->body);
-            } else if (!duet_router_buf_append(&r->body, upload_data, *upload_data_size)) {
+            if (r->body.len + *upload_data_size > (size_t)http->rt->cfg->router.max_body_bytes)
+                return duet__http_upload_too_large(r);
+            if (!duet_router_buf_append(&r->body, upload_data, *upload_data_size)) {
                 return MHD_NO;
             }
         }

@@ -85,6 +85,13 @@ void duet__http_hreq_suspend_locked(duet__hreq_t *r);
 /* Resume when suspended (any thread, lock held). */
 void duet__http_hreq_resume_locked(duet__hreq_t *r);
 
+/* http_limits.c: refuse ambiguous framing (differing Content-Length
+ * headers, Content-Length with Transfer-Encoding) with a 400 that closes
+ * the connection; true when answered (*ret_p: the result to return). */
+bool duet__http_framing_bad(duet__hreq_t *r, enum MHD_Result *ret_p);
+/* http_limits.c: the upload passed router.max_body_bytes: 413 now, close. */
+enum MHD_Result duet__http_upload_too_large(duet__hreq_t *r);
+
 /* http_gen.c: the completion endpoints (MHD thread).  Called for every
  * access-handler invocation once the body is complete. */
 enum MHD_Result duet__http_gen_handle(duet__hreq_t *r);

@@ -7,10 +7,11 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/limits.h"
 
-#define DUET__OAI_MAX_STOP     16
-#define DUET__OAI_MAX_STOP_IDS 64
-#define DUET__OAI_MAX_MSGS     4096
+#define DUET__OAI_MAX_STOP     DUET_LIMIT_STOP_STRINGS
+#define DUET__OAI_MAX_STOP_IDS DUET_LIMIT_STOP_TOKEN_IDS
+#define DUET__OAI_MAX_MSGS     DUET_LIMIT_CHAT_MESSAGES
 
 duet_status_t duet_router_oai_fail(duet_router_oai_error_t *err, int status, const char *param,
                                    const char *code, const char *fmt, ...)
@@ -295,6 +296,10 @@ static duet_status_t duet__parse_unsupported(const cJSON *root, duet_router_oai_
     if ((v = duet__field(root, "suffix")) != NULL &&
         !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return duet_router_oai_fail(err, 400, "suffix", NULL, "suffix is not supported");
+    /* null and {} change nothing: accepted; any bias is refused */
+    if ((v = duet__field(root, "logit_bias")) != NULL && !(cJSON_IsObject(v) && v->child == NULL))
+        return duet_router_oai_fail(err, 400, "logit_bias", NULL,
+                                    "logit_bias is not supported (only {} or null)");
     if ((v = duet__field(root, "tools")) != NULL && cJSON_GetArraySize(v) > 0)
         return duet_router_oai_fail(err, 400, "tools", NULL, "tools are not supported");
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
@@ -376,11 +381,24 @@ duet_status_t duet_router_oai_parse(const char *body, size_t len, duet_router_ap
     memset(req, 0, sizeof(*req));
     req->api = api;
     req->add_generation_prompt = true;
-    root = cJSON_ParseWithLength(body, len);
+    if ((st = duet_router_oai_check_body(body, len, err)) != DUET_OK)
+        return st;
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (root == NULL)
         return duet_router_oai_fail(err, 400, NULL, NULL,
                                     "the request body is not valid JSON (near byte %zu)",
                                     (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - body : 0));
+    while (end != NULL && end < body + len &&
+           (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
+    if (end != NULL && end < body + len) {
+        st = duet_router_oai_fail(err, 400, NULL, NULL,
+                                  "the request body has content after the JSON object (at byte "
+                                  "%zu): send exactly one JSON object",
+                                  (size_t)(end - body));
+        goto err;
+    }
     if (!cJSON_IsObject(root)) {
         st = duet_router_oai_fail(err, 400, NULL, NULL, "the request body must be a JSON object");
         goto err;

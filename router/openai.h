@@ -78,6 +78,12 @@ typedef struct {
     bool include_usage;
 } duet_router_oai_req_t;
 
+/* Refuse a body with a NUL byte, raw or escaped as \u0000 (a 400 naming the
+ * key whose value holds it): C strings would silently end there.  Called
+ * by duet_router_oai_parse. */
+duet_status_t duet_router_oai_check_body(const char *body, size_t len,
+                                         duet_router_oai_error_t *err);
+
 /* Parse and validate a request body.  On success *req owns its strings
  * (free with duet_router_oai_req_cleanup).  Returns DUET_ERR_INVALID with
  * *err filled (status 400) for any client mistake, DUET_ERR_NO_MEMORY with

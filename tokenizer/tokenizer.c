@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -618,7 +619,6 @@ duet_status_t duet_tokenizer_load(const char *dir, duet_tokenizer_t **tok_p)
 {
     char *json_path = NULL, *cfg_path = NULL;
     size_t n;
-    FILE *f;
     duet_status_t st;
 
     if (dir == NULL)
@@ -632,9 +632,9 @@ duet_status_t duet_tokenizer_load(const char *dir, duet_tokenizer_t **tok_p)
     }
     snprintf(json_path, n, "%s/tokenizer.json", dir);
     snprintf(cfg_path, n, "%s/tokenizer_config.json", dir);
-    if ((f = fopen(cfg_path, "rb")) != NULL)
-        fclose(f);
-    st = duet_tokenizer_load_files(json_path, f != NULL ? cfg_path : NULL, tok_p);
+    /* only whether it exists: opening a FIFO there would block (the loader
+     * refuses anything but a regular file) */
+    st = duet_tokenizer_load_files(json_path, access(cfg_path, F_OK) == 0 ? cfg_path : NULL, tok_p);
 out:
     duet_free(json_path);
     duet_free(cfg_path);

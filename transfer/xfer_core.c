@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -125,6 +126,11 @@ static duet_status_t duet__rank_create(duet_xfer_t *x, int index, duet_xfer_rank
     st = duet__rank_wakeup_init(r);
     if (st != DUET_OK)
         goto err_destroy;
+    {
+        /* the bench's A/B of duet__rank_sleep's device polling */
+        const char *arm = getenv("DUET_XFER_ARM_DEVICE");
+        r->arm_device = arm != NULL && strcmp(arm, "1") == 0;
+    }
     rc = pthread_create(&r->thread, NULL, duet__rank_main, r);
     if (rc != 0) {
         st = duet_error(DUET_ERR_INTERNAL, "xfer rank %d: pthread_create: %s", index, strerror(rc));

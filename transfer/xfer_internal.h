@@ -196,7 +196,8 @@ struct duet_xfer_rank {
 
     pthread_t thread;
     int thread_started;
-    int evfd; /* eventfd: commands queued */
+    int evfd;       /* eventfd: commands queued */
+    int arm_device; /* DUET_XFER_ARM_DEVICE=1: sleep (arm) with device puts in flight (A/B) */
     int epfd;
     pthread_mutex_t mu;
     pthread_cond_t cond;

@@ -9,7 +9,9 @@
  * worker's event fd and an eventfd that other threads write when they queue
  * a command; the sleep is bounded by the nearest deadline, and by 1 ms while
  * transport operations are in flight (a safety net should a completion not
- * raise an event).
+ * raise an event).  Exception: a device pool with puts in flight polls
+ * without sleeping (see duet__rank_sleep: arming would stall UCX's CUDA
+ * streams), so a prefill rank spins one core while its puts run.
  *
  * Peers do not call up into sends and expectations: this file tells both
  * when a peer fails or is closed. */
@@ -416,8 +418,16 @@ static int duet__process_inbox(duet_xfer_rank_t *r)
 static void duet__rank_sleep(duet_xfer_rank_t *r, int64_t now)
 {
     struct epoll_event ev[4];
-    int timeout = -1, n;
-    int armed = r->ops->arm(r->worker);
+    int timeout = -1, n, armed;
+    /* A device pool's puts are copies on UCX's CUDA streams, and arming the
+     * worker there queues a host callback on each stream with copies in
+     * flight (UCX's cuda_ipc/cuda_copy event arm): the stream then holds
+     * every later put until the host ran that callback, a GPU -> host ->
+     * GPU round trip between the puts of one layer and the next.  So while
+     * such puts are in flight the thread polls instead of sleeping. */
+    if (r->info.pool_device && !r->arm_device && r->ops->inflight(r->worker) > 0 && !r->stopping)
+        return;
+    armed = r->ops->arm(r->worker);
     if (armed == 0)
         return; /* events pending */
     if (r->next_deadline_ns != INT64_MAX) {

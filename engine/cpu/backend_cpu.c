@@ -335,8 +335,15 @@ static duet_status_t duet__add_bias(duet_backend_rank_t *r, void *x, const void 
 static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
                                        const void *src, int n, int d, size_t src_ld)
 {
-    for (int i = 0; i < n; i++)
-        r->ops->argmax((const float *)src + (size_t)i * src_ld, d, &max_p[i], &idx_p[i]);
+    for (int i = 0; i < n; i++) {
+        const float *x = (const float *)src + (size_t)i * src_ld;
+        float acc = 0.0f;
+        r->ops->argmax(x, d, &max_p[i], &idx_p[i]);
+        for (int j = 0; j < d; j++)
+            acc += x[j] * 0.0f; /* NaN once any logit is NaN or inf */
+        if (acc != 0.0f)
+            max_p[i] = NAN; /* the engine fails the request (DUET_ENGINE_NONFINITE) */
+    }
     return DUET_OK;
 }
 

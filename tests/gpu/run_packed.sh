@@ -10,10 +10,12 @@
 #
 #   unit    test_cuda_kv_copy (the pack/unpack kernel, the KV-store -> pack
 #           ordering), test_cuda_add, test_cuda_engine
-#   bench   bench_gpu_transfer --mirror packed for every pair the GPUs allow
-#           (1x1 1x2 2x1; 2x4 4x2 with 4 GPUs) at 512, 1024 and 8192
-#           tokens, then the unpacked direct path (--mirror device) for the
-#           same pairs in the same run, cudaMemcpyPeer as the reference
+#   bench   bench_gpu_transfer --mirror auto (the daemons' choice: packed
+#           when P != D) for every pair the GPUs allow (1x1 1x2 2x1; 2x4
+#           4x2 with 4 GPUs) at 512-8192 tokens, then the same with
+#           DUET_XFER_ARM_DEVICE=1 (the old progress-thread sleep) as the
+#           same-run baseline; BENCH_MODES picks others (packed, device);
+#           cudaMemcpyPeer as the reference
 #   disagg  tests/gpu/disagg_gpu.sh on the direct path (packed: the
 #           default there), every layout the GPUs allow
 # Logs: $OUT/packed-*.log
@@ -32,14 +34,24 @@ for what in "$@"; do
             2>&1 | tee "${OUT:-/tmp}/packed-unit.log" | grep -E "PASS|FAIL|INFO|passed|failed|===|Error" | tail -40
         ;;
     bench)
-        for mode in packed device; do
-            echo "=== bench_gpu_transfer --mirror $mode ($plans)"
-            DUET_UCX_CUDA_LIB=$U BENCH_TIMEOUT=250 timeout 280 tests/gpu/run_gpu_transfer.sh --mirror $mode \
-                --plans $plans --tokens 512,1024,8192 --rounds 3 --variants spread \
+        # auto: what the daemons run (packed when P != D, the direct path
+        # when P == D); auto-arm: the same with the progress thread arming
+        # UCX while device puts are in flight (the behaviour before the
+        # polling fix, DUET_XFER_ARM_DEVICE=1), as the same-run baseline;
+        # packed: packing forced for every pair
+        for mode in ${BENCH_MODES:-auto auto-arm}; do
+            case $mode in
+            auto-arm) mirror=auto; export DUET_XFER_ARM_DEVICE=1 ;;
+            *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
+            esac
+            echo "=== bench_gpu_transfer --mirror $mirror ($mode; $plans)"
+            DUET_UCX_CUDA_LIB=$U BENCH_TIMEOUT=250 timeout 280 tests/gpu/run_gpu_transfer.sh --mirror $mirror \
+                --plans $plans --tokens ${BENCH_TOKENS:-512,1024,4096,8192} --rounds ${BENCH_ROUNDS:-5} --variants spread \
                 > "${OUT:-/tmp}/packed-bench-$mode.log" 2>&1 || rc=1
             grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "${OUT:-/tmp}/packed-bench-$mode.log" | \
-                grep -E "^#|^spread|^copy|exit|corrupt|FAIL|error" | head -60
+                grep -E "^spread|^copy|exit|corrupt|FAIL|error" | head -60
         done
+        unset DUET_XFER_ARM_DEVICE
         ;;
     disagg)
         DUET_UCX_CUDA_LIB=$U DUET_KV_TRANSFER_PATH=auto timeout 560 tests/gpu/disagg_gpu.sh \

@@ -136,7 +136,56 @@ static const struct {
     {"{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", "include_usage", "boolean"},
     {"{\"prompt\":\"a\",\"ignore_eos\":1}", "ignore_eos", "boolean"},
     {"{\"prompt\":\"a\",\"stop_token_ids\":[600]}", "stop_token_ids", "out of range"},
+    /* issue 13: bad input that used to pass */
+    {"{\"prompt\":\"a\"} xyz", NULL, "after the JSON object (at byte 15)"},
+    {"{\"prompt\":\"a\"}{\"prompt\":\"b\"}", NULL, "after the JSON object"},
+    {"{\"prompt\":\"ab\\u0000cd\"}", NULL, "\"prompt\" has a NUL"},
+    {"{\"prompt\":\"a\",\"stop\":[\"x\\u0000\"]}", NULL, "\"stop\" has a NUL"},
+    {"{\"prompt\":\"a\",\"logit_bias\":{\"50\":100}}", "logit_bias", "not supported"},
+    {"{\"prompt\":\"a\",\"logit_bias\":[]}", "logit_bias", "not supported"},
+    {"{\"prompt\":\"a\",\"stop_token_ids\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
+     "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}",
+     "stop_token_ids", "at most 64"},
 };
+
+/* What the checks above must still let through, and a raw NUL byte (which
+ * a C-string table cannot hold). */
+static void test_body_edges(void **state)
+{
+    duet_router_oai_req_t r;
+    duet_router_oai_error_t e;
+    long live = duet_alloc_live();
+    static const char *const ok[] = {
+        "{\"prompt\":\"a\"} \r\n\t",
+        "{\"prompt\":\"a\",\"logit_bias\":{}}",
+        "{\"prompt\":\"a\",\"logit_bias\":null}",
+        "{\"prompt\":\"a\\\\u0000\"}", /* an escaped backslash, then "u0000" */
+        "{\"prompt\":\"a\\u0001\\\"u0000\"}",
+    };
+    static const char raw[] = "{\"prompt\":\"ab\0cd\"}";
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        if (parse(ok[i], DUET_ROUTER_API_COMPLETIONS, &r, &e) != DUET_OK)
+            fail_msg("body %s: %s", ok[i], e.message);
+        duet_router_oai_req_cleanup(&r);
+    }
+    assert_int_equal(parse("{\"prompt\":\"a\\\\u0000\"}", DUET_ROUTER_API_COMPLETIONS, &r, &e),
+                     DUET_OK);
+    assert_string_equal(r.prompt_text, "a\\u0000");
+    duet_router_oai_req_cleanup(&r);
+    assert_int_equal(
+        duet_router_oai_parse(raw, sizeof(raw) - 1, DUET_ROUTER_API_COMPLETIONS, &lim, &r, &e),
+        DUET_ERR_INVALID);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "\"prompt\" has a NUL"));
+    /* chat: the message content is named */
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\\u0000\"}]}",
+                           DUET_ROUTER_API_CHAT, &r, &e),
+                     DUET_ERR_INVALID);
+    assert_non_null(strstr(e.message, "\"content\" has a NUL"));
+    assert_int_equal(duet_alloc_live(), live);
+}
 
 static void test_completion_errors(void **state)
 {
@@ -462,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_parse_oom),           cmocka_unit_test(test_render_response),
         cmocka_unit_test(test_render_chunks),       cmocka_unit_test(test_error_shape),
         cmocka_unit_test(test_sse_framing),         cmocka_unit_test(test_json_escape),
+        cmocka_unit_test(test_body_edges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -377,6 +377,13 @@ int duet_cmd_generate(int argc, char **argv)
             fprintf(stderr, "duet generate: --dump-logits: write failed\n");
             goto out;
         }
+        if (next == DUET_ENGINE_NONFINITE) {
+            fprintf(stderr,
+                    "duet generate: non-finite logits (NaN or inf) at output token %d: the "
+                    "model's weights or activations are broken\n",
+                    n_out);
+            goto out;
+        }
         out[n_out++] = next;
         bool eos = duet_model_config_is_eos(cfg, next);
         if (dt != NULL && !eos)

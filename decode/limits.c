@@ -1,0 +1,44 @@
+#include "decode/limits.h"
+
+#include "common/limits.h"
+#include "common/pb_strings.h"
+
+duet_status_t duet_dc_limits_check_raw(const uint8_t *data, size_t len)
+{
+    char path[128];
+
+    if (duet_pb_find_nul(&duet__v1__decode_generate_request__descriptor, data, len, path,
+                         sizeof(path)))
+        return duet_error(DUET_ERR_INVALID, "%s: contains a NUL byte (not allowed in strings)",
+                          path);
+    return DUET_OK;
+}
+
+int duet_dc_limits_prompt(const duet_decode_t *dc)
+{
+    return duet_limit_prompt_tokens(dc->node.args.cluster, dc->max_ctx);
+}
+
+duet_status_t duet_dc_limits_check(const duet_decode_t *dc, const Duet__V1__GenerateRequest *g)
+{
+    const duet_router_config_t *rc = &dc->node.args.cluster->router;
+    int prompt_max = duet_dc_limits_prompt(dc);
+
+    if (g->max_tokens > (uint32_t)rc->max_tokens_limit)
+        return duet_error(DUET_ERR_INVALID,
+                          "max_tokens: %u is over the limit of %d (router.max_tokens_limit)",
+                          g->max_tokens, rc->max_tokens_limit);
+    if (g->n_stop > DUET_LIMIT_STOP_STRINGS)
+        return duet_error(DUET_ERR_INVALID, "stop: %zu strings, at most %d are allowed", g->n_stop,
+                          DUET_LIMIT_STOP_STRINGS);
+    if (g->n_stop_token_ids > DUET_LIMIT_STOP_TOKEN_IDS)
+        return duet_error(DUET_ERR_INVALID, "stop_token_ids: %zu ids, at most %d are allowed",
+                          g->n_stop_token_ids, DUET_LIMIT_STOP_TOKEN_IDS);
+    if (g->prompt_case == DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS && g->token_ids != NULL &&
+        g->token_ids->n_ids > (size_t)prompt_max)
+        return duet_error(
+            DUET_ERR_TOO_LONG, "token_ids: the prompt has %zu tokens, at most %d are allowed (%s)",
+            g->token_ids->n_ids, prompt_max,
+            prompt_max < dc->max_ctx ? "router.max_prompt_tokens" : "the model context");
+    return DUET_OK;
+}

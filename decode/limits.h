@@ -1,0 +1,27 @@
+/* Decode's own request limits (docs/security.md, "Input limits"): the caps
+ * the router applies, enforced again for a Decode.Generate that did not
+ * come through the router. */
+#ifndef DUET_DECODE_LIMITS_H
+#define DUET_DECODE_LIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "decode/decode.h"
+#include "duet/v1/decode.pb-c.h"
+
+/* The serialized request before unpacking: DUET_ERR_INVALID naming a
+ * string field that holds a NUL byte. */
+duet_status_t duet_dc_limits_check_raw(const uint8_t *data, size_t len);
+
+/* max_tokens (router.max_tokens_limit), stop strings and stop_token_ids
+ * (common/limits.h) and a token-id prompt's length (router.max_prompt_tokens
+ * or the model context): DUET_ERR_INVALID / DUET_ERR_TOO_LONG naming the
+ * field and the limit. */
+duet_status_t duet_dc_limits_check(const duet_decode_t *dc, const Duet__V1__GenerateRequest *g);
+
+/* The longest prompt decode accepts, in tokens. */
+int duet_dc_limits_prompt(const duet_decode_t *dc);
+
+#endif
