@@ -32,6 +32,8 @@
 
 #define DUET_DC_MAX_STOPS    DUET_LIMIT_STOP_STRINGS
 #define DUET_DC_STOP_MAX_LEN DUET_LIMIT_STOP_BYTES
+#define DUET_DC_ABORT_TOKEN_MIN 16
+#define DUET_DC_ABORT_TOKEN_MAX 64
 
 typedef struct duet_dc_req duet_dc_req_t;
 
@@ -87,6 +89,8 @@ struct duet_dc_req {
     char *stops[DUET_DC_MAX_STOPS];
     int n_stops;
     char prefill_target[128];
+    /* Decode.Abort must present it (docs/security.md); "" = none given */
+    char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
 
     int32_t *pages;               /* reserved for prompt + max_tokens */
     int n_pages;
@@ -143,6 +147,8 @@ typedef struct duet_dc_ev {
     char detail[256];
     duet_rpc_call_t *call;        /* ABORT: the Abort call to answer */
     char request_id[128];         /* ABORT */
+    /* ABORT: the token the caller presented */
+    char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
     struct duet_dc_ev *next;
 } duet_dc_ev_t;
 
@@ -151,8 +157,6 @@ typedef struct {
     duet_tokenizer_t *tok;
     int max_ctx;
     atomic_int waiting;           /* requests not yet running (queue limit) */
-    atomic_uint_fast64_t next_transfer_id;
-    atomic_uint_fast64_t next_req;
     int next_prefill;             /* round-robin over the configured prefills */
 
     pthread_mutex_t evlock;
@@ -229,6 +233,20 @@ bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req);
 /* Transfer layer callback (progress thread). */
 void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
                            const char *detail);
+
+/* owner.c (any thread; docs/security.md "Page grants and ownership") */
+/* Set req's request id (the caller's, or 128 random bits as hex) and its
+ * abort token (checked: empty, or 16..64 bytes). */
+duet_status_t duet_dc_request_owner(duet_decode_t *dc, const char *request_id,
+                                    const char *abort_token, duet_dc_req_t *req);
+/* May the holder of token abort req?  Constant time in the token bytes. */
+bool duet_dc_abort_allowed(const duet_dc_req_t *req, const char *token);
+/* Is target a prefill instance of this cluster: an address of the config,
+ * or (with resolve: a DNS lookup, worker threads only) one of the addresses
+ * a prefill entry's discover name resolves to?  DUET_OK; DUET_ERR_INVALID
+ * with the same message whatever listens at target; without resolve,
+ * DUET_ERR_NOT_FOUND (no message) when only a lookup can tell. */
+duet_status_t duet_dc_target_check(duet_decode_t *dc, const char *target, bool resolve);
 
 /* output.c (scheduler thread) */
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req);

@@ -30,7 +30,6 @@ static duet_status_t duet__start(void *arg)
     if (dc->piece == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory");
     dc->max_ctx = dc->node.ke.model_cfg.max_pos;
-    atomic_store(&dc->next_transfer_id, (duet_random_u64() & 0xffffffff00000000ull) | 1);
     /* fault injection for tests: every decode step takes at least this long */
     const char *delay = getenv("DUET_FAULT_DECODE_STEP_DELAY_MS");
     dc->fault_step_delay_ms = delay != NULL ? strtol(delay, NULL, 10) : 0;

@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/random.h"
 #include "common/rpc_pb.h"
 #include "decode/decode.h"
 #include "duet/v1/common.pb-c.h"
@@ -31,7 +32,13 @@ static void duet__boot_task(void *arg)
 {
     duet__boot_task_t *t = arg;
     t->ev->link = t->link;
-    t->ev->status = duet_node_link_bootstrap(&t->dc->node, &t->link->base);
+    /* a target not in the config was accepted pending a lookup of the
+     * discover names: decide before any connection */
+    t->ev->status = duet_dc_target_check(t->dc, t->link->base.key, true);
+    if (t->ev->status != DUET_OK)
+        snprintf(t->link->base.error, sizeof(t->link->base.error), "%s", duet_error_msg());
+    else
+        t->ev->status = duet_node_link_bootstrap(&t->dc->node, &t->link->base);
     duet_dc_post(t->dc, t->ev);
     duet_free(t);
 }
@@ -156,6 +163,25 @@ static void duet__cancel_expectations(duet_decode_t *dc, duet_dc_req_t *req)
     req->n_expecting = 0;
 }
 
+/* A transfer id no other transfer of ours is using (scheduler thread):
+ * random, so no caller can guess it (Prefill.Abort takes it), and checked
+ * against the requests in the prefill phase, where ids are live. */
+static duet_status_t duet__new_transfer_id(duet_decode_t *dc, uint64_t *id_p)
+{
+    uint64_t id;
+    bool used;
+    do {
+        duet_status_t st = duet_random_nonzero_u64(&id);
+        if (st != DUET_OK)
+            return st;
+        used = false;
+        for (duet_dc_req_t *r = dc->prefilling; r != NULL && !used; r = r->next)
+            used = r->transfer_id == id;
+    } while (used);
+    *id_p = id;
+    return DUET_OK;
+}
+
 static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *link)
 {
     int D = dc->node.ke.tp;
@@ -163,6 +189,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     Duet__V1__PrefillRequest pr = DUET__V1__PREFILL_REQUEST__INIT;
     Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
     duet__rpc_arg_t *ra = NULL;
+    uint8_t grant[DUET_NODE_GRANT_LEN];
     uint8_t *buf = NULL;
     size_t len = 0;
     duet_status_t st;
@@ -176,10 +203,17 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     if (req->stage0 >= 0 && !req->retried &&
         duet_slice_plan_prefill_tp(link->base.plan) == duet_slice_plan_decode_tp(link->base.plan))
         duet_dc_stage_release(dc, req);
-    req->transfer_id = atomic_fetch_add(&dc->next_transfer_id, 1);
     req->kv_ok = 0;
     req->kv_failed = false;
     req->state = DUET_DC_PREFILL;
+    /* (the old id of a retried attempt is not live any more) */
+    req->transfer_id = 0;
+    if ((st = duet__new_transfer_id(dc, &req->transfer_id)) != DUET_OK) {
+        /* fail below unlinks it from the prefilling list */
+        req->next = dc->prefilling;
+        dc->prefilling = req;
+        goto fail;
+    }
     req->next = dc->prefilling;
     dc->prefilling = req;
     for (int d = 0; d < D; d++) {
@@ -226,6 +260,22 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.transfer_id = req->transfer_id;
     pr.packed = req->stage0 >= 0;
     pr.dst_stage_page = req->stage0 >= 0 ? req->stage0 : 0;
+    /* the grant for exactly these pages (node/grant.h); it outlives the
+     * call's deadline by nothing */
+    duet_node_grant_t g = {
+        .transfer_id = req->transfer_id,
+        .decode_id = pr.decode_id,
+        .pages = req->pages,
+        .n_pages = (size_t)req->n_prompt_pages,
+        .packed = pr.packed,
+        .stage0 = pr.dst_stage_page,
+        .expiry_ms = duet_node_grant_now_ms() +
+                     (uint64_t)dc->node.args.cluster->transfer_timeout_ms +
+                     (uint64_t)dc->node.args.cluster->rpc_timeout_ms,
+    };
+    duet_node_grant_sign(link->base.grant_key, &g, grant);
+    pr.grant = (ProtobufCBinaryData){sizeof(grant), grant};
+    pr.grant_expiry_ms = g.expiry_ms;
     ra = DUET_NEW(duet__rpc_arg_t);
     if (ra == NULL || (ra->ev = duet_dc_ev_new(DUET_DC_EV_RPC_DONE, req)) == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "no memory");
@@ -321,7 +371,9 @@ void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev)
         } else {
             req->state = DUET_DC_NEW;
             duet_dc_fail(dc, req,
-                         ev->status == DUET_ERR_MISMATCH ? DUET_ERR_MISMATCH : DUET_ERR_PEER,
+                         ev->status == DUET_ERR_MISMATCH || ev->status == DUET_ERR_INVALID
+                             ? ev->status
+                             : DUET_ERR_PEER,
                          link->base.error);
         }
     }

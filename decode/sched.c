@@ -285,6 +285,8 @@ static void duet__handle(duet_decode_t *dc, duet_dc_ev_t *ev)
     case DUET_DC_EV_ABORT: {
         duet_dc_req_t *r = duet__find(dc, ev->request_id);
         Duet__V1__AbortResponse resp = DUET__V1__ABORT_RESPONSE__INIT;
+        if (r != NULL && !duet_dc_abort_allowed(r, ev->abort_token))
+            r = NULL; /* not the owner: as if unknown */
         if (r != NULL) {
             r->cancelled = true;
             duet_dc_fail(dc, r, DUET_ERR_CANCELLED, "aborted by Decode.Abort");

@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/pb_strings.h"
 #include "common/rpc_pb.h"
 #include "decode/decode.h"
 #include "decode/limits.h"
@@ -49,8 +50,7 @@ static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateReq
     switch (g->prompt_case) {
     case DUET__V1__GENERATE_REQUEST__PROMPT_TEXT: {
         int32_t *ids = NULL;
-        duet_status_t st =
-            duet_tokenizer_encode(dc->tok, g->text, strlen(g->text), true, &ids, &n);
+        duet_status_t st = duet_tokenizer_encode(dc->tok, g->text, strlen(g->text), true, &ids, &n);
         if (st != DUET_OK)
             return duet_error_wrap(st, "prompt: ");
         req->prompt = ids;
@@ -62,8 +62,9 @@ static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateReq
             break;
         for (size_t i = 0; i < n; i++) {
             if (g->token_ids->ids[i] < 0 || g->token_ids->ids[i] >= cfg->vocab)
-                return duet_error(DUET_ERR_INVALID, "prompt: token id %d at %zu is out of range "
-                                                    "0..%d",
+                return duet_error(DUET_ERR_INVALID,
+                                  "prompt: token id %d at %zu is out of range "
+                                  "0..%d",
                                   g->token_ids->ids[i], i, cfg->vocab - 1);
         }
         req->prompt = duet_malloc(n * sizeof(int32_t));
@@ -93,24 +94,26 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
 
     if (g == NULL)
         return duet_error(DUET_ERR_INVALID, "request: missing");
-    if (g->request_id != NULL && g->request_id[0] != '\0') {
-        if (strlen(g->request_id) >= sizeof(req->request_id))
-            return duet_error(DUET_ERR_INVALID, "request_id: longer than %zu bytes",
-                              sizeof(req->request_id) - 1);
-        snprintf(req->request_id, sizeof(req->request_id), "%s", g->request_id);
-    } else {
-        snprintf(req->request_id, sizeof(req->request_id), "%s-%llu", dc->node.args.instance_id,
-                 (unsigned long long)atomic_fetch_add(&dc->next_req, 1));
-    }
+    /* request id and abort token (owner.c) */
+    if ((st = duet_dc_request_owner(dc, g->request_id, m->abort_token, req)) != DUET_OK)
+        return st;
     if (m->prefill_target != NULL && strlen(m->prefill_target) >= sizeof(req->prefill_target))
         return duet_error(DUET_ERR_INVALID, "prefill_target: too long");
     snprintf(req->prefill_target, sizeof(req->prefill_target), "%s",
              m->prefill_target ? m->prefill_target : "");
-    if ((st = duet_dc_limits_check(dc, g)) != DUET_OK || (st = duet__prompt(dc, g, req)) != DUET_OK)
+    if ((st = duet_dc_limits_check(dc, g)) != DUET_OK)
+        return st;
+    /* only prefill instances of the cluster (a discovered one is checked
+     * before its bootstrap) */
+    if (req->prefill_target[0] != '\0' &&
+        (st = duet_dc_target_check(dc, req->prefill_target, false)) == DUET_ERR_INVALID)
+        return st;
+    if ((st = duet__prompt(dc, g, req)) != DUET_OK)
         return st;
     if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "sampling: ");
-    req->max_tokens = g->max_tokens > 0 ? (int)g->max_tokens : dc->node.args.self->max_tokens_default;
+    req->max_tokens =
+        g->max_tokens > 0 ? (int)g->max_tokens : dc->node.args.self->max_tokens_default;
     if (g->max_tokens > (1u << 24))
         return duet_error(DUET_ERR_INVALID, "max_tokens: %u is too large", g->max_tokens);
     /* generation stops at the context: reserve no more than it */
@@ -232,9 +235,31 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
         return;
     }
+    {
+        char field[64], msg[128];
+        if (duet_pb_find_nul(&duet__v1__abort_request__descriptor, data, len, field,
+                             sizeof(field))) {
+            /* "abc\0..." must not abort request "abc" */
+            snprintf(msg, sizeof(msg), "abort: %s contains a NUL byte", field);
+            duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
+            return;
+        }
+    }
     m = duet__v1__abort_request__unpack(NULL, len, data);
     if (m == NULL || m->request_id == NULL || m->request_id[0] == '\0') {
         duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "abort: request_id required");
+        goto out;
+    }
+    /* only the owner: who holds the token given at Generate (an unknown
+     * id and a wrong token answer alike: found = false) */
+    if (m->abort_token == NULL || m->abort_token[0] == '\0') {
+        duet_rpc_call_fail(call, GRPC_STATUS_PERMISSION_DENIED,
+                           "abort: abort_token required (the one the request was started with; "
+                           "a request without one is stopped by cancelling its stream)");
+        goto out;
+    }
+    if (strlen(m->abort_token) > DUET_DC_ABORT_TOKEN_MAX) {
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "abort: abort_token too long");
         goto out;
     }
     ev = duet_dc_ev_new(DUET_DC_EV_ABORT, NULL);
@@ -244,6 +269,7 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
     }
     ev->call = call;
     snprintf(ev->request_id, sizeof(ev->request_id), "%s", m->request_id);
+    snprintf(ev->abort_token, sizeof(ev->abort_token), "%s", m->abort_token);
     if (!duet_dc_post_live(dc, ev)) { /* else the scheduler answers */
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is shutting down");
         duet_free(ev);

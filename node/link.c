@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/random.h"
 #include "common/rpc_pb.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/tp.h"
@@ -165,9 +166,10 @@ bool duet_node_link_retire_peer(duet_node_t *node, const duet_xfer_peer_t *peer,
     return true;
 }
 
-/* Prefill: retire the links of a decode instance id or name (a restarted decode
- * replaces its old link). */
-static void duet__retire_identity(duet_node_t *node, const char *id, const char *name)
+/* Prefill: retire the links of a decode instance id or name other than keep
+ * (the new link of a restarted decode replaces its old one). */
+static void duet__retire_identity(duet_node_t *node, const char *id, const char *name,
+                                  const duet_node_link_t *keep)
 {
     duet_node_link_t **pp, *gone = NULL;
 
@@ -175,7 +177,7 @@ static void duet__retire_identity(duet_node_t *node, const char *id, const char 
     pp = &node->links;
     while (*pp != NULL) {
         duet_node_link_t *l = *pp;
-        if (strcmp(l->remote_id, id) == 0 || strcmp(l->remote_name, name) == 0) {
+        if (l != keep && (strcmp(l->remote_id, id) == 0 || strcmp(l->remote_name, name) == 0)) {
             duet__unlink(node, l);
             l->next = gone;
             gone = l;
@@ -303,6 +305,10 @@ duet_status_t duet_node_link_bootstrap(duet_node_t *node, duet_node_link_t *link
     req.kv_heads = (uint32_t)node->ke.kv_heads;
     req.n_rank_descriptors = (size_t)D;
     req.rank_descriptors = descs;
+    /* a new key for every link: grants made for an older one do not hold */
+    if ((st = duet_random_bytes(link->grant_key, sizeof(link->grant_key))) != DUET_OK)
+        goto out;
+    req.grant_key = (ProtobufCBinaryData){sizeof(link->grant_key), link->grant_key};
     if ((st = duet_pb_pack(&req.base, &buf, &len)) != DUET_OK)
         goto out;
     st = duet_rpc_client_unary(node->cli, link->key, "/duet.v1.Prefill/Bootstrap", buf, len,
@@ -365,6 +371,11 @@ static duet_status_t duet__check_request(duet_node_t *node, const Duet__V1__Boot
     if (m->kv_heads != (uint32_t)node->ke.kv_heads)
         return duet_error(DUET_ERR_MISMATCH, "bootstrap: decode has %u kv heads, prefill %d",
                           m->kv_heads, node->ke.kv_heads);
+    if (m->grant_key.len != DUET_NODE_GRANT_KEY_LEN)
+        return duet_error(DUET_ERR_INVALID,
+                          "bootstrap: grant_key of %zu bytes, expected %d (a decode that grants "
+                          "its pages: docs/security.md)",
+                          m->grant_key.len, DUET_NODE_GRANT_KEY_LEN);
     return DUET_OK;
 }
 
@@ -396,8 +407,8 @@ static void duet__serve_task(void *arg)
 
     if ((st = duet__check_request(node, m)) != DUET_OK)
         goto refuse;
-    /* a restarted decode daemon replaces its old link */
-    duet__retire_identity(node, m->decode_id, m->decode_name);
+    /* CONNECTING beside any READY link of the same decode, which keeps
+     * serving (lookups take READY links only) until this one works */
     link = duet_node_link_add(node, m->decode_id, sizeof(*link));
     if (link == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "bootstrap: no memory");
@@ -406,11 +417,15 @@ static void duet__serve_task(void *arg)
     snprintf(link->remote_id, sizeof(link->remote_id), "%s", m->decode_id);
     snprintf(link->remote_name, sizeof(link->remote_name), "%s", m->decode_name);
     link->remote_tp = (int)m->tp;
+    memcpy(link->grant_key, m->grant_key.data, sizeof(link->grant_key));
     if ((st = duet__connect(node, link, m->rank_descriptors, deadline)) != DUET_OK) {
         duet_node_link_retire(link);
         goto refuse;
     }
+    /* connected: it replaces the older links of this decode (a restarted
+     * one); READY first, so lookups never find none between the two */
     duet_node_link_ready(link);
+    duet__retire_identity(node, m->decode_id, m->decode_name, link);
     DUET_LOG_INFO("prefill: decode %s (%s, tp %d) bootstrapped", link->remote_name, link->remote_id,
                   link->remote_tp);
     duet__reply(node, t->call);

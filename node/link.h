@@ -10,11 +10,14 @@
  *
  * Bootstrap: the decode sends, per rank, its transfer descriptor, with its
  * instance id (new on every start), "<config name>@<host>", TP size, total
- * KV heads and model fingerprint; the prefill checks them, replaces any
- * older link of the same instance id or name@host (a restarted decode: its
- * siblings sharing a config entry keep theirs), connects its ranks to the
- * decode ranks they send to and answers with its own descriptors, which the
- * decode checks before connecting its ranks to their senders.  A mismatch
+ * KV heads, model fingerprint and a fresh page-grant key (node/grant.h);
+ * the prefill checks them, connects its ranks to the decode ranks they
+ * send to -- and only once that worked replaces any older link of the
+ * same instance id or name@host (a restarted decode: its siblings sharing
+ * a config entry keep theirs), so a bootstrap that fails (a garbage
+ * descriptor) leaves the working link alone -- and answers with its own
+ * descriptors, which the decode checks before connecting its ranks to
+ * their senders.  A mismatch
  * (model, KV heads; the transfer layer checks layout and dtype at connect)
  * is DUET_ERR_MISMATCH naming both values.
  *
@@ -37,6 +40,7 @@
 #include <stdint.h>
 
 #include "common/rpc.h"
+#include "node/grant.h"
 #include "node/node.h"
 #include "transfer/slice_plan.h"
 #include "transfer/xfer.h"
@@ -57,6 +61,9 @@ struct duet_node_link {
     duet_node_link_state_t state;
     int refs;
     char error[512]; /* why connecting failed */
+    /* the page-grant key of this bootstrap (node/grant.h): made by decode,
+     * received by prefill; written before the link is READY */
+    uint8_t grant_key[DUET_NODE_GRANT_KEY_LEN];
     duet_node_t *node;
     struct duet_node_link *next;
 };

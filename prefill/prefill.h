@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/rpc.h"
+#include "duet/v1/prefill.pb-c.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
 #include "node/link.h"
@@ -79,6 +80,11 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf);
 struct Duet__V1__PrefillRequest;
 duet_status_t duet_pf_validate(duet_prefill_t *pf, const struct Duet__V1__PrefillRequest *m,
                                duet_pf_req_t *req);
+
+/* grant.c: verify the page grant of a validated request (req->link set)
+ * before it is queued; DUET_ERR_INVALID naming why (the caller answers
+ * PERMISSION_DENIED). */
+duet_status_t duet_pf_grant_check(const Duet__V1__PrefillRequest *m, const duet_pf_req_t *req);
 
 /* sched.c */
 duet_status_t duet_pf_sched_start(duet_prefill_t *pf);

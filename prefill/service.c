@@ -140,6 +140,14 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
         req = NULL;
         goto out;
     }
+    /* before anything is queued: only the pages decode granted */
+    if (duet_pf_grant_check(m, req) != DUET_OK) {
+        DUET_LOG_WARN("prefill: Prefill from %s: %s", m->decode_id, duet_error_msg());
+        duet_rpc_call_fail(call, GRPC_STATUS_PERMISSION_DENIED, duet_error_msg());
+        duet_pf_req_free(pf, req);
+        req = NULL;
+        goto out;
+    }
     /* already cancelled: on_cancel will not run, so flag it here */
     if (duet_rpc_call_on_cancel(call, duet__on_cancel, req) != DUET_OK)
         req->aborted = true;

@@ -164,9 +164,13 @@ static bool duet__prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char
         *code_p = GRPC_STATUS_INVALID_ARGUMENT;
         return false;
     }
-    if (in->request_id[0] == '\0')
-        duet_router_new_id(rt, "cmpl", id_buf, id_cap);
-    else
+    if (in->request_id[0] == '\0') {
+        if (duet_router_new_id(rt, "cmpl", id_buf, id_cap) != DUET_OK) {
+            snprintf(msg, msg_cap, "request id: %s", duet_error_msg());
+            *code_p = GRPC_STATUS_INTERNAL;
+            return false;
+        }
+    } else
         snprintf(id_buf, id_cap, "%s", in->request_id);
     return true;
 

@@ -218,8 +218,11 @@ static enum MHD_Result duet__submit(duet__hreq_t *r)
     r->api =
         r->route == DUET_ROUTER_ROUTE_CHAT ? DUET_ROUTER_API_CHAT : DUET_ROUTER_API_COMPLETIONS;
     r->created = (int64_t)time(NULL);
-    duet_router_new_id(rt, r->api == DUET_ROUTER_API_CHAT ? "chatcmpl" : "cmpl", r->id,
-                       sizeof(r->id));
+    if (duet_router_new_id(rt, r->api == DUET_ROUTER_API_CHAT ? "chatcmpl" : "cmpl", r->id,
+                           sizeof(r->id)) != DUET_OK) {
+        duet_router_oai_fail(&err, 500, NULL, "internal_error", "request id: %s", duet_error_msg());
+        return duet__http_respond_error(r, &err);
+    }
     if (duet_router_oai_parse(r->body.data ? r->body.data : "", r->body.len, r->api, &lim, &req,
                               &err) != DUET_OK)
         return duet__http_respond_error(r, &err);

@@ -14,6 +14,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/random.h"
 #include "common/sync.h"
 #include "model/model_config.h"
 #include "router/router_internal.h"
@@ -104,10 +105,7 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
     pthread_mutex_init(&rt->tick_lock, NULL);
     duet_cond_init_monotonic(&rt->tick_cond);
     duet_router_metrics_init(&rt->metrics);
-    atomic_init(&rt->next_id, 0);
     atomic_init(&rt->draining, false);
-    if (getrandom(&rt->id_salt, sizeof(rt->id_salt), 0) != (ssize_t)sizeof(rt->id_salt))
-        rt->id_salt = (uint64_t)duet_now_ns() ^ ((uint64_t)getpid() << 32);
     rt->started_unix = (int64_t)time(NULL);
 
     if ((st = duet_cluster_load(opt->config_path, &rt->cfg)) != DUET_OK)
@@ -172,13 +170,17 @@ err:
 
 /* ---- request preparation ---- */
 
-void duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap)
+duet_status_t duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap)
 {
-    uint64_t n = atomic_fetch_add(&rt->next_id, 1) + 1;
-    uint64_t state = rt->id_salt ^ (n * 0x9E3779B97F4A7C15ull);
-    uint64_t a = duet_router_rand_next(&state);
-    snprintf(buf, cap, "%s-%08llx%016llx", prefix, (unsigned long long)(n & 0xFFFFFFFFu),
-             (unsigned long long)a);
+    /* 128 bits from the CSPRNG, no counter: one id tells nothing about
+     * another (docs/security.md), and collisions are out of reach */
+    char hex[DUET_RANDOM_ID_LEN + 1];
+    duet_status_t st = duet_random_id(hex);
+    (void)rt;
+    if (st != DUET_OK)
+        return st;
+    snprintf(buf, cap, "%s-%s", prefix, hex);
+    return DUET_OK;
 }
 
 bool duet_router_auth_ok(const duet_router_t *rt, const char *header, size_t len)

@@ -56,8 +56,6 @@ struct duet_router {
     duet_router_job_t *q_head, *q_tail;
     duet_router_job_t *active; /* every admitted job (for drain) */
 
-    _Atomic uint64_t next_id;
-    uint64_t id_salt;
     atomic_bool draining;
 
     duet_router_http_t *http;
@@ -73,8 +71,9 @@ struct duet_router {
 
 /* ---- request preparation (router.c) ---- */
 
-/* A fresh request id "<prefix>-<24 hex>" into buf. */
-void duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap);
+/* A fresh request id "<prefix>-<32 random hex digits>" into buf;
+ * DUET_ERR_IO when the kernel gives no randomness (never a guessable id). */
+duet_status_t duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap);
 /* Check the bearer token in an Authorization header value (NULL: absent). */
 bool duet_router_auth_ok(const duet_router_t *rt, const char *header, size_t len);
 /* Token ids for a prompt: text is tokenized (BOS as the tokenizer says when

@@ -61,12 +61,12 @@ def stubs(src):
                                os.path.join(hdir, "health.proto")])
         sys.path.insert(0, out)
         from duet.v1 import common_pb2, decode_pb2, decode_pb2_grpc, generate_pb2
-        from duet.v1 import generate_pb2_grpc, prefill_pb2_grpc
+        from duet.v1 import generate_pb2_grpc, prefill_pb2, prefill_pb2_grpc
         import health_pb2
         import health_pb2_grpc
         _STUBS = dict(common=common_pb2, decode=decode_pb2, decode_grpc=decode_pb2_grpc,
                       generate=generate_pb2, generate_grpc=generate_pb2_grpc,
-                      prefill_grpc=prefill_pb2_grpc, health=health_pb2,
+                      prefill=prefill_pb2, prefill_grpc=prefill_pb2_grpc, health=health_pb2,
                       health_grpc=health_pb2_grpc)
     return _STUBS
 

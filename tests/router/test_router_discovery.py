@@ -119,10 +119,13 @@ class Pod:
         exe = os.path.join(self.cl.build, self.role, "duet-" + self.role)
         env = dict(self.cl.env)
         env.update(self.env)
-        # only the host name: daemons resolve nothing by name, and
+        # prefill: only the host name (it resolves nothing by name, and
         # nss_wrapper breaks under concurrent lookups while the hosts file
-        # changes
-        env.pop("NSS_WRAPPER_HOSTS", None)
+        # changes); decode resolves the prefill discover names, one lookup
+        # at a time on its worker thread, to accept only prefill_targets
+        # that are instances of the group (docs/security.md)
+        if self.role != "decode":
+            env.pop("NSS_WRAPPER_HOSTS", None)
         env["NSS_WRAPPER_HOSTNAME"] = self.host
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([exe, "--config", self.cl.config, "--name", self.group,
@@ -364,6 +367,21 @@ def test(build, src):
               "start: spread %s" % d)
         print("start: discovered prefill tp 2 and decode tp 1, mixed with a static "
               "prefill: %s" % d)
+        # decode dials only prefills of the group: an address the name does
+        # not resolve to, or another port of one it does, is refused before
+        # any connection (docs/security.md)
+        dstub = cl.pb["decode_grpc"].DecodeStub(da.ch or grpc.insecure_channel(da.addr))
+        for bad in (target("127.0.0.9", port_p), target("127.0.0.2", port_p + 1)):
+            try:
+                for _ in dstub.Generate(cl.pb["decode"].DecodeGenerateRequest(
+                        request=cl.gen_request("Hi", max_tokens=2), prefill_target=bad),
+                        timeout=15):
+                    pass
+                fail("decode accepted prefill_target %s" % bad)
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+                      "is not a prefill instance" in e.details(),
+                      "prefill_target %s: %s %s" % (bad, e.code(), e.details()))
 
         # ---- scale up: db is in DNS before it is up: no traffic until checked ----
         retries0 = cl.metrics()["duet_router_retries_total"]

@@ -174,7 +174,7 @@ class Cluster:
             return ""
 
     def request(self, prompt, max_tokens=16, prefill=None, temperature=0.0, seed=None,
-                stop=None, ignore_eos=False, request_id="", stop_token_ids=None):
+                stop=None, ignore_eos=False, request_id="", stop_token_ids=None, abort_token=""):
         g = self.pb["generate"]
         sp = self.pb["common"].SamplingParams(temperature=temperature)
         if seed is not None:
@@ -192,7 +192,8 @@ class Cluster:
             kw["stop_token_ids"] = list(stop_token_ids)
         target = self.daemons[prefill].address if prefill else ""
         return self.pb["decode"].DecodeGenerateRequest(request=g.GenerateRequest(**kw),
-                                                       prefill_target=target)
+                                                       prefill_target=target,
+                                                       abort_token=abort_token)
 
     def generate(self, decode, prompt, timeout=60, **kw):
         """Run one request to the end: (ids, text, finished)."""

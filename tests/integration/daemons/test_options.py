@@ -95,9 +95,12 @@ def main():
 
     def abort():
         stub = c.pb["decode_grpc"].DecodeStub(c.channel("d0"))
-        it = c.stream("d0", PROMPT, max_tokens=300, ignore_eos=True, request_id="abort-me")
+        token = "abort-me-secret-0123456789"
+        it = c.stream("d0", PROMPT, max_tokens=300, ignore_eos=True, request_id="abort-me",
+                      abort_token=token)
         next(it)
-        r = stub.Abort(c.pb["common"].AbortRequest(request_id="abort-me"), timeout=5)
+        r = stub.Abort(c.pb["common"].AbortRequest(request_id="abort-me", abort_token=token),
+                       timeout=5)
         expect(r.found, "Abort did not find the request")
         try:
             for _ in it:
@@ -105,7 +108,8 @@ def main():
             raise AssertionError("the aborted stream finished normally")
         except grpc.RpcError as e:
             expect(e.code() == grpc.StatusCode.CANCELLED, "status %s" % e.code())
-        r = stub.Abort(c.pb["common"].AbortRequest(request_id="nobody"), timeout=5)
+        r = stub.Abort(c.pb["common"].AbortRequest(request_id="nobody", abort_token=token),
+                       timeout=5)
         expect(not r.found, "Abort found an unknown request")
 
     def bad_requests():

@@ -1,0 +1,49 @@
+/* CSPRNG values (common/random.h). */
+#include "common/random.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/random.h>
+
+duet_status_t duet_random_bytes(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return duet_error(DUET_ERR_IO, "getrandom: %s", strerror(errno));
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet_random_id(char out[DUET_RANDOM_ID_LEN + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint8_t b[DUET_RANDOM_ID_LEN / 2];
+    duet_status_t st = duet_random_bytes(b, sizeof(b));
+    if (st != DUET_OK)
+        return st;
+    for (size_t i = 0; i < sizeof(b); i++) {
+        out[2 * i] = hex[b[i] >> 4];
+        out[2 * i + 1] = hex[b[i] & 15];
+    }
+    out[DUET_RANDOM_ID_LEN] = '\0';
+    return DUET_OK;
+}
+
+duet_status_t duet_random_nonzero_u64(uint64_t *out_p)
+{
+    uint64_t v = 0;
+    while (v == 0) {
+        duet_status_t st = duet_random_bytes(&v, sizeof(v));
+        if (st != DUET_OK)
+            return st;
+    }
+    *out_p = v;
+    return DUET_OK;
+}
