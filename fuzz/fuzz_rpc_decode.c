@@ -1,10 +1,12 @@
 /* The decode daemon's gRPC handlers (decode/service.c): protobuf-c's
  * unpack of each request and what the handler checks before it posts the
- * request to the scheduler.  Decode.Generate runs duet_dc_validate on a
+ * request to the scheduler.  Decode.Generate: the checks on the serialized
+ * bytes (duet_dc_limits_check_raw), the unpack and duet_dc_validate, in
+ * the handler's order, on a
  * daemon context built as decode's start-up builds it, minus the engine
  * and the network: stories260K's config.json and tokenizer (text prompts
  * are tokenized here), 64 pages of 16 tokens, TP 1.  Decode.Abort: the
- * request.
+ * NUL scan and the unpack.
  *
  * Input: byte 0 bit 0 set: an AbortRequest; else a DecodeGenerateRequest;
  * the rest is the message.  An accepted request must be one the scheduler
@@ -14,7 +16,9 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/pb_strings.h"
 #include "decode/decode.h"
+#include "decode/limits.h"
 #include "duet/v1/decode.pb-c.h"
 #include "fuzz/fuzz.h"
 #include "kv/pool.h"
@@ -59,11 +63,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void duet__fuzz_generate(const uint8_t *data, size_t size)
 {
     duet_decode_t *dc = &duet__fuzz_dc;
-    Duet__V1__DecodeGenerateRequest *m =
-        duet__v1__decode_generate_request__unpack(NULL, size, data);
+    Duet__V1__DecodeGenerateRequest *m;
     duet_dc_req_t *req;
 
-    if (m == NULL)
+    if (duet_dc_limits_check_raw(data, size) != DUET_OK)
+        return;
+    if ((m = duet__v1__decode_generate_request__unpack(NULL, size, data)) == NULL)
         return;
     req = DUET_NEW(duet_dc_req_t);
     if (req == NULL)
@@ -97,6 +102,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     if (data[0] & 1) {
+        char field[64];
+        if (duet_pb_find_nul(&duet__v1__abort_request__descriptor, data + 1, size - 1, field,
+                             sizeof(field)))
+            return 0;
         Duet__V1__AbortRequest *m = duet__v1__abort_request__unpack(NULL, size - 1, data + 1);
         if (m != NULL)
             duet__v1__abort_request__free_unpacked(m, NULL);

@@ -1,6 +1,8 @@
 /* The prefill daemon's gRPC handlers (prefill/service.c, node/link.c):
  * protobuf-c's unpack of each request and what the handler checks before
- * it does any work.  Prefill.Prefill runs duet_pf_validate on a daemon
+ * it does any work.  Prefill.Prefill: the NUL scan of the serialized
+ * strings (duet_pb_find_nul), the unpack, duet_pf_validate and the page
+ * grant check (duet_pf_grant_check) in the handler's order, on a daemon
  * context built as prefill's start-up builds it, minus the network: the
  * stories260K engine on the CPU backend (TP 1, 64 pages of 16 tokens) and
  * one bootstrapped decode link ("decode-fuzz", so requests naming it get
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/pb_strings.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/engine.h"
 #include "fuzz/fuzz.h"
@@ -72,10 +75,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void duet__fuzz_prefill(const uint8_t *data, size_t size)
 {
     duet_prefill_t *pf = &duet__fuzz_pf;
-    Duet__V1__PrefillRequest *m = duet__v1__prefill_request__unpack(NULL, size, data);
+    Duet__V1__PrefillRequest *m;
     duet_pf_req_t *req;
+    char field[64];
 
-    if (m == NULL)
+    if (duet_pb_find_nul(&duet__v1__prefill_request__descriptor, data, size, field,
+                         sizeof(field))) {
+        if (field[0] == '\0')
+            abort(); /* the handler names the field */
+        return;
+    }
+    if ((m = duet__v1__prefill_request__unpack(NULL, size, data)) == NULL)
         return;
     req = DUET_NEW(duet_pf_req_t);
     if (req == NULL)
@@ -93,6 +103,8 @@ static void duet__fuzz_prefill(const uint8_t *data, size_t size)
         for (size_t i = 0; i < pages; i++)
             if (req->dst_pages[i] < 0)
                 abort();
+        /* the fuzz link has no grant secret: this refuses, after parsing */
+        (void)duet_pf_grant_check(m, req);
     } else if (duet_error_msg()[0] == '\0') {
         abort();
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/pb_strings.h"
 #include "fuzz/fuzz.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "router/router_internal.h"
@@ -31,20 +32,21 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     rt->vocab = duet_tokenizer_vocab_size(rt->tok);
     rt->max_tokens_limit = 4096;
     rt->default_max_tokens = 256;
-    rt->id_salt = 0x5eed;
     return 0;
 }
 
 static void duet__fuzz_generate(const uint8_t *data, size_t size)
 {
     duet_router_t *rt = &duet__fuzz_rt;
-    Duet__V1__GenerateRequest *in = duet__v1__generate_request__unpack(NULL, size, data);
+    Duet__V1__GenerateRequest *in;
     grpc_status_code code = GRPC_STATUS_OK;
     char msg[320], id[160];
     int32_t *ids = NULL;
     size_t n = 0;
 
-    if (in == NULL)
+    if (duet_pb_find_nul(&duet__v1__generate_request__descriptor, data, size, id, sizeof(id)))
+        return;
+    if ((in = duet__v1__generate_request__unpack(NULL, size, data)) == NULL)
         return;
     if (duet_router_grpc_prepare(rt, in, id, sizeof(id), &ids, &n, &code, msg, sizeof(msg))) {
         if (n < 1 || n > (size_t)rt->prompt_limit || id[0] == '\0' || ids == NULL)
