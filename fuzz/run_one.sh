@@ -7,10 +7,15 @@ set -euo pipefail
 harness=$1 secs=$2 work=$3 seeds=$4
 shift 4
 mkdir -p "$work/corpus"
-# the harnesses write their model files to TMPDIR: tmpfs when there is one
+# the harnesses write their model files under TMPDIR: a directory of this
+# run's (on tmpfs when there is one), removed at the end even after a crash
+base=${TMPDIR:-/tmp}
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
-  export TMPDIR=/dev/shm
+  base=/dev/shm
 fi
+scratch=$(mktemp -d "$base/duet-fuzz.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR=$scratch
 log="$work/log"
 set +e
 "$harness" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
