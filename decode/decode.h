@@ -188,6 +188,12 @@ typedef struct {
 
 /* service.c */
 duet_status_t duet_dc_service_register(duet_decode_t *dc);
+/* The checks Generate runs on a request before posting it (fills req,
+ * tokenizing a text prompt; the caller frees it with duet_dc_req_free).
+ * Exposed for fuzz/. */
+struct Duet__V1__DecodeGenerateRequest;
+duet_status_t duet_dc_validate(duet_decode_t *dc, const struct Duet__V1__DecodeGenerateRequest *m,
+                               duet_dc_req_t *req);
 
 /* sched.c */
 duet_status_t duet_dc_sched_start(duet_decode_t *dc);

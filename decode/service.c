@@ -327,3 +327,9 @@ duet_status_t duet_dc_service_register(duet_decode_t *dc)
         return st;
     return DUET_OK;
 }
+
+duet_status_t duet_dc_validate(duet_decode_t *dc, const Duet__V1__DecodeGenerateRequest *m,
+                               duet_dc_req_t *req)
+{
+    return duet__validate(dc, m, req);
+}

@@ -75,6 +75,11 @@ typedef struct {
 
 /* service.c */
 duet_status_t duet_pf_service_register(duet_prefill_t *pf);
+/* The checks Prefill runs on a request before queueing it (fills req;
+ * the caller frees it with duet_pf_req_free).  Exposed for fuzz/. */
+struct Duet__V1__PrefillRequest;
+duet_status_t duet_pf_validate(duet_prefill_t *pf, const struct Duet__V1__PrefillRequest *m,
+                               duet_pf_req_t *req);
 
 /* grant.c: verify the page grant of a validated request (req->link set)
  * before it is queued; DUET_ERR_INVALID naming why (the caller answers

@@ -235,3 +235,9 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf)
     }
     return DUET_OK;
 }
+
+duet_status_t duet_pf_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
+                               duet_pf_req_t *req)
+{
+    return duet__validate(pf, m, req);
+}

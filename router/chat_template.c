@@ -3,6 +3,7 @@
  * recursive-descent parser into duet__node_t trees. */
 #include <ctype.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,7 @@ typedef struct {
     /* tag lexer */
     const char *t, *tend;
     int line;
+    int depth; /* nesting of expressions and blocks (the parser recurses) */
     duet_status_t err;
 } duet__parser_t;
 
@@ -84,12 +86,37 @@ static duet_status_t duet__perr(duet__parser_t *ps, duet_status_t st, const char
     return ps->err;
 }
 
-static int duet__line_of(const char *src, const char *p)
+/* Deeper nesting than any real template; bounds the parser's recursion
+ * (found by fuzz/fuzz_chat_template: ((((... overflowed the stack). */
+#define DUET__MAX_NEST 100
+
+static bool duet__nest_in(duet__parser_t *ps)
 {
-    int line = 1;
-    for (const char *q = src; q < p; q++)
-        line += *q == '\n';
-    return line;
+    if (ps->depth >= DUET__MAX_NEST) {
+        duet__perr(ps, DUET_ERR_UNSUPPORTED, "nested more than 100 levels deep");
+        return false;
+    }
+    ps->depth++;
+    return true;
+}
+
+/* The line of p, counting on from the last position asked (segment asks in
+ * source order: linear, where counting from the start each time was
+ * quadratic in the template's size). */
+typedef struct {
+    const char *src, *at;
+    int line;
+} duet__lines_t;
+
+static int duet__line_of(duet__lines_t *lc, const char *p)
+{
+    if (lc->at == NULL || p < lc->at) {
+        lc->at = lc->src;
+        lc->line = 1;
+    }
+    for (; lc->at < p; lc->at++)
+        lc->line += *lc->at == '\n';
+    return lc->line;
 }
 
 static bool duet__seg_push(duet__parser_t *ps, duet__seg_kind_t kind, const char *p, size_t n,
@@ -134,6 +161,7 @@ static duet_status_t duet__segment(duet__parser_t *ps, const char *src)
 {
     const char *p = src;
     bool strip_next = false, trim_nl = false;
+    duet__lines_t lines = {src, NULL, 1};
 
     for (;;) {
         const char *open = p;
@@ -164,7 +192,7 @@ static duet_status_t duet__segment(duet__parser_t *ps, const char *src)
                     te = q;
             }
         }
-        if (!duet__seg_push(ps, DUET__SEG_TEXT, ts, (size_t)(te - ts), duet__line_of(src, ts)))
+        if (!duet__seg_push(ps, DUET__SEG_TEXT, ts, (size_t)(te - ts), duet__line_of(&lines, ts)))
             return duet__perr(ps, DUET_ERR_NO_MEMORY, "out of memory");
         if (!open)
             return DUET_OK;
@@ -174,7 +202,7 @@ static duet_status_t duet__segment(duet__parser_t *ps, const char *src)
         if (*in == '-' || *in == '+')
             in++;
         const char *end = duet__tag_end(in, close);
-        ps->line = duet__line_of(src, open);
+        ps->line = duet__line_of(&lines, open);
         if (end == NULL)
             return duet__perr(ps, DUET_ERR_FORMAT, "unterminated tag");
         const char *in_end = end;
@@ -220,8 +248,16 @@ static duet__tok_t duet__peek(duet__parser_t *ps)
             p++;
         tk.kind = DUET__T_NAME;
     } else if (isdigit((unsigned char)*p)) {
-        while (p < ps->tend && isdigit((unsigned char)*p))
-            tk.i = tk.i * 10 + (*p++ - '0');
+        while (p < ps->tend && isdigit((unsigned char)*p)) {
+            int d = *p++ - '0';
+            if (tk.i > (INT64_MAX - d) / 10) { /* found by fuzz/fuzz_chat_template */
+                tk.kind = DUET__T_END;
+                tk.p = NULL;
+                duet__perr(ps, DUET_ERR_FORMAT, "integer literal out of range");
+                return tk;
+            }
+            tk.i = tk.i * 10 + d;
+        }
         tk.kind = DUET__T_INT;
     } else if (*p == '\'' || *p == '"') {
         char q = *p++;
@@ -480,9 +516,12 @@ static duet__node_t *duet__unary(duet__parser_t *ps)
 {
     duet__node_t *n;
     if (duet__accept(ps, "-")) {
-        if ((n = duet__node(ps, DUET__E_NEG)) == NULL || (n->a = duet__unary(ps)) == NULL)
+        if (!duet__nest_in(ps))
             return NULL;
-        return n;
+        if ((n = duet__node(ps, DUET__E_NEG)) != NULL)
+            n->a = duet__unary(ps);
+        ps->depth--;
+        return n != NULL && n->a != NULL ? n : NULL;
     }
     return duet__filtered(ps);
 }
@@ -584,9 +623,12 @@ static duet__node_t *duet__not(duet__parser_t *ps)
 {
     duet__node_t *n;
     if (duet__accept(ps, "not")) {
-        if ((n = duet__node(ps, DUET__E_NOT)) == NULL || (n->a = duet__not(ps)) == NULL)
+        if (!duet__nest_in(ps))
             return NULL;
-        return n;
+        if ((n = duet__node(ps, DUET__E_NOT)) != NULL)
+            n->a = duet__not(ps);
+        ps->depth--;
+        return n != NULL && n->a != NULL ? n : NULL;
     }
     return duet__compare(ps);
 }
@@ -606,7 +648,7 @@ static duet__node_t *duet__logic(duet__parser_t *ps, bool or_level)
 }
 
 /* Full expression: `x if c else y` binds loosest. */
-static duet__node_t *duet__expr(duet__parser_t *ps)
+static duet__node_t *duet__cond(duet__parser_t *ps)
 {
     duet__node_t *n = duet__logic(ps, true), *m;
     if (n && duet__accept(ps, "if")) {
@@ -619,6 +661,15 @@ static duet__node_t *duet__expr(duet__parser_t *ps)
             return NULL;
         n = m;
     }
+    return n;
+}
+
+static duet__node_t *duet__expr(duet__parser_t *ps)
+{
+    if (!duet__nest_in(ps))
+        return NULL;
+    duet__node_t *n = duet__cond(ps);
+    ps->depth--;
     return n;
 }
 
@@ -735,7 +786,7 @@ static duet__node_t *duet__set(duet__parser_t *ps)
 
 /* Statements until a tag whose keyword is in ends (its segment is consumed,
  * and the lexer is left after the keyword); ends == NULL: until the end. */
-static duet__node_t *duet__body(duet__parser_t *ps, const char *const *ends, duet__tok_t *end_p)
+static duet__node_t *duet__body_in(duet__parser_t *ps, const char *const *ends, duet__tok_t *end_p)
 {
     duet__node_t *head = NULL, **tail = &head, *n;
 
@@ -794,6 +845,15 @@ static duet__node_t *duet__body(duet__parser_t *ps, const char *const *ends, due
         duet__perr(ps, DUET_ERR_FORMAT, msg);
     }
     return head;
+}
+
+static duet__node_t *duet__body(duet__parser_t *ps, const char *const *ends, duet__tok_t *end_p)
+{
+    if (!duet__nest_in(ps))
+        return NULL;
+    duet__node_t *n = duet__body_in(ps, ends, end_p);
+    ps->depth--;
+    return n;
 }
 
 duet_status_t duet_router_chat_tmpl_compile(const char *src, duet_router_chat_tmpl_t **tmpl_p)

@@ -14,6 +14,7 @@
 
 #define DUET__MAX_OUTPUT (16u << 20)
 #define DUET__MAX_STEPS  10000000u
+#define DUET__MAX_DEPTH  256
 
 /* never written: every undefined value is this one */
 duet__val_t duet__tmpl_undef = {.kind = DUET__V_UNDEF};
@@ -327,6 +328,19 @@ static duet__val_t *duet__slice(duet__rs_t *rs, const duet__node_t *n)
     return r;
 }
 
+/* a + b, a - b or a * b (n->op); out of int64 range is the template's
+ * error, not wrap-around (found by fuzz/fuzz_chat_template). */
+static duet__val_t *duet__arith(duet__rs_t *rs, const duet__node_t *n, int64_t a, int64_t b)
+{
+    int64_t r;
+    bool over = n->op == DUET__OP_SUB   ? __builtin_sub_overflow(a, b, &r)
+                : n->op == DUET__OP_MUL ? __builtin_mul_overflow(a, b, &r)
+                                        : __builtin_add_overflow(a, b, &r);
+    if (over)
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "integer overflow");
+    return duet__tmpl_int(rs, DUET__V_INT, r);
+}
+
 static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
 {
     duet__val_t *a = duet__tmpl_eval(rs, n->a), *b, *r;
@@ -342,10 +356,11 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
     case DUET__OP_CONCAT:
         if ((a = duet__tmpl_to_str(rs, a)) == NULL || (b = duet__tmpl_to_str(rs, b)) == NULL)
             return NULL;
+        ints = false; /* now two strings: 1 ~ 2 is "12" */
         /* fall through */
     case DUET__OP_ADD:
         if (ints)
-            return duet__tmpl_int(rs, DUET__V_INT, a->i + b->i);
+            return duet__arith(rs, n, a->i, b->i);
         if (a->kind == DUET__V_STR && b->kind == DUET__V_STR) {
             char *s = duet__tmpl_arena_alloc(&rs->arena, a->n + b->n + 1);
             if (s == NULL)
@@ -399,9 +414,8 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
         return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "arithmetic on non-numbers");
     switch (n->op) {
     case DUET__OP_SUB:
-        return duet__tmpl_int(rs, DUET__V_INT, a->i - b->i);
     case DUET__OP_MUL:
-        return duet__tmpl_int(rs, DUET__V_INT, a->i * b->i);
+        return duet__arith(rs, n, a->i, b->i);
     case DUET__OP_LT:
         return duet__tmpl_int(rs, DUET__V_BOOL, a->i < b->i);
     case DUET__OP_GT:
@@ -415,6 +429,8 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
     }
     if (b->i == 0)
         return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "division by zero");
+    if (a->i == INT64_MIN && b->i == -1) /* the quotient does not fit (x86 traps) */
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "integer overflow");
     int64_t q = a->i / b->i, m = a->i % b->i;
     if (m != 0 && ((m < 0) != (b->i < 0))) { /* Python floor semantics */
         q--;
@@ -423,14 +439,10 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
     return duet__tmpl_int(rs, DUET__V_INT, n->op == DUET__OP_MOD ? m : q);
 }
 
-duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
+static duet__val_t *duet__eval_node(duet__rs_t *rs, const duet__node_t *n)
 {
     duet__val_t *v, *w;
 
-    if (rs->err)
-        return NULL;
-    if (++rs->steps > DUET__MAX_STEPS)
-        return duet__tmpl_fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "template runs too long");
     switch (n->kind) {
     case DUET__E_STR:
         return duet__tmpl_str(rs, n->s, n->slen, false);
@@ -471,6 +483,8 @@ duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
             return NULL;
         if (v->kind != DUET__V_INT)
             return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "negating a non-number");
+        if (v->i == INT64_MIN)
+            return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "integer overflow");
         return duet__tmpl_int(rs, DUET__V_INT, -v->i);
     case DUET__E_BINOP:
         return duet__binary(rs, n);
@@ -510,6 +524,26 @@ duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
     default:
         return duet__tmpl_fail(rs, DUET_ERR_INTERNAL, n->line, "%s", "bad expression node");
     }
+}
+
+/* An operator chain parses into a tree as deep as it is long (1+1+...+1),
+ * and evaluation recurses over it: bounded here (found by
+ * fuzz/fuzz_chat_template). */
+duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n)
+{
+    duet__val_t *v;
+
+    if (rs->err)
+        return NULL;
+    if (++rs->steps > DUET__MAX_STEPS)
+        return duet__tmpl_fail(rs, DUET_ERR_TOO_LONG, n->line, "%s", "template runs too long");
+    if (rs->depth >= DUET__MAX_DEPTH)
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s",
+                               "expression nested more than 256 levels deep");
+    rs->depth++;
+    v = duet__eval_node(rs, n);
+    rs->depth--;
+    return v;
 }
 
 static duet_status_t duet__exec(duet__rs_t *rs, const duet__node_t *n);

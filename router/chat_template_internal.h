@@ -134,6 +134,7 @@ typedef struct {
     duet__frame_t *env;
     duet_status_t err;
     size_t steps;
+    int depth; /* duet__tmpl_eval's recursion */
 } duet__rs_t;
 
 extern duet__val_t duet__tmpl_undef;

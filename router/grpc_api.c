@@ -297,3 +297,10 @@ duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int th
     duet_router_update_health(rt);
     return duet_rpc_server_start(rt->grpc);
 }
+
+bool duet_router_grpc_prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char *id_buf,
+                              size_t id_cap, int32_t **ids_p, size_t *n_p, grpc_status_code *code_p,
+                              char *msg, size_t msg_cap)
+{
+    return duet__prepare(rt, in, id_buf, id_cap, ids_p, n_p, code_p, msg, msg_cap);
+}

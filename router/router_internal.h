@@ -154,6 +154,11 @@ void duet_router_http_destroy(duet_router_http_t *http);
 
 /* ---- gRPC (grpc_api.c) ---- */
 duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int threads);
+/* Generate's validation of a client's request: the token ids, the request
+ * id and, on failure, the status and message (exposed for fuzz/). */
+bool duet_router_grpc_prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char *id_buf,
+                              size_t id_cap, int32_t **ids_p, size_t *n_p, grpc_status_code *code_p,
+                              char *msg, size_t msg_cap);
 /* Map a job failure to an HTTP error. */
 void duet_router_error_from_grpc(grpc_status_code code, const char *msg, bool started,
                                  duet_router_oai_error_t *err);

@@ -26,4 +26,15 @@ if [ "${DUET_SKIP_SANITIZE:-0}" != "1" ]; then
   (cd build/asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --output-on-failure --timeout 900 -L unit "$@")
 fi
+
+# The fuzz smoke: every libFuzzer harness (fuzz/) for DUET_FUZZ_SECONDS
+# (10 s) under ASan/UBSan, from its committed seeds; a crash, leak, UB
+# report or hang fails the run (ctest label fuzz; scripts/fuzz.sh runs
+# them longer).
+if [ "${DUET_SKIP_FUZZ:-0}" != "1" ]; then
+  cmake -S . -B build/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DDUET_WERROR=ON \
+    -DDUET_FUZZ=ON -DDUET_CUDA=OFF -DDUET_BUILD_TESTS=OFF -DDUET_BUILD_BENCH=OFF
+  cmake --build build/fuzz -j "$jobs" --target duet_fuzz
+  (cd build/fuzz && ctest --output-on-failure -L fuzz "$@")
+fi
 echo "test.sh: all tests passed"

@@ -15,7 +15,7 @@ import tempfile
 
 # directory -> the directories it may use.  Floors, bottom up:
 #   common | kv | model tokenizer | engine transfer | node | synth testkit |
-#   prefill decode router tools | bench tests
+#   prefill decode router tools | bench tests fuzz
 # proto/ is generated code ("duet/v1/...", "grpc/health/v1/...") that the
 # gRPC glue and everything above it may use.
 PROTO = {"duet", "grpc"}
@@ -39,6 +39,10 @@ ALLOWED = {
 LIBRARY_DIRS = set(ALLOWED) - {"prefill", "decode", "router", "tools"}
 ALLOWED["bench"] = {"bench", "router"} | LIBRARY_DIRS | PROTO | {"testkit"}
 ALLOWED["testkit"] = {"testkit", "transfer", "kv", "common"}
+# fuzz/ (libFuzzer harnesses) sits above the daemons: it drives their request
+# validation, so it may use every library and daemon directory (not tests/,
+# testkit/ or bench/); nothing may use fuzz/.
+ALLOWED["fuzz"] = {"fuzz", "prefill", "decode", "router"} | LIBRARY_DIRS | PROTO
 
 # CMake library targets -> the directory that defines them
 TARGET_DIR = {
@@ -46,7 +50,7 @@ TARGET_DIR = {
     "duet_kv": "kv", "duet_model": "model", "duet_tokenizer": "tokenizer",
     "duet_engine": "engine", "duet_engine_cuda": "engine", "duet_transfer": "transfer",
     "duet_node": "node", "duet_synth": "synth", "duet_router_core": "router",
-    "duet_router": "router", "duet_testkit": "testkit",
+    "duet_router": "router", "duet_testkit": "testkit", "duet_fuzz_util": "fuzz",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+)/[^"]+"')
@@ -138,8 +142,14 @@ def self_test():
         os.makedirs(os.path.join(root, "bench"))
         with open(os.path.join(root, "bench", "b.c"), "w") as f:
             f.write('#include "testkit/testkit.h"\n#include "tests/x/h.h"\n')
+        os.makedirs(os.path.join(root, "router"))
+        with open(os.path.join(root, "router", "uses_fuzz.c"), "w") as f:
+            f.write('#include "fuzz/fuzz.h"\n')
+        os.makedirs(os.path.join(root, "fuzz"))
+        with open(os.path.join(root, "fuzz", "ok.c"), "w") as f:
+            f.write('#include "decode/decode.h"\n#include "router/router.h"\n')
         errors = check(root)
-        want = ["transfer/bad.c:2: transfer/ may not include engine/",
+        want = ["router/uses_fuzz.c:1: router/ may not include fuzz/","transfer/bad.c:2: transfer/ may not include engine/",
                 "kv/CMakeLists.txt: duet_kv links duet_engine",
                 "bench/b.c:2: bench/ may not include tests/",
                 "transfer/core.c:1: only transfer/transport_ucx.c speaks UCX"]
@@ -150,7 +160,7 @@ def self_test():
         if len(errors) != len(want):
             print("self-test: unexpected findings %r" % errors)
             return 1
-    print("self-test: wrong includes (bench -> tests too), a wrong link and UCX outside its transport are caught")
+    print("self-test: wrong includes (bench -> tests too, router -> fuzz), a wrong link and UCX outside its transport are caught")
     return 0
 
 

@@ -1,0 +1,71 @@
+/* The safetensors reader (model/safetensors.h) on arbitrary files: the
+ * header length, the JSON header, dtypes, shapes and data offsets.
+ *
+ * Input: byte 0 bit 0 clear: the rest is one file (duet_st_open_file).
+ * Set: a sharded directory: bytes 1-2 (little-endian) are the length L of
+ * model.safetensors.index.json, the next L bytes are it, and the rest is
+ * the shard "s.safetensors" (duet_st_open_dir).  Every tensor an open set
+ * reports must lie inside its file: its first and last bytes are read. */
+#include <string.h>
+
+#include "fuzz/fuzz.h"
+#include "model/safetensors.h"
+
+static char *duet__fuzz_single, *duet__fuzz_dir, *duet__fuzz_index, *duet__fuzz_shard;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    duet_fuzz_quiet();
+    duet__fuzz_single = duet_fuzz_path("single/model.safetensors");
+    duet__fuzz_index = duet_fuzz_path("sharded/model.safetensors.index.json");
+    duet__fuzz_shard = duet_fuzz_path("sharded/s.safetensors");
+    duet__fuzz_dir = duet_fuzz_path("sharded");
+    return 0;
+}
+
+static volatile unsigned char duet__fuzz_sink;
+
+static void duet__fuzz_walk(const duet_st_set_t *set)
+{
+    size_t n = duet_st_count(set);
+    for (size_t i = 0; i < n; i++) {
+        const duet_st_tensor_t *t = duet_st_at(set, i);
+        if (t == NULL || duet_st_find(set, t->name) != t)
+            abort();
+        if (t->nbytes > 0) {
+            duet__fuzz_sink ^= ((const unsigned char *)t->data)[0];
+            duet__fuzz_sink ^= ((const unsigned char *)t->data)[t->nbytes - 1];
+        }
+    }
+    if (duet_st_at(set, n) != NULL)
+        abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    duet_st_set_t *set = NULL;
+    duet_status_t st;
+
+    if (size < 1)
+        return 0;
+    if ((data[0] & 1) == 0) {
+        duet_fuzz_write(duet__fuzz_single, data + 1, size - 1);
+        st = duet_st_open_file(duet__fuzz_single, &set);
+    } else {
+        if (size < 3)
+            return 0;
+        size_t ilen = (size_t)data[1] | (size_t)data[2] << 8;
+        if (ilen > size - 3)
+            ilen = size - 3;
+        duet_fuzz_write(duet__fuzz_index, data + 3, ilen);
+        duet_fuzz_write(duet__fuzz_shard, data + 3 + ilen, size - 3 - ilen);
+        st = duet_st_open_dir(duet__fuzz_dir, &set);
+    }
+    if (st == DUET_OK) {
+        duet__fuzz_walk(set);
+        duet_st_close(set);
+    }
+    return 0;
+}
