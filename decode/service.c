@@ -311,7 +311,10 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     pthread_mutex_lock(&dc->evlock);
     r.requests_total = dc->requests_total;
     r.requests_failed = dc->requests_failed;
+    r.prefills_local = dc->prefills_local;
+    r.prefills_remote = dc->prefills_remote;
     pthread_mutex_unlock(&dc->evlock);
+    r.prefill_local = dc->node.args.self->prefill_local;
     duet_pb_reply(call, &r.base);
 }
 
