@@ -67,10 +67,8 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
         else if (strcmp(f, "--log-level") == 0) {
             int lvl = duet_log_level_parse(argv[i + 1]);
             if (lvl < 0)
-                return duet_error(DUET_ERR_CONFIG,
-                                  "--log-level: '%s' is not error, warn, "
-                                  "info, debug or trace",
-                                  argv[i + 1]);
+                return duet_error(DUET_ERR_CONFIG, "--log-level: '%s' is not error, warn, "
+                                                   "info, debug or trace", argv[i + 1]);
             duet_log_set_level((duet_log_level_t)lvl);
         }
         i++;
@@ -78,7 +76,8 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
     if (config == NULL)
         return duet_error(DUET_ERR_CONFIG, "--config: required (the cluster config file)");
     if (name == NULL)
-        return duet_error(DUET_ERR_CONFIG, "--name: required (this instance's name in %s)", config);
+        return duet_error(DUET_ERR_CONFIG, "--name: required (this instance's name in %s)",
+                          config);
     if ((st = duet_cluster_load(config, &a.cluster)) != DUET_OK)
         return st;
     a.self = duet_cluster_find(a.cluster, name, &found_role);
@@ -103,8 +102,8 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
         char key[64];
         if (strcmp(f, "--check-config") == 0)
             continue;
-        if (strcmp(f, "--config") == 0 || strcmp(f, "--name") == 0 || strcmp(f, "--model") == 0 ||
-            strcmp(f, "--log-level") == 0) {
+        if (strcmp(f, "--config") == 0 || strcmp(f, "--name") == 0 ||
+            strcmp(f, "--model") == 0 || strcmp(f, "--log-level") == 0) {
             i++;
             continue;
         }
