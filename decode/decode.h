@@ -91,6 +91,7 @@ struct duet_dc_req {
     int n_stops;
     char prefill_target[128];
     bool prefill_local;           /* its prompt runs on our engine (local_prefill.c) */
+    bool local_asked;             /* the caller asked for that (DecodeGenerateRequest) */
     /* Decode.Abort must present it (docs/security.md); "" = none given */
     char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
 

@@ -40,7 +40,7 @@ bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
     case DUET_PREFILL_LOCAL_AUTO:
         break;
     }
-    if (!duet__remote_known(dc, req))
+    if (req->local_asked || !duet__remote_known(dc, req))
         return true;
     return req->n_prompt <= self->prefill_local_max_tokens &&
            busy < self->prefill_local_max_running;

@@ -103,6 +103,12 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
              m->prefill_target ? m->prefill_target : "");
     if ((st = duet_dc_limits_check(dc, g)) != DUET_OK)
         return st;
+    if (m->prefill_local && dc->node.args.self != NULL &&
+        duet_cluster_prefill_local(dc->node.args.self) == DUET_PREFILL_LOCAL_OFF)
+        return duet_error(DUET_ERR_MISMATCH,
+                          "prefill_local: this decode does not prefill locally (its "
+                          "prefill_local is off)");
+    req->local_asked = m->prefill_local;
     /* only prefill instances of the cluster (a discovered one is checked
      * before its bootstrap) */
     if (req->prefill_target[0] != '\0' &&

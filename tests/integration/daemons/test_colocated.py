@@ -12,7 +12,9 @@ real duet-decode (and duet-prefill) processes.
                        locally, a long one on the prefill instance, both
                        equal the reference; a decode whose running limit is
                        0 sends even a short prompt to prefill; Info counts
-                       each decision
+                       each decision; a request asking for a local prefill
+                       (DecodeGenerateRequest.prefill_local) gets one, or
+                       FAILED_PRECONDITION from a decode with it "off"
   cancel_local         a locally-prefilled stream cancelled mid-stream:
                        pages back, the decode keeps serving
   drain_local          SIGTERM while a locally-prefilled stream runs: it
@@ -95,7 +97,8 @@ def conditional():
             "prefill_local_max_running": 4}
     busy = dict(auto, prefill_local_max_running=0)
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)],
-                decode=[("d0", 2, auto), ("d1", 1, busy)], page_size=PAGE, n_pages=128)
+                decode=[("d0", 2, auto), ("d1", 1, busy), ("d2", 1)], page_size=PAGE,
+                n_pages=128)
     try:
         c.start_all()
         for k in ("short", "many-pages"):
@@ -113,6 +116,21 @@ def conditional():
         expect(i.prefills_local == 0 and i.prefills_remote == 1,
                "d1 (running limit 0): got %d local, %d remote" %
                (i.prefills_local, i.prefills_remote))
+        # asked to prefill locally (the router does so when no prefill is
+        # healthy): d1 (auto) does, d2 (off) refuses
+        req = c.request(ps["many-pages"], max_tokens=GEN, ignore_eos=True)
+        req.prefill_local = True
+        stub = c.pb["decode_grpc"].DecodeStub(c.channel("d1"))
+        ids = [i for r in stub.Generate(req, timeout=60) if r.HasField("chunk")
+               for i in r.chunk.ids]
+        expect(ids == refs["many-pages"], "d1 asked local: got %s" % ids)
+        expect(c.info("d1").prefills_local == 1, "d1 did not prefill locally when asked")
+        try:
+            list(c.pb["decode_grpc"].DecodeStub(c.channel("d2")).Generate(req, timeout=30))
+            raise AssertionError("a decode with prefill_local off prefilled locally")
+        except grpc.RpcError as e:
+            expect(e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                   "prefill_local" in e.details(), "d2: %s %s" % (e.code(), e.details()))
         bad = c.pages_at_baseline()
         expect(not bad, "pages not back: %s" % bad)
     finally:
