@@ -347,6 +347,7 @@ static void duet__reap_cancelled(duet_decode_t *dc)
 static void duet__admit(duet_decode_t *dc)
 {
     int max = dc->node.args.self->max_seqs, n_local = 0, busy = dc->n_running;
+    int local_tokens = 0;
     duet_dc_req_t *local[max];
 
     /* after an engine failure the queue waits for the stop (UNAVAILABLE:
@@ -357,15 +358,23 @@ static void duet__admit(duet_decode_t *dc)
         busy++;
     while (dc->queue_head != NULL && n_local < max) {
         duet_dc_req_t *req = dc->queue_head;
+        /* colocated / conditional: our own engine prefills it
+         * (local_prefill.c), batched with the others admitted now up to
+         * max_batch_tokens prompt tokens per pass: a decode step comes
+         * between two such batches, which bounds the stall of the running
+         * sequences */
+        bool here = duet_dc_local_wanted(dc, req, busy + n_local);
+        if (here && n_local > 0 &&
+            local_tokens + req->n_prompt > dc->node.args.self->max_batch_tokens)
+            break;
         if (duet_kv_pool_alloc(dc->node.pages, req->n_pages, req->pages) != DUET_OK)
             break; /* wait: finishing requests free pages */
         req->pages_held = true;
         duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
         atomic_fetch_sub(&dc->waiting, 1);
-        /* colocated / conditional: our own engine prefills it
-         * (local_prefill.c), batched with the others admitted now */
-        if (duet_dc_local_wanted(dc, req, busy + n_local)) {
+        if (here) {
             local[n_local++] = req;
+            local_tokens += req->n_prompt;
             continue;
         }
         pthread_mutex_lock(&dc->evlock);
