@@ -7,7 +7,10 @@ disaggregation"):
                prefill_local "always": the router starts, every output
                equals `duet generate --tp 1`, /workers shows each decode's
                mode and its local prefills, /metrics counts colocated
-               routes, pages back at baseline
+               routes, pages back at baseline; one decode SIGKILLed under
+               streaming load: its streams end with an error event, the
+               other's finish, new requests go to the survivor, whose
+               pages come back
   conditional  a prefill and a decode with prefill_local "auto": a short
                prompt is prefilled on the decode, a long one on the
                prefill (the decode's Info and /workers count each); with
@@ -18,6 +21,7 @@ usage: test_router_colocated.py BUILD_DIR SOURCE_DIR
 """
 import json
 import signal
+import threading
 import time
 
 from router_cluster import Cluster, check, completion, detok, main, oracle, run_batch
@@ -53,7 +57,8 @@ def wait_for(what, pred, timeout=10):
 
 def colocated(build, src):
     always = {"prefill_local": "always"}
-    cl = Cluster(build, src, prefill=[], decode=[("d1", 1, always), ("d2", 2, always)])
+    cl = Cluster(build, src, prefill=[], decode=[("d1", 1, always), ("d2", 2, always)],
+                 env={"DUET_FAULT_DECODE_STEP_DELAY_MS": "10"})
     try:
         exp = expected(cl, build, [SHORT, LONG])
         cl.start_workers()
@@ -74,9 +79,45 @@ def colocated(build, src):
         bad = cl.pages_at_baseline()
         check(not bad, "pages not back: %s" % bad)
         print("colocated: %d requests, no prefill instance" % n)
+        kill_under_load(cl, exp)
         cl.stop_all()
     finally:
         cl.kill_all()
+
+
+def kill_under_load(cl, exp):
+    results = [None] * 4
+    firsts = [threading.Event() for _ in results]
+
+    def stream(i):
+        results[i] = cl.sse_incremental("/v1/completions", {
+            "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+            "stream": True, "temperature": 0}, first_event=firsts[i], timeout=60)
+    ts = [threading.Thread(target=stream, args=(i,)) for i in range(len(results))]
+    for t in ts:
+        t.start()
+    for e in firsts:
+        check(e.wait(20), "a stream got no first token")
+    cl.procs["d1"].proc.send_signal(signal.SIGKILL)
+    cl.procs["d1"].proc.wait()
+    for t in ts:
+        t.join(60)
+    check(not any(t.is_alive() for t in ts), "a streaming client hung after the kill")
+    n_err = n_done = 0
+    for st, ev, raw in results:
+        check(st == 200, "stream status %d" % st)
+        if ev and ev[-1] == "[DONE]":
+            n_done += 1
+            continue
+        check(isinstance(ev[-1], dict) and "error" in ev[-1],
+              "stream ended without [DONE] or an error event: %s" % raw[-300:])
+        n_err += 1
+    check(n_err > 0 and n_done > 0, "kill: %d errors, %d finished" % (n_err, n_done))
+    wait_for("the router to see d1 down", lambda: not workers(cl)["d1"]["healthy"])
+    run_batch(cl, [SHORT, LONG], exp, 1, 2)
+    bad = cl.pages_at_baseline()
+    check(not bad, "survivor's pages not back: %s" % bad)
+    print("kill: %d streams ended with an error event, %d finished" % (n_err, n_done))
 
 
 def conditional(build, src):
