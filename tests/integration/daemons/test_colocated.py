@@ -15,6 +15,11 @@ real duet-decode (and duet-prefill) processes.
                        each decision; a request asking for a local prefill
                        (DecodeGenerateRequest.prefill_local) gets one, or
                        FAILED_PRECONDITION from a decode with it "off"
+  concurrent_mixed     24 concurrent requests of mixed lengths on an "auto"
+                       decode (TP 2, max_batch_tokens 64: local prefills
+                       batched and split over passes) with a prefill: both
+                       paths taken, every output equals the reference,
+                       pages back
   cancel_local         a locally-prefilled stream cancelled mid-stream:
                        pages back, the decode keeps serving
   drain_local          SIGTERM while a locally-prefilled stream runs: it
@@ -29,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -137,6 +143,43 @@ def conditional():
         c.close()
 
 
+def concurrent_mixed():
+    reqs = []
+    for i in range(24):
+        n = [1, 3, 15, 16, 17, 40, 90][i % 7] + i % 5
+        reqs.append([1] + [(j * 13 + i * 7 + 5) % 509 + 3 for j in range(n - 1)])
+    refs = [reference_ids(BUILD, STORIES, p, 8, ignore_eos=True) for p in reqs]
+    auto = {"prefill_local": "auto", "prefill_local_max_tokens": 24,
+            "prefill_local_max_running": 64, "max_batch_tokens": 64}
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2, auto)],
+                page_size=PAGE, n_pages=256)
+    results = [None] * len(reqs)
+    try:
+        c.start_all()
+
+        def run(i):
+            try:
+                results[i] = c.generate("d0", reqs[i], max_tokens=8, ignore_eos=True)[0]
+            except Exception as e:  # noqa: BLE001 - reported below
+                results[i] = e
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        wrong = ["%d (%d tokens): got %s want %s" % (i, len(reqs[i]), results[i], refs[i])
+                 for i in range(len(reqs)) if results[i] != refs[i]]
+        expect(not wrong, "wrong: " + "; ".join(wrong))
+        i = c.info("d0")
+        expect(i.prefills_local > 0 and i.prefills_remote > 0 and
+               i.prefills_local + i.prefills_remote == len(reqs),
+               "%d local, %d remote prefills" % (i.prefills_local, i.prefills_remote))
+        bad = c.pages_at_baseline()
+        expect(not bad, "pages not back: %s" % bad)
+    finally:
+        c.close()
+
+
 def cancel_local():
     c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 2, ALWAYS)])
     try:
@@ -210,7 +253,7 @@ def config_errors():
            "override: exit %d, stderr %r" % (r.returncode, r.stderr[-300:]))
 
 
-CASES = [colocated_stories, colocated_synthetic, conditional, cancel_local, drain_local,
+CASES = [colocated_stories, colocated_synthetic, conditional, concurrent_mixed, cancel_local, drain_local,
          config_errors]
 
 if __name__ == "__main__":
