@@ -173,11 +173,12 @@ static void duet__worker_json(duet_router_buf_t *b, const duet_router_worker_inf
                            (long long)wi->last_ok_ms_ago);
     duet_router_buf_json_str(b, wi->instance_id, strlen(wi->instance_id));
     if (wi->role == DUET_ROLE_DECODE) /* colocated mode (docs/design-notes.md) */
-        duet_router_buf_printf(b, ",\"prefill_local\":\"%s\",\"prefills_local\":%llu,"
-                                  "\"prefills_remote\":%llu",
+        duet_router_buf_printf(b,
+                               ",\"prefill_local\":\"%s\",\"prefills_local\":%llu,"
+                               "\"prefills_remote\":%llu",
                                wi->prefill_local == DUET_PREFILL_LOCAL_ALWAYS ? "always"
                                : wi->prefill_local == DUET_PREFILL_LOCAL_AUTO ? "auto"
-                                                                               : "off",
+                                                                              : "off",
                                (unsigned long long)wi->prefills_local,
                                (unsigned long long)wi->prefills_remote);
     duet_router_buf_puts(b, ",\"last_error\":");

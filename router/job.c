@@ -190,7 +190,8 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     if (d < 0 || (p < 0 && local == DUET_PREFILL_LOCAL_OFF) ||
         (need_new && p == old_p && d == old_d)) {
         st = duet_error(DUET_ERR_PEER,
-                        d < 0 || p < 0 ? "no healthy %s worker" : "no other %s worker pair to retry on",
+                        d < 0 || p < 0 ? "no healthy %s worker"
+                                       : "no other %s worker pair to retry on",
                         d < 0 && duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0
                             ? "prefill (and no healthy decode that prefills locally)"
                         : d < 0 ? "decode"

@@ -120,8 +120,7 @@ duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t r
 }
 
 duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
-                                      const char *address, uint32_t tp,
-                                      duet_prefill_local_t local)
+                                      const char *address, uint32_t tp, duet_prefill_local_t local)
 {
     char *n = duet_strdup(name), *a = duet_strdup(address);
 

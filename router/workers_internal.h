@@ -117,8 +117,7 @@ static inline void duet__count(_Atomic uint64_t *counter)
 duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t role);
 /* Put a worker into a FREE slot. */
 duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
-                                      const char *address, uint32_t tp,
-                                      duet_prefill_local_t local);
+                                      const char *address, uint32_t tp, duet_prefill_local_t local);
 /* Take an ACTIVE worker out of rotation for good; whether it was healthy
  * (the caller runs on_change once unlocked). */
 bool duet__workers_leave_locked(duet_router_workers_t *w, duet__worker_t *wk, const char *why);
