@@ -189,14 +189,15 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
         p = duet_router_workers_pick(rt->workers, DUET_ROLE_PREFILL, old_p);
     if (d < 0 || (p < 0 && local == DUET_PREFILL_LOCAL_OFF) ||
         (need_new && p == old_p && d == old_d)) {
+        bool decodes = duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0;
         st = duet_error(DUET_ERR_PEER,
-                        d < 0 || p < 0 ? "no healthy %s worker"
-                                       : "no other %s worker pair to retry on",
-                        d < 0 && duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0
-                            ? "prefill (and no healthy decode that prefills locally)"
-                        : d < 0 ? "decode"
-                        : p < 0 ? "prefill"
-                                : "prefill/decode");
+                        d < 0 || p < 0 ? "no healthy %s worker%s"
+                                       : "no other %s worker pair to retry on%s",
+                        d < 0 && decodes ? "prefill"
+                        : d < 0          ? "decode"
+                        : p < 0          ? "prefill"
+                                         : "prefill/decode",
+                        d < 0 && decodes ? " (and no healthy decode that prefills locally)" : "");
         goto err_release;
     }
     duet__count_route(rt, p < 0);
@@ -362,10 +363,10 @@ duet_status_t duet_router_job_start(duet_router_job_t *job)
     if (cancelled)
         return duet_error(DUET_ERR_CANCELLED, "cancelled");
     if (!duet_router_workers_ready(rt->workers))
-        return duet_error(DUET_ERR_PEER, "no healthy %s worker",
+        return duet_error(DUET_ERR_PEER, "no healthy %s",
                           duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) == 0
-                              ? "decode"
-                              : "prefill (and no healthy decode that prefills locally)");
+                              ? "decode worker"
+                              : "prefill worker (and no healthy decode that prefills locally)");
     pthread_mutex_lock(&rt->adm_lock);
     if (rt->running < rt->cfg->router.max_concurrent && rt->q_head == NULL) {
         rt->running++;
