@@ -28,6 +28,9 @@ static const duet_cfg_field_t duet__instance_fields[] = {
     DUET_CFG_F_INT(duet_instance_config_t, grpc_threads, 1, 64, 2, "gRPC completion-queue threads"),
     DUET_CFG_F_INT(duet_instance_config_t, drain_timeout_ms, 0, 3600000, 30000, "SIGTERM grace period for in-flight requests"),
     DUET_CFG_F_INT(duet_instance_config_t, max_tokens_default, 1, 1 << 20, 256, "max_tokens when a request gives none"),
+    DUET_CFG_F_STRING(duet_instance_config_t, prefill_local, "off", "decode: prefill prompts on its own engine: off, always or auto (conditional)"),
+    DUET_CFG_F_INT(duet_instance_config_t, prefill_local_max_tokens, 0, 1 << 24, 512, "decode, auto: longest prompt prefilled locally"),
+    DUET_CFG_F_INT(duet_instance_config_t, prefill_local_max_running, 0, 4096, 8, "decode, auto: prefill locally only while fewer sequences decode here"),
 };
 
 static const duet_cfg_field_t duet__router_fields[] = {
@@ -109,6 +112,34 @@ static duet_status_t duet__parse_devices(const cJSON *item, void *field, const c
     return DUET_OK;
 }
 
+static const char *const duet__prefill_local_names[] = {"off", "always", "auto"};
+
+duet_prefill_local_t duet_cluster_prefill_local(const duet_instance_config_t *inst)
+{
+    for (size_t m = 0; inst->prefill_local != NULL && m < N_OF(duet__prefill_local_names); m++)
+        if (strcmp(inst->prefill_local, duet__prefill_local_names[m]) == 0)
+            return (duet_prefill_local_t)m;
+    return DUET_PREFILL_LOCAL_OFF;
+}
+
+duet_status_t duet_cluster_instance_check(const duet_instance_config_t *inst, const char *role,
+                                          const char *path)
+{
+    size_t m;
+    for (m = 0; m < N_OF(duet__prefill_local_names); m++)
+        if (strcmp(inst->prefill_local, duet__prefill_local_names[m]) == 0)
+            break;
+    if (m == N_OF(duet__prefill_local_names))
+        return duet_error(DUET_ERR_CONFIG, "%s.prefill_local: '%s' is not off, always or auto",
+                          path, inst->prefill_local);
+    if (m != DUET_PREFILL_LOCAL_OFF && strcmp(role, "decode") != 0)
+        return duet_error(DUET_ERR_CONFIG,
+                          "%s.prefill_local: only decode instances prefill locally (a prefill "
+                          "instance always prefills)",
+                          path);
+    return DUET_OK;
+}
+
 static duet_status_t duet__parse_instances(const cJSON *arr, const char *role,
                                            duet_instance_config_t **list_p, int *n_p)
 {
@@ -144,6 +175,8 @@ static duet_status_t duet__parse_instances(const cJSON *arr, const char *role,
         if (list[i].n_devices != 0 && list[i].n_devices != list[i].tp)
             return duet_error(DUET_ERR_CONFIG, "%s.devices: %d devices for tp %d", path,
                               list[i].n_devices, list[i].tp);
+        if ((st = duet_cluster_instance_check(&list[i], role, path)) != DUET_OK)
+            return st;
         if (list[i].listen == NULL && list[i].address != NULL &&
             (list[i].listen = duet_strdup(list[i].address)) == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", path);

@@ -53,6 +53,15 @@ typedef struct {
     int grpc_threads;     /* completion-queue threads */
     int drain_timeout_ms; /* SIGTERM grace before in-flight requests are aborted */
     int max_tokens_default; /* decode: when a request gives no max_tokens */
+    /* decode: colocated mode and conditional disaggregation (docs/design-notes.md
+     * "Colocated mode and conditional disaggregation"): "off" (every prompt on
+     * a prefill instance), "always" (every prompt on this decode's own
+     * engine), "auto" (per request: local when the prompt has at most
+     * prefill_local_max_tokens tokens and fewer than prefill_local_max_running
+     * sequences are decoding here, or when no prefill instance is known) */
+    char *prefill_local;
+    int prefill_local_max_tokens;
+    int prefill_local_max_running;
 } duet_instance_config_t;
 
 typedef struct {
@@ -127,9 +136,24 @@ duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char
 duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key,
                                     const char *value);
 
+/* The checks across an instance's keys (prefill_local is a mode, and only
+ * on decode instances), for role ("prefill" | "decode"); DUET_ERR_CONFIG
+ * naming path.key.  Load runs it; a daemon runs it again after overrides. */
+duet_status_t duet_cluster_instance_check(const duet_instance_config_t *inst, const char *role,
+                                          const char *path);
+
 /* Print every key with its type, default, range and doc. */
 void duet_cluster_describe(FILE *out);
 
 const char *duet_role_name(duet_role_t role);
+
+typedef enum {
+    DUET_PREFILL_LOCAL_OFF = 0,
+    DUET_PREFILL_LOCAL_ALWAYS = 1,
+    DUET_PREFILL_LOCAL_AUTO = 2,
+} duet_prefill_local_t;
+
+/* An instance's prefill_local mode (validated at load). */
+duet_prefill_local_t duet_cluster_prefill_local(const duet_instance_config_t *inst);
 
 #endif

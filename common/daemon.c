@@ -143,6 +143,12 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
         }
         i++;
     }
+    {
+        char path[160];
+        snprintf(path, sizeof(path), "%s[%s]", duet_role_name(role), name);
+        if ((st = duet_cluster_instance_check(a.self, duet_role_name(role), path)) != DUET_OK)
+            goto err;
+    }
     if (a.self->listen == NULL || a.self->listen[0] == '\0') {
         st = duet_error(DUET_ERR_CONFIG, "%s[%s]: needs listen or address to serve on",
                         duet_role_name(role), name);

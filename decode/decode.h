@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/cluster.h"
 #include "common/limits.h"
 #include "common/rpc.h"
 #include "engine/sampling.h"
@@ -89,6 +90,8 @@ struct duet_dc_req {
     char *stops[DUET_DC_MAX_STOPS];
     int n_stops;
     char prefill_target[128];
+    bool prefill_local;           /* its prompt runs on our engine (local_prefill.c) */
+    bool local_asked;             /* the caller asked for that (DecodeGenerateRequest) */
     /* Decode.Abort must present it (docs/security.md); "" = none given */
     char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
 
@@ -167,8 +170,10 @@ typedef struct {
     /* Info (under evlock) */
     int info_queued, info_running;
     uint64_t requests_total, requests_failed;
+    uint64_t prefills_local, prefills_remote; /* the prefill decisions taken */
 
     /* scheduler-owned */
+    duet_prefill_local_t local_mode; /* the instance's prefill_local */
     pthread_t sched_thread;
     bool sched_started;
     duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */
@@ -247,6 +252,16 @@ bool duet_dc_abort_allowed(const duet_dc_req_t *req, const char *token);
  * with the same message whatever listens at target; without resolve,
  * DUET_ERR_NOT_FOUND (no message) when only a lookup can tell. */
 duet_status_t duet_dc_target_check(duet_decode_t *dc, const char *target, bool resolve);
+
+/* local_prefill.c (scheduler thread): colocated mode and conditional
+ * disaggregation (docs/design-notes.md) */
+/* Should req (pages held, not yet started) prefill on our own engine?
+ * busy: sequences decoding or about to (running, ready, admitted now). */
+bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy);
+/* Prefill reqs[0..n) (n <= max_seqs) in one engine call, sample each
+ * first token, and hand each on as remote KV would be (duet_dc_kv_ready);
+ * a request that cannot is failed. */
+void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n);
 
 /* output.c (scheduler thread) */
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req);

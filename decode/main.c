@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/log.h"
 #include "common/sync.h"
 #include "decode/decode.h"
 
@@ -30,6 +31,13 @@ static duet_status_t duet__start(void *arg)
     if (dc->piece == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory");
     dc->max_ctx = dc->node.ke.model_cfg.max_pos;
+    dc->local_mode = duet_cluster_prefill_local(dc->node.args.self);
+    if (dc->local_mode != DUET_PREFILL_LOCAL_OFF)
+        DUET_LOG_INFO("decode: prefill_local %s (auto: prompts up to %d tokens while fewer than "
+                      "%d sequences decode)",
+                      dc->node.args.self->prefill_local,
+                      dc->node.args.self->prefill_local_max_tokens,
+                      dc->node.args.self->prefill_local_max_running);
     /* fault injection for tests: every decode step takes at least this long */
     const char *delay = getenv("DUET_FAULT_DECODE_STEP_DELAY_MS");
     dc->fault_step_delay_ms = delay != NULL ? strtol(delay, NULL, 10) : 0;

@@ -226,10 +226,11 @@ static void duet__finished(duet_decode_t *dc, duet_dc_req_t *req)
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
 {
     /* packed: from the staging pages; device pools with a mirror: from the
-     * host mirror */
-    duet_status_t st = req->stage0 >= 0 ? duet__unpack(dc, req)
-                                        : duet_engine_kv_import(dc->node.ke.engine, req->pages,
-                                                                req->n_prompt_pages);
+     * host mirror; prefilled locally: already in the pool */
+    duet_status_t st = req->prefill_local ? DUET_OK
+                       : req->stage0 >= 0 ? duet__unpack(dc, req)
+                                          : duet_engine_kv_import(dc->node.ke.engine, req->pages,
+                                                                  req->n_prompt_pages);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;
@@ -239,7 +240,7 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;
     }
-    /* the prefill daemon sampled output 0 */
+    /* the prefill daemon (or our local prefill) sampled output 0 */
     if (duet_dc_emit(dc, req, req->kv_first_token)) {
         duet__finished(dc, req);
         return;
@@ -345,15 +346,40 @@ static void duet__reap_cancelled(duet_decode_t *dc)
 
 static void duet__admit(duet_decode_t *dc)
 {
+    int max = dc->node.args.self->max_seqs, n_local = 0, busy = dc->n_running;
+    int local_tokens = 0;
+    duet_dc_req_t *local[max];
+
     /* after an engine failure the queue waits for the stop (UNAVAILABLE:
      * the router retries elsewhere) instead of making prefill work */
     if (duet_node_failed(&dc->node))
         return;
-    while (dc->queue_head != NULL) {
+    for (duet_dc_req_t *r = dc->ready_head; r != NULL; r = r->next)
+        busy++;
+    while (dc->queue_head != NULL && n_local < max) {
         duet_dc_req_t *req = dc->queue_head;
+        /* colocated / conditional: our own engine prefills it
+         * (local_prefill.c), batched with the others admitted now up to
+         * max_batch_tokens prompt tokens per pass: a decode step comes
+         * between two such batches, which bounds the stall of the running
+         * sequences */
+        bool here = duet_dc_local_wanted(dc, req, busy + n_local);
+        if (here && n_local > 0 &&
+            local_tokens + req->n_prompt > dc->node.args.self->max_batch_tokens)
+            break;
         if (duet_kv_pool_alloc(dc->node.pages, req->n_pages, req->pages) != DUET_OK)
             break; /* wait: finishing requests free pages */
         req->pages_held = true;
+        duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
+        atomic_fetch_sub(&dc->waiting, 1);
+        if (here) {
+            local[n_local++] = req;
+            local_tokens += req->n_prompt;
+            continue;
+        }
+        pthread_mutex_lock(&dc->evlock);
+        dc->prefills_remote++;
+        pthread_mutex_unlock(&dc->evlock);
         /* packed transfers stage the prompt in a run of free pages; with no
          * such run the request moves unpacked (slower on device pools, never
          * stuck) */
@@ -362,10 +388,10 @@ static void duet__admit(duet_decode_t *dc)
             DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, duet_error_msg());
             req->stage0 = -1;
         }
-        duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
-        atomic_fetch_sub(&dc->waiting, 1);
         duet_dc_prefill_start(dc, req);
     }
+    if (n_local > 0)
+        duet_dc_local_prefill(dc, local, n_local);
 }
 
 /* One decode step over the running batch. */
@@ -522,6 +548,9 @@ static void *duet__sched_main(void *arg)
             stopping = true;
         }
         duet__admit(dc);
+        /* before the step: a request admitted and prefilled locally in this
+         * pass is counted while the step runs (the drain reads the counts) */
+        duet__update_info(dc);
         duet__step(dc);
         duet__update_info(dc);
         if (stop && duet__idle(dc) && dc->zombies == NULL) {

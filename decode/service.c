@@ -103,6 +103,12 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
              m->prefill_target ? m->prefill_target : "");
     if ((st = duet_dc_limits_check(dc, g)) != DUET_OK)
         return st;
+    if (m->prefill_local && dc->node.args.self != NULL &&
+        duet_cluster_prefill_local(dc->node.args.self) == DUET_PREFILL_LOCAL_OFF)
+        return duet_error(DUET_ERR_MISMATCH,
+                          "prefill_local: this decode does not prefill locally (its "
+                          "prefill_local is off)");
+    req->local_asked = m->prefill_local;
     /* only prefill instances of the cluster (a discovered one is checked
      * before its bootstrap) */
     if (req->prefill_target[0] != '\0' &&
@@ -311,7 +317,10 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     pthread_mutex_lock(&dc->evlock);
     r.requests_total = dc->requests_total;
     r.requests_failed = dc->requests_failed;
+    r.prefills_local = dc->prefills_local;
+    r.prefills_remote = dc->prefills_remote;
     pthread_mutex_unlock(&dc->evlock);
+    r.prefill_local = dc->node.args.self->prefill_local;
     duet_pb_reply(call, &r.base);
 }
 

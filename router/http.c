@@ -172,6 +172,15 @@ static void duet__worker_json(duet_router_buf_t *b, const duet_router_worker_inf
                            (unsigned long long)wi->checks, (unsigned long long)wi->failures,
                            (long long)wi->last_ok_ms_ago);
     duet_router_buf_json_str(b, wi->instance_id, strlen(wi->instance_id));
+    if (wi->role == DUET_ROLE_DECODE) /* colocated mode (docs/design-notes.md) */
+        duet_router_buf_printf(b,
+                               ",\"prefill_local\":\"%s\",\"prefills_local\":%llu,"
+                               "\"prefills_remote\":%llu",
+                               wi->prefill_local == DUET_PREFILL_LOCAL_ALWAYS ? "always"
+                               : wi->prefill_local == DUET_PREFILL_LOCAL_AUTO ? "auto"
+                                                                              : "off",
+                               (unsigned long long)wi->prefills_local,
+                               (unsigned long long)wi->prefills_remote);
     duet_router_buf_puts(b, ",\"last_error\":");
     duet_router_buf_json_str(b, wi->last_error, strlen(wi->last_error));
     duet_router_buf_puts(b, "}");
@@ -229,6 +238,8 @@ static enum MHD_Result duet__metrics(duet__hreq_t *r)
         {"worker_free_pages", "Free KV pages from the worker's Info"},
         {"worker_total_pages", "KV pages from the worker's Info"},
         {"worker_tp", "Tensor-parallel size of the worker"},
+        {"worker_prefills_local", "Decode: prompts it prefilled itself, from its Info"},
+        {"worker_prefills_remote", "Decode: prompts sent to a prefill worker, from its Info"},
     };
     for (size_t g = 0; g < sizeof(gauges) / sizeof(gauges[0]); g++) {
         duet_router_buf_printf(&b, "# HELP duet_router_%s %s\n# TYPE duet_router_%s gauge\n",
@@ -261,8 +272,14 @@ static enum MHD_Result duet__metrics(duet__hreq_t *r)
                 case 6:
                     v = wi.total_pages;
                     break;
-                default:
+                case 7:
                     v = wi.tp;
+                    break;
+                case 8:
+                    v = (double)wi.prefills_local;
+                    break;
+                default:
+                    v = (double)wi.prefills_remote;
                     break;
                 }
                 duet_router_buf_printf(&b, "duet_router_%s{role=\"%s\",name=\"%s\"} %g\n",

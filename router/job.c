@@ -125,9 +125,9 @@ static size_t duet__varint(uint8_t *p, uint64_t v)
 }
 
 /* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
- * prefill_target = 2}: both length-delimited, so the bytes are written
- * directly around the already packed request. */
-static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *target,
+ * prefill_target = 2, prefill_local = 4 when set}: written directly around
+ * the already packed request. */
+static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *target, bool local,
                                      size_t *len_p)
 {
     size_t tlen = strlen(target);
@@ -142,11 +142,26 @@ static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *t
     p += duet__varint(p, tlen);
     memcpy(p, target, tlen);
     p += tlen;
+    if (local) {
+        *p++ = (4 << 3) | 0;
+        *p++ = 1;
+    }
     *len_p = (size_t)(p - out);
     return out;
 }
 
 static void duet__on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg);
+
+/* Count the route a launch took: a whole request to a decode (colocated),
+ * or a decode with a prefill for it to use (disaggregated, or conditional:
+ * the decode may still prefill locally; its Info counts what it did). */
+static void duet__count_route(duet_router_t *rt, bool colocated)
+{
+    atomic_fetch_add_explicit(colocated ? &rt->metrics.routes_colocated
+                                        : &rt->metrics.routes_disaggregated,
+                              1, memory_order_relaxed);
+}
+
 static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg, void *arg);
 
 /* Pick a pair (avoiding the previous one where possible) and open the
@@ -156,25 +171,39 @@ static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const cha
 static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
 {
     duet_router_t *rt = job->rt;
-    int old_p = job->prefill, old_d = job->decode;
-    int p = duet_router_workers_pick(rt->workers, DUET_ROLE_PREFILL, old_p);
-    int d = duet_router_workers_pick(rt->workers, DUET_ROLE_DECODE, old_d);
+    int old_p = job->prefill, old_d = job->decode, p = -1, d;
     duet_rpc_stream_t *stream = NULL;
     duet_status_t st;
     uint8_t *msg = NULL;
     size_t len = 0;
 
-    if (p < 0 || d < 0 || (need_new && p == old_p && d == old_d)) {
+    /* the route (docs/design-notes.md "Colocated mode and conditional
+     * disaggregation"): without a healthy prefill only decodes that prefill
+     * locally qualify; a decode with prefill_local "always" gets no prefill,
+     * one with "auto" gets one when there is one (it decides per request) */
+    bool have_prefill = duet_router_workers_healthy(rt->workers, DUET_ROLE_PREFILL) > 0;
+    d = duet_router_workers_pick_decode(rt->workers, old_d, !have_prefill);
+    duet_prefill_local_t local =
+        d >= 0 ? duet_router_workers_prefill_local(rt->workers, d) : DUET_PREFILL_LOCAL_OFF;
+    if (d >= 0 && local != DUET_PREFILL_LOCAL_ALWAYS && have_prefill)
+        p = duet_router_workers_pick(rt->workers, DUET_ROLE_PREFILL, old_p);
+    if (d < 0 || (p < 0 && local == DUET_PREFILL_LOCAL_OFF) ||
+        (need_new && p == old_p && d == old_d)) {
+        bool decodes = duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0;
         st = duet_error(DUET_ERR_PEER,
-                        p < 0 || d < 0 ? "no healthy %s worker"
-                                       : "no other %s worker pair to retry on",
-                        p < 0   ? "prefill"
-                        : d < 0 ? "decode"
-                                : "prefill/decode");
+                        d < 0 || p < 0 ? "no healthy %s worker%s"
+                                       : "no other %s worker pair to retry on%s",
+                        d < 0 && decodes ? "prefill"
+                        : d < 0          ? "decode"
+                        : p < 0          ? "prefill"
+                                         : "prefill/decode",
+                        d < 0 && decodes ? " (and no healthy decode that prefills locally)" : "");
         goto err_release;
     }
-    msg = duet__decode_request(job, duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p),
-                               &len);
+    duet__count_route(rt, p < 0);
+    msg = duet__decode_request(
+        job, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
+        &len);
     if (msg == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
         goto err_release;
@@ -182,11 +211,13 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     pthread_mutex_lock(&job->lock);
     job->prefill = p;
     job->decode = d;
-    job->prefill_held = job->decode_held = true;
+    job->prefill_held = p >= 0;
+    job->decode_held = true;
     int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
     DUET_LOG_DEBUG("request %s -> prefill %s decode %s (attempt %d)", job->request_id,
-                   duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p),
+                   p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p)
+                          : "(the decode's own)",
                    duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts);
     atomic_fetch_add(&job->refs, 1); /* the stream's */
     st = duet_rpc_client_stream(rt->cli,
@@ -332,9 +363,10 @@ duet_status_t duet_router_job_start(duet_router_job_t *job)
     if (cancelled)
         return duet_error(DUET_ERR_CANCELLED, "cancelled");
     if (!duet_router_workers_ready(rt->workers))
-        return duet_error(
-            DUET_ERR_PEER, "no healthy %s worker",
-            duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) == 0 ? "decode" : "prefill");
+        return duet_error(DUET_ERR_PEER, "no healthy %s",
+                          duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) == 0
+                              ? "decode worker"
+                              : "prefill worker (and no healthy decode that prefills locally)");
     pthread_mutex_lock(&rt->adm_lock);
     if (rt->running < rt->cfg->router.max_concurrent && rt->q_head == NULL) {
         rt->running++;

@@ -136,4 +136,13 @@ void duet_router_metrics_render(duet_router_metrics_t *m, duet_router_buf_t *b)
                   &m->workers_left);
     duet__counter(b, "discovery_lookup_failures_total", "Failed DNS lookups of discover groups",
                   &m->discovery_failures);
+    duet_router_buf_printf(
+        b,
+        "# HELP duet_router_routes_total Launches by route: colocated (the decode prefills "
+        "locally) or disaggregated (a prefill worker named)\n"
+        "# TYPE duet_router_routes_total counter\n"
+        "duet_router_routes_total{route=\"colocated\"} %llu\n"
+        "duet_router_routes_total{route=\"disaggregated\"} %llu\n",
+        (unsigned long long)atomic_load_explicit(&m->routes_colocated, memory_order_relaxed),
+        (unsigned long long)atomic_load_explicit(&m->routes_disaggregated, memory_order_relaxed));
 }

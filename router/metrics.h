@@ -13,6 +13,9 @@
  *   prompt_tokens_total, generation_tokens_total
  *   workers_joined_total, workers_left_total   discovered workers (workers.h)
  *   discovery_lookup_failures_total            failed DNS lookups of groups
+ *   routes_total{route}                   launches: "colocated" (a decode
+ *                                         that prefills itself, no prefill
+ *                                         named) or "disaggregated"
  * Gauges (queue depth, in flight, per-worker health/load) are appended by
  * the caller of duet_router_metrics_render. */
 #ifndef DUET_ROUTER_METRICS_H
@@ -50,6 +53,9 @@ typedef struct {
     duet_router_hist_t ttft, itl, duration, queue_wait;
     _Atomic uint64_t retries, disconnects, stream_errors, prompt_tokens, generation_tokens;
     _Atomic uint64_t workers_joined, workers_left, discovery_failures;
+    /* launches by route: whole requests to a colocated decode, or a decode
+     * with a prefill (docs/design-notes.md "Colocated mode ...") */
+    _Atomic uint64_t routes_colocated, routes_disaggregated;
 } duet_router_metrics_t;
 
 void duet_router_metrics_init(duet_router_metrics_t *m);

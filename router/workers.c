@@ -35,8 +35,12 @@ duet_status_t duet_router_workers_validate(const duet_cluster_config_t *cfg)
         int n = r ? cfg->n_decode : cfg->n_prefill;
         const char *what = duet_role_name((duet_role_t)r);
 
-        if (n == 0)
-            return duet_error(DUET_ERR_CONFIG, "%s: the router needs at least one %s instance",
+        if (n == 0 && !(r == DUET_ROLE_PREFILL && duet__workers_any_colocated(cfg)))
+            return duet_error(DUET_ERR_CONFIG,
+                              r == DUET_ROLE_PREFILL
+                                  ? "%s: the router needs at least one %s instance (or decode "
+                                    "instances with prefill_local)"
+                                  : "%s: the router needs at least one %s instance",
                               what, what);
         for (int i = 0; i < n; i++) {
             bool addr = list[i].address && list[i].address[0];
@@ -116,7 +120,7 @@ duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t r
 }
 
 duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
-                                      const char *address, uint32_t tp)
+                                      const char *address, uint32_t tp, duet_prefill_local_t local)
 {
     char *n = duet_strdup(name), *a = duet_strdup(address);
 
@@ -132,6 +136,8 @@ duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, cons
     wk->address = a;
     wk->group = g;
     wk->tp_config = wk->tp = tp;
+    wk->local_config = wk->local = local;
+    wk->prefills_local = wk->prefills_remote = 0;
     wk->poke = wk->have_info = wk->draining = false;
     wk->free_pages = wk->total_pages = wk->queue_depth = wk->running = wk->max_context = 0;
     wk->checks = wk->failures = 0;
@@ -231,6 +237,7 @@ static bool duet__worker_probe(duet__worker_t *wk, char *err, size_t err_len)
         wk->running = info->running;
         wk->max_context = info->max_context;
         wk->draining = info->draining;
+        duet__workers_info_local(wk, info);
         snprintf(wk->instance_id, sizeof(wk->instance_id), "%s", info->instance_id);
     } else {
         wk->have_info = false;
@@ -347,6 +354,7 @@ static duet_status_t duet__workers_fill(duet_router_workers_t *w, duet_role_t ro
             duet__group_t *g = &w->groups[w->n_groups++];
             g->role = role;
             g->tp_config = (uint32_t)inst[i].tp;
+            g->local_config = duet_cluster_prefill_local(&inst[i]);
             g->name = duet_strdup(inst[i].name);
             g->text = duet_strdup(inst[i].discover);
             if (g->name == NULL || g->text == NULL)
@@ -360,7 +368,8 @@ static duet_status_t duet__workers_fill(duet_router_workers_t *w, duet_role_t ro
         if (wk == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "router: no memory for workers");
         duet_status_t st =
-            duet__workers_slot_fill(wk, NULL, inst[i].name, inst[i].address, (uint32_t)inst[i].tp);
+            duet__workers_slot_fill(wk, NULL, inst[i].name, inst[i].address, (uint32_t)inst[i].tp,
+                                    duet_cluster_prefill_local(&inst[i]));
         if (st != DUET_OK)
             return st;
     }
@@ -511,8 +520,9 @@ size_t duet_router_workers_healthy(duet_router_workers_t *w, duet_role_t role)
 
 bool duet_router_workers_ready(duet_router_workers_t *w)
 {
-    return duet_router_workers_healthy(w, DUET_ROLE_PREFILL) > 0 &&
-           duet_router_workers_healthy(w, DUET_ROLE_DECODE) > 0;
+    return duet_router_workers_healthy(w, DUET_ROLE_DECODE) > 0 &&
+           (duet_router_workers_healthy(w, DUET_ROLE_PREFILL) > 0 ||
+            duet__workers_colocated_healthy(w) > 0);
 }
 
 static double duet__worker_load(duet__worker_t *wk)
@@ -528,6 +538,11 @@ static double duet__worker_load(duet__worker_t *wk)
 
 int duet_router_workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid)
 {
+    return duet__workers_pick(w, role, avoid, false);
+}
+
+int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated)
+{
     size_t n = atomic_load(&w->n_slots[role]);
     duet_router_cand_t stack[64], *c = n <= 64 ? stack : duet_malloc(n * sizeof(*c));
     int idx = -1;
@@ -540,7 +555,7 @@ int duet_router_workers_pick(duet_router_workers_t *w, duet_role_t role, int avo
         size_t eligible = 0;
         for (size_t i = 0; i < n; i++) {
             duet__worker_t *wk = duet__slot(w, role, i);
-            c[i].eligible = atomic_load(&wk->healthy);
+            c[i].eligible = atomic_load(&wk->healthy) && (!colocated || duet__workers_local(wk));
             c[i].load = c[i].eligible && w->cfg.policy != DUET_ROUTER_POLICY_ROUND_ROBIN
                             ? duet__worker_load(wk)
                             : 0.0;
@@ -639,6 +654,9 @@ bool duet_router_workers_snapshot(duet_router_workers_t *w, duet_role_t role, in
     info->running = wk->running;
     info->max_context = wk->max_context;
     info->draining = wk->draining;
+    info->prefill_local = wk->local;
+    info->prefills_local = wk->prefills_local;
+    info->prefills_remote = wk->prefills_remote;
     info->checks = wk->checks;
     info->failures = wk->failures;
     info->last_ok_ms_ago = wk->last_ok_ns ? (duet_now_ns() - wk->last_ok_ns) / DUET_NS_PER_MS : -1;

@@ -91,6 +91,10 @@ typedef struct {
     uint32_t tp; /* from Info, else the config's */
     uint32_t free_pages, total_pages, queue_depth, running, max_context;
     bool draining;
+    /* decode: prefill_local (its Info's, else the config's) and its counts
+     * of local and remote prefills (Info) */
+    duet_prefill_local_t prefill_local;
+    uint64_t prefills_local, prefills_remote;
     int64_t inflight; /* this router's requests on it */
     double load;      /* duet_router_load_score */
     uint64_t checks, failures;
@@ -126,7 +130,8 @@ size_t duet_router_workers_count(const duet_router_workers_t *w, duet_role_t rol
 /* Workers in the table (active, not leaving). */
 size_t duet_router_workers_active(duet_router_workers_t *w, duet_role_t role);
 size_t duet_router_workers_healthy(duet_router_workers_t *w, duet_role_t role);
-/* At least one healthy prefill and one healthy decode worker. */
+/* At least one healthy decode worker, and a healthy prefill worker or a
+ * healthy decode that prefills locally. */
 bool duet_router_workers_ready(duet_router_workers_t *w);
 
 /* Choose a worker of role by the policy, avoiding index `avoid` (-1: none)
@@ -134,6 +139,13 @@ bool duet_router_workers_ready(duet_router_workers_t *w);
  * (undo with duet_router_workers_release).  -1 when none is healthy. */
 int duet_router_workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid);
 void duet_router_workers_release(duet_router_workers_t *w, duet_role_t role, int idx);
+
+/* ---- colocated decodes (workers_coloc.c) ---- */
+/* Pick a decode as duet_router_workers_pick does; with colocated, only
+ * among decodes that prefill locally (prefill_local not "off"). */
+int duet_router_workers_pick_decode(duet_router_workers_t *w, int avoid, bool colocated);
+/* A picked decode's prefill_local mode. */
+duet_prefill_local_t duet_router_workers_prefill_local(duet_router_workers_t *w, int idx);
 /* Name and address of a picked worker, valid until it is released. */
 const char *duet_router_workers_address(const duet_router_workers_t *w, duet_role_t role, int idx);
 const char *duet_router_workers_name(const duet_router_workers_t *w, duet_role_t role, int idx);

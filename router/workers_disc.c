@@ -106,7 +106,7 @@ static void duet__join_locked(duet_router_workers_t *w, duet__group_t *g,
         return;
     }
     snprintf(name, sizeof(name), "%s/%s", g->name, a->ip);
-    if (duet__workers_slot_fill(wk, g, name, a->addr, g->tp_config) != DUET_OK) {
+    if (duet__workers_slot_fill(wk, g, name, a->addr, g->tp_config, g->local_config) != DUET_OK) {
         DUET_LOG_ERROR("discover %s: %s", g->name, duet_error_msg());
         return;
     }

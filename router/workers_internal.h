@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "duet/v1/common.pb-c.h"
 #include "router/discovery.h"
 #include "router/workers.h"
 
@@ -37,6 +38,7 @@ typedef struct {
     char *name;
     char *address;
     uint32_t tp_config;
+    duet_prefill_local_t local_config; /* decode: the config's prefill_local */
     /* under owner->lock */
     pthread_t thread;
     bool started;
@@ -53,6 +55,10 @@ typedef struct {
     bool have_info;
     uint32_t tp, free_pages, total_pages, queue_depth, running, max_context;
     bool draining;
+    /* decode: prefill_local as its Info says (the config's before), and its
+     * counts of local and remote prefills */
+    duet_prefill_local_t local;
+    uint64_t prefills_local, prefills_remote;
     uint64_t checks, failures;
     int64_t last_ok_ns;
     char instance_id[64];
@@ -66,6 +72,7 @@ struct duet__group {
     char *text; /* "name:port" as configured */
     duet_router_disc_spec_t spec;
     uint32_t tp_config;
+    duet_prefill_local_t local_config;
     duet_router_disc_state_t st;
     duet_router_disc_lookup_t *lookup; /* running, or NULL */
     int64_t lookup_started, next_due;
@@ -110,12 +117,26 @@ static inline void duet__count(_Atomic uint64_t *counter)
 duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t role);
 /* Put a worker into a FREE slot. */
 duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, const char *name,
-                                      const char *address, uint32_t tp);
+                                      const char *address, uint32_t tp, duet_prefill_local_t local);
 /* Take an ACTIVE worker out of rotation for good; whether it was healthy
  * (the caller runs on_change once unlocked). */
 bool duet__workers_leave_locked(duet_router_workers_t *w, duet__worker_t *wk, const char *why);
 /* Start a slot's checker thread. */
 duet_status_t duet__workers_checker_start(duet__worker_t *wk);
+
+/* workers.c: pick among the healthy (with colocated: decodes that
+ * prefill locally only) */
+int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated);
+
+/* workers_coloc.c */
+/* Does the config list a decode with prefill_local not "off"? */
+bool duet__workers_any_colocated(const duet_cluster_config_t *cfg);
+/* Healthy decodes that prefill locally. */
+size_t duet__workers_colocated_healthy(duet_router_workers_t *w);
+/* Does the decode wk prefill locally (any thread)? */
+bool duet__workers_local(duet__worker_t *wk);
+/* Take prefill_local and the prefill counts from an Info (wk->lock held). */
+void duet__workers_info_local(duet__worker_t *wk, const Duet__V1__InfoResponse *info);
 
 /* workers_disc.c: the discovery thread (resolve, reconcile, reap). */
 void *duet__workers_disc_main(void *arg);

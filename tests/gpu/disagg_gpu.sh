@@ -15,6 +15,14 @@
 # model with 2 KV heads (replicated on the TP=4 side).
 # DUET_TRANSFER_CHECKSUM=true: transfer.checksum on (the direct path's
 # CRC32C computed on the GPUs); a "checksum mismatch" in a log fails.
+#
+# DISAGG_CASES=coloc runs the colocated and conditional cases instead
+# (issue 14; docs/design-notes.md "Colocated mode and conditional
+# disaggregation"): no prefill instance and a decode with prefill_local
+# "always" at TP 1, 2 (and 4), then a prefill TP=1 with a decode TP=2 whose
+# prefill_local is "auto" (prompts up to 32 tokens local: the 5-token
+# prompt is prefilled on the decode, the 52- and 201-token ones on the
+# prefill); the decode's Info counts are printed.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/daemons_env.sh
@@ -38,19 +46,25 @@ echo "# $(date -u +%FT%TZ) $CARD x$NGPU"
     --head-dim 64 --intermediate 1536 --vocab 1024 --max-pos 2048 --dtype bf16 --seed 8 >/dev/null
 ngpu=$NGPU
 
-run_case() { # name model P pdevs D ddevs
-    local name=$1 model=$2 P=$3 pdev=$4 D=$5 ddev=$6
+run_case() { # name model P pdevs D ddevs [decode keys]; P=0: no prefill instance
+    local name=$1 model=$2 P=$3 pdev=$4 D=$5 ddev=$6 dextra=${7:-}
     local pp=$((19100 + RANDOM % 500)) dp=$((19700 + RANDOM % 500))
+    local pentry="{\"name\": \"p0\", \"address\": \"127.0.0.1:$pp\", \"tp\": $P, \"backend\": \"cuda\", \"devices\": [$pdev], \"n_pages\": 512}"
+    [ "$P" = 0 ] && pentry=""
     cat > "$W/c.json" <<JSON
 {"model": "$model", "kv": {"page_size": 16},
  "transfer": {"timeout_ms": 20000, "checksum": ${DUET_TRANSFER_CHECKSUM:-false}},
- "prefill": [{"name": "p0", "address": "127.0.0.1:$pp", "tp": $P, "backend": "cuda",
-              "devices": [$pdev], "n_pages": 512}],
+ "prefill": [$pentry],
  "decode": [{"name": "d0", "address": "127.0.0.1:$dp", "tp": $D, "backend": "cuda",
-             "devices": [$ddev], "n_pages": 512}]}
+             "devices": [$ddev], "n_pages": 512${dextra:+, $dextra}}]}
 JSON
-    "$BIN/duet-prefill" --config "$W/c.json" --name p0 > "$W/p.log" 2>&1 &
-    local ppid=$!
+    local ppid=""
+    if [ "$P" != 0 ]; then
+        "$BIN/duet-prefill" --config "$W/c.json" --name p0 > "$W/p.log" 2>&1 &
+        ppid=$!
+    else
+        echo "serving on port (no prefill instance)" > "$W/p.log"
+    fi
     "$BIN/duet-decode" --config "$W/c.json" --name d0 > "$W/d.log" 2>&1 &
     local dpid=$!
     for i in $(seq 1 300); do
@@ -58,7 +72,7 @@ JSON
         sleep 0.2
     done
     grep -h "transfer path\|UCX CUDA" "$W/p.log" "$W/d.log" | sed 's/^/  /'
-    if [ "${DUET_KV_TRANSFER_PATH:-}" = direct ] && ! grep -q "transfer path ucx-cuda-direct" "$W/p.log"; then
+    if [ "$P" != 0 ] && [ "${DUET_KV_TRANSFER_PATH:-}" = direct ] && ! grep -q "transfer path ucx-cuda-direct" "$W/p.log"; then
         echo "$name P=$P D=$D: DUET_UCX_CUDA_LIB set but the direct path is not running"
         fails=$((fails + 1))
     fi
@@ -102,9 +116,11 @@ PY
             fails=$((fails + 1))
         fi
     done
+    grep -h "prefill_local\|prefilled locally" "$W/d.log" | head -2 | sed 's/^/  /'
+    echo "  decode prefills: local $(grep -c "prefilled locally" "$W/d.log")"
     kill -TERM $dpid $ppid
     wait $dpid; echo "  decode exit $?"
-    wait $ppid; echo "  prefill exit $?"
+    if [ -n "$ppid" ]; then wait $ppid; echo "  prefill exit $?"; fi
     if grep -q "checksum mismatch" "$W/p.log" "$W/d.log"; then
         echo "$name P=$P D=$D: checksum mismatch"; grep -h -m3 "checksum mismatch" "$W/p.log" "$W/d.log"
         fails=$((fails + 1))
@@ -112,6 +128,19 @@ PY
     if [ $fails -gt 0 ]; then tail -n 20 "$W/p.log" "$W/d.log"; fi
 }
 
+if [ "${DISAGG_CASES:-}" = coloc ]; then
+    export DUET_LOG_LEVEL=debug # "prefilled locally" lines count the local prefills
+    for m in "$ROOT/models/stories260K" "$W/syn"; do
+        run_case "$(basename "$m") colocated" "$m" 0 "" 1 "0" '"prefill_local": "always"'
+        run_case "$(basename "$m") colocated" "$m" 0 "" 2 "0, 1" '"prefill_local": "always"'
+        [ "$ngpu" -ge 4 ] &&
+            run_case "$(basename "$m") colocated" "$m" 0 "" 4 "0, 1, 2, 3" '"prefill_local": "always"'
+        run_case "$(basename "$m") conditional" "$m" 1 "0" 2 "0, 1" \
+            '"prefill_local": "auto", "prefill_local_max_tokens": 32'
+    done
+    echo "disagg_gpu (colocated/conditional): $fails case(s) differ"
+    exit 0
+fi
 if [ "${DISAGG_ONLY4:-0}" != 1 ]; then
     for m in "$ROOT/models/stories260K" "$W/syn"; do
         run_case "$(basename "$m")" "$m" 1 "0" 2 "0, 1"

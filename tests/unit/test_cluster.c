@@ -90,7 +90,40 @@ static void test_errors(void **state)
     expect_error("{\"model\": \"x\", \"router\": {\"max_body_bytes\": \"big\"}}",
                  "router.max_body_bytes: expected a number");
     expect_error("{\"model\": 1", "invalid JSON at line 1");
+    /* colocated mode (docs/design-notes.md) */
+    expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\","
+                 " \"prefill_local\": \"sometimes\"}]}",
+                 "decode[0].prefill_local: 'sometimes' is not off, always or auto");
+    expect_error("{\"model\": \"x\", \"prefill\": [{\"name\": \"p\", \"address\": \"a:1\","
+                 " \"prefill_local\": \"auto\"}]}",
+                 "prefill[0].prefill_local: only decode instances prefill locally");
+    expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\","
+                 " \"prefill_local_max_running\": -1}]}",
+                 "decode[0].prefill_local_max_running: -1 is out of range");
     assert_int_equal(duet_alloc_live(), live);
+}
+
+static void test_prefill_local(void **state)
+{
+    (void)state;
+    duet_cluster_config_t *c = NULL;
+    assert_int_equal(parse("{\"model\": \"x\", \"decode\": [{\"name\": \"a\", \"address\": "
+                           "\"a:1\"}, {\"name\": \"b\", \"address\": \"b:1\", \"prefill_local\": "
+                           "\"auto\", \"prefill_local_max_tokens\": 64}, {\"name\": \"c\", "
+                           "\"address\": \"c:1\", \"prefill_local\": \"always\"}]}",
+                           &c),
+                     DUET_OK);
+    assert_int_equal(duet_cluster_prefill_local(&c->decode[0]), DUET_PREFILL_LOCAL_OFF);
+    assert_int_equal(duet_cluster_prefill_local(&c->decode[1]), DUET_PREFILL_LOCAL_AUTO);
+    assert_int_equal(duet_cluster_prefill_local(&c->decode[2]), DUET_PREFILL_LOCAL_ALWAYS);
+    assert_int_equal(c->decode[1].prefill_local_max_tokens, 64);
+    assert_int_equal(c->decode[1].prefill_local_max_running, 8);
+    /* an override is checked by the daemon (duet_cluster_instance_check) */
+    assert_int_equal(duet_cluster_instance_set(&c->decode[0], "prefill_local", "maybe"), DUET_OK);
+    assert_int_equal(duet_cluster_instance_check(&c->decode[0], "decode", "decode[a]"),
+                     DUET_ERR_CONFIG);
+    assert_non_null(strstr(duet_error_msg(), "decode[a].prefill_local: 'maybe' is not"));
+    duet_cluster_free(c);
 }
 
 /* The line of `text` that starts with "  " + key (copied into buf), or NULL. */
@@ -155,6 +188,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_good),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_prefill_local),
         cmocka_unit_test(test_integers_print_as_integers),
         cmocka_unit_test(test_policy_is_the_routers),
     };

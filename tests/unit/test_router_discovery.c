@@ -471,6 +471,12 @@ static void test_validate(void **state)
              "{\"name\": \"decode\", \"discover\": \"d:1\"}", "prefill[0].name: ");
     validate("{\"name\": \"p/1\", \"address\": \"127.0.0.1:1\"}",
              "{\"name\": \"decode\", \"discover\": \"d:1\"}", NULL);
+    /* no prefill: only when a decode prefills locally (colocated mode) */
+    validate("", "{\"name\": \"d\", \"address\": \"127.0.0.1:2\"}",
+             "at least one prefill instance (or decode instances with prefill_local)");
+    validate("", "{\"name\": \"d\", \"address\": \"127.0.0.1:2\", \"prefill_local\": \"always\"}",
+             NULL);
+    validate("", "{\"name\": \"d\", \"discover\": \"d:1\", \"prefill_local\": \"auto\"}", NULL);
 }
 
 int main(void)

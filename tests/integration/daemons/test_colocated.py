@@ -1,0 +1,260 @@
+#!/usr/bin/python3
+"""Colocated mode and conditional disaggregation (issue 14;
+docs/design-notes.md "Colocated mode and conditional disaggregation"):
+real duet-decode (and duet-prefill) processes.
+
+  colocated_stories    decodes of TP 1, 2 and 4 with prefill_local "always"
+  colocated_synthetic  and no prefill instance at all give the greedy tokens
+                       of `duet generate --tp 1` (stories260K; a synthetic
+                       model with 2 KV heads), Info counts every prefill as
+                       local, pages back at baseline
+  conditional          prefill_local "auto": a short prompt is prefilled
+                       locally, a long one on the prefill instance, both
+                       equal the reference; a decode whose running limit is
+                       0 sends even a short prompt to prefill; Info counts
+                       each decision; a request asking for a local prefill
+                       (DecodeGenerateRequest.prefill_local) gets one, or
+                       FAILED_PRECONDITION from a decode with it "off"
+  concurrent_mixed     24 concurrent requests of mixed lengths on an "auto"
+                       decode (TP 2, max_batch_tokens 64: local prefills
+                       batched and split over passes) with a prefill: both
+                       paths taken, every output equals the reference,
+                       pages back
+  cancel_local         a locally-prefilled stream cancelled mid-stream:
+                       pages back, the decode keeps serving
+  drain_local          SIGTERM while a locally-prefilled stream runs: it
+                       finishes, new requests are refused, exit 0
+  config_errors        a bad prefill_local value, or one on a prefill
+                       instance, stops start-up naming the key
+
+usage: test_colocated.py BUILD_DIR SOURCE_DIR [case ...]
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from duet_cluster import Cluster, mkmodel, reference_ids, run_cases  # noqa: E402
+
+BUILD, SRC = sys.argv[1], sys.argv[2]
+STORIES = os.path.join(SRC, "models", "stories260K")
+PAGE = 16
+GEN = 10
+ALWAYS = {"prefill_local": "always"}
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def prompts(vocab):
+    def ids(n, salt):
+        return [1] + [(i * 37 + salt * 11 + 3) % (vocab - 3) + 3 for i in range(n - 1)]
+    return {"short": ids(5, 1), "one-page": ids(PAGE, 2), "many-pages": ids(7 * PAGE + 3, 3)}
+
+
+def check_colocated(model, vocab):
+    ps = prompts(vocab)
+    refs = {k: reference_ids(BUILD, model, p, GEN, ignore_eos=True) for k, p in ps.items()}
+    # no prefill instance: each decode prefills with its own TP group
+    c = Cluster(BUILD, SRC, model, prefill=[],
+                decode=[("d1", 1, ALWAYS), ("d2", 2, ALWAYS), ("d4", 4, ALWAYS)],
+                page_size=PAGE, n_pages=128)
+    try:
+        c.start_all()
+        for d in ("d1", "d2", "d4"):
+            expect(c.info(d).prefill_local == "always", "%s Info.prefill_local" % d)
+            for k, p in ps.items():
+                ids, _, fin = c.generate(d, p, max_tokens=GEN, ignore_eos=True)
+                expect(ids == refs[k] and fin.completion_tokens == GEN,
+                       "%s %s: got %s want %s" % (d, k, ids, refs[k]))
+            i = c.info(d)
+            expect(i.prefills_local == len(ps) and i.prefills_remote == 0,
+                   "%s: %d local, %d remote prefills" % (d, i.prefills_local, i.prefills_remote))
+        bad = c.pages_at_baseline()
+        expect(not bad, "pages not back: %s" % bad)
+    finally:
+        c.close()
+
+
+def colocated_stories():
+    check_colocated(STORIES, 512)
+
+
+def colocated_synthetic():
+    model = mkmodel(BUILD, os.path.join(tempfile.mkdtemp(prefix="duet_coloc_"), "kv2"), layers=2,
+                    hidden=64, heads=8, kv_heads=2, head_dim=8, intermediate=96, vocab=300,
+                    max_pos=512, seed=42)
+    check_colocated(model, 300)
+
+
+def conditional():
+    ps = prompts(512)
+    refs = {k: reference_ids(BUILD, STORIES, ps[k], GEN, ignore_eos=True)
+            for k in ("short", "many-pages")}
+    auto = {"prefill_local": "auto", "prefill_local_max_tokens": 2 * PAGE,
+            "prefill_local_max_running": 4}
+    busy = dict(auto, prefill_local_max_running=0)
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)],
+                decode=[("d0", 2, auto), ("d1", 1, busy), ("d2", 1)], page_size=PAGE,
+                n_pages=128)
+    try:
+        c.start_all()
+        for k in ("short", "many-pages"):
+            ids, _, _ = c.generate("d0", ps[k], max_tokens=GEN, ignore_eos=True, prefill="p0")
+            expect(ids == refs[k], "d0 %s: got %s want %s" % (k, ids, refs[k]))
+        i = c.info("d0")
+        expect(i.prefill_local == "auto", "Info.prefill_local %r" % i.prefill_local)
+        expect(i.prefills_local == 1 and i.prefills_remote == 1,
+               "d0: short prompt local, long remote: got %d local, %d remote" %
+               (i.prefills_local, i.prefills_remote))
+        # without a target in the request, the config's prefill is known
+        ids, _, _ = c.generate("d1", ps["short"], max_tokens=GEN, ignore_eos=True)
+        expect(ids == refs["short"], "d1 short: got %s want %s" % (ids, refs["short"]))
+        i = c.info("d1")
+        expect(i.prefills_local == 0 and i.prefills_remote == 1,
+               "d1 (running limit 0): got %d local, %d remote" %
+               (i.prefills_local, i.prefills_remote))
+        # asked to prefill locally (the router does so when no prefill is
+        # healthy): d1 (auto) does, d2 (off) refuses
+        req = c.request(ps["many-pages"], max_tokens=GEN, ignore_eos=True)
+        req.prefill_local = True
+        stub = c.pb["decode_grpc"].DecodeStub(c.channel("d1"))
+        ids = [i for r in stub.Generate(req, timeout=60) if r.HasField("chunk")
+               for i in r.chunk.ids]
+        expect(ids == refs["many-pages"], "d1 asked local: got %s" % ids)
+        expect(c.info("d1").prefills_local == 1, "d1 did not prefill locally when asked")
+        try:
+            list(c.pb["decode_grpc"].DecodeStub(c.channel("d2")).Generate(req, timeout=30))
+            raise AssertionError("a decode with prefill_local off prefilled locally")
+        except grpc.RpcError as e:
+            expect(e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                   "prefill_local" in e.details(), "d2: %s %s" % (e.code(), e.details()))
+        bad = c.pages_at_baseline()
+        expect(not bad, "pages not back: %s" % bad)
+    finally:
+        c.close()
+
+
+def concurrent_mixed():
+    reqs = []
+    for i in range(24):
+        n = [1, 3, 15, 16, 17, 40, 90][i % 7] + i % 5
+        reqs.append([1] + [(j * 13 + i * 7 + 5) % 509 + 3 for j in range(n - 1)])
+    refs = [reference_ids(BUILD, STORIES, p, 8, ignore_eos=True) for p in reqs]
+    auto = {"prefill_local": "auto", "prefill_local_max_tokens": 24,
+            "prefill_local_max_running": 64, "max_batch_tokens": 64}
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2, auto)],
+                page_size=PAGE, n_pages=256)
+    results = [None] * len(reqs)
+    try:
+        c.start_all()
+
+        def run(i):
+            try:
+                results[i] = c.generate("d0", reqs[i], max_tokens=8, ignore_eos=True)[0]
+            except Exception as e:  # noqa: BLE001 - reported below
+                results[i] = e
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        wrong = ["%d (%d tokens): got %s want %s" % (i, len(reqs[i]), results[i], refs[i])
+                 for i in range(len(reqs)) if results[i] != refs[i]]
+        expect(not wrong, "wrong: " + "; ".join(wrong))
+        i = c.info("d0")
+        expect(i.prefills_local > 0 and i.prefills_remote > 0 and
+               i.prefills_local + i.prefills_remote == len(reqs),
+               "%d local, %d remote prefills" % (i.prefills_local, i.prefills_remote))
+        bad = c.pages_at_baseline()
+        expect(not bad, "pages not back: %s" % bad)
+    finally:
+        c.close()
+
+
+def cancel_local():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 2, ALWAYS)])
+    try:
+        c.start_all()
+        it = c.stream("d0", [1, 403, 407, 261, 378, 429, 285], max_tokens=400, ignore_eos=True)
+        got = 0
+        for _ in it:
+            got += 1
+            if got == 3:
+                it.cancel()
+                break
+        expect(got == 3, "stream ended early")
+        bad = c.pages_at_baseline()
+        expect(not bad, "pages not back after the cancel: %s" % bad)
+        ids, _, _ = c.generate("d0", [1, 403, 407], max_tokens=8, ignore_eos=True)
+        expect(len(ids) == 8, "no tokens after a cancel")
+        expect(c.info("d0").prefills_local == 2, "not prefilled locally")
+        bad = c.pages_at_baseline()
+        expect(not bad, "pages not back: %s" % bad)
+    finally:
+        c.close()
+
+
+def drain_local():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 1, ALWAYS)],
+                env={"DUET_FAULT_DECODE_STEP_DELAY_MS": "20"})
+    try:
+        c.start_all()
+        it = c.stream("d0", [1, 5, 6, 7], max_tokens=60, ignore_eos=True)
+        first = next(it)
+        expect(first.HasField("chunk"), "no first chunk")
+        c.daemons["d0"].proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        try:
+            c.generate("d0", [1, 5], max_tokens=2, timeout=5)
+            raise AssertionError("a draining decode accepted a request")
+        except grpc.RpcError as e:
+            expect(e.code() == grpc.StatusCode.UNAVAILABLE, "status %s" % e.code())
+        fin = None
+        for r in it:
+            if not r.HasField("chunk"):
+                fin = r.finished
+        expect(fin is not None and fin.completion_tokens == 60, "the stream did not finish")
+        rc = c.daemons["d0"].proc.wait(timeout=30)
+        expect(rc == 0, "decode exited %d" % rc)
+    finally:
+        c.close()
+
+
+def config_errors():
+    cases = [
+        ([], [("d0", 1, {"prefill_local": "sometimes"})], "d0",
+         "decode[0].prefill_local: 'sometimes' is not off, always or auto"),
+        ([("p0", 1, {"prefill_local": "always"})], [("d0", 1)], "p0",
+         "prefill[0].prefill_local: only decode instances prefill locally"),
+    ]
+    for prefill, decode, name, want in cases:
+        c = Cluster(BUILD, SRC, STORIES, prefill=prefill, decode=decode)
+        d = c.daemons[name]
+        exe = os.path.join(BUILD, d.role, "duet-" + d.role)
+        r = subprocess.run([exe, "--config", c.config, "--name", name], capture_output=True,
+                           text=True, timeout=30)
+        expect(r.returncode != 0 and want in r.stderr,
+               "%s: exit %d, stderr %r; want %r" % (name, r.returncode, r.stderr[-300:], want))
+    # an override is checked too
+    c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 1)])
+    exe = os.path.join(BUILD, "decode", "duet-decode")
+    r = subprocess.run([exe, "--config", c.config, "--name", "d0", "--prefill-local", "yes"],
+                       capture_output=True, text=True, timeout=30)
+    expect(r.returncode != 0 and "prefill_local: 'yes' is not off, always or auto" in r.stderr,
+           "override: exit %d, stderr %r" % (r.returncode, r.stderr[-300:]))
+
+
+CASES = [colocated_stories, colocated_synthetic, conditional, concurrent_mixed, cancel_local, drain_local,
+         config_errors]
+
+if __name__ == "__main__":
+    run_cases(CASES, sys.argv[3:], "colocated/conditional")
