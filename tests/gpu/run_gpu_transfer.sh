@@ -147,7 +147,9 @@ elif [ $DEVICE = 1 ] && ! grep -q "checksum mismatch" "$W/corrupt.log"; then
     echo "# corrupted put (${CARGS[*]}): failed, but not by its checksum: $(grep -m1 'decode rank' "$W/corrupt.log")"
     rc=1
 else
-    echo "# corrupted put${CARGS[*]:+ (${CARGS[*]})}: detected, as it must be: $(grep -m1 'decode rank' "$W/corrupt.log")"
+    why='decode rank'
+    [ $DEVICE = 1 ] && why='checksum mismatch'
+    echo "# corrupted put${CARGS[*]:+ (${CARGS[*]})}: detected, as it must be: $(grep -m1 "$why" "$W/corrupt.log")"
 fi
 
 if [ $rc -ne 0 ] && [ $DEVICE = 0 ]; then
