@@ -16,8 +16,9 @@ rm -rf "$C"
 mkdir -p "$C/bin" "$C/lib"
 cmake -S "$ROOT" -B "$B" -DDUET_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=OFF \
     -DCMAKE_CUDA_COMPILER_LAUNCHER="$ROOT/tests/gpu/nvcc_launcher.sh" > /dev/null
-cmake --build "$B" -j2 --target duet duet-prefill duet-decode duet-client
+cmake --build "$B" -j2 --target duet duet-prefill duet-decode duet-client duet-router
 cp "$B/tools/duet" "$B/tools/duet-client" "$B/prefill/duet-prefill" "$B/decode/duet-decode" \
+    "$B/router/duet-router" \
     "$C/bin/"
 strip "$C"/bin/*
 # every library they load that is not glibc's or CUDA's (the GPU host has

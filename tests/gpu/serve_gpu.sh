@@ -1,0 +1,107 @@
+#!/bin/bash
+# Serving on GPUs (issue 14): disaggregated P×D layouts against colocated
+# decodes on the same GPU count, a Llama-3-8B-shaped bf16 model (random
+# weights: `duet mkmodel --preset llama-3-8b-shape`), router + daemons on
+# one host, `duet bench-serve` with a random workload (input 1024 ± 50 %,
+# output 128 ± 50 %, --ignore-eos) at each rate of SERVE_RATES, SLO TTFT ≤
+# 1000 ms and TPOT ≤ 50 ms.  Direct path with DUET_UCX_CUDA_LIB (e.g.
+# .devcarry/ucxcuda).  Binaries: tests/gpu/build_carry_daemons.sh.
+#
+#   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/serve_gpu.sh
+#
+# SERVE_LAYOUTS picks layouts (names below); results: one line per (layout,
+# rate) and the bench-serve JSON under ${OUT:-/tmp}/serve-*.json.  Each
+# layout starts its daemons afresh: loading the 16 GB checkpoint takes ~2
+# minutes per process on an H200 host (SERVE_READY_S, default 600), so a
+# run of all five layouts needs more than one 10-minute device call.
+# First run (2026-11-26, 4x H200) only established that: the 120 s wait it
+# had then was too short; no serving figures yet.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/gpu/daemons_env.sh
+W=$(mktemp -d)
+M=${MODEL_DIR:-/tmp/duet-8b}
+RATES=${SERVE_RATES:-2,4,8}
+N=${SERVE_REQUESTS:-64}
+echo "# $(date -u +%FT%TZ) $CARD x$NGPU"
+if [ ! -f "$M/config.json" ]; then
+    t0=$(date +%s)
+    "$BIN/duet" mkmodel --out "$M" --preset llama-3-8b-shape --dtype bf16 >/dev/null || exit 1
+    echo "# mkmodel llama-3-8b-shape bf16: $(( $(date +%s) - t0 )) s"
+fi
+# name: prefill entries | decode entries (tp:devices[:prefill_local])
+declare -A L
+L[disagg-p1d1]="1:0|1:1"
+L[coloc-2xtp1]="|1:0:always 1:1:always"
+L[coloc-tp2]="|2:0,1:always"
+L[disagg-p2d2]="2:0,1|2:2,3"
+L[coloc-2xtp2]="|2:0,1:always 2:2,3:always"
+L[cond-p1d1]="1:0|1:1:auto"
+order=${SERVE_LAYOUTS:-disagg-p1d1 coloc-2xtp1 coloc-tp2}
+[ "$NGPU" -ge 4 ] && order=${SERVE_LAYOUTS:-disagg-p1d1 coloc-2xtp1 coloc-tp2 disagg-p2d2 coloc-2xtp2}
+
+entries() { # role list -> JSON array
+    local role=$1 list=$2 out="" i=0 tp devs mode port
+    for e in $list; do
+        IFS=: read -r tp devs mode <<< "$e"
+        port=$((19100 + RANDOM % 800))
+        [ -n "$out" ] && out="$out, "
+        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": 4096, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}}"
+        i=$((i + 1))
+    done
+    echo "[$out]"
+}
+
+for name in $order; do
+    IFS='|' read -r pre dec <<< "${L[$name]}"
+    hp=$((18100 + RANDOM % 400)) gp=$((18600 + RANDOM % 400))
+    cat > "$W/c.json" <<JSON
+{"model": "$M", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 60000},
+ "router": {"http": "127.0.0.1:$hp", "grpc": "127.0.0.1:$gp", "request_timeout_ms": 120000,
+            "max_tokens_limit": 4096},
+ "prefill": $(entries prefill "$pre"),
+ "decode": $(entries decode "$dec")}
+JSON
+    pids=()
+    for n in $(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(' '.join(['prefill:'+e['name'] for e in c['prefill']]+['decode:'+e['name'] for e in c['decode']]))" "$W/c.json"); do
+        role=${n%%:*} inst=${n#*:}
+        "$BIN/duet-$role" --config "$W/c.json" --name "$inst" > "$W/$inst.log" 2>&1 &
+        pids+=($!)
+    done
+    "$BIN/duet-router" --config "$W/c.json" > "$W/router.log" 2>&1 &
+    rpid=$!
+    ok=0
+    # a 16 GB checkpoint of random weights loads in ~2 minutes per process
+    for i in $(seq 1 $((2 * ${SERVE_READY_S:-600}))); do
+        if curl -sf "http://127.0.0.1:$hp/health" >/dev/null 2>&1 &&
+            [ "$(curl -s "http://127.0.0.1:$hp/workers" | grep -o '"healthy": *true' | wc -l)" -ge "$(echo $pre $dec | wc -w)" ]; then
+            ok=1; break
+        fi
+        sleep 0.5
+    done
+    if [ $ok = 0 ]; then
+        echo "$name: cluster not ready after ${SERVE_READY_S:-600} s"; tail -n 5 "$W"/*.log
+    else
+        "$BIN/duet" bench-serve --base-url "http://127.0.0.1:$hp" --ignore-eos --dataset random \
+            --random-input-len 1024 --random-output-len 128 --range-ratio 0.5 --num-requests "$N" \
+            --request-rate "$RATES" --seed 1 --slo-ttft-ms 1000 --slo-tpot-ms 50 \
+            --max-context 4096 --result-json "${OUT:-/tmp}/serve-$name.json" > "$W/bench.log" 2>&1 ||
+            { echo "$name: bench-serve failed"; tail -n 20 "$W/bench.log"; }
+        python3 - "${OUT:-/tmp}/serve-$name.json" "$name" <<'PY'
+import json, sys
+try:
+    runs = json.load(open(sys.argv[1]))["runs"]
+except (OSError, ValueError, KeyError) as e:
+    print(sys.argv[2], "no results:", e); sys.exit(0)
+for r in runs:
+    print("%-12s %5s/s: %5.2f req/s goodput %5.2f out %6.0f tok/s TTFT p50/p99 %7.1f/%7.1f ms "
+          "TPOT p50/p99 %5.1f/%5.1f ms done %d/%d" % (
+              sys.argv[2], r["request_rate"], r["request_throughput"], r["request_goodput"],
+              r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"],
+              r["p99_tpot_ms"], r["completed"], r["num_requests"]))
+PY
+    fi
+    kill -TERM $rpid "${pids[@]}" 2>/dev/null
+    wait $rpid "${pids[@]}" 2>/dev/null
+done
+rm -rf "$W"
