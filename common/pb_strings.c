@@ -82,3 +82,13 @@ bool duet_pb_find_nul(const ProtobufCMessageDescriptor *desc, const uint8_t *dat
         return false;
     return duet__pb_walk(desc, data, data + len, 0, path, cap, 0);
 }
+
+duet_status_t duet_pb_check_nul(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                                size_t len)
+{
+    char path[128];
+    if (duet_pb_find_nul(desc, data, len, path, sizeof(path)))
+        return duet_error(DUET_ERR_INVALID, "%s: contains a NUL byte (not allowed in strings)",
+                          path);
+    return DUET_OK;
+}

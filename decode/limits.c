@@ -1,18 +1,6 @@
 #include "decode/limits.h"
 
 #include "common/limits.h"
-#include "common/pb_strings.h"
-
-duet_status_t duet_dc_limits_check_raw(const uint8_t *data, size_t len)
-{
-    char path[128];
-
-    if (duet_pb_find_nul(&duet__v1__decode_generate_request__descriptor, data, len, path,
-                         sizeof(path)))
-        return duet_error(DUET_ERR_INVALID, "%s: contains a NUL byte (not allowed in strings)",
-                          path);
-    return DUET_OK;
-}
 
 int duet_dc_limits_prompt(const duet_decode_t *dc)
 {

@@ -11,10 +11,6 @@
 #include "decode/decode.h"
 #include "duet/v1/decode.pb-c.h"
 
-/* The serialized request before unpacking: DUET_ERR_INVALID naming a
- * string field that holds a NUL byte. */
-duet_status_t duet_dc_limits_check_raw(const uint8_t *data, size_t len);
-
 /* max_tokens (router.max_tokens_limit), stop strings and stop_token_ids
  * (common/limits.h) and a token-id prompt's length (router.max_prompt_tokens
  * or the model context): DUET_ERR_INVALID / DUET_ERR_TOO_LONG naming the

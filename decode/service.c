@@ -182,7 +182,8 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is draining");
         return;
     }
-    if ((st = duet_dc_limits_check_raw(data, len)) != DUET_OK) {
+    if ((st = duet_pb_check_nul(&duet__v1__decode_generate_request__descriptor, data, len)) !=
+        DUET_OK) {
         duet_rpc_call_fail_status(call, st, duet_error_msg());
         return;
     }
@@ -241,15 +242,10 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
         duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is starting");
         return;
     }
-    {
-        char field[64], msg[128];
-        if (duet_pb_find_nul(&duet__v1__abort_request__descriptor, data, len, field,
-                             sizeof(field))) {
-            /* "abc\0..." must not abort request "abc" */
-            snprintf(msg, sizeof(msg), "abort: %s contains a NUL byte", field);
-            duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
-            return;
-        }
+    /* "abc\0..." must not abort request "abc" */
+    if (duet_pb_check_nul(&duet__v1__abort_request__descriptor, data, len) != DUET_OK) {
+        duet_rpc_call_fail_status(call, DUET_ERR_INVALID, duet_error_msg());
+        return;
     }
     m = duet__v1__abort_request__unpack(NULL, len, data);
     if (m == NULL || m->request_id == NULL || m->request_id[0] == '\0') {

@@ -1,7 +1,7 @@
 /* The decode daemon's gRPC handlers (decode/service.c): protobuf-c's
  * unpack of each request and what the handler checks before it posts the
  * request to the scheduler.  Decode.Generate: the checks on the serialized
- * bytes (duet_dc_limits_check_raw), the unpack and duet_dc_validate, in
+ * bytes (duet_pb_check_nul), the unpack and duet_dc_validate, in
  * the handler's order, on a
  * daemon context built as decode's start-up builds it, minus the engine
  * and the network: stories260K's config.json and tokenizer (text prompts
@@ -66,7 +66,7 @@ static void duet__fuzz_generate(const uint8_t *data, size_t size)
     Duet__V1__DecodeGenerateRequest *m;
     duet_dc_req_t *req;
 
-    if (duet_dc_limits_check_raw(data, size) != DUET_OK)
+    if (duet_pb_check_nul(&duet__v1__decode_generate_request__descriptor, data, size) != DUET_OK)
         return;
     if ((m = duet__v1__decode_generate_request__unpack(NULL, size, data)) == NULL)
         return;

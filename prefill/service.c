@@ -118,13 +118,11 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
     Duet__V1__PrefillRequest *m = duet__v1__prefill_request__unpack(NULL, len, data);
     duet_pf_req_t *req = DUET_NEW(duet_pf_req_t);
     duet_status_t st;
-    char field[64], msg[128];
 
     if (duet__not_ready(pf, call))
         goto out;
-    if (duet_pb_find_nul(&duet__v1__prefill_request__descriptor, data, len, field, sizeof(field))) {
-        snprintf(msg, sizeof(msg), "%s: contains a NUL byte (not allowed in strings)", field);
-        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
+    if (duet_pb_check_nul(&duet__v1__prefill_request__descriptor, data, len) != DUET_OK) {
+        duet_rpc_call_fail_status(call, DUET_ERR_INVALID, duet_error_msg());
         goto out;
     }
     if (m == NULL || req == NULL) {

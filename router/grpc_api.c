@@ -198,8 +198,8 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
         return;
     }
     /* protobuf-c cuts a string at a NUL: refuse rather than truncate */
-    if (duet_pb_find_nul(&duet__v1__generate_request__descriptor, req, req_len, id, sizeof(id))) {
-        snprintf(msg, sizeof(msg), "%s: contains a NUL byte (not allowed in strings)", id);
+    if (duet_pb_check_nul(&duet__v1__generate_request__descriptor, req, req_len) != DUET_OK) {
+        snprintf(msg, sizeof(msg), "%s", duet_error_msg());
         code = GRPC_STATUS_INVALID_ARGUMENT;
         goto fail;
     }
