@@ -24,9 +24,9 @@
  *
  * --mirror packed is the device-direct path with packed transfers
  * (transfer/xfer_pack.h), as the daemons run it on GPUs: per layer prefill
- * stages the layer's heads for its receivers in staging pages (the engine's
+ * stages the layer's runs for its receivers in its staging arena (the engine's
  * kv_copy kernel, engine/cuda/kv_copy.cu, on the copy stream) and then posts
- * one put per (layer, K|V, run); decode unstages every layer into the pages
+ * one put per (run, chunk of released layers); decode unstages every layer into the pages
  * once all senders reported (counted as import).  The puts column is the
  * transport operations of one request, all prefill ranks.
  *
@@ -351,14 +351,16 @@ static int clear_pages(gside_t *g, int r, int n)
             memset(g->sd.base[r] + off, 0x5a, len);
         if (g->role == DUET_XFER_DECODE && gs_memset(&k->st, k->pool + off, 0xa5, len))
             return 1;
-        /* packed: staging from an earlier round must not pass either */
-        if (g->b->packed &&
-            gs_memset(&k->st, k->pool + off + len, g->role == DUET_XFER_DECODE ? 0x3c : 0xc3, len))
-            return 1;
         if (g->role == DUET_XFER_PREFILL && g->b->device &&
             gs_copy(&k->st, k->pool + off, k->src + g->cplane * (size_t)p, len, false))
             return 1;
     }
+    /* packed: staging from an earlier round must not pass either (the
+     * request's staging: every plane of its n units, from unit 0) */
+    if (g->b->packed && gs_memset(&k->st, k->pool + duet_kv_total_bytes(l),
+                                  g->role == DUET_XFER_DECODE ? 0x3c : 0xc3,
+                                  2u * (size_t)n * duet_xfer_stage_unit_bytes(l)))
+        return 1;
     return gs_sync(&k->st);
 }
 
@@ -496,9 +498,6 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
     sd->layout.elem_size = G_ELEM;
     /* every rank can hold a whole request: rank 0 also takes the single put */
     sd->layout.n_pages = g->max_pages * (g->tp < G_HEADS ? g->tp : G_HEADS);
-    /* packed: a request's staging pages follow its pages */
-    if (b->packed && sd->layout.n_pages < 2 * g->max_pages)
-        sd->layout.n_pages = 2 * g->max_pages;
     sd->dtype = DUET_DTYPE_BF16;
     sd->fingerprint = 0x11a3a3b8b0000002ULL;
     sd->tls = b->tls;
@@ -506,6 +505,10 @@ static int gside_start(gside_t *g, const bench_t *b, duet_xfer_role_t role, int 
     if (b->device ? device_side_start(sd) : duet_testkit_side_start(sd))
         return 1;
     g->pool_bytes = duet_kv_total_bytes(&sd->layout);
+    /* packed: a staging arena after the planes (transfer/xfer_pack.h), the
+     * request's staging from unit 0 */
+    if (b->packed)
+        g->pool_bytes += 2u * (size_t)g->max_pages * duet_xfer_stage_unit_bytes(&sd->layout);
     g->cplane = (size_t)g->max_pages * duet_kv_page_bytes(&sd->layout);
     for (int r = 0; r < g->tp; r++)
         if (rank_start(g, r, devs[r]))
@@ -577,29 +580,28 @@ static int gside_stop(gside_t *g)
     return rc;
 }
 
-/* --mirror packed: build rank r's copies that stage (prefill: the heads it
- * sends) or unstage (decode: every head) pages[0..n) with staging pages
- * [n, 2n), and upload them (before the timed region). */
+/* --mirror packed: build rank r's copies that stage (prefill: the runs it
+ * sends) or unstage (decode: the runs it receives) pages[0..n) with
+ * staging from unit 0, and upload them (before the timed region). */
 static int upload_list(gside_t *g, int r, const duet_slice_plan_t *plan, const int32_t *pages,
                        int n)
 {
     const duet_kv_layout_t *l = &g->sd.layout;
     grank_t *k = &g->rk[r];
-    size_t cap = (size_t)g->max_pages * (size_t)l->n_kv_heads;
-    uint8_t heads[G_HEADS];
+    size_t cap = 2u * (size_t)g->max_pages * (size_t)l->n_kv_heads;
+    const duet_slice_run_t *runs;
+    int n_runs = g->role == DUET_XFER_PREFILL ? duet_slice_plan_src_runs(plan, r, &runs)
+                                              : duet_slice_plan_dst_runs(plan, r, &runs);
+    DUET_TESTKIT_CHECK((size_t)n * (size_t)duet_xfer_pack_slots(runs, n_runs) <= cap,
+                       "rank %d: %d runs overflow the copy list", r, n_runs);
     if (k->hlist == NULL) {
         k->hlist = DUET_NEW_ARRAY(duet_kv_copy_t, cap);
         DUET_TESTKIT_CHECK(k->hlist != NULL, "out of memory");
         G_CUDA(cudaSetDevice(k->st.dev));
         G_CUDA(cudaMalloc((void **)&k->dlist, cap * sizeof(duet_kv_copy_t)));
     }
-    if (g->role == DUET_XFER_PREFILL) {
-        const duet_slice_run_t *runs;
-        int n_runs = duet_slice_plan_src_runs(plan, r, &runs);
-        duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
-    }
-    k->n_list = duet_xfer_pack_copies(l, pages, n, n, g->role == DUET_XFER_PREFILL ? heads : NULL,
-                                      g->role == DUET_XFER_DECODE, k->hlist);
+    k->n_list =
+        duet_xfer_pack_copies(l, pages, n, 0, runs, n_runs, g->role == DUET_XFER_DECODE, k->hlist);
     G_CUDA(cudaSetDevice(k->st.dev));
     G_CUDA(cudaMemcpy(k->dlist, k->hlist, (size_t)k->n_list * sizeof(duet_kv_copy_t),
                       cudaMemcpyHostToDevice));
@@ -732,7 +734,7 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
                                 .n_pages = n,
                                 .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
                                 .flags = g->b->packed ? DUET_XFER_EXPECT_PACKED : 0,
-                                .dst_stage0 = g->b->packed ? n : 0};
+                                .dst_stage0 = 0};
         if (g->b->packed && upload_list(g, d, plan, pages, n))
             return 1;
         DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(g->sd.x, d), &e));
@@ -842,8 +844,8 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                               .flags = (b->packed ? DUET_XFER_SEND_PACKED : 0u) |
                                        (b->checksum ? DUET_XFER_SEND_CRC : 0u),
                               .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
-                              .src_stage0 = b->packed ? n : 0,
-                              .dst_stage0 = b->packed ? n : 0};
+                              .src_stage0 = 0,
+                              .dst_stage0 = 0};
         if (b->packed && upload_list(g, s, plan, pages, n))
             return 1;
         DUET_TESTKIT_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));

@@ -87,6 +87,7 @@ static int side_setup(duet_testkit_side_t *sd, const bench_t *b, duet_xfer_role_
     sd->layout.head_dim = B_HEAD_DIM;
     sd->layout.elem_size = B_ELEM;
     sd->layout.n_pages = max_pages(b) * (tp < 2 ? 2 : tp < B_HEADS ? tp : B_HEADS);
+    sd->stage_units = sd->layout.n_pages;
     sd->dtype = DUET_DTYPE_BF16;
     sd->fingerprint = 0x11a3a3b8b0000001ULL;
     sd->tls = b->tls;
@@ -185,15 +186,14 @@ static void *pack_main(void *arg)
     duet_xfer_rank_t *r = duet_xfer_rank(rn->sd->x, j->s);
     const duet_slice_run_t *runs;
     int n_runs = duet_slice_plan_src_runs(rn->plan, j->s, &runs), nc;
-    duet_kv_copy_t *copies = duet_malloc(sizeof(*copies) * (size_t)rn->n_pages * B_HEADS);
-    uint8_t heads[B_HEADS];
+    duet_kv_copy_t *copies = duet_malloc(
+        sizeof(*copies) * ((size_t)rn->n_pages * (size_t)duet_xfer_pack_slots(runs, n_runs) + 1));
     duet_xfer_send_t x;
 
     j->failed = 1;
     if (copies == NULL)
         return NULL;
-    duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
-    nc = duet_xfer_pack_copies(l, j->pages, rn->n_pages, rn->n_pages, heads, 0, copies);
+    nc = duet_xfer_pack_copies(l, j->pages, rn->n_pages, 0, runs, n_runs, 0, copies);
     memset(&x, 0, sizeof(x));
     x.transfer_id = j->id;
     x.plan = rn->plan;
@@ -202,7 +202,7 @@ static void *pack_main(void *arg)
     x.dst_pages = j->pages;
     x.n_pages = rn->n_pages;
     x.flags = DUET_XFER_SEND_PACKED;
-    x.src_stage0 = x.dst_stage0 = rn->n_pages;
+    x.src_stage0 = x.dst_stage0 = 0;
     x.deadline_ns = duet_deadline_in_ms(60000);
     if (duet_xfer_send_begin(r, &x) == DUET_OK) {
         int layer = 0;
@@ -406,20 +406,26 @@ static void *unpack_main(void *arg)
     return NULL;
 }
 
-/* Unpack request pages[0..n) from staging at page n on every rank, one
+/* Unpack request pages[0..n) from staging unit 0 on every rank, one
  * thread per rank; returns the time it took (ns), -1 on failure. */
-static int64_t unpack_all(duet_testkit_side_t *sd, const int32_t *pages, int n)
+static int64_t unpack_all(duet_testkit_side_t *sd, const duet_slice_plan_t *plan,
+                          const int32_t *pages, int n)
 {
     unpack_job_t jobs[B_HEADS * 8];
     pthread_t th[B_HEADS * 8];
-    duet_kv_copy_t *copies = duet_malloc(sizeof(*copies) * (size_t)n * B_HEADS);
+    size_t cap = (size_t)n * (size_t)sd->layout.n_kv_heads;
+    duet_kv_copy_t *copies = duet_malloc(sizeof(*copies) * cap * (size_t)sd->tp);
     int64_t t0 = duet_now_ns(), t;
-    int nc, started = 0;
+    int started = 0;
     if (copies == NULL)
         return -1;
-    nc = duet_xfer_pack_copies(&sd->layout, pages, n, n, NULL, 1, copies);
     for (int d = 0; d < sd->tp; d++) {
-        jobs[d] = (unpack_job_t){.sd = sd, .d = d, .copies = copies, .n_copies = nc};
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_dst_runs(plan, d, &runs);
+        int nc = duet_xfer_pack_copies(&sd->layout, pages, n, 0, runs, n_runs, 1,
+                                       copies + (size_t)d * cap);
+        jobs[d] =
+            (unpack_job_t){.sd = sd, .d = d, .copies = copies + (size_t)d * cap, .n_copies = nc};
         if (pthread_create(&th[d], NULL, unpack_main, &jobs[d]) != 0)
             break;
         started++;
@@ -466,7 +472,7 @@ static int bench_decode(void *arg)
                                     .n_pages = n,
                                     .deadline_ns = duet_deadline_in_ms(60000),
                                     .flags = packed ? DUET_XFER_EXPECT_PACKED : 0,
-                                    .dst_stage0 = n};
+                                    .dst_stage0 = 0};
             DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(sd.x, d), &e));
         }
         DUET_TESTKIT_CHECK(duet_testkit_chan_say(b->fd_d, "ok") == 0, "channel");
@@ -477,7 +483,7 @@ static int bench_decode(void *arg)
             DUET_TESTKIT_CHECK(res.status == DUET_OK, "decode rank %d: %s", d, res.detail);
         }
         if (packed) {
-            unpack_ns = unpack_all(&sd, pages, n);
+            unpack_ns = unpack_all(&sd, plan, pages, n);
             DUET_TESTKIT_CHECK(unpack_ns >= 0, "unpack failed");
         }
         snprintf(done, sizeof(done), "done %lld", (long long)unpack_ns);

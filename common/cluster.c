@@ -31,6 +31,7 @@ static const duet_cfg_field_t duet__instance_fields[] = {
     DUET_CFG_F_STRING(duet_instance_config_t, prefill_local, "off", "decode: prefill prompts on its own engine: off, always or auto (conditional)"),
     DUET_CFG_F_INT(duet_instance_config_t, prefill_local_max_tokens, 0, 1 << 24, 512, "decode, auto: longest prompt prefilled locally"),
     DUET_CFG_F_INT(duet_instance_config_t, prefill_local_max_running, 0, 4096, 8, "decode, auto: prefill locally only while fewer sequences decode here"),
+    DUET_CFG_F_INT(duet_instance_config_t, stage_pages, -1, 1 << 26, -1, "packed KV transfers: staging pages beside the pool (-1 = auto: n_pages / 4 where packing runs)"),
 };
 
 static const duet_cfg_field_t duet__router_fields[] = {
@@ -66,7 +67,8 @@ typedef struct {
 } duet__kv_section_t;
 
 static const duet_cfg_field_t duet__kv_fields[] = {
-    DUET_CFG_F_INT(duet__kv_section_t, page_size, 1, 4096, 16, "tokens per KV page (all instances)"),
+    DUET_CFG_F_INT(duet__kv_section_t, page_size, 1, 4096, 16,
+                   "tokens per KV page (all instances)"),
 };
 
 typedef struct {
@@ -162,8 +164,8 @@ static duet_status_t duet__parse_instances(const cJSON *arr, const char *role,
         if ((st = duet_cfg_defaults(duet__instance_fields, N_OF(duet__instance_fields),
                                     &list[i])) != DUET_OK)
             return st;
-        if ((st = duet_cfg_parse(item, path, duet__instance_fields,
-                                 N_OF(duet__instance_fields), &list[i])) != DUET_OK)
+        if ((st = duet_cfg_parse(item, path, duet__instance_fields, N_OF(duet__instance_fields),
+                                 &list[i])) != DUET_OK)
             return st;
         if (list[i].name == NULL || list[i].name[0] == '\0')
             return duet_error(DUET_ERR_CONFIG, "%s.name: required", path);

@@ -37,21 +37,21 @@ typedef enum {
 } duet_role_t;
 
 typedef struct {
-    char *name;           /* unique within the cluster */
-    char *address;        /* host:port others use to reach its gRPC server */
-    char *listen;         /* host:port to bind; default: address */
-    char *discover;       /* DNS name:port whose A records are instances (k8s) */
+    char *name;     /* unique within the cluster */
+    char *address;  /* host:port others use to reach its gRPC server */
+    char *listen;   /* host:port to bind; default: address */
+    char *discover; /* DNS name:port whose A records are instances (k8s) */
     int tp;
-    char *backend;        /* "cpu" or "cuda" */
-    int threads;          /* cpu threads per rank, 0 = auto */
+    char *backend; /* "cpu" or "cuda" */
+    int threads;   /* cpu threads per rank, 0 = auto */
     int devices[DUET_CLUSTER_MAX_DEVICES];
     int n_devices;
-    int n_pages;          /* KV pages (each page_size tokens) */
+    int n_pages; /* KV pages (each page_size tokens) */
     int max_batch_tokens;
-    int max_seqs;         /* decode: running sequences; prefill: prompts per batch */
-    int max_queue;        /* requests waiting for admission before RESOURCE_EXHAUSTED */
-    int grpc_threads;     /* completion-queue threads */
-    int drain_timeout_ms; /* SIGTERM grace before in-flight requests are aborted */
+    int max_seqs;           /* decode: running sequences; prefill: prompts per batch */
+    int max_queue;          /* requests waiting for admission before RESOURCE_EXHAUSTED */
+    int grpc_threads;       /* completion-queue threads */
+    int drain_timeout_ms;   /* SIGTERM grace before in-flight requests are aborted */
     int max_tokens_default; /* decode: when a request gives no max_tokens */
     /* decode: colocated mode and conditional disaggregation (docs/design-notes.md
      * "Colocated mode and conditional disaggregation"): "off" (every prompt on
@@ -62,17 +62,21 @@ typedef struct {
     char *prefill_local;
     int prefill_local_max_tokens;
     int prefill_local_max_running;
+    /* packed KV transfers: staging units after each rank's pool, each as
+     * large as one KV page in every layer; -1 = auto (n_pages / 4 where
+     * packing can run, else 0) */
+    int stage_pages;
 } duet_instance_config_t;
 
 typedef struct {
     char *name;
-    char *http;           /* host:port, "" = off */
-    char *grpc;           /* host:port, "" = off */
-    char *policy;         /* a router policy name (router/policy.h checks it) */
-    int max_concurrent;   /* requests in flight before queueing */
-    int queue_limit;      /* queued before 429 */
-    char *api_key;        /* "" = no auth */
-    char *api_key_env;    /* environment variable holding the key */
+    char *http;         /* host:port, "" = off */
+    char *grpc;         /* host:port, "" = off */
+    char *policy;       /* a router policy name (router/policy.h checks it) */
+    int max_concurrent; /* requests in flight before queueing */
+    int queue_limit;    /* queued before 429 */
+    char *api_key;      /* "" = no auth */
+    char *api_key_env;  /* environment variable holding the key */
     int max_body_bytes;
     int max_prompt_tokens; /* 0 = the model context */
     int max_tokens_limit;  /* largest max_tokens accepted */
@@ -99,18 +103,18 @@ typedef struct {
 } duet_auth_config_t;
 
 typedef struct {
-    char *model;          /* model directory */
-    int page_size;        /* kv.page_size: the same on every instance */
+    char *model;   /* model directory */
+    int page_size; /* kv.page_size: the same on every instance */
     int transfer_timeout_ms;
     bool transfer_checksum;
-    int rpc_timeout_ms;   /* control-plane calls between daemons */
+    int rpc_timeout_ms; /* control-plane calls between daemons */
     duet_router_config_t router;
     duet_auth_config_t auth;
     duet_instance_config_t *prefill;
     int n_prefill;
     duet_instance_config_t *decode;
     int n_decode;
-    char *path;           /* the file it came from */
+    char *path; /* the file it came from */
 } duet_cluster_config_t;
 
 /* Load and validate a cluster config file.  Cross-checks: unique instance
@@ -133,8 +137,7 @@ duet_status_t duet_cluster_instance_set(duet_instance_config_t *inst, const char
 
 /* Override an auth key ("ca", "secret_file", ...) from a command-line flag
  * (the value is used as given, not resolved against the config file). */
-duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key,
-                                    const char *value);
+duet_status_t duet_cluster_auth_set(duet_cluster_config_t *cfg, const char *key, const char *value);
 
 /* The checks across an instance's keys (prefill_local is a mode, and only
  * on decode instances), for role ("prefill" | "decode"); DUET_ERR_CONFIG

@@ -17,6 +17,7 @@
 #include "decode/decode.h"
 #include "duet/v1/common.pb-c.h"
 #include "duet/v1/prefill.pb-c.h"
+#include "transfer/xfer_pack.h"
 
 /* ---- links ---------------------------------------------------------------- */
 
@@ -166,6 +167,28 @@ static void duet__cancel_expectations(duet_decode_t *dc, duet_dc_req_t *req)
 /* A transfer id no other transfer of ours is using (scheduler thread):
  * random, so no caller can guess it (Prefill.Abort takes it), and checked
  * against the requests in the prefill phase, where ids are live. */
+/* Whether every prefill rank of link has the staging a packed transfer of
+ * n_pages needs there (transfer/xfer_pack.h): else it moves unpacked. */
+static bool duet__stage_fits(const duet_dc_link_t *link, int n_pages)
+{
+    const duet_slice_plan_t *plan = link->base.plan;
+    int D = duet_slice_plan_decode_tp(plan);
+    for (int s = 0; s < duet_slice_plan_prefill_tp(plan); s++) {
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_src_runs(plan, s, &runs);
+        const duet_xfer_desc_info_t *in = NULL;
+        for (int d = 0; d < D && in == NULL; d++) {
+            duet_xfer_peer_t *p = duet_node_link_peers(&link->base, d)[s];
+            in = p != NULL ? duet_xfer_peer_info(p) : NULL;
+        }
+        if (n_runs > 0 && (in == NULL || duet_xfer_pack_units(&in->layout, n_pages,
+                                                              duet_xfer_pack_slots(runs, n_runs)) >
+                                             duet_xfer_stage_units(&in->layout, in->pool_bytes)))
+            return false;
+    }
+    return true;
+}
+
 static duet_status_t duet__new_transfer_id(duet_decode_t *dc, uint64_t *id_p)
 {
     uint64_t id;
@@ -201,7 +224,9 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
      * packing would only add two copies (measured: README "Packed
      * transfers"); the first attempt decides, a retry keeps it */
     if (req->stage0 >= 0 && !req->retried &&
-        duet_slice_plan_prefill_tp(link->base.plan) == duet_slice_plan_decode_tp(link->base.plan))
+        (duet_slice_plan_prefill_tp(link->base.plan) ==
+             duet_slice_plan_decode_tp(link->base.plan) ||
+         !duet__stage_fits(link, req->n_prompt_pages)))
         duet_dc_stage_release(dc, req);
     req->kv_ok = 0;
     req->kv_failed = false;

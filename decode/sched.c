@@ -151,26 +151,36 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
     }
 }
 
-/* Give back a packed request's staging pages: once unpacked, or when its
+/* Give back a packed request's staging units: once unpacked, or when its
  * pages go (nothing can write them any more then either). */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
     if (req->stage0 >= 0)
-        duet_kv_pool_release_run(dc->node.pages, req->stage0, req->n_prompt_pages);
+        duet_kv_pool_release_run(dc->node.stage, req->stage0, req->n_prompt_pages);
     req->stage0 = -1;
 }
 
-/* A packed request's KV is in its staging pages: move it into the
- * request's pages on every rank (every layer), then free the staging. */
+/* A packed request's KV is in its staging: move it into the request's
+ * pages on every rank (every layer; each rank's staging is laid out by the
+ * runs it receives), then free the staging. */
 static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
 {
     const duet_kv_layout_t *l = duet_engine_kv_layout(dc->node.ke.engine);
-    duet_kv_copy_t *copies =
-        DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_prompt_pages * (size_t)l->n_kv_heads);
+    int D = dc->node.ke.tp, n[DUET_TP_MAX];
+    duet_kv_copy_t *lists[DUET_TP_MAX];
+    duet_kv_copy_t *copies = DUET_NEW_ARRAY(
+        duet_kv_copy_t, (size_t)D * (size_t)req->n_prompt_pages * (size_t)l->n_kv_heads);
+    duet_status_t st;
     if (copies == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "unpack: no memory");
-    int n = duet_xfer_pack_copies(l, req->pages, req->n_prompt_pages, req->stage0, NULL, 1, copies);
-    duet_status_t st = duet_engine_kv_copy(dc->node.ke.engine, copies, n);
+    for (int d = 0; d < D; d++) {
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_dst_runs(req->link->base.plan, d, &runs);
+        lists[d] = copies + (size_t)d * (size_t)req->n_prompt_pages * (size_t)l->n_kv_heads;
+        n[d] = duet_xfer_pack_copies(l, req->pages, req->n_prompt_pages, req->stage0, runs, n_runs,
+                                     1, lists[d]);
+    }
+    st = duet_engine_kv_copy_ranks(dc->node.ke.engine, (const duet_kv_copy_t *const *)lists, n);
     duet_free(copies);
     if (st == DUET_OK)
         duet_dc_stage_release(dc, req);
@@ -384,7 +394,7 @@ static void duet__admit(duet_decode_t *dc)
          * such run the request moves unpacked (slower on device pools, never
          * stuck) */
         if (dc->node.ke.pack &&
-            duet_kv_pool_alloc_run(dc->node.pages, req->n_prompt_pages, &req->stage0) != DUET_OK) {
+            duet_kv_pool_alloc_run(dc->node.stage, req->n_prompt_pages, &req->stage0) != DUET_OK) {
             DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, duet_error_msg());
             req->stage0 = -1;
         }

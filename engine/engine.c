@@ -461,22 +461,62 @@ duet_status_t duet_engine_kv_import(duet_engine_t *e, const int32_t *pages, int 
     return duet__kv_dispatch(e, &job);
 }
 
-/* Every entry inside a plane, its source and destination apart. */
+uint64_t duet_engine_kv_pool_bytes(const duet_engine_t *e)
+{
+    return duet_kv_total_bytes(&e->kv_layout) + (uint64_t)e->opts.kv_extra_bytes;
+}
+
+/* Whether [off, off + len) in every plane p of [0, n_planes) stays inside
+ * the region a plane-0 offset can reach: a stepless side inside plane p,
+ * a stepped one inside the pool. */
+static bool duet__kv_copy_side_ok(uint64_t off, uint64_t step, uint64_t len, uint64_t plane,
+                                  uint64_t pool, int n_planes)
+{
+    uint64_t last = (uint64_t)(n_planes - 1);
+    if (step == 0)
+        return off <= plane && len <= plane - off;
+    if (step > pool || last * step > pool || off > pool - last * step)
+        return false;
+    return len <= pool - (off + last * step);
+}
+
+/* Every entry inside the pool (a stepless side inside its plane), its
+ * source and destination apart in every plane: their distance is linear in
+ * the plane, so apart in the first and the last plane on the same side
+ * means apart in all. */
 static duet_status_t duet__kv_copies_check(const duet_engine_t *e, const char *what,
                                            const duet_kv_copy_t *copies, int n)
 {
-    uint64_t plane = duet_kv_plane_bytes(&e->kv_layout);
+    uint64_t plane = duet_kv_plane_bytes(&e->kv_layout), pool = duet_engine_kv_pool_bytes(e);
+    int np = 2 * e->kv_layout.n_layers;
     if (n < 0 || (n > 0 && copies == NULL))
         return duet_error(DUET_ERR_INVALID, "%s: %d copies", what, n);
     for (int i = 0; i < n; i++) {
         const duet_kv_copy_t *c = &copies[i];
-        if (c->src > plane || c->len > plane - c->src || c->dst > plane || c->len > plane - c->dst)
+        if (!duet__kv_copy_side_ok(c->src, c->src_step, c->len, plane, pool, np) ||
+            !duet__kv_copy_side_ok(c->dst, c->dst_step, c->len, plane, pool, np))
             return duet_error(DUET_ERR_INVALID,
-                              "%s: copy %d (src %llu dst %llu len %llu) leaves the %llu-byte "
-                              "plane",
-                              what, i, (unsigned long long)c->src, (unsigned long long)c->dst,
-                              (unsigned long long)c->len, (unsigned long long)plane);
-        if (c->len > 0 && c->src < c->dst + c->len && c->dst < c->src + c->len)
+                              "%s: copy %d (src %llu step %llu, dst %llu step %llu, len %llu) "
+                              "leaves the %llu-byte plane or the %llu-byte pool",
+                              what, i, (unsigned long long)c->src, (unsigned long long)c->src_step,
+                              (unsigned long long)c->dst, (unsigned long long)c->dst_step,
+                              (unsigned long long)c->len, (unsigned long long)plane,
+                              (unsigned long long)pool);
+        if (c->len == 0)
+            continue;
+        int side = 0;
+        for (int k = 0; k < 2; k++) {
+            int p = k == 0 ? 0 : np - 1;
+            uint64_t s = duet_kv_copy_at(c->src, c->src_step, plane, p);
+            uint64_t d = duet_kv_copy_at(c->dst, c->dst_step, plane, p);
+            int now = s + c->len <= d ? -1 : d + c->len <= s ? 1 : 0;
+            if (now == 0 || (side != 0 && now != side)) {
+                side = 0;
+                break;
+            }
+            side = now;
+        }
+        if (side == 0)
             return duet_error(DUET_ERR_INVALID,
                               "%s: copy %d (src %llu dst %llu len %llu) overlaps itself", what, i,
                               (unsigned long long)c->src, (unsigned long long)c->dst,
@@ -500,6 +540,21 @@ duet_status_t duet_engine_kv_copy_layer(duet_engine_t *e, int rank, int layer,
     return e->ops->kv_copy(e->ranks[rank].br, layer, layer + 1, copies, n, done, arg);
 }
 
+duet_status_t duet_engine_kv_copy_ranks(duet_engine_t *e, const duet_kv_copy_t *const *copies,
+                                        const int *n)
+{
+    duet__job_t job = {.kind = DUET__JOB_KV_COPY, .kv_rank_copies = copies, .kv_rank_n = n};
+    duet_status_t st;
+    if (copies == NULL || n == NULL)
+        return duet_error(DUET_ERR_INVALID, "kv copy: no lists");
+    for (int r = 0; r < e->tp; r++)
+        if ((st = duet__kv_copies_check(e, "kv copy", copies[r], n[r])) != DUET_OK)
+            return duet_error_wrap(st, "rank %d: ", r);
+    if (e->ops->kv_copy == NULL)
+        return duet_error(DUET_ERR_UNSUPPORTED, "kv copy: backend %s has none", e->ops->name);
+    return duet__kv_dispatch(e, &job);
+}
+
 duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies, int n)
 {
     duet__job_t job = {.kind = DUET__JOB_KV_COPY, .kv_copies = copies, .kv_n_copies = n};
@@ -514,7 +569,7 @@ duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies
 duet_status_t duet_engine_kv_crc(duet_engine_t *e, int rank, const duet_crc32c_range_t *ranges,
                                  int n, uint32_t *crc_p)
 {
-    uint64_t pool = duet_kv_total_bytes(&e->kv_layout);
+    uint64_t pool = duet_engine_kv_pool_bytes(e);
     if (rank < 0 || rank >= e->tp || n < 0 || (n > 0 && ranges == NULL))
         return duet_error(DUET_ERR_INVALID, "kv crc: rank %d of %d, %d ranges", rank, e->tp, n);
     for (int i = 0; i < n; i++)

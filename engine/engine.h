@@ -25,18 +25,18 @@ struct duet_backend_ops;
 
 typedef struct {
     const char *model_dir;
-    const char *backend;   /* "cpu" (default) or "cuda" */
+    const char *backend; /* "cpu" (default) or "cuda" */
     /* An ops table (engine/backend.h) used instead of the named backend:
      * tests wrap the cpu backend to observe the engine's calls. */
     const struct duet_backend_ops *backend_ops;
-    int tp;                /* default 1 */
-    int threads;           /* cpu workers per rank; 0 = cpus / tp, at least 1 */
-    const int *devices;    /* cuda: device of each rank; NULL = 0..tp-1 */
-    int page_size;         /* tokens per KV page; default 16 */
-    int n_pages;           /* KV pages (ids shared by all ranks); > 0 */
-    int max_batch_tokens;  /* tokens per forward chunk; default 2048 */
-    int max_seqs;          /* sequences per forward chunk; default 256 */
-    int comm_timeout_ms;   /* deadline of every collective; default 60000 */
+    int tp;               /* default 1 */
+    int threads;          /* cpu workers per rank; 0 = cpus / tp, at least 1 */
+    const int *devices;   /* cuda: device of each rank; NULL = 0..tp-1 */
+    int page_size;        /* tokens per KV page; default 16 */
+    int n_pages;          /* KV pages (ids shared by all ranks); > 0 */
+    int max_batch_tokens; /* tokens per forward chunk; default 2048 */
+    int max_seqs;         /* sequences per forward chunk; default 256 */
+    int comm_timeout_ms;  /* deadline of every collective; default 60000 */
     /* Where each rank's KV pool lives (the transfer layer registers it for
      * one-sided puts).  NULL: the backend allocates. kv_alloc is called
      * from the rank's thread. */
@@ -49,6 +49,10 @@ typedef struct {
     duet_status_t (*kv_register)(void *ud, int rank, void *base, size_t bytes);
     void (*kv_unregister)(void *ud, int rank, void *base);
     void *kv_ud;
+    /* Bytes each rank's pool has after its planes (the transfer's staging
+     * arena, transfer/xfer_pack.h): allocated and registered with the
+     * planes, reached by copies with a step (kv/copy.h) and by kv_crc. */
+    size_t kv_extra_bytes;
     /* Optional: called on each rank's thread once layer `layer`'s KV of the
      * current chunk is stored (a later layer may still be computing), with
      * last_chunk set on the final chunk of a forward call -- then every
@@ -123,6 +127,13 @@ duet_status_t duet_engine_kv_copy_layer(duet_engine_t *e, int rank, int layer,
  * after every forward and copy issued before; returns once they landed
  * (decode's unpack). */
 duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies, int n);
+/* duet_engine_kv_copy with rank r's own list copies[r][0..n[r]) (decode's
+ * unpack: each rank's staging is laid out by the runs it receives). */
+duet_status_t duet_engine_kv_copy_ranks(duet_engine_t *e, const duet_kv_copy_t *const *copies,
+                                        const int *n);
+
+/* Bytes of each rank's pool: its planes and opts.kv_extra_bytes. */
+uint64_t duet_engine_kv_pool_bytes(const duet_engine_t *e);
 
 /* CRC32C (common/crc32c.h) of rank's pool bytes ranges[0..n)
  * concatenated in order (offsets from the pool's start), computed where
@@ -137,16 +148,16 @@ duet_status_t duet_engine_kv_crc(duet_engine_t *e, int rank, const duet_crc32c_r
 
 /* One sequence of a forward step. */
 typedef struct {
-    const int32_t *tokens;  /* [n_tokens] new tokens */
-    int n_tokens;           /* >= 1 */
-    int start_pos;          /* tokens of this sequence already in the KV */
-    const int32_t *pages;   /* page table covering start_pos + n_tokens */
+    const int32_t *tokens; /* [n_tokens] new tokens */
+    int n_tokens;          /* >= 1 */
+    int start_pos;         /* tokens of this sequence already in the KV */
+    const int32_t *pages;  /* page table covering start_pos + n_tokens */
     int n_pages;
-    bool sample;            /* sample the token that follows the last new one */
+    bool sample; /* sample the token that follows the last new one */
     duet_sampling_t sampling;
-    uint64_t sample_index;  /* output index of that token (counter-based rng) */
-    float *logits;          /* optional: logits of the last token [vocab], or */
-    bool all_logits;        /* of every new token [n_tokens][vocab] */
+    uint64_t sample_index; /* output index of that token (counter-based rng) */
+    float *logits;         /* optional: logits of the last token [vocab], or */
+    bool all_logits;       /* of every new token [n_tokens][vocab] */
 } duet_engine_seq_t;
 
 /* sampled[i] when the row's logits were not finite (NaN or inf: broken

@@ -17,9 +17,9 @@
 /* An output row of a chunk: the last token of a sequence (or every token
  * with all_logits) whose logits are needed. */
 typedef struct {
-    int32_t token;       /* flat index in the chunk */
-    int seq;             /* index into the caller's seqs */
-    float *logits;       /* caller's destination [vocab] or NULL */
+    int32_t token; /* flat index in the chunk */
+    int seq;       /* index into the caller's seqs */
+    float *logits; /* caller's destination [vocab] or NULL */
     bool sample;
 } duet__out_row_t;
 
@@ -34,25 +34,27 @@ typedef struct {
     } kind;
     const int32_t *kv_pages; /* KV_IMPORT */
     int kv_n_pages;
-    const duet_kv_copy_t *kv_copies; /* KV_COPY */
+    const duet_kv_copy_t *kv_copies; /* KV_COPY: one list for every rank, */
     int kv_n_copies;
+    const duet_kv_copy_t *const *kv_rank_copies; /* or one per rank (non-NULL) */
+    const int *kv_rank_n;
     duet_batch_desc_t desc;
     const duet_engine_seq_t *seqs; /* caller's array */
     duet__out_row_t *out;
     int n_out;
-    int32_t *sampled;    /* caller's array, indexed by seq: rank 0 writes it */
-    bool last_chunk;     /* the final chunk of the forward call */
+    int32_t *sampled; /* caller's array, indexed by seq: rank 0 writes it */
+    bool last_chunk;  /* the final chunk of the forward call */
 } duet__job_t;
 
 typedef struct {
-    void *attn_norm;     /* [hidden] */
-    void *mlp_norm;      /* [hidden] */
-    void *qkv_bias;      /* [(nq + 2 nkv) * head_dim] or NULL */
-    duet_weight_t *wqkv; /* [(nq + 2 nkv) * head_dim][hidden]: q, k, v shards stacked */
-    duet_weight_t *wo;   /* [hidden][nq * head_dim]: row-parallel, output partial */
-    void *o_bias;        /* [hidden] whole, added after the all-reduce, or NULL */
-    duet_weight_t *wgu;  /* [2 * n_ffn][hidden]: gate shard then up shard */
-    duet_weight_t *wdown;/* [hidden][n_ffn]: row-parallel, output partial */
+    void *attn_norm;      /* [hidden] */
+    void *mlp_norm;       /* [hidden] */
+    void *qkv_bias;       /* [(nq + 2 nkv) * head_dim] or NULL */
+    duet_weight_t *wqkv;  /* [(nq + 2 nkv) * head_dim][hidden]: q, k, v shards stacked */
+    duet_weight_t *wo;    /* [hidden][nq * head_dim]: row-parallel, output partial */
+    void *o_bias;         /* [hidden] whole, added after the all-reduce, or NULL */
+    duet_weight_t *wgu;   /* [2 * n_ffn][hidden]: gate shard then up shard */
+    duet_weight_t *wdown; /* [hidden][n_ffn]: row-parallel, output partial */
 } duet__layer_t;
 
 typedef struct duet__rank {
@@ -63,21 +65,21 @@ typedef struct duet__rank {
     duet_shard_t shard;
     duet_backend_rank_t *br;
     duet_comm_t *comm;
-    void *kv_base;           /* the pool (backend memory) */
-    void *kv_mirror;         /* its host mirror, when the pool is device memory */
+    void *kv_base;   /* the pool (backend memory) */
+    void *kv_mirror; /* its host mirror, when the pool is device memory */
     bool kv_mirror_pinned;
-    bool kv_registered;      /* device pool handed to opts.kv_register (no mirror) */
+    bool kv_registered; /* device pool handed to opts.kv_register (no mirror) */
     duet_weight_t *embed;
-    duet_weight_t *lm_head;  /* [n_vocab][hidden] rows of this rank */
+    duet_weight_t *lm_head; /* [n_vocab][hidden] rows of this rank */
     void *final_norm;
     duet__layer_t *layers;
     /* activations, backend memory, sized for max_batch_tokens */
     void *x, *h, *qkv, *attn, *o, *gu, *act;
-    void *last;              /* [DUET_LM_BLOCK][hidden] */
-    void *logits;            /* [DUET_LM_BLOCK][vocab_chunk] */
-    void *gathered;          /* [tp][DUET_LM_BLOCK][vocab_chunk] */
-    float *host_logits;      /* rank 0: [DUET_LM_BLOCK][vocab] */
-    float *sample_scratch;   /* rank 0: [2 * vocab] */
+    void *last;            /* [DUET_LM_BLOCK][hidden] */
+    void *logits;          /* [DUET_LM_BLOCK][vocab_chunk] */
+    void *gathered;        /* [tp][DUET_LM_BLOCK][vocab_chunk] */
+    float *host_logits;    /* rank 0: [DUET_LM_BLOCK][vocab] */
+    float *sample_scratch; /* rank 0: [2 * vocab] */
     duet_status_t status;
     char errmsg[512];
 } duet__rank_t;
@@ -92,17 +94,17 @@ struct duet_engine {
     duet__rank_t *ranks;
     int tp;
     int threads;
-    bool spin;             /* ranks x threads fit the cpus */
+    bool spin; /* ranks x threads fit the cpus */
 
     pthread_mutex_t lock;
     pthread_cond_t work_cv;
     pthread_cond_t done_cv;
-    uint64_t gen;          /* bumped per dispatched job */
+    uint64_t gen; /* bumped per dispatched job */
     int n_done;
     bool stop;
     duet__job_t *job;
 
-    duet_status_t failed;  /* sticky failure */
+    duet_status_t failed; /* sticky failure */
     char failed_msg[512];
 };
 

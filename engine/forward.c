@@ -128,7 +128,7 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
     const duet_model_config_t *cfg = &m->cfg;
     const duet_shard_t *s = &rk->shard;
     size_t T = (size_t)e->opts.max_batch_tokens;
-    size_t kv_bytes = duet_kv_total_bytes(&e->kv_layout);
+    size_t kv_bytes = (size_t)duet_engine_kv_pool_bytes(e);
     int hd = cfg->head_dim;
     duet_status_t st;
 
@@ -479,6 +479,9 @@ duet_status_t duet__rank_kv_job(duet__rank_t *rk, const duet__job_t *job)
             return DUET_OK; /* registered device pool: the KV is in place */
         return ops->kv_import(rk->br, job->kv_pages, job->kv_n_pages, rk->kv_mirror);
     case DUET__JOB_KV_COPY:
+        if (job->kv_rank_copies != NULL)
+            return ops->kv_copy(rk->br, 0, rk->e->kv_layout.n_layers, job->kv_rank_copies[rk->rank],
+                                job->kv_rank_n[rk->rank], NULL, NULL);
         return ops->kv_copy(rk->br, 0, rk->e->kv_layout.n_layers, job->kv_copies, job->kv_n_copies,
                             NULL, NULL);
     case DUET__JOB_FORWARD:

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "engine/backend.h"
 #include "engine/tp.h"
+#include "transfer/xfer_pack.h"
 
 static duet_status_t duet__kv_alloc(void *ud, int rank, size_t bytes, void **base_p)
 {
@@ -198,6 +199,16 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     }
     eo.on_layer = opts->on_layer;
     eo.layer_ud = opts->layer_ud;
+    /* the staging arena, where packing can run: device pools put directly
+     * (auto), or wherever DUET_KV_TRANSFER_PACK=on */
+    const char *pack_env = getenv("DUET_KV_TRANSFER_PACK");
+    bool pack_on = pack_env != NULL && strcmp(pack_env, "on") == 0;
+    bool pack_auto = pack_env == NULL || *pack_env == '\0' || strcmp(pack_env, "auto") == 0;
+    if (pack_on || (pack_auto && eo.kv_register != NULL)) {
+        int units = self->stage_pages >= 0 ? self->stage_pages : self->n_pages / 4;
+        eo.kv_extra_bytes =
+            (size_t)(units > 0 ? units : 1) * duet_xfer_stage_unit_bytes(&xc.layout);
+    }
     if ((st = duet_engine_create(&eo, &ke->engine)) != DUET_OK) {
         duet_xfer_destroy(ke->xfer);
         ke->xfer = NULL;
@@ -240,10 +251,14 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
         duet_kv_engine_destroy(ke);
         return st;
     }
-    DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s, packed %s, "
-                  "ucx %s",
+    if (!duet_engine_kv_mirrored(ke->engine))
+        ke->stage_units = duet_xfer_stage_units(&xc.layout, duet_engine_kv_pool_bytes(ke->engine));
+    ke->pack = ke->pack && ke->stage_units > 0;
+    DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s, packed %s "
+                  "(%d staging units), ucx %s",
                   ke->tp, duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
-                  opts->cluster->page_size, ke->path, ke->pack ? "on" : "off", ke->ucx_version);
+                  opts->cluster->page_size, ke->path, ke->pack ? "on" : "off", ke->stage_units,
+                  ke->ucx_version);
     return DUET_OK;
 }
 

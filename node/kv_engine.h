@@ -10,7 +10,9 @@
  * directly (ucx-cuda-direct), where each transport operation has a fixed
  * cost (cuda_ipc, RDMA); off on host pools, where shared-memory puts are
  * plain copies and packing would add two more; on: wherever the path allows
- * (not through the host mirror). */
+ * (not through the host mirror).  Where packing can run each rank's pool
+ * has a staging arena of `stage_pages` units after its planes (the cluster
+ * config; auto: n_pages / 4), extra memory of that many KV pages. */
 #ifndef DUET_NODE_KV_ENGINE_H
 #define DUET_NODE_KV_ENGINE_H
 
@@ -31,10 +33,11 @@ typedef struct {
     duet_model_config_t model_cfg;
     uint64_t fingerprint;
     int tp;
-    int kv_heads;             /* total KV heads of the model */
-    const char *path;         /* how KV moves: "ucx-host" */
-    bool pack;                /* decode asks for packed transfers (transfer/xfer_pack.h) */
-    char ucx_version[16];     /* the UCX library loaded, "major.minor" (Info) */
+    int kv_heads;         /* total KV heads of the model */
+    const char *path;     /* how KV moves: "ucx-host" */
+    bool pack;            /* decode asks for packed transfers (transfer/xfer_pack.h) */
+    int stage_units;      /* staging arena after each rank's pool (0: none) */
+    char ucx_version[16]; /* the UCX library loaded, "major.minor" (Info) */
     duet_kv_crc_ctx_t crc[DUET_TP_MAX]; /* the checksum hook's argument per rank (device pools) */
 } duet_kv_engine_t;
 

@@ -97,6 +97,9 @@ static duet_status_t duet__start(duet_node_t *node)
         return st;
     if ((st = duet_kv_pool_create(node->args.self->n_pages, &node->pages)) != DUET_OK)
         return st;
+    if (node->ke.stage_units > 0 &&
+        (st = duet_kv_pool_create(node->ke.stage_units, &node->stage)) != DUET_OK)
+        return st;
     node->descs = DUET_NEW_ARRAY(void *, (size_t)node->ke.tp);
     node->desc_lens = DUET_NEW_ARRAY(size_t, (size_t)node->ke.tp);
     if (node->descs == NULL || node->desc_lens == NULL)
@@ -163,6 +166,8 @@ static void duet__stop(duet_node_t *node)
     duet_kv_engine_destroy(&node->ke);
     duet_kv_pool_destroy(node->pages);
     node->pages = NULL;
+    duet_kv_pool_destroy(node->stage);
+    node->stage = NULL;
     if (ops->cleanup != NULL)
         ops->cleanup(node->ud);
 }

@@ -79,6 +79,7 @@ struct duet_node {
     const char *role; /* "prefill" or "decode": logs */
     duet_kv_engine_t ke;
     duet_kv_pool_t *pages; /* page ids, the same on every rank */
+    duet_kv_pool_t *stage; /* staging units of packed transfers (NULL: no arena) */
     duet_rpc_server_t *srv;
     duet_rpc_health_t *health;
     duet_rpc_client_t *cli; /* ops->rpc_client only */

@@ -26,26 +26,27 @@
 #include "node/node.h"
 
 typedef struct duet_pf_req {
-    duet_rpc_call_t *call;      /* NULL once answered */
+    duet_rpc_call_t *call; /* NULL once answered */
     char request_id[128];
     uint64_t transfer_id;
-    duet_node_link_t *link;     /* the decode's (key: its instance id); holds a reference */
+    duet_node_link_t *link; /* the decode's (key: its instance id); holds a reference */
     int32_t *prompt;
     int n_prompt;
     int32_t *dst_pages;
-    int n_pages;                /* pages covering the prompt, both sides */
-    int32_t *src_pages;         /* ours, while computing and sending */
+    int n_pages;        /* pages covering the prompt, both sides */
+    int32_t *src_pages; /* ours, while computing and sending */
     /* packed transfer (transfer/xfer_pack.h): staging page runs on both
      * sides and, per rank, the copies that stage a layer */
     bool packed;
     int32_t dst_stage0, src_stage0; /* src_stage0 >= 0 while held */
+    int stage_units;                /* units from src_stage0 (node.stage) */
     duet_kv_copy_t **pack;          /* [tp] */
     int *n_pack;                    /* [tp] */
     duet_sampling_t sampling;
     atomic_bool aborted;
-    bool begun;                 /* sends begun on every rank */
+    bool begun; /* sends begun on every rank */
     /* completion, written by the progress threads */
-    atomic_int ranks_pending;   /* sends not ended + the scheduler's until send_end */
+    atomic_int ranks_pending; /* sends not ended + the scheduler's until send_end */
     _Atomic duet_status_t status;
     char detail[256];
     atomic_flag detail_set;
@@ -56,12 +57,12 @@ typedef struct duet_pf_req {
 } duet_pf_req_t;
 
 typedef struct {
-    duet_node_t node;           /* engine, pages, links, server, start-up (node/node.h) */
+    duet_node_t node; /* engine, pages, links, server, start-up (node/node.h) */
 
     pthread_mutex_t lock;
     pthread_cond_t cv;
     duet_pf_req_t *queue_head, *queue_tail;
-    duet_pf_req_t *inflight;    /* computing or sending */
+    duet_pf_req_t *inflight; /* computing or sending */
     int n_queued, n_inflight;
     uint64_t requests_total, requests_failed;
     bool stop;

@@ -30,7 +30,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     if (req->src_pages != NULL)
         duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
     if (req->src_stage0 >= 0)
-        duet_kv_pool_release_run(pf->node.pages, req->src_stage0, req->n_pages);
+        duet_kv_pool_release_run(pf->node.stage, req->src_stage0, req->stage_units);
     if (req->pack != NULL) {
         for (int s = 0; s < pf->node.ke.tp; s++)
             duet_free(req->pack[s]);
@@ -167,11 +167,7 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
 {
     const duet_kv_layout_t *l = duet_engine_kv_layout(pf->node.ke.engine);
     int P = pf->node.ke.tp;
-    uint8_t heads[256];
 
-    if (l->n_kv_heads > (int)sizeof(heads))
-        return duet_error(DUET_ERR_UNSUPPORTED, "packed transfer: %d local kv heads",
-                          l->n_kv_heads);
     req->pack = DUET_NEW_ARRAY(duet_kv_copy_t *, (size_t)P);
     req->n_pack = DUET_NEW_ARRAY(int, (size_t)P);
     if (req->pack == NULL || req->n_pack == NULL)
@@ -179,12 +175,12 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
     for (int s = 0; s < P; s++) {
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
-        duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
-        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_pages * l->n_kv_heads);
+        size_t slots = (size_t)duet_xfer_pack_slots(runs, n_runs);
+        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_pages * slots + 1);
         if (req->pack[s] == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "packed transfer: no memory");
         req->n_pack[s] = duet_xfer_pack_copies(l, req->src_pages, req->n_pages, req->src_stage0,
-                                               heads, 0, req->pack[s]);
+                                               runs, n_runs, 0, req->pack[s]);
     }
     return DUET_OK;
 }
@@ -360,7 +356,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
             break; /* wait for pages: a send completing frees some */
         }
         if (req->packed &&
-            duet_kv_pool_alloc_run(pf->node.pages, req->n_pages, &req->src_stage0) != DUET_OK) {
+            duet_kv_pool_alloc_run(pf->node.stage, req->stage_units, &req->src_stage0) != DUET_OK) {
             duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
             duet_free(req->src_pages);
             req->src_pages = NULL;

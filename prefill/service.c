@@ -11,6 +11,7 @@
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/tp.h"
 #include "prefill/prefill.h"
+#include "transfer/xfer_pack.h"
 
 #define DUET_VERSION_STRING "0.1.0"
 
@@ -73,12 +74,9 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     if (m->n_dst_pages != pages)
         return duet_error(DUET_ERR_INVALID, "%s: %zu destination pages for %zu tokens (need %zu)",
                           m->request_id, m->n_dst_pages, m->n_prompt_ids, pages);
-    /* a packed transfer stages the prompt in as many pages again */
-    size_t held = m->packed ? 2 * pages : pages;
-    if ((int)held > duet_kv_pool_total(pf->node.pages))
-        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages%s, the prefill pool has %d",
-                          m->request_id, held, m->packed ? " (packed: with staging)" : "",
-                          duet_kv_pool_total(pf->node.pages));
+    if ((int)pages > duet_kv_pool_total(pf->node.pages))
+        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
+                          m->request_id, pages, duet_kv_pool_total(pf->node.pages));
     if (m->packed && duet_engine_kv_mirrored(pf->node.ke.engine))
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: packed transfer asked, but this prefill moves KV through its host "
@@ -108,6 +106,22 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     for (size_t i = 0; i < pages; i++) {
         if (req->dst_pages[i] < 0)
             return duet_error(DUET_ERR_INVALID, "%s: negative destination page", m->request_id);
+    }
+    if (req->packed) {
+        /* the staging this request takes on every rank (transfer/xfer_pack.h) */
+        const duet_kv_layout_t *l = duet_engine_kv_layout(pf->node.ke.engine);
+        int total = pf->node.stage != NULL ? duet_kv_pool_total(pf->node.stage) : 0;
+        for (int s = 0; s < pf->node.ke.tp; s++) {
+            const duet_slice_run_t *runs;
+            int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
+            int units = duet_xfer_pack_units(l, (int)pages, duet_xfer_pack_slots(runs, n_runs));
+            req->stage_units = units > req->stage_units ? units : req->stage_units;
+        }
+        if (req->stage_units > total)
+            return duet_error(DUET_ERR_EXHAUSTED,
+                              "%s: a packed transfer needs %d staging units, this prefill has %d "
+                              "(stage_pages)",
+                              m->request_id, req->stage_units, total);
     }
     return DUET_OK;
 }

@@ -6,6 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "transfer/xfer_pack.h"
 
 int duet_testkit_side_start(duet_testkit_side_t *sd)
 {
@@ -25,7 +26,8 @@ int duet_testkit_side_start(duet_testkit_side_t *sd)
     cfg.early_ttl_ms = sd->early_ttl_ms;
     DUET_TESTKIT_OK(duet_xfer_create(&cfg, &sd->x));
     for (int r = 0; r < sd->tp && !sd->no_pools; r++) {
-        size_t bytes = duet_kv_total_bytes(&sd->layout);
+        size_t bytes = duet_kv_total_bytes(&sd->layout) +
+                       (size_t)sd->stage_units * duet_xfer_stage_unit_bytes(&sd->layout);
         void *base;
         if (sd->registered) {
             sd->owned[r] = base = duet_aligned_alloc(4096, bytes);

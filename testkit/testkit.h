@@ -123,8 +123,10 @@ typedef struct {
     uint64_t fingerprint;
     const char *tls;
     int early_ttl_ms;
-    int registered; /* pools from our allocator + duet_xfer_pool_register */
-    int no_pools;   /* the caller sets each rank's pool up itself (device pools) */
+    int registered;  /* pools from our allocator + duet_xfer_pool_register */
+    int no_pools;    /* the caller sets each rank's pool up itself (device pools) */
+    int stage_units; /* a staging arena of that many units after each pool
+                        (transfer/xfer_pack.h; 0: none) */
     duet_xfer_t *x;
     void *owned[DUET_TP_MAX];
     unsigned char *base[DUET_TP_MAX];

@@ -58,19 +58,23 @@
  * rank) slice in the order defined in transfer/xfer_segs.h (layer, K then V,
  * page, run, head), over the source pages on the sender and over the
  * destination pages on the receiver; for packed requests in the packed
- * order of transfer/xfer_pack.h, over the staging pages of either side.
+ * order of transfer/xfer_pack.h, over the staging of either side.
  * Where the data lives decides who computes it: a host pool is read by the
- * CPU (the sender checksums each put's source as it posts it); a rank with
+ * CPU (the sender checksums each put's source as it posts it; packed: once
+ * a receiver's puts are posted); a rank with
  * a checksum hook (duet_xfer_rank_set_checksum; a device pool needs one)
  * hands the slice's byte ranges to the hook instead -- the sender once all
  * of a receiver's puts are posted, before its notification, the receiver
  * when the notification arrives.
  *
  * Packed requests (DUET_XFER_SEND_PACKED / DUET_XFER_EXPECT_PACKED): each
- * side stages the request head-major in n_pages consecutive pages of its own
- * pool (transfer/xfer_pack.h), and the send issues one put per (layer, K|V,
- * receiver, run) from staging to staging instead of one per page: O(layers
- * x runs) operations whatever the page count and TP pair.  Packing (before
+ * side stages the request in consecutive units of the staging arena after
+ * its pool's planes (transfer/xfer_pack.h; the pool registered with
+ * duet_xfer_pool_alloc / _register_device is that much larger than
+ * duet_kv_total_bytes), and the send issues one put per (receiver, run,
+ * chunk of released layers) from staging to staging instead of one per
+ * page and head: at most O(layers x runs) operations whatever the page
+ * count and TP pair.  Packing (before
  * a layer is released with duet_xfer_send_layers) and unpacking (after the
  * expectation completed) are the caller's: copies listed by
  * duet_xfer_pack_copies, run by whoever owns the pool's memory.  The
@@ -83,8 +87,8 @@
  * the expectation has ended (completed, failed or cancelled) *and* prefill
  * can no longer write them: after a failure or cancel that is when prefill's
  * failure notification arrived or its Abort call returned.  For a packed
- * request the same holds for its staging pages (until they are unpacked),
- * and prefill keeps its own staging pages until the send has ended. */
+ * request the same holds for its staging units (until they are unpacked),
+ * and prefill keeps its own staging units until the send has ended. */
 #ifndef DUET_TRANSFER_XFER_H
 #define DUET_TRANSFER_XFER_H
 
@@ -302,8 +306,8 @@ typedef struct {
     duet_xfer_done_cb_t cb; /* NULL: collect the outcome with duet_xfer_recv_wait */
     void *arg;
     unsigned flags;     /* DUET_XFER_EXPECT_* (0: the senders put into `pages`) */
-    int32_t dst_stage0; /* PACKED: first of n_pages consecutive staging pages the senders
-                           put into; the range must lie in the pool and hold none of `pages` */
+    int32_t dst_stage0; /* PACKED: first of the n_pages staging units the senders put into
+                           (duet_xfer_pack_units with every local head); inside the arena */
 } duet_xfer_expect_t;
 
 enum {
@@ -352,9 +356,10 @@ typedef struct {
     int64_t deadline_ns;    /* posting, flushing and acknowledgements must finish by then */
     duet_xfer_done_cb_t cb; /* NULL: collect with duet_xfer_send_wait */
     void *arg;
-    /* PACKED: the first of n_pages consecutive staging pages on this rank
-     * (a layer is packed there before duet_xfer_send_layers releases it) and
-     * on the receivers; neither range may hold one of its side's pages. */
+    /* PACKED: the first staging unit on this rank (duet_xfer_pack_units of
+     * the slots of its runs; a layer is packed there before
+     * duet_xfer_send_layers releases it) and on the receivers (n_pages
+     * units); each range inside its side's arena. */
     int32_t src_stage0, dst_stage0;
 } duet_xfer_send_t;
 

@@ -29,7 +29,7 @@ static int duet__crc_range_add(duet_crc32c_range_t *out, int n, uint64_t off, ui
 }
 
 int duet__crc_ranges(const duet_kv_layout_t *l, const duet_slice_run_t *runs, int n_runs,
-                     const int32_t *pages, int n_pages, int32_t stage0, int dst,
+                     const int32_t *pages, int n_pages, int32_t stage0, int dst, int slot0,
                      duet_crc32c_range_t *out)
 {
     size_t hb = duet_kv_head_bytes(l);
@@ -37,10 +37,13 @@ int duet__crc_ranges(const duet_kv_layout_t *l, const duet_slice_run_t *runs, in
     for (int layer = 0; layer < l->n_layers; layer++)
         for (int kv = 0; kv < 2; kv++) {
             if (pages == NULL) {
-                for (int k = 0; k < n_runs; k++) {
-                    duet_xfer_pack_put_t put;
-                    duet_xfer_pack_put(l, l, &runs[k], layer, kv, n_pages, stage0, stage0, &put);
-                    n = duet__crc_range_add(out, n, dst ? put.dst_off : put.src_off, put.len);
+                for (int k = 0, slot = slot0; k < n_runs; slot += runs[k].n_heads, k++) {
+                    int nh = runs[k].n_heads;
+                    n = duet__crc_range_add(out, n,
+                                            duet_xfer_pack_block(l, n_pages, stage0,
+                                                                 dst ? runs[k].dst_head : slot, nh,
+                                                                 2 * layer + kv),
+                                            hb * (size_t)nh * (size_t)n_pages);
                 }
                 continue;
             }
@@ -55,7 +58,7 @@ int duet__crc_ranges(const duet_kv_layout_t *l, const duet_slice_run_t *runs, in
 }
 
 duet_status_t duet__crc_hook(duet_xfer_rank_t *r, const duet_slice_run_t *runs, int n_runs,
-                             const int32_t *pages, int n_pages, int32_t stage0, int dst,
+                             const int32_t *pages, int n_pages, int32_t stage0, int dst, int slot0,
                              uint32_t *crc_p)
 {
     const duet_kv_layout_t *l = &r->info.layout;
@@ -67,7 +70,7 @@ duet_status_t duet__crc_hook(duet_xfer_rank_t *r, const duet_slice_run_t *runs, 
 
     if (ranges == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "xfer rank %d: checksum ranges", r->index);
-    n = duet__crc_ranges(l, runs, n_runs, pages, n_pages, stage0, dst, ranges);
+    n = duet__crc_ranges(l, runs, n_runs, pages, n_pages, stage0, dst, slot0, ranges);
     duet_error_clear(); /* a hook that fails without a message reports its status */
     st = r->crc_fn(r->crc_ctx, ranges, n, crc_p);
     duet_free(ranges);

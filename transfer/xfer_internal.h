@@ -305,15 +305,17 @@ void duet__peer_reap_all(duet_xfer_rank_t *r);
 /* xfer_checksum.c: a slice's checksum through the rank's hook.  The byte
  * ranges of one (prefill rank, decode rank) pair on this rank's side, in
  * checksum order: per page (transfer/xfer_segs.h) over pages[0..n_pages),
- * or packed (pages NULL; transfer/xfer_pack.h) over the staging pages at
- * stage0; dst != 0 reads the runs' dst_head (receiver), else src_head. */
+ * or packed (pages NULL; transfer/xfer_pack.h) over the staging at unit
+ * stage0; dst != 0 reads the runs' dst_head (receiver: per page, and the
+ * packed block at slot dst_head), else src_head (sender: per page) and the
+ * packed blocks from slot slot0 on. */
 duet_status_t duet__crc_hook(duet_xfer_rank_t *r, const duet_slice_run_t *runs, int n_runs,
-                             const int32_t *pages, int n_pages, int32_t stage0, int dst,
+                             const int32_t *pages, int n_pages, int32_t stage0, int dst, int slot0,
                              uint32_t *crc_p);
 /* The same ranges into out (room for 2 L n_runs entries, times n_pages
  * per page); touching ranges merged.  Returns the count. */
 int duet__crc_ranges(const duet_kv_layout_t *l, const duet_slice_run_t *runs, int n_runs,
-                     const int32_t *pages, int n_pages, int32_t stage0, int dst,
+                     const int32_t *pages, int n_pages, int32_t stage0, int dst, int slot0,
                      duet_crc32c_range_t *out);
 
 /* duet_xfer_debug_corrupt_put where the source must stay intact (hook or

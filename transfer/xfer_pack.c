@@ -4,91 +4,114 @@
 
 #include "transfer/xfer_crc32c.h"
 
-/* Plane offset of local head h, page index i in the head-major staging. */
-static uint64_t duet__pack_stage_off(const duet_kv_layout_t *l, int32_t stage0, int n_pages, int h,
-                                     int i)
+size_t duet_xfer_stage_unit_bytes(const duet_kv_layout_t *l)
 {
-    return (uint64_t)duet_kv_page_bytes(l) * (uint64_t)stage0 +
-           ((uint64_t)h * (uint64_t)n_pages + (uint64_t)i) * (uint64_t)duet_kv_head_bytes(l);
+    return duet_kv_page_bytes(l) * 2u * (size_t)l->n_layers;
+}
+
+int duet_xfer_stage_units(const duet_kv_layout_t *l, uint64_t pool_bytes)
+{
+    uint64_t total = duet_kv_total_bytes(l), unit = duet_xfer_stage_unit_bytes(l);
+    if (unit == 0 || pool_bytes <= total)
+        return 0;
+    uint64_t n = (pool_bytes - total) / unit;
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+int duet_xfer_pack_slots(const duet_slice_run_t *runs, int n_runs)
+{
+    int n = 0;
+    for (int k = 0; k < n_runs; k++)
+        n += runs[k].n_heads;
+    return n;
+}
+
+int duet_xfer_pack_units(const duet_kv_layout_t *l, int n_pages, int slots)
+{
+    int64_t heads = (int64_t)n_pages * slots;
+    return (int)((heads + l->n_kv_heads - 1) / l->n_kv_heads);
+}
+
+uint64_t duet_xfer_pack_block(const duet_kv_layout_t *l, int n_pages, int32_t stage0, int slot,
+                              int nh, int plane)
+{
+    uint64_t slice = (uint64_t)n_pages * duet_kv_head_bytes(l); /* one head, one plane */
+    return duet_kv_total_bytes(l) + (uint64_t)stage0 * duet_xfer_stage_unit_bytes(l) +
+           (uint64_t)slot * 2u * (uint64_t)l->n_layers * slice +
+           (uint64_t)plane * (uint64_t)nh * slice;
 }
 
 int duet_xfer_pack_copies(const duet_kv_layout_t *l, const int32_t *pages, int n_pages,
-                          int32_t stage0, const uint8_t *heads, int unpack, duet_kv_copy_t *out)
+                          int32_t stage0, const duet_slice_run_t *runs, int n_runs, int unpack,
+                          duet_kv_copy_t *out)
 {
     uint64_t hb = duet_kv_head_bytes(l);
-    int n = 0;
-    for (int h = 0; h < l->n_kv_heads; h++) {
-        if (heads != NULL && !heads[h])
-            continue;
-        for (int i = 0; i < n_pages; i++) {
-            uint64_t page_off = (uint64_t)duet_kv_page_bytes(l) * (uint64_t)pages[i] + hb * h;
-            uint64_t stage_off = duet__pack_stage_off(l, stage0, n_pages, h, i);
-            uint64_t src = unpack ? stage_off : page_off;
-            uint64_t dst = unpack ? page_off : stage_off;
-            duet_kv_copy_t *last = n > 0 ? &out[n - 1] : NULL;
-            if (last && last->src + last->len == src && last->dst + last->len == dst) {
-                last->len += hb;
-                continue;
+    int n = 0, slot = 0;
+    for (int k = 0; k < n_runs; k++) {
+        int nh = runs[k].n_heads;
+        int head0 = unpack ? runs[k].dst_head : runs[k].src_head;
+        int at = unpack ? runs[k].dst_head : slot;
+        uint64_t blk = duet_xfer_pack_block(l, n_pages, stage0, at, nh, 0);
+        uint64_t step = (uint64_t)nh * (uint64_t)n_pages * hb;
+        for (int j = 0; j < nh; j++)
+            for (int i = 0; i < n_pages; i++) {
+                uint64_t page_off = duet_kv_offset(l, 0, 0, pages[i], head0 + j);
+                uint64_t stage_off = blk + ((uint64_t)j * (uint64_t)n_pages + (uint64_t)i) * hb;
+                duet_kv_copy_t c = {.src = unpack ? stage_off : page_off,
+                                    .dst = unpack ? page_off : stage_off,
+                                    .len = hb,
+                                    .src_step = unpack ? step : 0,
+                                    .dst_step = unpack ? 0 : step};
+                duet_kv_copy_t *last = n > 0 ? &out[n - 1] : NULL;
+                if (last && last->src + last->len == c.src && last->dst + last->len == c.dst &&
+                    last->src_step == c.src_step && last->dst_step == c.dst_step) {
+                    last->len += hb;
+                    continue;
+                }
+                out[n++] = c;
             }
-            out[n++] = (duet_kv_copy_t){.src = src, .dst = dst, .len = hb};
-        }
+        slot += nh;
     }
     return n;
 }
 
-void duet_xfer_pack_src_heads(const duet_slice_run_t *runs, int n_runs, uint8_t *heads,
-                              int n_kv_heads)
+void duet_xfer_pack_put(const duet_kv_layout_t *src, const duet_kv_layout_t *dst, int n_pages,
+                        int32_t src_stage0, int src_slot, int32_t dst_stage0,
+                        const duet_slice_run_t *run, int plane0, int n_planes,
+                        duet_xfer_pack_put_t *put_p)
 {
-    for (int h = 0; h < n_kv_heads; h++)
-        heads[h] = 0;
-    for (int k = 0; k < n_runs; k++)
-        for (int j = 0; j < runs[k].n_heads; j++)
-            heads[runs[k].src_head + j] = 1;
+    put_p->src_off = duet_xfer_pack_block(src, n_pages, src_stage0, src_slot, run->n_heads, plane0);
+    put_p->dst_off =
+        duet_xfer_pack_block(dst, n_pages, dst_stage0, run->dst_head, run->n_heads, plane0);
+    put_p->len =
+        duet_kv_head_bytes(src) * (size_t)run->n_heads * (size_t)n_pages * (size_t)n_planes;
 }
 
-void duet_xfer_pack_put(const duet_kv_layout_t *src, const duet_kv_layout_t *dst,
-                        const duet_slice_run_t *run, int layer, int kv, int n_pages,
-                        int32_t src_stage0, int32_t dst_stage0, duet_xfer_pack_put_t *put_p)
+int duet_xfer_pack_check_stage(const duet_kv_layout_t *l, uint64_t pool_bytes, int32_t stage0,
+                               int units, char *why, size_t cap)
 {
-    put_p->src_off = duet_kv_offset(src, layer, kv, 0, 0) +
-                     duet__pack_stage_off(src, src_stage0, n_pages, run->src_head, 0);
-    put_p->dst_off = duet_kv_offset(dst, layer, kv, 0, 0) +
-                     duet__pack_stage_off(dst, dst_stage0, n_pages, run->dst_head, 0);
-    put_p->len = duet_kv_head_bytes(src) * (size_t)run->n_heads * (size_t)n_pages;
-}
-
-int duet_xfer_pack_check_stage(int32_t stage0, const int32_t *pages, int n_pages, int pool_pages,
-                               char *why, size_t cap)
-{
-    int64_t end = (int64_t)stage0 + n_pages;
-    if (stage0 < 0 || n_pages < 1 || end > pool_pages) {
-        snprintf(why, cap, "staging pages [%d, %lld) outside the pool's %d", (int)stage0,
-                 (long long)end, pool_pages);
+    int arena = duet_xfer_stage_units(l, pool_bytes);
+    int64_t end = (int64_t)stage0 + units;
+    if (stage0 < 0 || units < 1 || end > arena) {
+        snprintf(why, cap, "staging units [%d, %lld) outside the %d-unit arena", (int)stage0,
+                 (long long)end, arena);
         return -1;
     }
-    for (int i = 0; i < n_pages; i++)
-        if (pages[i] >= stage0 && pages[i] < end) {
-            snprintf(why, cap, "staging pages [%d, %lld) hold request page %d", (int)stage0,
-                     (long long)end, (int)pages[i]);
-            return -1;
-        }
     return 0;
 }
 
 uint32_t duet_xfer_pack_crc(const duet_kv_layout_t *l, const void *base,
                             const duet_slice_run_t *runs, int n_runs, int n_pages, int32_t stage0,
-                            int dst)
+                            int dst, int slot0)
 {
     const unsigned char *b = base;
+    size_t hb = duet_kv_head_bytes(l);
     uint32_t crc = 0;
-    for (int layer = 0; layer < l->n_layers; layer++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int k = 0; k < n_runs; k++) {
-                int head = dst ? runs[k].dst_head : runs[k].src_head;
-                size_t off = duet_kv_offset(l, layer, kv, 0, 0) +
-                             duet__pack_stage_off(l, stage0, n_pages, head, 0);
-                size_t len = duet_kv_head_bytes(l) * (size_t)runs[k].n_heads * (size_t)n_pages;
-                crc = duet__crc32c(crc, b + off, len);
-            }
+    for (int p = 0; p < 2 * l->n_layers; p++)
+        for (int k = 0, slot = slot0; k < n_runs; slot += runs[k].n_heads, k++) {
+            int at = dst ? runs[k].dst_head : slot;
+            uint64_t off = duet_xfer_pack_block(l, n_pages, stage0, at, runs[k].n_heads, p);
+            crc = duet__crc32c(crc, b + off, hb * (size_t)runs[k].n_heads * (size_t)n_pages);
+        }
     return crc;
 }

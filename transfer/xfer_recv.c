@@ -225,7 +225,7 @@ static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet_
         uint32_t crc = 0;
         if (r->crc_fn != NULL) { /* the pool's owner reads it (xfer_checksum.c) */
             duet_status_t st = duet__crc_hook(r, runs, e->run_cnt[s], e->packed ? NULL : e->pages,
-                                              e->n_pages, e->stage0, 1, &crc);
+                                              e->n_pages, e->stage0, 1, 0, &crc);
             if (st != DUET_OK) {
                 duet__recv_fail(r, e, st, "request %" PRIu64 ": prefill rank %d's slice: %s",
                                 e->o.transfer_id, s, duet_error_msg());
@@ -233,7 +233,7 @@ static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet_
                 return;
             }
         } else if (e->packed) {
-            crc = duet_xfer_pack_crc(l, r->base, runs, e->run_cnt[s], e->n_pages, e->stage0, 1);
+            crc = duet_xfer_pack_crc(l, r->base, runs, e->run_cnt[s], e->n_pages, e->stage0, 1, 0);
         } else {
             crc = duet__seg_crc(l, r->base, runs, e->run_cnt[s], e->pages, e->n_pages, 1);
         }
@@ -533,8 +533,8 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
                           in->transfer_id, in->flags);
     if (in->flags & DUET_XFER_EXPECT_PACKED) {
         char why[96];
-        if (duet_xfer_pack_check_stage(in->dst_stage0, in->pages, in->n_pages,
-                                       r->info.layout.n_pages, why, sizeof(why)) != 0)
+        if (duet_xfer_pack_check_stage(&r->info.layout, r->info.pool_bytes, in->dst_stage0,
+                                       in->n_pages, why, sizeof(why)) != 0)
             return duet_error(DUET_ERR_INVALID,
                               "xfer expect: request %" PRIu64 ": decode rank %d: %s",
                               in->transfer_id, r->index, why);

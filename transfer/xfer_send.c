@@ -4,8 +4,11 @@
  * issued by a cursor over (layer, K|V, page, dst, run) -- the order of
  * transfer/xfer_segs.h -- in bounded batches from the progress loop, up to
  * the layers released by duet_xfer_send_layers.  A packed send has no page
- * dimension: the cursor runs over (layer, K|V, dst, run) and each put moves
- * a run's staged block (transfer/xfer_pack.h).  Per dst, once every layer
+ * dimension: the cursor runs over (chunk, dst, run), a chunk being the
+ * layers released and not yet posted when it starts, and each put moves a
+ * run's staged block over the chunk's planes (transfer/xfer_pack.h): one
+ * put per run and layer while posting keeps up with the releases, fewer
+ * when it lags.  Per dst, once every layer
  * is posted and the send was ended: flush the data endpoint, then send the
  * notification on the control endpoint, then wait for the decode rank's
  * acknowledgement.  Puts, flushes and notifications go through the
@@ -47,6 +50,7 @@ typedef struct {
     int n_runs;
     uint32_t crc;
     uint64_t bytes, puts;
+    int slot0; /* packed: the first run's slot in the sender's staging */
     int state;
     int next_page;      /* in the current plane: first page index not yet posted */
     int failure_notice; /* the notification reports a failure */
@@ -69,6 +73,7 @@ struct duet__send {
     int n_layers;
     int limit;                               /* layers [0, limit) may be posted */
     int c_layer, c_kv, c_page, c_dst, c_run; /* the posting cursor */
+    int c_end;                               /* packed: the chunk is layers [c_layer, c_end) */
     int stop_posting, failing, ended;
     int timed_out; /* the deadline passed: failing, waiting for puts in flight */
     int64_t first_token;
@@ -273,9 +278,15 @@ static void duet__send_flush_done(void *arg, duet_status_t st, const char *why)
 static void duet__send_crc(duet_xfer_rank_t *r, duet__send_dst_t *dst)
 {
     duet__send_t *s = dst->s;
-    duet_status_t st = duet__crc_hook(r, dst->runs, dst->n_runs,
-                                      (s->flags & DUET_XFER_SEND_PACKED) ? NULL : s->pages,
-                                      s->n_pages, s->src_stage0, 0, &dst->crc);
+    duet_status_t st;
+    if (!s->crc_hook) { /* packed on a host pool: the CPU reads the staging */
+        dst->crc = duet_xfer_pack_crc(&r->info.layout, r->base, dst->runs, dst->n_runs, s->n_pages,
+                                      s->src_stage0, 0, dst->slot0);
+        return;
+    }
+    st = duet__crc_hook(r, dst->runs, dst->n_runs,
+                        (s->flags & DUET_XFER_SEND_PACKED) ? NULL : s->pages, s->n_pages,
+                        s->src_stage0, 0, dst->slot0, &dst->crc);
     if (st != DUET_OK) {
         duet__outcome_fail(&s->o, st, "request %" PRIu64 ": decode rank %d's slice: %s",
                            s->o.transfer_id, dst->d, duet_error_msg());
@@ -296,7 +307,9 @@ static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
     }
     dst->state = DUET__DST_FLUSHING;
     op = r->ops->flush(dst->peer->data_ep, duet__send_flush_done, dst, &why);
-    if (op != DUET_XFER_OP_FAILED && s->crc_hook && !s->failing)
+    if (op != DUET_XFER_OP_FAILED && !s->failing &&
+        (s->crc_hook || (s->flags & (DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED)) ==
+                            (DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED)))
         duet__send_crc(r, dst); /* while the flush is in flight */
     if (op == DUET_XFER_OP_DONE)
         duet__send_notify(r, dst);
@@ -365,6 +378,12 @@ static void duet__send_cursor_next(duet__send_t *s)
     if (++s->c_dst < s->n_dst)
         return;
     s->c_dst = 0;
+    if (s->flags & DUET_XFER_SEND_PACKED) {
+        for (int k = 0; k < s->n_dst; k++)
+            s->dst[k].next_page = 0;
+        s->c_layer = s->c_end;
+        return;
+    }
     if (!(s->flags & DUET_XFER_SEND_PACKED) && ++s->c_page < s->n_pages)
         return;
     s->c_page = 0;
@@ -377,7 +396,7 @@ static void duet__send_cursor_next(duet__send_t *s)
 }
 
 /* The put at the cursor: the run's slice of a page (or of consecutive
- * pages), or for a packed send its whole staged block. */
+ * pages), or for a packed send its staged block over the chunk's planes. */
 static void duet__send_seg(const duet_xfer_rank_t *r, const duet__send_t *s,
                            const duet__send_dst_t *dst, duet__seg_t *seg_p)
 {
@@ -385,8 +404,11 @@ static void duet__send_seg(const duet_xfer_rank_t *r, const duet__send_t *s,
     const duet_slice_run_t *run = &dst->runs[s->c_run];
     if (s->flags & DUET_XFER_SEND_PACKED) {
         duet_xfer_pack_put_t put;
-        duet_xfer_pack_put(src, dl, run, s->c_layer, s->c_kv, s->n_pages, s->src_stage0,
-                           s->dst_stage0, &put);
+        int slot = dst->slot0;
+        for (int k = 0; k < s->c_run; k++)
+            slot += dst->runs[k].n_heads;
+        duet_xfer_pack_put(src, dl, s->n_pages, s->src_stage0, slot, s->dst_stage0, run,
+                           2 * s->c_layer, 2 * (s->c_end - s->c_layer), &put);
         seg_p->src_off = put.src_off;
         seg_p->dst_off = put.dst_off;
         seg_p->len = put.len;
@@ -414,13 +436,16 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
         unsigned char *src;
         int corrupt_now;
 
+        if ((s->flags & DUET_XFER_SEND_PACKED) && s->c_dst == 0 && s->c_run == 0)
+            s->c_end = s->limit; /* a chunk starts: every layer released so far */
         if (dst->state != DUET__DST_POSTING || dst->peer == NULL || dst->next_page != s->c_page) {
             duet__send_cursor_next(s); /* failed, or this page went out in a longer put */
             continue;
         }
         duet__send_seg(r, s, dst, &seg);
         src = r->base + seg.src_off;
-        if ((s->flags & DUET_XFER_SEND_CRC) && !s->crc_hook)
+        if ((s->flags & (DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED)) == DUET_XFER_SEND_CRC &&
+            !s->crc_hook)
             dst->crc = duet__crc32c(dst->crc, src, seg.len);
         corrupt_now = 0;
         if (corrupt >= 0) {
@@ -428,7 +453,8 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
              * or by a put after this one where the source must stay intact */
             corrupt_now = atomic_fetch_sub_explicit(&r->corrupt_at, 1, memory_order_relaxed) == 0;
             corrupt--;
-            if (corrupt_now && r->crc_fn == NULL && !r->info.pool_device) {
+            if (corrupt_now && r->crc_fn == NULL && !r->info.pool_device &&
+                !(s->flags & DUET_XFER_SEND_PACKED)) {
                 src[seg.len / 2] ^= 0x5a;
                 corrupt_now = 0;
             }
@@ -530,8 +556,8 @@ static duet_status_t duet__send_begin_check(duet_xfer_rank_t *r, duet__send_t *s
         }
         if (s->flags & DUET_XFER_SEND_PACKED) {
             char why[96];
-            if (duet_xfer_pack_check_stage(s->dst_stage0, s->pages + s->n_pages, s->n_pages,
-                                           p->info.layout.n_pages, why, sizeof(why)) != 0) {
+            if (duet_xfer_pack_check_stage(&p->info.layout, p->info.pool_bytes, s->dst_stage0,
+                                           s->n_pages, why, sizeof(why)) != 0) {
                 snprintf(msg, cap, "request %" PRIu64 ": decode rank %d: destination %s",
                          s->o.transfer_id, dst->d, why);
                 return DUET_ERR_INVALID;
@@ -809,17 +835,20 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
     if (in->flags & ~(unsigned)(DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED))
         return duet_error(DUET_ERR_INVALID, "xfer send: request %" PRIu64 ": unknown flags 0x%x",
                           in->transfer_id, in->flags);
-    if (in->flags & DUET_XFER_SEND_PACKED) {
+    D = duet_slice_plan_decode_tp(in->plan);
+    n_recv = duet_slice_plan_receivers(in->plan, r->index, recv);
+    n_runs = duet_slice_plan_src_runs(in->plan, r->index, &runs);
+    if ((in->flags & DUET_XFER_SEND_PACKED) &&
+        n_runs > 0) { /* (a rank sending nothing stages nothing) */
         char why[96];
-        if (duet_xfer_pack_check_stage(in->src_stage0, in->src_pages, in->n_pages,
-                                       r->info.layout.n_pages, why, sizeof(why)) != 0)
+        int units =
+            duet_xfer_pack_units(&r->info.layout, in->n_pages, duet_xfer_pack_slots(runs, n_runs));
+        if (duet_xfer_pack_check_stage(&r->info.layout, r->info.pool_bytes, in->src_stage0, units,
+                                       why, sizeof(why)) != 0)
             return duet_error(DUET_ERR_INVALID,
                               "xfer send: request %" PRIu64 ": prefill rank %d: source %s",
                               in->transfer_id, r->index, why);
     }
-    D = duet_slice_plan_decode_tp(in->plan);
-    n_recv = duet_slice_plan_receivers(in->plan, r->index, recv);
-    n_runs = duet_slice_plan_src_runs(in->plan, r->index, &runs);
 
     s = DUET_NEW(duet__send_t);
     if (s == NULL)
@@ -843,6 +872,7 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
         dst->d = recv[k];
         dst->peer = recv[k] < D ? in->peers[recv[k]] : NULL;
         dst->runs = s->runs + at;
+        dst->slot0 = duet_xfer_pack_slots(s->runs, at);
         while (at < n_runs && s->runs[at].dst_rank == recv[k]) {
             dst->n_runs++;
             at++;

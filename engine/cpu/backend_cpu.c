@@ -121,9 +121,10 @@ static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weig
         p = tmp;
         for (int i = 0; i < n_src; i++) {
             for (int row = 0; row < src[i].rows; row++) {
-                const char *s = (const char *)src[i].data +
-                                ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols +
-                                 (size_t)src[i].col0) * es;
+                const char *s =
+                    (const char *)src[i].data +
+                    ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols + (size_t)src[i].col0) *
+                        es;
                 memcpy(p, s, (size_t)cols * es);
                 p += (size_t)cols * es;
             }
@@ -243,8 +244,12 @@ static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_w
             return duet_error(DUET_ERR_INVALID, "token id %d out of range 0..%d",
                               r->batch->tokens[t], table->vocab - 1);
     }
-    duet__rows_job_t j = {.r = r, .out = out, .table = table->table, .dtype = table->table_dtype,
-                          .n = n, .d = hidden};
+    duet__rows_job_t j = {.r = r,
+                          .out = out,
+                          .table = table->table,
+                          .dtype = table->table_dtype,
+                          .n = n,
+                          .d = hidden};
     duet__cpu_run(r, (size_t)n * (size_t)hidden, duet__embed_job, &j);
     return DUET_OK;
 }
@@ -259,8 +264,8 @@ static void duet__rmsnorm_job(void *arg, int ti, int nt)
                            j->w, j->d, j->eps);
 }
 
-static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in,
-                                   const void *w, int n, int d, float eps)
+static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in, const void *w,
+                                   int n, int d, float eps)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = in, .w = w, .n = n, .d = d, .eps = eps};
     duet__cpu_run(r, (size_t)n * (size_t)d, duet__rmsnorm_job, &j);
@@ -286,8 +291,7 @@ static void duet__silu_mul_job(void *arg, int ti, int nt)
     }
 }
 
-static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n,
-                                    int m)
+static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n, int m)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = gu, .n = n, .d = m};
     duet__cpu_run(r, (size_t)n * (size_t)m, duet__silu_mul_job, &j);
@@ -352,8 +356,8 @@ static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const 
                                        const int32_t *rows, int n_rows, int d)
 {
     for (int i = 0; i < n_rows; i++)
-        memcpy((float *)out + (size_t)i * (size_t)d, (const float *)in + (size_t)rows[i] * (size_t)d,
-               (size_t)d * sizeof(float));
+        memcpy((float *)out + (size_t)i * (size_t)d,
+               (const float *)in + (size_t)rows[i] * (size_t)d, (size_t)d * sizeof(float));
     return DUET_OK;
 }
 
@@ -380,10 +384,11 @@ static void duet__kv_copy_job(void *arg, int ti, int nt)
     long b, e;
     duet_cpu_split(j->items, ti, nt, &b, &e);
     for (long k = b; k < e; k++) {
-        unsigned char *plane =
-            (unsigned char *)j->r->kv_base + plane_bytes * (size_t)(j->plane0 + k / j->n);
+        unsigned char *base = (unsigned char *)j->r->kv_base;
+        int p = j->plane0 + (int)(k / j->n);
         const duet_kv_copy_t *c = &j->copies[k % j->n];
-        memcpy(plane + c->dst, plane + c->src, (size_t)c->len);
+        memcpy(base + duet_kv_copy_at(c->dst, c->dst_step, plane_bytes, p),
+               base + duet_kv_copy_at(c->src, c->src_step, plane_bytes, p), (size_t)c->len);
     }
 }
 

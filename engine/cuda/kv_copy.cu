@@ -2,8 +2,9 @@
  * of a packed KV transfer (transfer/xfer_pack.h).
  *
  *   for plane p in [plane0, plane0 + n_planes), copy i in [0, n):
- *     P = base + p * plane_bytes
- *     P[c[i].dst .. c[i].dst + c[i].len) = P[c[i].src .. c[i].src + c[i].len)
+ *     S = base + c[i].src + p * (c[i].src_step ? c[i].src_step : plane_bytes)
+ *     D = base + c[i].dst + p * (c[i].dst_step ? c[i].dst_step : plane_bytes)
+ *     D[0 .. c[i].len) = S[0 .. c[i].len)
  *
  * A plane is one (layer, K|V) of kv/layout.h, so plane 2l is layer l's K
  * and 2l + 1 its V.  Block (i, p) copies descriptor i in plane p (grid x =
@@ -38,9 +39,9 @@ static __global__ void __launch_bounds__(DUET__KVC_THREADS)
                          const duet_kv_copy_t *__restrict__ copies)
 {
     const duet_kv_copy_t c = copies[blockIdx.x];
-    unsigned char *plane = base + (uint64_t)(plane0 + (int)blockIdx.y) * plane_bytes;
-    const unsigned char *s = plane + c.src;
-    unsigned char *d = plane + c.dst;
+    uint64_t p = (uint64_t)(plane0 + (int)blockIdx.y);
+    const unsigned char *s = base + c.src + p * (c.src_step != 0 ? c.src_step : plane_bytes);
+    unsigned char *d = base + c.dst + p * (c.dst_step != 0 ? c.dst_step : plane_bytes);
     uint64_t len = c.len;
     uintptr_t ms = (uintptr_t)s & 15u, md = (uintptr_t)d & 15u;
 

@@ -92,7 +92,8 @@ static void duet__split(const duet_kv_copy_t *copies, int n, duet_kv_copy_t *out
         for (uint64_t off = 0; off < copies[i].len; off += DUET__CUDA_KVC_PIECE) {
             uint64_t len = copies[i].len - off;
             out[k++] = (duet_kv_copy_t){copies[i].src + off, copies[i].dst + off,
-                                        len < DUET__CUDA_KVC_PIECE ? len : DUET__CUDA_KVC_PIECE};
+                                        len < DUET__CUDA_KVC_PIECE ? len : DUET__CUDA_KVC_PIECE,
+                                        copies[i].src_step, copies[i].dst_step};
         }
     }
 }

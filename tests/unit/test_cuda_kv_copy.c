@@ -143,7 +143,7 @@ static void gen_list(duet_test_rng_t *g, uint64_t plane, int n, int mode, uint64
             l &= ~(uint64_t)1;
         if (i % 7 == 3)
             l = 0; /* empty entries are allowed */
-        out[i] = (duet_kv_copy_t){pos[2 * i] + sa, pos[2 * i + 1] + sb, l};
+        out[i] = (duet_kv_copy_t){pos[2 * i] + sa, pos[2 * i + 1] + sb, l, 0, 0};
     }
     duet_free(pos);
     duet_free(len);
@@ -222,7 +222,8 @@ static void test_against_host(void **state)
     int n = 0;
     for (int h = 0; h < kv.n_kv_heads; h++)
         for (int i = 0; i < 24; i++)
-            list[n++] = (duet_kv_copy_t){pages[i] * pb + h * hb, 100 * pb + (h * 24 + i) * hb, hb};
+            list[n++] =
+                (duet_kv_copy_t){pages[i] * pb + h * hb, 100 * pb + (h * 24 + i) * hb, hb, 0, 0};
     check_list(&k, host, list, n, -1, "pack list 4 KiB slices");
     check_list(&k, host, list, n, 1, "pack list 4 KiB slices");
 
@@ -296,7 +297,7 @@ static void test_pack_waits_for_store(void **state)
     /* warm-up: the RoPE table and the descriptor ring exist before the hold */
     assert_int_equal(OPS.rope_kv_store(k.r, dqkv, n, nq, nkv, hd, 10000.0f, 0), DUET_OK);
     atomic_int runs = 0;
-    duet_kv_copy_t warm = {0, duet_kv_page_bytes(&kv) * 15, 16};
+    duet_kv_copy_t warm = {0, duet_kv_page_bytes(&kv) * 15, 16, 0, 0};
     assert_int_equal(OPS.kv_copy(k.r, 0, 1, &warm, 1, on_done, &runs), DUET_OK);
     assert_int_equal(OPS.kv_export_sync(k.r), DUET_OK);
     assert_int_equal(OPS.sync(k.r), DUET_OK);
@@ -308,7 +309,7 @@ static void test_pack_waits_for_store(void **state)
     for (int h = 0; h < nkv; h++)
         for (int i = 0; i < 3; i++)
             list[m++] = (duet_kv_copy_t){b.page_table[i] * pb + h * hb,
-                                         10 * pb + (uint64_t)(h * 3 + i) * hb, hb};
+                                         10 * pb + (uint64_t)(h * 3 + i) * hb, hb, 0, 0};
     cudaStream_t cs = duet_cuda_rank_stream(k.r);
     assert_int_equal(cudaLaunchHostFunc(cs, hold_stream, NULL), cudaSuccess);
     assert_int_equal(OPS.rope_kv_store(k.r, dqkv, n, nq, nkv, hd, 10000.0f, 1), DUET_OK);
@@ -370,7 +371,8 @@ static int pack_of(const duet_kv_layout_t *l, const eng_t *c, int q, const int32
         for (int i = 0; i < n; i++) {
             uint64_t page = (uint64_t)(to ? to[i] : c->pages[q][i]) * pb + h * hb;
             uint64_t st = (uint64_t)c->stage0[q] * pb + (uint64_t)(h * n + i) * hb;
-            out[k++] = to ? (duet_kv_copy_t){st, page, hb} : (duet_kv_copy_t){page, st, hb};
+            out[k++] =
+                to ? (duet_kv_copy_t){st, page, hb, 0, 0} : (duet_kv_copy_t){page, st, hb, 0, 0};
         }
     return k;
 }
@@ -576,8 +578,8 @@ static void test_done_order(void **state)
                 assert_int_equal(
                     OPS.kv_export_layer(k.r, layer, pg, 2, NULL, order_done, &items[i]), DUET_OK);
             } else {
-                duet_kv_copy_t list[2] = {{(uint64_t)i % 8 * pb, 10 * pb, hb},
-                                          {(uint64_t)i % 8 * pb + hb, 10 * pb + hb, hb}};
+                duet_kv_copy_t list[2] = {{(uint64_t)i % 8 * pb, 10 * pb, hb, 0, 0},
+                                          {(uint64_t)i % 8 * pb + hb, 10 * pb + hb, hb, 0, 0}};
                 assert_int_equal(OPS.kv_copy(k.r, layer, layer + 1, list, 2, order_done, &items[i]),
                                  DUET_OK);
             }
@@ -603,7 +605,7 @@ static void test_done_order(void **state)
     /* chain latency: N tiny packs, each followed by its done */
     enum { CHAIN = 512 };
     atomic_int runs = 0, host_runs = 0;
-    duet_kv_copy_t tiny = {0, 12 * pb, 16};
+    duet_kv_copy_t tiny = {0, 12 * pb, 16, 0, 0};
     double us_waiter = 0, us_hostfn = 0;
     for (int rep = 0; rep < 2; rep++) { /* the first is a warm-up */
         assert_int_equal(OPS.sync(k.r), DUET_OK);
@@ -660,8 +662,8 @@ static void test_bandwidth_report(void **state)
         for (int i = 0; i < np; i++, j++) {
             uint64_t page = (uint64_t)((i * 263) % np) * pb + h * hb; /* scattered pages */
             uint64_t st = (uint64_t)np * pb + (uint64_t)(h * np + i) * hb;
-            pack[j] = (duet_kv_copy_t){page, st, hb};
-            unpack[j] = (duet_kv_copy_t){st, page, hb};
+            pack[j] = (duet_kv_copy_t){page, st, hb, 0, 0};
+            unpack[j] = (duet_kv_copy_t){st, page, hb, 0, 0};
         }
     double gb = (double)n * (double)hb * 2.0 * kv.n_layers / 1e9; /* K and V, every layer */
     atomic_int runs = 0;

@@ -89,8 +89,8 @@ static int pack_list(const duet_kv_layout_t *l, int q, bool unpack, const int32_
         for (int i = 0; i < n; i++) {
             uint64_t page = (uint64_t)(unpack ? to[i] : req_pages[q][i]) * pb + (uint64_t)h * hb;
             uint64_t stage = (uint64_t)req_stage0[q] * pb + (uint64_t)(h * n + i) * hb;
-            out[k++] =
-                unpack ? (duet_kv_copy_t){stage, page, hb} : (duet_kv_copy_t){page, stage, hb};
+            out[k++] = unpack ? (duet_kv_copy_t){stage, page, hb, 0, 0}
+                              : (duet_kv_copy_t){page, stage, hb, 0, 0};
         }
     }
     return k;
@@ -284,14 +284,14 @@ static void test_pack_unpack_cpu(void **state)
     /* refused before anything moves: entry 0 valid, entry 1 leaves the plane */
     size_t plane = duet_kv_plane_bytes(l);
     unsigned char *probe = (unsigned char *)c->pool[1] + duet_kv_offset(l, 2, 1, 46, 0);
-    duet_kv_copy_t bad[2] = {{17 * pb, 46 * pb, pb}, {plane - 10, 47 * pb, hb}};
+    duet_kv_copy_t bad[2] = {{17 * pb, 46 * pb, pb, 0, 0}, {plane - 10, 47 * pb, hb, 0, 0}};
     assert_int_equal(duet_engine_kv_copy(e, bad, 2), DUET_ERR_INVALID);
     assert_non_null(strstr(duet_error_msg(), "copy 1 "));
     assert_int_equal(probe[0], 0xff);
-    bad[1] = (duet_kv_copy_t){47 * pb, 47 * pb + 8, hb};
+    bad[1] = (duet_kv_copy_t){47 * pb, 47 * pb + 8, hb, 0, 0};
     assert_int_equal(duet_engine_kv_copy(e, bad, 2), DUET_ERR_INVALID);
     assert_non_null(strstr(duet_error_msg(), "overlaps itself"));
-    bad[1] = (duet_kv_copy_t){46 * pb, 47 * pb, UINT64_MAX};
+    bad[1] = (duet_kv_copy_t){46 * pb, 47 * pb, UINT64_MAX, 0, 0};
     assert_int_equal(duet_engine_kv_copy(e, bad, 2), DUET_ERR_INVALID);
     assert_int_equal(probe[0], 0xff);
     assert_int_equal(duet_engine_kv_copy_layer(e, 0, LAYERS, bad, 1, on_done, &c->rec[0][0][0]),

@@ -50,7 +50,8 @@ static void test_ranges_order(void **state)
                 int h0;
                 duet_kv_heads_owned(H, P, s, &h0, &sl.n_kv_heads);
                 duet_kv_heads_owned(H, D, 0, &h0, &dl.n_kv_heads);
-                size_t bytes = duet_kv_total_bytes(sl.n_kv_heads > dl.n_kv_heads ? &sl : &dl);
+                const duet_kv_layout_t *big = sl.n_kv_heads > dl.n_kv_heads ? &sl : &dl;
+                size_t bytes = duet_kv_total_bytes(big) + 64u * duet_xfer_stage_unit_bytes(big);
                 unsigned char *pool = duet_malloc(bytes);
                 assert_non_null(pool);
                 for (size_t i = 0; i < bytes; i++)
@@ -65,12 +66,14 @@ static void test_ranges_order(void **state)
                     duet_crc32c_range_t out[3 * 2 * 7 * 8];
                     for (int dst = 0; dst < 2; dst++) {
                         const duet_kv_layout_t *l = dst ? &dl : &sl;
-                        int n = duet__crc_ranges(l, runs + at, m, pages, 7, 0, dst, out);
+                        int n = duet__crc_ranges(l, runs + at, m, pages, 7, 0, dst, 0, out);
                         assert_int_equal(duet_crc32c_ranges(pool, out, n),
                                          duet__seg_crc(l, pool, runs + at, m, pages, 7, dst));
-                        n = duet__crc_ranges(l, runs + at, m, NULL, 7, 31, dst, out);
-                        assert_int_equal(duet_crc32c_ranges(pool, out, n),
-                                         duet_xfer_pack_crc(l, pool, runs + at, m, 7, 31, dst));
+                        int slot0 = duet_xfer_pack_slots(runs, at);
+                        n = duet__crc_ranges(l, runs + at, m, NULL, 7, 31, dst, slot0, out);
+                        assert_int_equal(
+                            duet_crc32c_ranges(pool, out, n),
+                            duet_xfer_pack_crc(l, pool, runs + at, m, 7, 31, dst, slot0));
                         assert_true(n <= 2 * 3 * m);
                     }
                     at += m;
@@ -123,8 +126,8 @@ static void ck_pages(int32_t *p, int prefill)
     static const int32_t src[CK_N] = {41, 7, 19}, dst[CK_N] = {12, 13, 30};
     memcpy(p, prefill ? src : dst, sizeof(src));
 }
-#define CK_STAGE_P 60
-#define CK_STAGE_D 70
+#define CK_STAGE_P 1 /* staging units in the arena */
+#define CK_STAGE_D 2
 
 /* The cases, run in this order; each is one request. */
 typedef struct {
@@ -140,7 +143,7 @@ static const ck_case_t cases[] = {
     {"packed", 1, -1, HOOK_OK, HOOK_OK},
     {"per-page, corrupted put", 0, 1, HOOK_OK, HOOK_OK},
     {"per-page after the corruption", 0, -1, HOOK_OK, HOOK_OK},
-    {"packed, corrupted put", 1, 2, HOOK_OK, HOOK_OK},
+    {"packed, corrupted put", 1, 0, HOOK_OK, HOOK_OK}, /* (one put per run here) */
     {"packed after the corruption", 1, -1, HOOK_OK, HOOK_OK},
     {"prefill hook wrong", 0, -1, HOOK_LIE, HOOK_OK},
     {"decode hook wrong", 1, -1, HOOK_OK, HOOK_LIE},
@@ -165,7 +168,6 @@ static int ck_prefill(void *arg)
     for (int r = 0; r < sd.tp; r++) {
         int h0 = head0_of(sd.kv_heads, sd.tp, r);
         const duet_slice_run_t *runs;
-        uint8_t heads[64];
         duet_kv_copy_t copies[CK_N * 64];
         for (int pg = 0; pg < POOL_PAGES; pg++)
             duet_testkit_fill_page(&sd.layout, sd.base[r], h0, pg, 1000000 + (int64_t)pg * CK_PS);
@@ -173,8 +175,7 @@ static int ck_prefill(void *arg)
             duet_testkit_fill_page(&sd.layout, sd.base[r], h0, src[i], (int64_t)i * CK_PS);
         /* staged once: the hook path never writes the source */
         int n_runs = duet_slice_plan_src_runs(plan, r, &runs);
-        duet_xfer_pack_src_heads(runs, n_runs, heads, sd.layout.n_kv_heads);
-        int nc = duet_xfer_pack_copies(&sd.layout, src, CK_N, CK_STAGE_P, heads, 0, copies);
+        int nc = duet_xfer_pack_copies(&sd.layout, src, CK_N, CK_STAGE_P, runs, n_runs, 0, copies);
         for (int l = 0; l < LAYERS; l++)
             duet_kv_copy_apply_host(&sd.layout, sd.base[r], l, copies, nc);
     }
@@ -272,7 +273,9 @@ static int ck_check(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, cons
     ck_pages(dst, 0);
     if (k->packed) {
         duet_kv_copy_t copies[CK_N * 64];
-        int nc = duet_xfer_pack_copies(&sd->layout, dst, CK_N, CK_STAGE_D, NULL, 1, copies);
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_dst_runs(plan, d, &runs);
+        int nc = duet_xfer_pack_copies(&sd->layout, dst, CK_N, CK_STAGE_D, runs, n_runs, 1, copies);
         for (int l = 0; l < LAYERS; l++)
             duet_kv_copy_apply_host(&sd->layout, sd->base[d], l, copies, nc);
     }
@@ -312,7 +315,9 @@ static int ck_decode(void *arg)
                                     .deadline_ns = duet_deadline_in_ms(WAIT_MS),
                                     .flags = k->packed ? DUET_XFER_EXPECT_PACKED : 0u,
                                     .dst_stage0 = CK_STAGE_D};
-            memset(sd.base[d], 0xEE, duet_kv_total_bytes(&sd.layout));
+            memset(sd.base[d], 0xEE,
+                   duet_kv_total_bytes(&sd.layout) +
+                       (size_t)sd.stage_units * duet_xfer_stage_unit_bytes(&sd.layout));
             calls0[d] = atomic_load(&hooks[d].calls);
             crc_stat0 += stats_of(&sd, d).crc_failures;
             DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(sd.x, d), &e));

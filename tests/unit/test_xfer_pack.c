@@ -1,10 +1,11 @@
 /* Packed transfers (transfer/xfer_pack.h): for every P, D in 1..8 and KV
- * head counts with replication on either side, stage on each prefill rank,
- * one put per (layer, K|V, run), unstage on each decode rank, then check
- * every destination byte against the head it must hold; the number of puts
- * does not depend on the page count, and the packed checksum of each pair
- * is the same over the sender's staging, put by put, and the receiver's.
- * Staging ranges are checked against the pool and the request's pages. */
+ * head counts with replication on either side, stage on each prefill rank
+ * into its arena, put each run's block in chunks of layers (one chunk per
+ * layer, all layers at once, and uneven chunks), unstage on each decode
+ * rank, then check every destination byte against the head it must hold;
+ * the number of puts depends on the chunks, not on the page count, and the
+ * packed checksum of each pair is the same over the sender's staging and
+ * the receiver's.  Staging ranges are checked against the arena. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,7 +33,7 @@ static duet_kv_layout_t layout_of(int H, int tp)
 {
     int h0, n;
     duet_kv_heads_owned(H, tp, 0, &h0, &n);
-    return (duet_kv_layout_t){.n_layers = 2,
+    return (duet_kv_layout_t){.n_layers = 3,
                               .n_pages = POOL_PAGES,
                               .page_size = 2,
                               .n_kv_heads = n,
@@ -40,18 +41,44 @@ static duet_kv_layout_t layout_of(int H, int tp)
                               .elem_size = 2};
 }
 
-/* One request of n_pages pages through every pair of the plan. */
-static void run_case(int P, int D, int H, int n_pages, unsigned seed)
+/* The sender's first slot of run (d, dst_head) among prefill rank s's runs. */
+static int src_slot(const duet_slice_plan_t *plan, const duet_slice_run_t *run)
+{
+    const duet_slice_run_t *runs;
+    int n = duet_slice_plan_src_runs(plan, run->src_rank, &runs), slot = 0;
+    for (int k = 0; k < n; k++) {
+        if (runs[k].dst_rank == run->dst_rank && runs[k].dst_head == run->dst_head)
+            return slot;
+        slot += runs[k].n_heads;
+    }
+    fail_msg("run to decode rank %d head %d not among prefill rank %d's", run->dst_rank,
+             run->dst_head, run->src_rank);
+    return -1;
+}
+
+/* One request of n_pages pages through every pair of the plan; layers are
+ * put in chunks: chunk 0 one layer per put, 1 all at once, 2 uneven. */
+static void run_case(int P, int D, int H, int n_pages, unsigned seed, int chunking)
 {
     duet_slice_plan_t *plan;
     assert_int_equal(duet_slice_plan_create(P, D, H, &plan), DUET_OK);
     duet_kv_layout_t sl = layout_of(H, P), dl = layout_of(H, D);
-    size_t pool_bytes = duet_kv_total_bytes(&sl) > duet_kv_total_bytes(&dl)
-                            ? duet_kv_total_bytes(&sl)
-                            : duet_kv_total_bytes(&dl);
+    int32_t src_stage0 = (int32_t)(seed % 2), dst_stage0 = (int32_t)(seed % 3);
+    int units = 0;
+    for (int s = 0; s < P; s++) {
+        const duet_slice_run_t *runs;
+        int n_runs = duet_slice_plan_src_runs(plan, s, &runs);
+        int u = duet_xfer_pack_units(&sl, n_pages, duet_xfer_pack_slots(runs, n_runs));
+        units = u > units ? u : units;
+    }
+    size_t src_bytes =
+        duet_kv_total_bytes(&sl) + (size_t)(src_stage0 + units) * duet_xfer_stage_unit_bytes(&sl);
+    size_t dst_bytes =
+        duet_kv_total_bytes(&dl) + (size_t)(dst_stage0 + n_pages) * duet_xfer_stage_unit_bytes(&dl);
     size_t hb = duet_kv_head_bytes(&sl);
+    char why[96];
 
-    /* request pages: a shuffled subset of 0..11, staging at 12.. on either side */
+    /* request pages: a shuffled subset of 0..11 on either side */
     int32_t src_pages[12], dst_pages[12];
     for (int i = 0; i < 12; i++)
         src_pages[i] = dst_pages[i] = i;
@@ -65,15 +92,16 @@ static void run_case(int P, int D, int H, int n_pages, unsigned seed)
         dst_pages[i] = dst_pages[k];
         dst_pages[k] = t;
     }
-    int32_t src_stage0 = 12, dst_stage0 = 12 + (int32_t)(seed % 3);
+    assert_int_equal(
+        duet_xfer_pack_check_stage(&dl, dst_bytes, dst_stage0, n_pages, why, sizeof(why)), 0);
 
     uint8_t **src_pool = calloc((size_t)P, sizeof(*src_pool));
-    duet_kv_copy_t *copies =
-        calloc((size_t)n_pages * (size_t)(sl.n_kv_heads + dl.n_kv_heads), sizeof(*copies));
+    size_t cap = (size_t)n_pages * 64u; /* slots <= max(H, D) <= 16 here */
+    duet_kv_copy_t *copies = calloc(cap, sizeof(*copies));
     assert_non_null(src_pool);
     assert_non_null(copies);
     for (int s = 0; s < P; s++) {
-        src_pool[s] = calloc(1, pool_bytes);
+        src_pool[s] = calloc(1, src_bytes);
         assert_non_null(src_pool[s]);
         int h0, nh;
         duet_kv_heads_owned(H, P, s, &h0, &nh);
@@ -87,59 +115,61 @@ static void run_case(int P, int D, int H, int n_pages, unsigned seed)
                     }
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_src_runs(plan, s, &runs);
-        uint8_t heads[64];
-        duet_xfer_pack_src_heads(runs, n_runs, heads, sl.n_kv_heads);
-        int n = duet_xfer_pack_copies(&sl, src_pages, n_pages, src_stage0, heads, 0, copies);
-        assert_true(n <= n_pages * sl.n_kv_heads);
+        int slots = duet_xfer_pack_slots(runs, n_runs);
+        if (slots > 0)
+            assert_int_equal(duet_xfer_pack_check_stage(&sl, src_bytes, src_stage0,
+                                                        duet_xfer_pack_units(&sl, n_pages, slots),
+                                                        why, sizeof(why)),
+                             0);
+        int n = duet_xfer_pack_copies(&sl, src_pages, n_pages, src_stage0, runs, n_runs, 0, copies);
+        assert_true(n <= n_pages * slots);
         for (int layer = 0; layer < sl.n_layers; layer++)
             duet_kv_copy_apply_host(&sl, src_pool[s], layer, copies, n);
     }
 
-    uint8_t *dst_pool = malloc(pool_bytes);
+    uint8_t *dst_pool = malloc(dst_bytes);
     assert_non_null(dst_pool);
     for (int d = 0; d < D; d++) {
-        memset(dst_pool, 0, pool_bytes);
+        memset(dst_pool, 0, dst_bytes);
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_dst_runs(plan, d, &runs);
-        long puts = 0;
-        for (int k = 0; k < n_runs; k++)
-            for (int layer = 0; layer < dl.n_layers; layer++)
-                for (int kv = 0; kv < 2; kv++) {
-                    duet_xfer_pack_put_t put;
-                    duet_xfer_pack_put(&sl, &dl, &runs[k], layer, kv, n_pages, src_stage0,
-                                       dst_stage0, &put);
-                    assert_true(put.src_off + put.len <= pool_bytes);
-                    assert_true(put.dst_off + put.len <= pool_bytes);
-                    memcpy(dst_pool + put.dst_off, src_pool[runs[k].src_rank] + put.src_off,
-                           put.len);
-                    puts++;
-                }
-        /* O(layers x runs), whatever n_pages is */
-        assert_int_equal(puts, (long)n_runs * 2 * dl.n_layers);
-        /* Per pair, the packed checksum over the sender's staging, taken put
-         * by put in posting order (as the sender does), equals the one over
-         * the receiver's staging. */
+        long puts = 0, chunks = 0;
+        for (int l0 = 0; l0 < dl.n_layers; chunks++) {
+            int l1 = chunking == 0   ? l0 + 1
+                     : chunking == 1 ? dl.n_layers
+                     : l0 == 0       ? 1
+                                     : dl.n_layers;
+            for (int k = 0; k < n_runs; k++) {
+                duet_xfer_pack_put_t put;
+                duet_xfer_pack_put(&sl, &dl, n_pages, src_stage0, src_slot(plan, &runs[k]),
+                                   dst_stage0, &runs[k], 2 * l0, 2 * (l1 - l0), &put);
+                assert_true(put.src_off >= duet_kv_total_bytes(&sl));
+                assert_true(put.dst_off >= duet_kv_total_bytes(&dl));
+                assert_true(put.src_off + put.len <= src_bytes);
+                assert_true(put.dst_off + put.len <= dst_bytes);
+                memcpy(dst_pool + put.dst_off, src_pool[runs[k].src_rank] + put.src_off, put.len);
+                puts++;
+            }
+            l0 = l1;
+        }
+        /* O(runs x chunks), whatever n_pages is */
+        assert_int_equal(puts, (long)n_runs * chunks);
+        /* Per pair, the packed checksum over the sender's staging equals the
+         * one over the receiver's. */
         for (int s = 0; s < P; s++) {
             duet_slice_run_t pair[64];
             int n_pair = 0;
-            uint32_t crc = 0;
             for (int k = 0; k < n_runs; k++)
                 if (runs[k].src_rank == s)
                     pair[n_pair++] = runs[k];
-            for (int layer = 0; layer < dl.n_layers; layer++)
-                for (int kv = 0; kv < 2; kv++)
-                    for (int k = 0; k < n_pair; k++) {
-                        duet_xfer_pack_put_t put;
-                        duet_xfer_pack_put(&sl, &dl, &pair[k], layer, kv, n_pages, src_stage0,
-                                           dst_stage0, &put);
-                        crc = duet__crc32c(crc, src_pool[s] + put.src_off, put.len);
-                    }
+            if (n_pair == 0)
+                continue;
+            uint32_t crc = duet_xfer_pack_crc(&sl, src_pool[s], pair, n_pair, n_pages, src_stage0,
+                                              0, src_slot(plan, &pair[0]));
             assert_int_equal(
-                crc, duet_xfer_pack_crc(&sl, src_pool[s], pair, n_pair, n_pages, src_stage0, 0));
-            assert_int_equal(
-                crc, duet_xfer_pack_crc(&dl, dst_pool, pair, n_pair, n_pages, dst_stage0, 1));
+                crc, duet_xfer_pack_crc(&dl, dst_pool, pair, n_pair, n_pages, dst_stage0, 1, 0));
         }
-        int n = duet_xfer_pack_copies(&dl, dst_pages, n_pages, dst_stage0, NULL, 1, copies);
+        int n = duet_xfer_pack_copies(&dl, dst_pages, n_pages, dst_stage0, runs, n_runs, 1, copies);
         for (int layer = 0; layer < dl.n_layers; layer++)
             duet_kv_copy_apply_host(&dl, dst_pool, layer, copies, n);
         int h0, nh;
@@ -152,9 +182,10 @@ static void run_case(int P, int D, int H, int n_pages, unsigned seed)
                             dst_pool + duet_kv_offset(&dl, layer, kv, dst_pages[i], h);
                         for (size_t b = 0; b < hb; b++)
                             if (p[b] != pattern(h0 + h, layer, kv, i, b))
-                                fail_msg("P %d D %d H %d pages %d: decode rank %d layer %d kv %d "
-                                         "page index %d head %d byte %zu: got %u want %u",
-                                         P, D, H, n_pages, d, layer, kv, i, h, b, p[b],
+                                fail_msg("P %d D %d H %d pages %d chunking %d: decode rank %d "
+                                         "layer %d kv %d page index %d head %d byte %zu: got %u "
+                                         "want %u",
+                                         P, D, H, n_pages, chunking, d, layer, kv, i, h, b, p[b],
                                          pattern(h0 + h, layer, kv, i, b));
                     }
     }
@@ -178,13 +209,15 @@ static void test_every_pair(void **state)
                 if (duet_kv_heads_check(H, P) != DUET_OK || duet_kv_heads_check(H, D) != DUET_OK)
                     continue;
                 for (int n_pages = 1; n_pages <= 12; n_pages += 5)
-                    run_case(P, D, H, n_pages, (unsigned)(P * 131 + D * 17 + H + n_pages));
+                    run_case(P, D, H, n_pages, (unsigned)(P * 131 + D * 17 + H + n_pages),
+                             n_pages % 3);
                 cases++;
             }
     assert_true(cases > 60);
 }
 
-/* Consecutive page ids with one head per rank collapse into one copy. */
+/* Consecutive page ids with one head per rank collapse into one copy;
+ * the staging side walks its block with a step. */
 static void test_copies_merge(void **state)
 {
     (void)state;
@@ -195,33 +228,48 @@ static void test_copies_merge(void **state)
                           .head_dim = 8,
                           .elem_size = 2};
     int32_t pages[4] = {3, 4, 5, 9};
+    duet_slice_run_t one = {.n_heads = 1};
     duet_kv_copy_t c[4];
-    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, NULL, 0, c), 2);
+    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, &one, 1, 0, c), 2);
     assert_int_equal(c[0].len, 3 * duet_kv_head_bytes(&l));
     assert_int_equal(c[0].src, 3 * duet_kv_page_bytes(&l));
-    assert_int_equal(c[0].dst, 10 * duet_kv_page_bytes(&l));
+    assert_int_equal(c[0].src_step, 0);
+    assert_int_equal(c[0].dst, duet_kv_total_bytes(&l) + 10 * duet_xfer_stage_unit_bytes(&l));
+    assert_int_equal(c[0].dst_step, 4 * duet_kv_head_bytes(&l));
     l.n_kv_heads = 2; /* head-major staging: no page-run merges on the source */
+    duet_slice_run_t two = {.n_heads = 2};
     duet_kv_copy_t c2[8];
-    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, NULL, 1, c2), 8);
+    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, &two, 1, 1, c2), 8);
 }
 
-/* Staging must lie in the pool and hold none of the request's pages. */
+/* Staging must lie in the arena after the planes. */
 static void test_check_stage(void **state)
 {
-    int32_t pages[3] = {7, 2, 30};
+    duet_kv_layout_t l = {.n_layers = 2,
+                          .n_pages = 8,
+                          .page_size = 4,
+                          .n_kv_heads = 2,
+                          .head_dim = 8,
+                          .elem_size = 2};
+    uint64_t pool = duet_kv_total_bytes(&l) + 32 * duet_xfer_stage_unit_bytes(&l);
     char why[96];
     (void)state;
-    assert_int_equal(duet_xfer_pack_check_stage(8, pages, 3, 32, why, sizeof(why)), 0);
-    assert_int_equal(duet_xfer_pack_check_stage(3, pages, 3, 32, why, sizeof(why)), 0);
-    assert_int_equal(duet_xfer_pack_check_stage(29, pages, 3, 32, why, sizeof(why)), -1);
-    assert_string_equal(why, "staging pages [29, 32) hold request page 30");
-    assert_int_equal(duet_xfer_pack_check_stage(0, pages, 3, 32, why, sizeof(why)), -1);
-    assert_string_equal(why, "staging pages [0, 3) hold request page 2");
-    assert_int_equal(duet_xfer_pack_check_stage(30, pages, 3, 32, why, sizeof(why)), -1);
-    assert_string_equal(why, "staging pages [30, 33) outside the pool's 32");
-    assert_int_equal(duet_xfer_pack_check_stage(-1, pages, 3, 32, why, sizeof(why)), -1);
-    assert_string_equal(why, "staging pages [-1, 2) outside the pool's 32");
-    assert_int_equal(duet_xfer_pack_check_stage(INT32_MAX, pages, 3, 32, why, sizeof(why)), -1);
+    assert_int_equal(duet_xfer_stage_units(&l, pool), 32);
+    assert_int_equal(duet_xfer_stage_units(&l, pool - 1), 31);
+    assert_int_equal(duet_xfer_stage_units(&l, duet_kv_total_bytes(&l)), 0);
+    assert_int_equal(duet_xfer_pack_units(&l, 5, 2), 5);
+    assert_int_equal(duet_xfer_pack_units(&l, 5, 3), 8);
+    assert_int_equal(duet_xfer_pack_check_stage(&l, pool, 0, 32, why, sizeof(why)), 0);
+    assert_int_equal(duet_xfer_pack_check_stage(&l, pool, 29, 3, why, sizeof(why)), 0);
+    assert_int_equal(duet_xfer_pack_check_stage(&l, pool, 30, 3, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging units [30, 33) outside the 32-unit arena");
+    assert_int_equal(duet_xfer_pack_check_stage(&l, pool, -1, 3, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging units [-1, 2) outside the 32-unit arena");
+    assert_int_equal(duet_xfer_pack_check_stage(&l, pool, 0, 0, why, sizeof(why)), -1);
+    assert_int_equal(duet_xfer_pack_check_stage(&l, pool, INT32_MAX, 3, why, sizeof(why)), -1);
+    assert_int_equal(
+        duet_xfer_pack_check_stage(&l, duet_kv_total_bytes(&l), 0, 1, why, sizeof(why)), -1);
+    assert_string_equal(why, "staging units [0, 1) outside the 0-unit arena");
 }
 
 int main(void)

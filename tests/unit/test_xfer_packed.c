@@ -3,13 +3,14 @@
  * tcp,self, or DUET_XFER_TLS alone).
  *
  * The prefill child stands in for the engine: it fills pattern pages, packs
- * them into its staging pages with duet_xfer_pack_copies +
+ * them into its staging arena with duet_xfer_pack_copies +
  * duet_kv_copy_apply_host (all layers before one send, or layer by layer
  * between duet_xfer_send_layers calls), and sends packed; the decode child
  * unpacks its staging the same way once its ranks completed, then checks
  * every byte of every destination page, and that no other page was
- * written.  Puts per prefill rank are exactly runs x 2 x layers.  Plus the
- * refusals: staging that overlaps the request or leaves the pool, a packed
+ * written.  Puts per prefill rank: one per run when every layer is released
+ * at once, at most runs x layers when they are released one by one.  Plus
+ * the refusals: staging that leaves the arena, a packed
  * slice for a per-page expectation and the reverse, and a corrupted packed
  * put caught by the checksum over the staging. */
 #include <setjmp.h>
@@ -24,11 +25,11 @@
 #include "tests/integration/xfer/xfer_scenes.h"
 #include "transfer/xfer_pack.h"
 
-/* Request pages are scattered in [0, PK_AREA); staging lives above it:
- * request q stages at PK_AREA + q * PK_SLOT on prefill and 2 pages further on
+/* Request pages are scattered in [0, PK_AREA); staging lives in the arena:
+ * request q stages at unit q * PK_SLOT on prefill and 2 units further on
  * decode, so a mix-up of the two shows. */
 #define PK_AREA  48
-#define PK_SLOT  24
+#define PK_SLOT  48
 #define PK_SHIFT 2
 #define PK_REQS  2
 
@@ -47,7 +48,7 @@ static void pk_pages(int32_t *pages, int n, int prefill, int req)
 
 static int32_t pk_stage(int prefill, int req)
 {
-    return PK_AREA + req * PK_SLOT + (prefill ? 0 : PK_SHIFT);
+    return req * PK_SLOT + (prefill ? 0 : PK_SHIFT);
 }
 
 /* Prefill: junk everywhere, the pattern in the requests' pages. */
@@ -68,26 +69,23 @@ static void pk_fill(duet_testkit_side_t *sd, int n)
     }
 }
 
-/* Stage (unpack = 0, on prefill rank `rank`: the heads its runs send) or
- * unstage (unpack = 1, on decode rank `rank`: every head) request q's layers
- * [l0, l1), as the engine would. */
+/* Stage (unpack = 0, on prefill rank `rank`: the runs it sends) or
+ * unstage (unpack = 1, on decode rank `rank`: the runs it receives) request
+ * q's layers [l0, l1), as the engine would. */
 static int pk_copy(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int rank, int q, int n,
                    int unpack, int l0, int l1)
 {
     const duet_kv_layout_t *l = &sd->layout;
     int32_t pages[POOL_PAGES];
-    uint8_t heads[64];
-    duet_kv_copy_t *copies = duet_malloc(sizeof(*copies) * (size_t)n * (size_t)l->n_kv_heads);
+    const duet_slice_run_t *runs;
+    int n_runs = unpack ? duet_slice_plan_dst_runs(plan, rank, &runs)
+                        : duet_slice_plan_src_runs(plan, rank, &runs);
+    duet_kv_copy_t *copies =
+        duet_malloc(sizeof(*copies) * ((size_t)n * (size_t)duet_xfer_pack_slots(runs, n_runs) + 1));
     int nc;
     DUET_TESTKIT_CHECK(copies != NULL, "out of memory");
     pk_pages(pages, n, !unpack, q);
-    if (!unpack) {
-        const duet_slice_run_t *runs;
-        int n_runs = duet_slice_plan_src_runs(plan, rank, &runs);
-        duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
-    }
-    nc = duet_xfer_pack_copies(l, pages, n, pk_stage(!unpack, q), unpack ? NULL : heads, unpack,
-                               copies);
+    nc = duet_xfer_pack_copies(l, pages, n, pk_stage(!unpack, q), runs, n_runs, unpack, copies);
     for (int layer = l0; layer < l1; layer++)
         duet_kv_copy_apply_host(l, sd->base[rank], layer, copies, nc);
     duet_free(copies);
@@ -174,7 +172,7 @@ static int pk_rest_untouched(duet_testkit_side_t *sd, int n)
         int32_t pages[POOL_PAGES];
         pk_pages(pages, n, 0, q);
         for (int i = 0; i < n; i++)
-            used[pages[i]] = used[pk_stage(0, q) + i] = 1;
+            used[pages[i]] = 1;
     }
     for (int d = 0; d < sd->tp; d++)
         for (int pg = 0; pg < POOL_PAGES; pg++)
@@ -184,10 +182,11 @@ static int pk_rest_untouched(duet_testkit_side_t *sd, int n)
     return 0;
 }
 
-static uint64_t pk_puts_expected(const duet_slice_plan_t *plan, int s)
+/* Puts of prefill rank s for `chunks` chunks of layers. */
+static uint64_t pk_puts_expected(const duet_slice_plan_t *plan, int s, int chunks)
 {
     const duet_slice_run_t *runs;
-    return (uint64_t)duet_slice_plan_src_runs(plan, s, &runs) * 2u * LAYERS;
+    return (uint64_t)duet_slice_plan_src_runs(plan, s, &runs) * (uint64_t)chunks;
 }
 
 /* ---- scenario: plans ---------------------------------------------------------------------- */
@@ -238,11 +237,16 @@ static int plans_prefill(void *arg)
                                                     duet_deadline_in_ms(WAIT_MS), &res));
                 DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d request %d: %s", s, q,
                                    res.detail);
-                DUET_TESTKIT_CHECK(res.puts == pk_puts_expected(plan, s),
+                /* request 0: every layer at once, one chunk; request 1:
+                 * layer by layer, one chunk each unless posting lagged */
+                DUET_TESTKIT_CHECK(q == 0 ? res.puts == pk_puts_expected(plan, s, 1)
+                                          : res.puts >= pk_puts_expected(plan, s, 1) &&
+                                                res.puts <= pk_puts_expected(plan, s, LAYERS),
                                    "prefill rank %d request %d (%d pages): %llu puts, expected "
-                                   "%llu",
+                                   "%llu (one chunk) to %llu (one per layer)",
                                    s, q, n, (unsigned long long)res.puts,
-                                   (unsigned long long)pk_puts_expected(plan, s));
+                                   (unsigned long long)pk_puts_expected(plan, s, 1),
+                                   (unsigned long long)pk_puts_expected(plan, s, LAYERS));
                 puts += res.puts;
             }
             DUET_TESTKIT_CHECK(stats_of(&sd, s).puts == puts,
@@ -312,19 +316,21 @@ static int plans_decode(void *arg)
 #define RF_N  19
 
 /* The caller's staging mistakes are refused before anything moves.  Case
- * k of the sends: src_stage0 / dst_stage0 (INT32_MIN: the default; -2: a
- * range starting at that side's 5th request page, which it then holds). */
+ * k of the sends: src_stage0 / dst_stage0 (INT32_MIN: the default). */
 static int refuse_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
 {
     static const struct {
         int32_t src, dst;
         const char *want;
     } cases[] = {
-        {-1, INT32_MIN, "prefill rank 0: source staging pages [-1, 18) outside the pool's 96"},
-        {90, INT32_MIN, "prefill rank 0: source staging pages [90, 109) outside the pool's 96"},
-        {-2, INT32_MIN, "prefill rank 0: source staging pages [%d, %d) hold request page"},
-        {INT32_MIN, 80, "decode rank 0: destination staging pages [80, 99) outside the pool's 96"},
-        {INT32_MIN, -2, "decode rank 0: destination staging pages [%d, %d) hold request page"},
+        {-1, INT32_MIN, "prefill rank 0: source staging units [-1, "},
+        {90, INT32_MIN, "prefill rank 0: source staging units [90, "},
+        {INT32_MIN, 80,
+         "decode rank 0: destination staging units [80, 99) outside the 96-unit "
+         "arena"},
+        {INT32_MIN, -3,
+         "decode rank 0: destination staging units [-3, 16) outside the 96-unit "
+         "arena"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         int32_t a[POOL_PAGES], b[POOL_PAGES];
@@ -333,11 +339,10 @@ static int refuse_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
         char want[128];
         duet_status_t st;
         if (cases[k].src != INT32_MIN)
-            x.src_stage0 = cases[k].src == -2 ? a[4] : cases[k].src;
+            x.src_stage0 = cases[k].src;
         if (cases[k].dst != INT32_MIN)
-            x.dst_stage0 = cases[k].dst == -2 ? b[4] : cases[k].dst;
-        snprintf(want, sizeof(want), cases[k].want, (int)(cases[k].src == -2 ? a[4] : b[4]),
-                 (int)(cases[k].src == -2 ? a[4] : b[4]) + RF_N);
+            x.dst_stage0 = cases[k].dst;
+        snprintf(want, sizeof(want), "%s", cases[k].want);
         duet_error_clear();
         st = duet_xfer_send_begin(duet_xfer_rank(sd->x, 0), &x);
         DUET_TESTKIT_CHECK(st == DUET_ERR_INVALID && strstr(duet_error_msg(), want),
@@ -354,8 +359,7 @@ static int refuse_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
     return 0;
 }
 
-/* Case k of the expectations: dst_stage0 (-2: a range starting at the 5th
- * request page). */
+/* Case k of the expectations: dst_stage0. */
 static int refuse_expect(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
 {
     int32_t pages[POOL_PAGES];
@@ -365,27 +369,26 @@ static int refuse_expect(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
         const char *want;
     } cases[] = {
         {-5, DUET_XFER_EXPECT_PACKED,
-         "decode rank 0: staging pages [-5, 14) outside the pool's 96"},
+         "decode rank 0: staging units [-5, 14) outside the 96-unit arena"},
         {78, DUET_XFER_EXPECT_PACKED,
-         "decode rank 0: staging pages [78, 97) outside the pool's 96"},
-        {-2, DUET_XFER_EXPECT_PACKED, "decode rank 0: staging pages [%d, %d) hold request page"},
+         "decode rank 0: staging units [78, 97) outside the 96-unit arena"},
         {50, 1u << 5, "unknown flags 0x20"},
     };
     pk_pages(pages, RF_N, 0, 0);
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        int32_t stage0 = cases[k].stage0 == -2 ? pages[4] : cases[k].stage0;
+        int32_t stage0 = cases[k].stage0;
         duet_xfer_expect_t e =
             pk_expect_desc(sd, plan, 0, 800 + k, pages, RF_N, cases[k].flags, stage0);
         char want[128];
         duet_status_t st;
-        snprintf(want, sizeof(want), cases[k].want, (int)stage0, (int)stage0 + RF_N);
+        snprintf(want, sizeof(want), "%s", cases[k].want);
         duet_error_clear();
         st = duet_xfer_recv_expect(duet_xfer_rank(sd->x, 0), &e);
         DUET_TESTKIT_CHECK(st == DUET_ERR_INVALID && strstr(duet_error_msg(), want),
                            "expect case %zu: %s '%s', expected '%s'", k, duet_status_name(st),
                            duet_error_msg(), want);
     }
-    /* staging may sit anywhere else, even below the request's pages */
+    /* staging may sit anywhere in the arena */
     {
         int32_t hi[3] = {90, 91, 95};
         duet_xfer_expect_t e = pk_expect_desc(sd, plan, 0, 810, hi, 3, DUET_XFER_EXPECT_PACKED, 0);
@@ -424,7 +427,8 @@ static int refuse_prefill(void *arg)
                            "request %d: %s (%s)", 3000 + k, duet_status_name(res.status),
                            res.detail);
     }
-    /* 3002: the 6th put's source flips after its checksum; 3003 is fine */
+    /* 3002: the 2nd put (every layer is released at once: one put per run)
+     * lands corrupted; 3003 is fine */
     for (int k = 0; k < 2; k++) {
         int32_t a[POOL_PAGES], b[POOL_PAGES];
         duet_xfer_send_t x = pk_send_desc(&sd, plan, 0, 3002 + (uint64_t)k, k, RF_N, a, b,
@@ -432,7 +436,7 @@ static int refuse_prefill(void *arg)
         if (pk_copy(&sd, plan, 0, k, RF_N, 0, 0, LAYERS))
             return 1;
         if (k == 0)
-            duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 5);
+            duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 1);
         DUET_TESTKIT_OK(duet_xfer_send_post(duet_xfer_rank(sd.x, 0), &x, TOKEN));
         if (send_result(&sd, 0, 3002 + (uint64_t)k, &res))
             return 1;

@@ -78,6 +78,7 @@ static inline void side_init(duet_testkit_side_t *sd, const spec_t *sp, duet_xfe
     sd->tls = sp->tls;
     sd->early_ttl_ms = sp->early_ttl_ms;
     sd->registered = role == DUET_XFER_PREFILL ? sp->reg_p : sp->reg_d;
+    sd->stage_units = 96; /* packed transfers' staging arena */
 }
 
 static inline int head0_of(int H, int tp, int rank)
