@@ -36,7 +36,9 @@ fi
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 C=$ROOT/.devcarry/gxfer
-BIN=$C/bin/bench_gpu_transfer
+# GXFER_BIN: another build of the bench with the same libraries (a same-run
+# baseline: run_packed.sh's auto-old mode)
+BIN=${GXFER_BIN:-$C/bin/bench_gpu_transfer}
 
 if [ "${1:-}" = "--build" ]; then
     set -e

@@ -15,7 +15,9 @@
 #           when P != D) for every pair the GPUs allow (1x1 1x2 2x1; 2x4
 #           4x2 with 4 GPUs) at 512-8192 tokens, then the same with
 #           DUET_XFER_ARM_DEVICE=1 (the old progress-thread sleep) as the
-#           same-run baseline; BENCH_MODES picks others (packed, device);
+#           same-run baseline; BENCH_MODES picks others (packed, device;
+#           auto-old: .devcarry/gxfer/bin/bench_gpu_transfer.old, an older
+#           build put there by hand, with --mirror auto);
 #           cudaMemcpyPeer as the reference
 #   checksum  --mirror auto with --checksum (the CRC32C of every slice
 #           computed on the GPU on both sides): e2e against `bench` is the
@@ -53,6 +55,8 @@ for what in "$@"; do
         for mode in $modes; do
             case $mode in
             auto-arm) mirror=auto; export DUET_XFER_ARM_DEVICE=1 ;;
+            auto-old) mirror=auto; unset DUET_XFER_ARM_DEVICE
+                export GXFER_BIN=$ROOT/.devcarry/gxfer/bin/bench_gpu_transfer.old ;;
             *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
             esac
             log=${OUT:-/tmp}/packed-bench-$mode${crc[0]:+-crc}.log
@@ -62,6 +66,7 @@ for what in "$@"; do
                 --variants spread "${crc[@]}" > "$log" 2>&1 || rc=1
             grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "$log" | \
                 grep -E "^spread|^copy|exit|corrupt|FAIL|error" | head -60
+            unset GXFER_BIN
         done
         unset DUET_XFER_ARM_DEVICE
         ;;
