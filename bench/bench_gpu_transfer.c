@@ -290,7 +290,8 @@ struct gside {
     _Atomic uint64_t cur_id;
     atomic_int landed; /* layers landed in the mirror this round, all ranks */
     atomic_int post_errors;
-    _Atomic int64_t landed_ns; /* when the last of them landed */
+    _Atomic int64_t landed_ns;   /* when the last of them landed */
+    _Atomic int64_t launched_ns; /* --layer-done event: when the last launcher had queued all */
 };
 
 static int max_pages(const bench_t *b)
@@ -666,6 +667,9 @@ static void *layer_launcher(void *arg)
             goto err_launch;
         atomic_store(&k->recorded, l + 1);
     }
+    int64_t now = duet_now_ns(), prev = atomic_load(&g->launched_ns);
+    while (now > prev && !atomic_compare_exchange_weak(&g->launched_ns, &prev, now)) {
+    }
     return NULL;
 err_launch:
     atomic_fetch_add(&g->post_errors, 1);
@@ -813,7 +817,7 @@ static int bench_decode(void *arg)
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
-enum { T_E2E, T_EXPORT, T_PUTS, T_IMPORT, T_PUT1, T_N };
+enum { T_E2E, T_EXPORT, T_PUTS, T_IMPORT, T_PUT1, T_LAUNCH, T_N };
 
 /* One request; t[] gets the stage times in seconds. */
 static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int32_t *pages,
@@ -853,6 +857,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     atomic_store(&g->cur_id, id);
     atomic_store(&g->landed, 0);
     atomic_store(&g->landed_ns, 0);
+    atomic_store(&g->launched_ns, 0);
     t0 = duet_now_ns();
     /* what the rank threads do as each layer's KV is stored; --mirror device
      * exports nothing (the pool was rewritten and synchronised before t0)
@@ -917,6 +922,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
     duet_free(reply);
     t[T_E2E] = (double)(t1 - t0) / 1e9;
     t[T_EXPORT] = (double)(atomic_load(&g->landed_ns) - t0) / 1e9;
+    t[T_LAUNCH] = b->event_done ? (double)(atomic_load(&g->launched_ns) - t0) / 1e9 : 0.0;
     t[T_PUTS] = (double)(t_recv - atomic_load(&g->landed_ns)) / 1e9;
     t[T_IMPORT] = (double)(t1 - t_recv) / 1e9;
     /* one put of the same bytes, mirror to mirror (--mirror device: device
@@ -978,10 +984,11 @@ static int bench_prefill(void *arg)
         uint64_t puts = 0;
         for (int s = 0; s < g->tp; s++)
             puts += g->rk[s].puts;
-        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu%s\n",
+        printf("%-7s %2d %2d %6d %7.0f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7llu "
+               "%9.2f%s\n",
                b->variant, b->P, b->D, b->tokens[i], bytes / 1048576.0, e2e, med[T_EXPORT] * 1e3,
                med[T_PUTS] * 1e3, med[T_IMPORT] * 1e3, put, model, ref, ref > 0 ? e2e / ref : 0.0,
-               (unsigned long long)puts,
+               (unsigned long long)puts, med[T_LAUNCH] * 1e3,
                !b->auto_pack ? ""
                : b->packed   ? " packed"
                              : " direct");
@@ -1342,10 +1349,11 @@ int main(int argc, char **argv)
                "1/(1/min(d2h, put) + 1/h2d), the staged path with perfect overlap;\n",
                b.rounds);
     printf("# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
-           "same size; every destination byte verified after every transfer\n");
-    printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s %7s\n", "# var", "P", "D",
+           "same size; every destination byte verified after every transfer; launch: when the "
+           "last prefill rank had queued its layers (--layer-done event)\n");
+    printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s %7s %9s\n", "# var", "P", "D",
            "tokens", "MiB", "e2e_GB/s", "export_ms", "puts_ms", "import_ms", "put_GB/s", "model",
-           "ref", "e2e/ref", "puts");
+           "ref", "e2e/ref", "puts", "launch_ms");
     for (char *vsave = NULL, *var = strtok_r(variants_buf, ",", &vsave); var != NULL;
          var = strtok_r(NULL, ",", &vsave)) {
         char plans[128];
