@@ -9,8 +9,10 @@
 #
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/serve_gpu.sh
 #
-# SERVE_LAYOUTS picks layouts (names below); results: one line per (layout,
-# rate) and the bench-serve JSON under ${OUT:-/tmp}/serve-*.json.  Each
+# SERVE_LAYOUTS picks layouts (names below), SERVE_PRESET another mkmodel
+# preset (e.g. llama-3.2-1b-shape: a 2.5 GB checkpoint that loads in
+# seconds); results: one line per (layout, rate) and the bench-serve JSON
+# under ${OUT:-/tmp}/serve-*.json.  Each
 # layout starts its daemons afresh: loading the 16 GB checkpoint takes ~2
 # minutes per process on an H200 host (SERVE_READY_S, default 600), so a
 # run of all five layouts needs more than one 10-minute device call.
@@ -20,14 +22,15 @@ set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/daemons_env.sh
 W=$(mktemp -d)
-M=${MODEL_DIR:-/tmp/duet-8b}
+PRESET=${SERVE_PRESET:-llama-3-8b-shape}
+M=${MODEL_DIR:-/tmp/duet-$PRESET}
 RATES=${SERVE_RATES:-2,4,8}
 N=${SERVE_REQUESTS:-64}
-echo "# $(date -u +%FT%TZ) $CARD x$NGPU"
+echo "# $(date -u +%FT%TZ) $CARD x$NGPU, $PRESET, rates $RATES, $N requests each"
 if [ ! -f "$M/config.json" ]; then
     t0=$(date +%s)
-    "$BIN/duet" mkmodel --out "$M" --preset llama-3-8b-shape --dtype bf16 >/dev/null || exit 1
-    echo "# mkmodel llama-3-8b-shape bf16: $(( $(date +%s) - t0 )) s"
+    "$BIN/duet" mkmodel --out "$M" --preset "$PRESET" --dtype bf16 >/dev/null || exit 1
+    echo "# mkmodel $PRESET bf16: $(( $(date +%s) - t0 )) s"
 fi
 # name: prefill entries | decode entries (tp:devices[:prefill_local])
 declare -A L
