@@ -16,8 +16,8 @@
 # layout starts its daemons afresh: loading the 16 GB checkpoint takes ~2
 # minutes per process on an H200 host (SERVE_READY_S, default 600), so a
 # run of all five layouts needs more than one 10-minute device call.
-# First run (2026-11-26, 4x H200) only established that: the 120 s wait it
-# had then was too short; no serving figures yet.
+# The first runs (2026-11-26) never got past start-up: the readiness check
+# used curl, which the GPU hosts do not have (now python3).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/daemons_env.sh
@@ -76,8 +76,15 @@ JSON
     ok=0
     # a 16 GB checkpoint of random weights loads in ~2 minutes per process
     for i in $(seq 1 $((2 * ${SERVE_READY_S:-600}))); do
-        if curl -sf "http://127.0.0.1:$hp/health" >/dev/null 2>&1 &&
-            [ "$(curl -s "http://127.0.0.1:$hp/workers" | grep -o '"healthy": *true' | wc -l)" -ge "$(echo $pre $dec | wc -w)" ]; then
+        # (python, not curl: the GPU hosts have no curl)
+        if python3 - "http://127.0.0.1:$hp" "$(echo $pre $dec | wc -w)" <<'PY' 2>/dev/null; then
+import json, sys, urllib.request
+base, want = sys.argv[1], int(sys.argv[2])
+urllib.request.urlopen(base + "/health", timeout=2).read()
+w = json.load(urllib.request.urlopen(base + "/workers", timeout=2))
+ws = w if isinstance(w, list) else w.get("workers", [])
+sys.exit(0 if sum(1 for x in ws if x.get("healthy")) >= want else 1)
+PY
             ok=1; break
         fi
         sleep 0.5
