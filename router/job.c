@@ -238,10 +238,12 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     job->decode_held = true;
     int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
-    DUET_LOG_DEBUG("request %s -> prefill %s decode %s (attempt %d)", job->request_id,
+    DUET_LOG_DEBUG("request %s -> prefill %s decode %s (attempt %d, router_cached_tokens %zu)",
+                   job->request_id,
                    p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p)
                           : "(the decode's own)",
-                   duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts);
+                   duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts,
+                   cached);
     atomic_fetch_add(&job->refs, 1); /* the stream's */
     st = duet_rpc_client_stream(rt->cli,
                                 duet_router_workers_address(rt->workers, DUET_ROLE_DECODE, d),
