@@ -25,7 +25,7 @@ struct duet_router_cache_index {
     uint32_t cap;  /* nodes allocated */
     uint32_t used; /* nodes ever handed out (the rest of cap is untouched) */
     uint32_t *buckets;
-    uint32_t n_buckets; /* 0 or a power of two */
+    uint32_t n_buckets;  /* 0 or a power of two */
     uint32_t head, tail; /* most and least recent */
     uint32_t free;
     size_t pages;

@@ -116,9 +116,9 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
     duet__v1__generate_request__pack(req, job->req);
     if (rt->policy == DUET_ROUTER_POLICY_CACHE_AWARE &&
         req->prompt_case == DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS) {
-        duet_status_t st = duet_router_cache_keys(req->token_ids->ids, req->token_ids->n_ids,
-                                                  (size_t)rt->cfg->page_size, &job->keys,
-                                                  &job->key.n_keys);
+        duet_status_t st =
+            duet_router_cache_keys(req->token_ids->ids, req->token_ids->n_ids,
+                                   (size_t)rt->cfg->page_size, &job->keys, &job->key.n_keys);
         if (st != DUET_OK) {
             duet__job_unref(job);
             return st;
@@ -208,8 +208,8 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     duet_prefill_local_t local =
         d >= 0 ? duet_router_workers_prefill_local(rt->workers, d) : DUET_PREFILL_LOCAL_OFF;
     if (d >= 0 && local != DUET_PREFILL_LOCAL_ALWAYS && have_prefill)
-        p = duet_router_workers_pick_keyed(rt->workers, DUET_ROLE_PREFILL, old_p, false,
-                                           &job->key, NULL);
+        p = duet_router_workers_pick_keyed(rt->workers, DUET_ROLE_PREFILL, old_p, false, &job->key,
+                                           NULL);
     if (d < 0 || (p < 0 && local == DUET_PREFILL_LOCAL_OFF) ||
         (need_new && p == old_p && d == old_d)) {
         bool decodes = duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0;
@@ -238,12 +238,11 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     job->decode_held = true;
     int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
-    DUET_LOG_DEBUG("request %s -> prefill %s decode %s (attempt %d, router_cached_tokens %zu)",
-                   job->request_id,
-                   p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p)
-                          : "(the decode's own)",
-                   duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts,
-                   cached);
+    DUET_LOG_DEBUG(
+        "request %s -> prefill %s decode %s (attempt %d, router_cached_tokens %zu)",
+        job->request_id,
+        p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p) : "(the decode's own)",
+        duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts, cached);
     atomic_fetch_add(&job->refs, 1); /* the stream's */
     st = duet_rpc_client_stream(rt->cli,
                                 duet_router_workers_address(rt->workers, DUET_ROLE_DECODE, d),

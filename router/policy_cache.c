@@ -132,14 +132,15 @@ void duet_router_cache_aware_choose(duet_router_cache_aware_t *ca, duet_role_t r
             if (!cands[i].eligible)
                 continue;
             m = duet__match(ca, role, i, instances[i], key);
-            if (best < 0 || m > best_pages || (m == best_pages && cands[i].load < cands[best].load)) {
+            if (best < 0 || m > best_pages ||
+                (m == best_pages && cands[i].load < cands[best].load)) {
                 best = (int)i;
                 best_pages = m;
             }
         }
         pthread_mutex_unlock(&ca->lock);
-        if (best_pages > 0 &&
-            (double)(best_pages * ca->page_size) >= ca->cfg.min_match_ratio * (double)key->n_tokens) {
+        if (best_pages > 0 && (double)(best_pages * ca->page_size) >=
+                                  ca->cfg.min_match_ratio * (double)key->n_tokens) {
             choice->idx = best;
             choice->reason = DUET_ROUTER_CA_PREFIX;
         } else {

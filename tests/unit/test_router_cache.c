@@ -28,7 +28,8 @@
 static void prompt(int32_t *ids, size_t n, size_t sys, uint32_t seed)
 {
     for (size_t i = 0; i < n; i++)
-        ids[i] = i < sys ? (int32_t)(1000 + i) : (int32_t)((seed * 2654435761u + i * 40503u) % 30000);
+        ids[i] =
+            i < sys ? (int32_t)(1000 + i) : (int32_t)((seed * 2654435761u + i * 40503u) % 30000);
 }
 
 static void test_keys(void **state)
@@ -403,9 +404,10 @@ static void test_config(void **state)
 {
     duet_cluster_config_t *cfg;
     const char *dflt = "{\"model\": \"m\"}";
-    const char *set = "{\"model\": \"m\", \"router\": {\"policy\": \"cache_aware\", \"cache_aware\":"
-                      " {\"balance_abs_threshold\": 3, \"min_match_ratio\": 0.5,"
-                      " \"max_tree_tokens\": 4096}}}";
+    const char *set =
+        "{\"model\": \"m\", \"router\": {\"policy\": \"cache_aware\", \"cache_aware\":"
+        " {\"balance_abs_threshold\": 3, \"min_match_ratio\": 0.5,"
+        " \"max_tree_tokens\": 4096}}}";
     (void)state;
     assert_int_equal(duet_cluster_parse(dflt, strlen(dflt), "test", NULL, &cfg), DUET_OK);
     assert_true(cfg->router.cache_aware.balance_abs_threshold == 16);
