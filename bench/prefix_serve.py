@@ -31,6 +31,7 @@ bench-serve JSON and a summary.json go under --out.
 usage: bench/prefix_serve.py BUILD_DIR [--rates 50] [--requests 400]
            [--configs off-round_robin,off-cache_aware,on-round_robin,on-cache_aware]
            [--workloads shared,trace] [--baseline round_robin] [--out DIR]
+           [--cache-aware '{"balance_abs_threshold": 4}']
 """
 import argparse
 import json
@@ -49,10 +50,13 @@ TRACE = os.path.join(os.path.dirname(SRC), "shared", "traces", "conversation_tra
 CACHE_WORDS = ("cache", "hit")
 
 
-def cluster(build, cache, policy):
+def cluster(build, cache, policy, cache_aware=None):
     extra = {"prefix_cache": True} if cache else {}
+    router = {"policy": policy}
+    if cache_aware:
+        router["cache_aware"] = cache_aware
     return Cluster(build, SRC, [("p0", 1, dict(extra)), ("p1", 1, dict(extra))],
-                   [("d0", 1, dict(extra)), ("d1", 1, dict(extra))], router={"policy": policy})
+                   [("d0", 1, dict(extra)), ("d1", 1, dict(extra))], router=router)
 
 
 def cache_supported(build):
@@ -90,9 +94,14 @@ def counter_delta(before, after):
 
 
 def router_estimate(cl):
-    """{role: matched/prompt tokens} from the cache_aware metrics (router)."""
+    """{role: matched/prompt tokens} and {instance: routed} from the
+    cache_aware metrics (router)."""
     m = cl.metrics()
-    est = {}
+    est, routed = {}, {}
+    for k, v in m.items():
+        if k.startswith("duet_router_cache_aware_routed_total{"):
+            name = k.split('name="', 1)[1].split('"', 1)[0]
+            routed[name] = routed.get(name, 0) + int(v)
     for role in ("prefill", "decode"):
         matched = sum(v for k, v in m.items()
                       if k.startswith("duet_router_cache_aware_matched_tokens_total{") and
@@ -102,7 +111,7 @@ def router_estimate(cl):
                      'role="%s"' % role in k)
         if prompt:
             est[role] = matched / prompt
-    return est
+    return est, routed
 
 
 def bench(build, cl, workload, rate, n, a, out):
@@ -137,6 +146,9 @@ def main():
                     help="comma list of off-<policy> / on-<policy> (default: off and on with "
                          "the baseline and with cache_aware)")
     ap.add_argument("--workloads", default="shared,trace")
+    ap.add_argument("--cache-aware", default=None, metavar="JSON",
+                    help='router.cache_aware for the cache_aware runs, e.g. '
+                         '\'{"balance_abs_threshold": 4}\'')
     ap.add_argument("--prefix-len", type=int, default=256)
     ap.add_argument("--suffix-len", type=int, default=64)
     ap.add_argument("--num-prefixes", type=int, default=8)
@@ -163,7 +175,9 @@ def main():
             raise SystemExit("--configs: '%s' is not off-<policy> or on-<policy>" % conf)
         if state == "on" and not supported:
             continue
-        cl = cluster(build, state == "on", policy)
+        cl = cluster(build, state == "on", policy,
+                     json.loads(a.cache_aware) if a.cache_aware and policy == "cache_aware"
+                     else None)
         try:
             cl.start_workers()
             for wl in a.workloads.split(","):
@@ -175,18 +189,20 @@ def main():
                     runs = bench(build, cl, wl, rate, a.requests, a,
                                  os.path.join(a.out, "%s-%s-%s.json" % (conf, wl, rate)))
                     delta = counter_delta(before, cache_counters(cl))
-                    est = router_estimate(cl) if policy == "cache_aware" else {}
+                    est, routed = router_estimate(cl) if policy == "cache_aware" else ({}, {})
                     cl.stop("router")
                     for r in runs:
                         rows.append({"config": conf, "workload": wl, "daemon_cache": delta,
-                                     "router_estimate": est,
+                                     "router_estimate": est, "routed": routed,
                                      **{k: v for k, v in r.items() if not isinstance(v, list)}})
                         print("%-18s %-6s %5s/s: %6.1f req/s, goodput %6.1f, TTFT p50/p99 "
                               "%7.1f / %7.1f ms, TPOT p50 %5.2f ms  daemons %s  router est. %s"
+                              " routed %s"
                               % (conf, wl, r["request_rate"], r["request_throughput"],
                                  r["request_goodput"], r["median_ttft_ms"], r["p99_ttft_ms"],
                                  r["median_tpot_ms"], delta or "-",
-                                 {k: round(v, 3) for k, v in est.items()} or "-"), flush=True)
+                                 {k: round(v, 3) for k, v in est.items()} or "-",
+                                 routed or "-"), flush=True)
         finally:
             cl.stop_all()
     with open(os.path.join(a.out, "summary.json"), "w") as f:
