@@ -55,8 +55,8 @@ static const duet_cfg_field_t duet__router_fields[] = {
 };
 
 static const duet_cfg_field_t duet__cache_aware_fields[] = {
-    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, balance_abs_threshold, 0, 1e9, 16, "cache_aware: load imbalanced when max - min load exceeds this ..."),
-    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, balance_rel_threshold, 1, 1e9, 1.5, "... and max load exceeds this times min load: then the least loaded"),
+    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, balance_abs_threshold, 0, 100000, 16, "cache_aware: load imbalanced when max - min load exceeds this ..."),
+    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, balance_rel_threshold, 1, 100000, 1.5, "... and max load exceeds this times min load: then the least loaded"),
     DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, min_match_ratio, 0, 1, 0.3, "cache_aware: matched/prompt tokens needed to follow a prefix (else least loaded)"),
     DUET_CFG_F_I64(duet_router_cache_aware_config_t, max_tree_tokens, 1, 1LL << 40, 1 << 21, "cache_aware: prompt tokens remembered per instance (LRU beyond)"),
 };
