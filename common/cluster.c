@@ -10,6 +10,7 @@
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 static duet_status_t duet__parse_devices(const cJSON *item, void *field, const char *path);
+static duet_status_t duet__parse_cache_aware(const cJSON *item, void *field, const char *path);
 
 /* clang-format off */
 static const duet_cfg_field_t duet__instance_fields[] = {
@@ -51,6 +52,14 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, served_model_name, "", "model id in the API (\"\" = model directory name)"),
     DUET_CFG_F_STRING(duet_router_config_t, https_cert, "", "PEM certificate chain: HTTPS on router.http (\"\" = plain HTTP)"),
     DUET_CFG_F_STRING(duet_router_config_t, https_key, "", "PEM private key of router.https_cert"),
+    DUET_CFG_F_CUSTOM(duet_router_config_t, cache_aware, duet__parse_cache_aware, "object: the cache_aware policy's thresholds (router.cache_aware.*)"),
+};
+
+static const duet_cfg_field_t duet__cache_aware_fields[] = {
+    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, balance_abs_threshold, 0, 100000, 16, "cache_aware: load imbalanced when max - min load exceeds this ..."),
+    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, balance_rel_threshold, 1, 100000, 1.5, "... and max load exceeds this times min load: then the least loaded"),
+    DUET_CFG_F_DOUBLE(duet_router_cache_aware_config_t, min_match_ratio, 0, 1, 0.3, "cache_aware: matched/prompt tokens needed to follow a prefix (else least loaded)"),
+    DUET_CFG_F_I64(duet_router_cache_aware_config_t, max_tree_tokens, 1, 1LL << 40, 1 << 21, "cache_aware: prompt tokens remembered per instance (LRU beyond)"),
 };
 
 static const duet_cfg_field_t duet__auth_fields[] = {
@@ -112,6 +121,16 @@ static duet_status_t duet__parse_devices(const cJSON *item, void *field, const c
     }
     inst->n_devices = n;
     return DUET_OK;
+}
+
+/* router.cache_aware: its own table; the defaults are set before the
+ * router section is parsed (duet_cfg_defaults skips custom fields). */
+static duet_status_t duet__parse_cache_aware(const cJSON *item, void *field, const char *path)
+{
+    if (!cJSON_IsObject(item))
+        return duet_error(DUET_ERR_CONFIG, "%s: expected an object", path);
+    return duet_cfg_parse(item, path, duet__cache_aware_fields, N_OF(duet__cache_aware_fields),
+                          field);
 }
 
 static const char *const duet__prefill_local_names[] = {"off", "always", "auto"};
@@ -282,6 +301,8 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
     if ((st = duet__section(root, "kv", duet__kv_fields, N_OF(duet__kv_fields), &kv)) ||
         (st = duet__section(root, "transfer", duet__transfer_fields, N_OF(duet__transfer_fields),
                             &tr)) ||
+        (st = duet_cfg_defaults(duet__cache_aware_fields, N_OF(duet__cache_aware_fields),
+                                &cfg->router.cache_aware)) ||
         (st = duet__section(root, "router", duet__router_fields, N_OF(duet__router_fields),
                             &cfg->router)) ||
         (st =
@@ -399,6 +420,8 @@ void duet_cluster_describe(FILE *out)
     duet_cfg_describe(out, "kv.", duet__kv_fields, N_OF(duet__kv_fields));
     duet_cfg_describe(out, "transfer.", duet__transfer_fields, N_OF(duet__transfer_fields));
     duet_cfg_describe(out, "router.", duet__router_fields, N_OF(duet__router_fields));
+    duet_cfg_describe(out, "router.cache_aware.", duet__cache_aware_fields,
+                      N_OF(duet__cache_aware_fields));
     duet_cfg_describe(out, "auth.", duet__auth_fields, N_OF(duet__auth_fields));
     duet_cfg_describe(out, "prefill[]./decode[].", duet__instance_fields,
                       N_OF(duet__instance_fields));

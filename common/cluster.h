@@ -68,6 +68,15 @@ typedef struct {
     int stage_pages;
 } duet_instance_config_t;
 
+/* router.cache_aware: the cache_aware policy's thresholds
+ * (docs/kv-aware-routing.md). */
+typedef struct {
+    double balance_abs_threshold; /* load-score spread ... */
+    double balance_rel_threshold; /* ... and ratio above which the least loaded wins */
+    double min_match_ratio;       /* matched/prompt tokens needed to follow a prefix */
+    int64_t max_tree_tokens;      /* prompt tokens remembered per instance (LRU) */
+} duet_router_cache_aware_config_t;
+
 typedef struct {
     char *name;
     char *http;         /* host:port, "" = off */
@@ -85,6 +94,7 @@ typedef struct {
     char *served_model_name; /* "" = the model directory's name */
     char *https_cert;        /* PEM certificate chain for HTTPS ("" = plain HTTP) */
     char *https_key;         /* its private key (PEM) */
+    duet_router_cache_aware_config_t cache_aware;
 } duet_router_config_t;
 
 /* auth: how the cluster's gRPC servers authenticate their callers and how

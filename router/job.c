@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "router/cache_index.h"
 #include "router/router_internal.h"
 
 typedef enum {
@@ -35,6 +36,8 @@ struct duet_router_job {
     void *sink_arg;
     uint8_t *req; /* packed GenerateRequest */
     size_t req_len;
+    uint64_t *keys; /* cache_aware: the prompt's page keys (cache_index.h) */
+    duet_router_ca_key_t key;
     char *request_id;
     int64_t deadline_ns;
     int64_t t_create, t_admit;
@@ -69,6 +72,7 @@ static void duet__job_unref(duet_router_job_t *job)
         return;
     pthread_mutex_destroy(&job->lock);
     duet_free(job->req);
+    duet_free(job->keys);
     duet_free(job->request_id);
     duet_free(job->fin_raw);
     duet_free(job);
@@ -110,6 +114,18 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
         return duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a job");
     }
     duet__v1__generate_request__pack(req, job->req);
+    if (rt->policy == DUET_ROUTER_POLICY_CACHE_AWARE &&
+        req->prompt_case == DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS) {
+        duet_status_t st =
+            duet_router_cache_keys(req->token_ids->ids, req->token_ids->n_ids,
+                                   (size_t)rt->cfg->page_size, &job->keys, &job->key.n_keys);
+        if (st != DUET_OK) {
+            duet__job_unref(job);
+            return st;
+        }
+        job->key.keys = job->keys;
+        job->key.n_tokens = req->token_ids->n_ids;
+    }
     *job_p = job;
     return DUET_OK;
 }
@@ -125,13 +141,13 @@ static size_t duet__varint(uint8_t *p, uint64_t v)
 }
 
 /* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
- * prefill_target = 2, prefill_local = 4 when set}: written directly around
- * the already packed request. */
+ * prefill_target = 2, prefill_local = 4 when set, router_cached_tokens = 5
+ * when not 0}: written directly around the already packed request. */
 static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *target, bool local,
-                                     size_t *len_p)
+                                     size_t cached, size_t *len_p)
 {
     size_t tlen = strlen(target);
-    uint8_t *out = duet_malloc(job->req_len + tlen + 24), *p = out;
+    uint8_t *out = duet_malloc(job->req_len + tlen + 40), *p = out;
     if (out == NULL)
         return NULL;
     *p++ = (1 << 3) | 2;
@@ -145,6 +161,10 @@ static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *t
     if (local) {
         *p++ = (4 << 3) | 0;
         *p++ = 1;
+    }
+    if (cached > 0) {
+        *p++ = (5 << 3) | 0;
+        p += duet__varint(p, cached > UINT32_MAX ? UINT32_MAX : cached);
     }
     *len_p = (size_t)(p - out);
     return out;
@@ -172,6 +192,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
 {
     duet_router_t *rt = job->rt;
     int old_p = job->prefill, old_d = job->decode, p = -1, d;
+    size_t cached = 0; /* the decode's matched prefix (cache_aware) */
     duet_rpc_stream_t *stream = NULL;
     duet_status_t st;
     uint8_t *msg = NULL;
@@ -182,11 +203,13 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
      * locally qualify; a decode with prefill_local "always" gets no prefill,
      * one with "auto" gets one when there is one (it decides per request) */
     bool have_prefill = duet_router_workers_healthy(rt->workers, DUET_ROLE_PREFILL) > 0;
-    d = duet_router_workers_pick_decode(rt->workers, old_d, !have_prefill);
+    d = duet_router_workers_pick_keyed(rt->workers, DUET_ROLE_DECODE, old_d, !have_prefill,
+                                       &job->key, &cached);
     duet_prefill_local_t local =
         d >= 0 ? duet_router_workers_prefill_local(rt->workers, d) : DUET_PREFILL_LOCAL_OFF;
     if (d >= 0 && local != DUET_PREFILL_LOCAL_ALWAYS && have_prefill)
-        p = duet_router_workers_pick(rt->workers, DUET_ROLE_PREFILL, old_p);
+        p = duet_router_workers_pick_keyed(rt->workers, DUET_ROLE_PREFILL, old_p, false, &job->key,
+                                           NULL);
     if (d < 0 || (p < 0 && local == DUET_PREFILL_LOCAL_OFF) ||
         (need_new && p == old_p && d == old_d)) {
         bool decodes = duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0;
@@ -203,7 +226,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     duet__count_route(rt, p < 0);
     msg = duet__decode_request(
         job, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
-        &len);
+        cached, &len);
     if (msg == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
         goto err_release;
@@ -215,10 +238,11 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     job->decode_held = true;
     int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
-    DUET_LOG_DEBUG("request %s -> prefill %s decode %s (attempt %d)", job->request_id,
-                   p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p)
-                          : "(the decode's own)",
-                   duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts);
+    DUET_LOG_DEBUG(
+        "request %s -> prefill %s decode %s (attempt %d, router_cached_tokens %zu)",
+        job->request_id,
+        p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p) : "(the decode's own)",
+        duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts, cached);
     atomic_fetch_add(&job->refs, 1); /* the stream's */
     st = duet_rpc_client_stream(rt->cli,
                                 duet_router_workers_address(rt->workers, DUET_ROLE_DECODE, d),

@@ -8,6 +8,7 @@ static const char *const duet__policy_names[DUET_ROUTER_N_POLICIES] = {
     [DUET_ROUTER_POLICY_ROUND_ROBIN] = "round_robin",
     [DUET_ROUTER_POLICY_LEAST_LOAD] = "least_load",
     [DUET_ROUTER_POLICY_POWER_OF_TWO] = "power_of_two",
+    [DUET_ROUTER_POLICY_CACHE_AWARE] = "cache_aware",
 };
 
 int duet_router_policy_parse(const char *name)
@@ -96,6 +97,7 @@ int duet_router_policy_pick(duet_router_policy_t policy, const duet_router_cand_
         *cursor = (uint64_t)best + 1;
         return best;
     case DUET_ROUTER_POLICY_LEAST_LOAD:
+    case DUET_ROUTER_POLICY_CACHE_AWARE: /* without a prompt (policy_cache.h) */
         for (size_t k = 0; k < n; k++) {
             size_t i = (start + k) % n;
             if (cands[i].eligible && (best < 0 || cands[i].load < cands[best].load))

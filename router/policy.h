@@ -8,6 +8,9 @@
  *                 equal workers share traffic
  *   power_of_two  two distinct eligible candidates drawn at random, the
  *                 less loaded one wins (ties: the first drawn)
+ *   cache_aware   the longest prefix this router already sent there, unless
+ *                 the load is imbalanced (policy_cache.h); here, without a
+ *                 prompt, it picks as least_load
  *
  * The load score (duet_router_load_score) of a worker is
  *   max(queue_depth + running, inflight)  +  2 * used_page_fraction
@@ -27,11 +30,13 @@ typedef enum {
     DUET_ROUTER_POLICY_ROUND_ROBIN = 0,
     DUET_ROUTER_POLICY_LEAST_LOAD = 1,
     DUET_ROUTER_POLICY_POWER_OF_TWO = 2,
+    DUET_ROUTER_POLICY_CACHE_AWARE = 3,
 } duet_router_policy_t;
 
-#define DUET_ROUTER_N_POLICIES 3
+#define DUET_ROUTER_N_POLICIES 4
 
-/* The policy called name ("round_robin" | "least_load" | "power_of_two"),
+/* The policy called name ("round_robin" | "least_load" | "power_of_two" |
+ * "cache_aware"),
  * or -1 when there is none. */
 int duet_router_policy_parse(const char *name);
 /* The policy's name (static storage; "?" for a value out of range). */

@@ -165,6 +165,14 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
         goto err;
     if ((st = duet_router_policy_check(rc->policy, "router.policy", &rt->policy)) != DUET_OK)
         goto err;
+    if (rt->policy == DUET_ROUTER_POLICY_CACHE_AWARE &&
+        rc->cache_aware.max_tree_tokens < rt->cfg->page_size) {
+        st = duet_error(DUET_ERR_CONFIG,
+                        "router.cache_aware.max_tree_tokens: %lld is less than one KV page "
+                        "(kv.page_size %d)",
+                        (long long)rc->cache_aware.max_tree_tokens, rt->cfg->page_size);
+        goto err;
+    }
     if (rc->http[0] == '\0' && rc->grpc[0] == '\0') {
         st = duet_error(DUET_ERR_CONFIG, "router.http, router.grpc: both are off");
         goto err;

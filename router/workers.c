@@ -109,6 +109,7 @@ duet__worker_t *duet__workers_slot_alloc(duet_router_workers_t *w, duet_role_t r
             pthread_mutex_init(&c[k].lock, NULL);
             atomic_init(&c[k].healthy, false);
             atomic_init(&c[k].inflight, 0);
+            atomic_init(&c[k].instance, 0);
             atomic_init(&c[k].exited, false);
             atomic_init(&c[k].state, DUET__FREE);
         }
@@ -146,6 +147,7 @@ duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, cons
     snprintf(wk->last_error, sizeof(wk->last_error), "not checked yet");
     atomic_store(&wk->healthy, false);
     atomic_store(&wk->exited, false);
+    atomic_fetch_add(&wk->instance, 1);
     wk->state = DUET__ACTIVE;
     pthread_mutex_unlock(&wk->lock);
     return DUET_OK;
@@ -228,6 +230,7 @@ static bool duet__worker_probe(duet__worker_t *wk, char *err, size_t err_len)
         if (id == DUET_ROUTER_DISC_ID_RESTARTED) { /* a new instance: its own counts */
             wk->checks = wk->failures = 0;
             wk->last_ok_ns = 0;
+            atomic_fetch_add(&wk->instance, 1); /* and an empty cache */
         }
         wk->have_info = true;
         wk->tp = info->tp ? info->tp : wk->tp_config;
@@ -402,6 +405,10 @@ duet_status_t duet_router_workers_create(const duet_cluster_config_t *cfg,
         st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for workers");
         goto err;
     }
+    if (wc->policy == DUET_ROUTER_POLICY_CACHE_AWARE &&
+        (st = duet_router_cache_aware_create(&cfg->router.cache_aware, (size_t)cfg->page_size,
+                                             &w->ca)) != DUET_OK)
+        goto err;
     if ((st = duet__workers_fill(w, DUET_ROLE_PREFILL, cfg->prefill, cfg->n_prefill)) != DUET_OK ||
         (st = duet__workers_fill(w, DUET_ROLE_DECODE, cfg->decode, cfg->n_decode)) != DUET_OK)
         goto err;
@@ -486,6 +493,7 @@ void duet_router_workers_destroy(duet_router_workers_t *w)
             duet_free(w->chunks[r][c]);
         }
     }
+    duet_router_cache_aware_destroy(w->ca);
     pthread_cond_destroy(&w->disc_cond);
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->lock);
@@ -538,17 +546,22 @@ static double duet__worker_load(duet__worker_t *wk)
 
 int duet_router_workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid)
 {
-    return duet__workers_pick(w, role, avoid, false);
+    return duet__workers_pick(w, role, avoid, false, NULL, NULL);
 }
 
-int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated)
+int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated,
+                       const duet_router_ca_key_t *key, size_t *matched_p)
 {
     size_t n = atomic_load(&w->n_slots[role]);
     duet_router_cand_t stack[64], *c = n <= 64 ? stack : duet_malloc(n * sizeof(*c));
+    uint64_t inst_stack[64], *inst = n <= 64 ? inst_stack : duet_malloc(n * sizeof(*inst));
+    duet_router_ca_choice_t choice = {-1, DUET_ROUTER_CA_LOAD};
     int idx = -1;
 
-    if (c == NULL)
-        return -1;
+    if (matched_p != NULL)
+        *matched_p = 0;
+    if (c == NULL || inst == NULL)
+        goto out_free;
     /* a worker that left between the snapshot and the choice is dropped
      * from the candidates and the choice made again */
     for (int attempt = 0; attempt < 4 && idx < 0; attempt++) {
@@ -559,13 +572,21 @@ int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bo
             c[i].load = c[i].eligible && w->cfg.policy != DUET_ROUTER_POLICY_ROUND_ROBIN
                             ? duet__worker_load(wk)
                             : 0.0;
+            inst[i] = atomic_load(&wk->instance);
             eligible += c[i].eligible;
         }
         if (avoid >= 0 && (size_t)avoid < n && c[avoid].eligible && eligible > 1)
             c[avoid].eligible = false;
         pthread_mutex_lock(&w->lock);
         for (int k = 0; k < 4; k++) {
-            int i = duet_router_policy_pick(w->cfg.policy, c, n, &w->cursor[role], &w->rnd);
+            int i;
+            if (w->ca != NULL) {
+                duet_router_cache_aware_choose(w->ca, role, c, inst, n, key, &w->cursor[role],
+                                               &choice);
+                i = choice.idx;
+            } else {
+                i = duet_router_policy_pick(w->cfg.policy, c, n, &w->cursor[role], &w->rnd);
+            }
             if (i < 0)
                 break;
             duet__worker_t *wk = duet__slot(w, role, (size_t)i);
@@ -580,8 +601,16 @@ int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bo
         if (idx >= 0 || eligible == 0)
             break;
     }
+    if (idx >= 0 && w->ca != NULL) {
+        size_t m = duet_router_cache_aware_commit(w->ca, role, &choice, inst[idx], key);
+        if (matched_p != NULL)
+            *matched_p = m;
+    }
+out_free:
     if (c != stack)
         duet_free(c);
+    if (inst != inst_stack)
+        duet_free(inst);
     return idx;
 }
 

@@ -56,6 +56,7 @@
 #include "router/discovery.h"
 #include "router/metrics.h"
 #include "router/policy.h"
+#include "router/policy_cache.h"
 
 typedef struct duet_router_workers duet_router_workers_t;
 
@@ -151,6 +152,19 @@ const char *duet_router_workers_address(const duet_router_workers_t *w, duet_rol
 const char *duet_router_workers_name(const duet_router_workers_t *w, duet_role_t role, int idx);
 /* A request to this worker failed: check it now instead of at the next tick. */
 void duet_router_workers_suspect(duet_router_workers_t *w, duet_role_t role, int idx);
+
+/* ---- the cache_aware policy (workers_cache.c) ---- */
+/* Pick as duet_router_workers_pick (colocated false) or _pick_decode, with
+ * the prompt's page keys for the cache_aware policy (the others ignore
+ * key; NULL: none).  *matched_p (optional): the prompt prefix, in tokens,
+ * this router had already sent to the chosen worker (0 under the other
+ * policies). */
+int duet_router_workers_pick_keyed(duet_router_workers_t *w, duet_role_t role, int avoid,
+                                   bool colocated, const duet_router_ca_key_t *key,
+                                   size_t *matched_p);
+/* Append the duet_router_cache_aware_* metrics (nothing under the other
+ * policies). */
+void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_t *b);
 
 /* Copy slot idx's worker into info.  Returns false when the slot holds
  * none (info then describes its last worker, state REMOVED, or is zeroed

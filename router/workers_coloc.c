@@ -45,7 +45,7 @@ void duet__workers_info_local(duet__worker_t *wk, const Duet__V1__InfoResponse *
 
 int duet_router_workers_pick_decode(duet_router_workers_t *w, int avoid, bool colocated)
 {
-    return duet__workers_pick(w, DUET_ROLE_DECODE, avoid, colocated);
+    return duet__workers_pick(w, DUET_ROLE_DECODE, avoid, colocated, NULL, NULL);
 }
 
 duet_prefill_local_t duet_router_workers_prefill_local(duet_router_workers_t *w, int idx)

@@ -8,8 +8,9 @@
  * once it is LEAVING (so pick no longer takes it) and its in-flight count is
  * zero: an index held by a request therefore always names the same worker.
  * Name and address strings change only while a slot is FREE.  w->lock is a
- * leaf apart from the slots' locks: nothing else is taken under it (logging
- * aside), and on_change runs without it. */
+ * leaf apart from the slots' locks and the cache_aware policy's (itself a
+ * leaf): nothing else is taken under it (logging aside), and on_change runs
+ * without it. */
 #ifndef DUET_ROUTER_WORKERS_INTERNAL_H
 #define DUET_ROUTER_WORKERS_INTERNAL_H
 
@@ -20,6 +21,7 @@
 
 #include "duet/v1/common.pb-c.h"
 #include "router/discovery.h"
+#include "router/policy_cache.h"
 #include "router/workers.h"
 
 #define DUET__CHUNK      64
@@ -49,6 +51,7 @@ typedef struct {
 
     atomic_bool healthy;
     _Atomic int64_t inflight;
+    _Atomic uint64_t instance; /* bumped when the slot holds a new instance (cache_aware) */
 
     pthread_mutex_t lock; /* the fields below */
     bool poke;
@@ -97,6 +100,7 @@ struct duet_router_workers {
     _Atomic size_t n_slots[2];
     uint64_t cursor[2];
     uint64_t rnd;
+    duet_router_cache_aware_t *ca; /* policy cache_aware; its lock is a leaf under lock */
 };
 
 static inline duet__worker_t *duet__slot(const duet_router_workers_t *w, duet_role_t role, size_t i)
@@ -125,8 +129,9 @@ bool duet__workers_leave_locked(duet_router_workers_t *w, duet__worker_t *wk, co
 duet_status_t duet__workers_checker_start(duet__worker_t *wk);
 
 /* workers.c: pick among the healthy (with colocated: decodes that
- * prefill locally only) */
-int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated);
+ * prefill locally only); key and matched_p as duet_router_workers_pick_keyed */
+int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated,
+                       const duet_router_ca_key_t *key, size_t *matched_p);
 
 /* workers_coloc.c */
 /* Does the config list a decode with prefill_local not "off"? */

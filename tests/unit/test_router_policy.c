@@ -24,7 +24,7 @@ static void test_parse(void **state)
     assert_int_equal(duet_router_policy_parse("least_load"), DUET_ROUTER_POLICY_LEAST_LOAD);
     assert_int_equal(duet_router_policy_parse("power_of_two"), DUET_ROUTER_POLICY_POWER_OF_TWO);
     assert_int_equal(duet_router_policy_parse("random"), -1);
-    for (int p = 0; p < 3; p++)
+    for (int p = 0; p < DUET_ROUTER_N_POLICIES; p++)
         assert_int_equal(duet_router_policy_parse(duet_router_policy_name(p)), p);
 }
 
@@ -65,14 +65,15 @@ static void test_config_policy(void **state)
     char names[128];
     (void)state;
     router_rejects("{\"model\": \"x\", \"router\": {\"policy\": \"random\"}}", NULL,
-                   "router.policy: 'random' is not round_robin, least_load or power_of_two");
+                   "router.policy: 'random' is not round_robin, least_load, power_of_two or "
+                   "cache_aware");
     router_rejects("{\"model\": \"x\"}", "fastest", "router.policy: 'fastest' is not");
     assert_int_equal(duet_router_policy_check("power_of_two", "k", &p), DUET_OK);
     assert_int_equal(p, DUET_ROUTER_POLICY_POWER_OF_TWO);
     assert_int_equal(duet_router_policy_check("Round_Robin", "k", &p), DUET_ERR_CONFIG);
     assert_int_equal(p, DUET_ROUTER_POLICY_POWER_OF_TWO);
     duet_router_policy_list(names, sizeof(names), " | ", " | ");
-    assert_string_equal(names, "round_robin | least_load | power_of_two");
+    assert_string_equal(names, "round_robin | least_load | power_of_two | cache_aware");
     duet_router_policy_list(names, 12, ", ", " or ");
     assert_string_equal(names, "round_robin");
 }
@@ -82,7 +83,7 @@ static void test_none_eligible(void **state)
     duet_router_cand_t c[3] = {{false, 0}, {false, 0}, {false, 0}};
     uint64_t cur = 0, rnd = 1;
     (void)state;
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < DUET_ROUTER_N_POLICIES; p++) {
         assert_int_equal(duet_router_policy_pick(p, c, 3, &cur, &rnd), -1);
         assert_int_equal(duet_router_policy_pick(p, c, 0, &cur, &rnd), -1);
     }

@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""duet-router's cache_aware policy over two prefill and two decode
+instances (real daemons, HTTP /v1/completions):
+
+  1. sequential requests of three prompt groups (each group: one long
+     shared prefix, different tails) -- every request of a group goes to the
+     same prefill and the same decode, the repeats are counted as "prefix"
+     routes with a matched prefix, and the router tells the decode its
+     matched length (router_cached_tokens, seen in the router's debug log);
+  2. with tight balance thresholds, concurrent requests of one group: the
+     load imbalance overrides the prefix (both decodes serve the group, and
+     "balance" routes are counted);
+and every output equals `duet generate --tp 1` (greedy).
+
+usage: test_router_cache_aware.py BUILD_DIR SOURCE_DIR
+"""
+import re
+import threading
+
+from router_cluster import Cluster, check, detok, main, oracle, completion
+
+PREFIXES = {
+    "A": "Once upon a time, there was a little girl named Lily. She loved to play outside "
+         "in the park with her big red ball and her friend Tom.",
+    "B": "Tim and his mom went to the store to buy some food. They saw a big dog that "
+         "was sad because it was lost and could not find its home.",
+    "C": "In a small house by the sea lived an old cat. Every morning the cat sat by "
+         "the window and looked at the birds flying over the water.",
+}
+TAILS = [" One day,", " Then she said,", " The sun was"]
+N_TOKENS = 24
+
+
+def served(cl, names, before):
+    """The names whose requests_total grew since before (updated)."""
+    out = []
+    for n in names:
+        t = cl.info(n).requests_total
+        if t != before[n]:
+            out.append(n)
+            before[n] = t
+    return out
+
+
+def metric(m, name, **labels):
+    """The sum of the series of name with these labels (m: cl.metrics())."""
+    total = 0.0
+    for k, v in m.items():
+        if k.startswith(name + "{") and \
+                all('%s="%s"' % (lk, lv) in k for lk, lv in labels.items()):
+            total += v
+    return total
+
+
+def test(build, src):
+    cl = Cluster(build, src, prefill=[("p0", 1), ("p1", 1)], decode=[("d0", 1), ("d1", 1)],
+                 router={"policy": "cache_aware"}, env={"DUET_LOG_LEVEL": "debug"})
+    try:
+        exp = {}
+        for g, pre in PREFIXES.items():
+            for t in TAILS:
+                ids, _ = oracle(build, cl.model, prompt=pre + t, max_tokens=N_TOKENS)
+                exp[pre + t] = (ids, detok(cl.model, ids))
+        cl.start_workers()
+        names = ["p0", "p1", "d0", "d1"]
+
+        # 1. groups stick to their instances
+        cl.start_router()
+        before = {n: cl.info(n).requests_total for n in names}
+        homes = {}
+        for rnd in range(2):
+            for g, pre in PREFIXES.items():
+                for t in TAILS:
+                    st, r = completion(cl, pre + t, N_TOKENS)
+                    check(st == 200 and r["choices"][0]["text"] == exp[pre + t][1],
+                          "%s: %d %s, expected %r" % (pre + t, st, r, exp[pre + t][1]))
+                    where = tuple(served(cl, names, before))
+                    check(len(where) == 2, "%s served by %s" % (pre + t, where))
+                    homes.setdefault(g, set()).add(where)
+        print("homes: %s" % homes)
+        for g, h in homes.items():
+            check(len(h) == 1, "group %s went to several instances: %s" % (g, h))
+        check(len({list(h)[0][1] for h in homes.values()}) == 2,
+              "three groups on one decode: %s" % homes)
+        m = cl.metrics()
+        n_req = 2 * len(PREFIXES) * len(TAILS)
+        for role in ("prefill", "decode"):
+            prefix = metric(m, "duet_router_cache_aware_routed_total", role=role, reason="prefix")
+            load = metric(m, "duet_router_cache_aware_routed_total", role=role, reason="load")
+            check(prefix == n_req - len(PREFIXES) and load == len(PREFIXES),
+                  "%s: %d prefix / %d load routes, expected %d / %d" %
+                  (role, prefix, load, n_req - len(PREFIXES), len(PREFIXES)))
+            matched = metric(m, "duet_router_cache_aware_matched_tokens_total", role=role)
+            check(matched >= 16 * (n_req - len(PREFIXES)), "%s: matched tokens %d" %
+                  (role, matched))
+            check(metric(m, "duet_router_cache_aware_tree_tokens", role=role) > 0,
+                  "%s: no tree tokens" % role)
+        check(cl.stop("router") == 0, "router exit")
+        hints = [int(x) for x in re.findall(r"router_cached_tokens (\d+)",
+                                            cl.procs["router"].log())]
+        check(len(hints) == n_req and hints.count(0) == len(PREFIXES) and
+              all(h >= 16 and h % 16 == 0 for h in hints if h),
+              "router_cached_tokens sent: %s" % hints)
+
+        # 2. load imbalance overrides the prefix
+        cfg = cl.write_config(cl.tmp + "/balance.json", router={
+            "policy": "cache_aware",
+            "cache_aware": {"balance_abs_threshold": 1, "balance_rel_threshold": 1.0}})
+        cl.start_router(config=cfg)
+        before = {n: cl.info(n).requests_total for n in names}
+        pre = PREFIXES["A"]
+        errors, lock = [], threading.Lock()
+
+        def client(k):
+            for i in range(4):
+                text = pre + TAILS[(k + i) % len(TAILS)]
+                st, r = completion(cl, text, N_TOKENS)
+                if st != 200 or r["choices"][0]["text"] != exp[text][1]:
+                    with lock:
+                        errors.append("%s: %d %s" % (text, st, r))
+        ts = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        check(not any(t.is_alive() for t in ts), "a client hung")
+        check(not errors, "wrong results:\n" + "\n".join(errors))
+        after = {n: cl.info(n).requests_total for n in names}
+        delta = {n: after[n] - before[n] for n in names}
+        print("group A under load: %s" % delta)
+        check(delta["d0"] + delta["d1"] == 32, "decode counts %s" % delta)
+        check(delta["d0"] > 0 and delta["d1"] > 0, "one decode served everything: %s" % delta)
+        m = cl.metrics()
+        balance = metric(m, "duet_router_cache_aware_routed_total", role="decode",
+                         reason="balance")
+        check(balance > 0, "no balance routes counted")
+        print("balance routes (decode): %d" % balance)
+        check(cl.stop("router") == 0, "router exit")
+        check(not cl.pages_at_baseline(), "decode pages not back")
+    finally:
+        cl.stop_all()
+
+
+if __name__ == "__main__":
+    main(test)
