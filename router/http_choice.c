@@ -13,18 +13,24 @@
 
 #define DUET__MAX_PENDING (16u << 20)
 
+/* A token's own bytes, as it reads inside a text: decoders strip a
+ * leading space at the start of a text only (SentencePiece's "▁the" alone
+ * decodes to "the"), so the token is decoded twice in a row and the
+ * first copy's bytes are dropped. */
 size_t duet__http_tok_bytes(void *ud, int32_t id, char *buf, size_t cap)
 {
     duet_router_t *rt = ud;
-    char *bytes = NULL;
-    size_t len = 0;
+    int32_t two[2] = {id, id};
+    char *one = NULL, *both = NULL;
+    size_t n1 = 0, n2 = 0, len = 0;
 
-    if (cap == 0 || duet_tokenizer_decode_bytes(rt->tok, &id, 1, false, &bytes, &len) != DUET_OK)
-        return 0;
-    if (len > cap)
-        len = cap;
-    memcpy(buf, bytes, len);
-    duet_free(bytes);
+    if (cap > 0 && duet_tokenizer_decode_bytes(rt->tok, two, 1, false, &one, &n1) == DUET_OK &&
+        duet_tokenizer_decode_bytes(rt->tok, two, 2, false, &both, &n2) == DUET_OK && n2 >= n1) {
+        len = n2 - n1 < cap ? n2 - n1 : cap;
+        memcpy(buf, both + n1, len);
+    }
+    duet_free(one);
+    duet_free(both);
     return len;
 }
 
