@@ -73,7 +73,8 @@ static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
         if (duet_pf_logprobs_reply(req, &resp, &lpr))
             duet_pb_reply(req->call, &resp.base);
         else
-            duet_rpc_call_fail_status(req->call, DUET_ERR_NO_MEMORY, "prefill: no memory for logprobs");
+            duet_rpc_call_fail_status(req->call, DUET_ERR_NO_MEMORY,
+                                      "prefill: no memory for logprobs");
         duet_pf_logprobs_reply_free(&lpr);
     } else {
         DUET_LOG_DEBUG("prefill: request %s failed: %s", req->request_id, req->detail);

@@ -195,8 +195,8 @@ static void duet__start_error(duet_status_t st, duet_router_oai_error_t *err)
 
 /* Token ids (and, with echo, the text) of every prompt into r->prompts;
  * ids_p[i] are the caller's to free. */
-static duet_status_t duet__prompts(duet__hreq_t *r, const duet_router_oai_req_t *req,
-                                   int32_t **ids, size_t *n_ids, duet_router_oai_error_t *err)
+static duet_status_t duet__prompts(duet__hreq_t *r, const duet_router_oai_req_t *req, int32_t **ids,
+                                   size_t *n_ids, duet_router_oai_error_t *err)
 {
     duet_router_t *rt = r->http->rt;
     char *chat_text = NULL;

@@ -146,8 +146,8 @@ static duet_status_t duet__parse_prompt(const cJSON *p, const duet_router_oai_li
                 return duet_router_oai_fail(err, 400, "prompt", NULL,
                                             "at most %d prompts per request, got %zu",
                                             DUET_ROUTER_OAI_PROMPTS_MAX, n);
-            if (n > 1 && (req->more_prompts = DUET_NEW_ARRAY(duet_router_oai_prompt_t, n - 1)) ==
-                             NULL)
+            if (n > 1 &&
+                (req->more_prompts = DUET_NEW_ARRAY(duet_router_oai_prompt_t, n - 1)) == NULL)
                 return DUET__OOM(err);
             p = c;
         }
@@ -165,8 +165,7 @@ static duet_status_t duet__parse_prompt(const cJSON *p, const duet_router_oai_li
         if ((cJSON_IsArray(p) && p->child != NULL && !cJSON_IsNumber(p->child)) ||
             (!cJSON_IsString(p) && !cJSON_IsArray(p)))
             return duet_router_oai_fail(err, 400, "prompt", NULL,
-                                        "prompt[%zu] must be a string or an array of token ids",
-                                        i);
+                                        "prompt[%zu] must be a string or an array of token ids", i);
         if ((st = duet__parse_one_prompt(p, lim, &req->more_prompts[i - 1], err)) != DUET_OK)
             return st;
     }

@@ -103,10 +103,10 @@ typedef struct {
     /* prompts 1.. of a batch (completions); prompt 0 is the fields above */
     duet_router_oai_prompt_t *more_prompts; /* [n_more_prompts] */
     size_t n_more_prompts;
-    int n;              /* choices per prompt, 1.. */
-    bool logprobs;      /* logprobs asked (then top_logprobs alternatives) */
+    int n;         /* choices per prompt, 1.. */
+    bool logprobs; /* logprobs asked (then top_logprobs alternatives) */
     int top_logprobs;
-    bool echo;          /* completions */
+    bool echo; /* completions */
 } duet_router_oai_req_t;
 
 /* openai_choices.c: parse n, best_of, logprobs, top_logprobs and echo
@@ -188,8 +188,8 @@ bool duet_router_oai_render_logprobs(duet_router_buf_t *b, duet_router_api_t api
 /* A non-streaming choice object {"index", "text"|"message", "logprobs",
  * "finish_reason"}; lp_json NULL: "logprobs": null. */
 bool duet_router_oai_render_choice(duet_router_buf_t *b, duet_router_api_t api, int index,
-                                   const char *text, size_t len, const char *lp_json,
-                                   size_t lp_len, const char *finish);
+                                   const char *text, size_t len, const char *lp_json, size_t lp_len,
+                                   const char *finish);
 /* The head of a whole response, up to and including `"choices":[`; the
  * caller appends the choices separated by commas, then
  * duet_router_oai_render_response_tail. */

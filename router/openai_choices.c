@@ -81,10 +81,9 @@ duet_status_t duet_router_oai_parse_choices(const void *root_json, duet_router_o
                                     req->n);
     size_t choices = (size_t)req->n * duet_router_oai_n_prompts(req);
     if (choices > DUET_ROUTER_OAI_CHOICES_MAX)
-        return duet_router_oai_fail(err, 400, "n", NULL,
-                                    "n (%d) x prompts (%zu) = %zu choices, at most %d per request",
-                                    req->n, duet_router_oai_n_prompts(req), choices,
-                                    DUET_ROUTER_OAI_CHOICES_MAX);
+        return duet_router_oai_fail(
+            err, 400, "n", NULL, "n (%d) x prompts (%zu) = %zu choices, at most %d per request",
+            req->n, duet_router_oai_n_prompts(req), choices, DUET_ROUTER_OAI_CHOICES_MAX);
     if ((st = duet__parse_logprobs(root, req, err)) != DUET_OK)
         return st;
     if ((v = duet__get(root, "echo")) != NULL) {

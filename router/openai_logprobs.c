@@ -79,8 +79,8 @@ static void duet__completions(duet_router_buf_t *b, const duet_router_oai_lp_t *
         *offset_p = off;
 }
 
-static void duet__chat_entry(duet_router_buf_t *b, duet_router_oai_tok_fn tok, void *ud,
-                             int32_t id, float lp)
+static void duet__chat_entry(duet_router_buf_t *b, duet_router_oai_tok_fn tok, void *ud, int32_t id,
+                             float lp)
 {
     char t[DUET__TOK_CAP];
     size_t len = duet__tok(tok, ud, id, t);
@@ -125,8 +125,8 @@ bool duet_router_oai_render_logprobs(duet_router_buf_t *b, duet_router_api_t api
 }
 
 bool duet_router_oai_render_choice(duet_router_buf_t *b, duet_router_api_t api, int index,
-                                   const char *text, size_t len, const char *lp_json,
-                                   size_t lp_len, const char *finish)
+                                   const char *text, size_t len, const char *lp_json, size_t lp_len,
+                                   const char *finish)
 {
     duet_router_buf_printf(b, "{\"index\":%d,", index);
     if (api == DUET_ROUTER_API_CHAT) {
