@@ -27,15 +27,15 @@
 #include "node/node.h"
 
 typedef struct duet_pf_req {
-    duet_rpc_call_t *call; /* NULL once answered */
+    duet_rpc_call_t *call;      /* NULL once answered */
     char request_id[128];
     uint64_t transfer_id;
-    duet_node_link_t *link; /* the decode's (key: its instance id); holds a reference */
+    duet_node_link_t *link;     /* the decode's (key: its instance id); holds a reference */
     int32_t *prompt;
     int n_prompt;
     int32_t *dst_pages;
-    int n_pages;        /* pages covering the prompt, both sides */
-    int32_t *src_pages; /* ours, while computing and sending */
+    int n_pages;                /* pages covering the prompt, both sides */
+    int32_t *src_pages;         /* ours, while computing and sending */
     /* packed transfer (transfer/xfer_pack.h): staging page runs on both
      * sides and, per rank, the copies that stage a layer */
     bool packed;
@@ -44,9 +44,9 @@ typedef struct duet_pf_req {
     int *n_pack;                    /* [tp] */
     duet_sampling_t sampling;
     atomic_bool aborted;
-    bool begun; /* sends begun on every rank */
+    bool begun;                 /* sends begun on every rank */
     /* completion, written by the progress threads */
-    atomic_int ranks_pending; /* sends not ended + the scheduler's until send_end */
+    atomic_int ranks_pending;   /* sends not ended + the scheduler's until send_end */
     _Atomic duet_status_t status;
     char detail[256];
     atomic_flag detail_set;
@@ -56,20 +56,20 @@ typedef struct duet_pf_req {
     bool logprobs, prompt_logprobs;
     int top_logprobs;
     duet_logprob_t first_lp;
-    duet_logprob_t *prompt_lps; /* [n_prompt - 1] when prompt_logprobs */
-    float *logits;              /* the forward's rows while computing */
+    duet_logprob_t *prompt_lps;  /* [n_prompt - 1] when prompt_logprobs */
+    float *logits;               /* the forward's rows while computing */
     _Atomic uint64_t bytes;
     int64_t t_arrival, t_start, t_computed;
     struct duet_pf_req *next;
 } duet_pf_req_t;
 
 typedef struct {
-    duet_node_t node; /* engine, pages, links, server, start-up (node/node.h) */
+    duet_node_t node;           /* engine, pages, links, server, start-up (node/node.h) */
 
     pthread_mutex_t lock;
     pthread_cond_t cv;
     duet_pf_req_t *queue_head, *queue_tail;
-    duet_pf_req_t *inflight; /* computing or sending */
+    duet_pf_req_t *inflight;    /* computing or sending */
     int n_queued, n_inflight;
     uint64_t requests_total, requests_failed;
     bool stop;
@@ -116,10 +116,10 @@ duet_status_t duet_pf_logprobs_compute(duet_prefill_t *pf, duet_pf_req_t *req, i
  * by duet_pf_logprobs_reply_free once the reply is sent.  False: no
  * memory. */
 typedef struct {
-    Duet__V1__TokenLogprob *msgs;    /* [n_prompt] */
-    Duet__V1__TokenLogprob **ptrs;   /* [n_prompt] */
-    Duet__V1__TopLogprob *tops;      /* [n_prompt][DUET_LOGPROBS_TOP_MAX] */
-    Duet__V1__TopLogprob **top_ptrs; /* likewise */
+    Duet__V1__TokenLogprob *msgs;      /* [n_prompt] */
+    Duet__V1__TokenLogprob **ptrs;     /* [n_prompt] */
+    Duet__V1__TopLogprob *tops;        /* [n_prompt][DUET_LOGPROBS_TOP_MAX] */
+    Duet__V1__TopLogprob **top_ptrs;   /* likewise */
 } duet_pf_lp_reply_t;
 bool duet_pf_logprobs_reply(const duet_pf_req_t *req, Duet__V1__PrefillResponse *resp,
                             duet_pf_lp_reply_t *r);
