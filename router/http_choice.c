@@ -36,6 +36,8 @@ size_t duet__http_tok_bytes(void *ud, int32_t id, char *buf, size_t cap)
 
 bool duet__http_choice_add_lps(duet__choice_t *c, const duet_router_oai_lp_t *lps, size_t n)
 {
+    if (n == 0)
+        return true;
     if (c->n_lps + n > c->cap_lps) {
         size_t cap = (c->n_lps + n) * 2;
         duet_router_oai_lp_t *p = duet_realloc(c->lps, cap * sizeof(*p));

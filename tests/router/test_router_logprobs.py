@@ -24,6 +24,7 @@ through real duet-prefill / duet-decode / duet-router processes:
                top_logprobs 21 / without logprobs, n 17, best_of != n,
                chat echo, n x prompts > 64; gRPC top_logprobs 21 ->
                INVALID_ARGUMENT
+  disconnect   a client leaving an n=4 stream: every choice cancelled
   openai npm   the openai 6.49.0 client reads completion and chat logprobs
   pages        back at baseline on both decodes
 
@@ -243,6 +244,29 @@ def fanout(cl, prompt_ids):
     print("fan-out: n=3 seeded reproducible; 2 prompts x n=2 (stream and not) equal singles")
 
 
+def disconnect(cl):
+    """A client that goes away mid-stream of an n=4 request: every choice's
+    decode request is cancelled and the pages come back."""
+    import socket
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
+                       "temperature": 1.0, "n": 4, "logprobs": 1, "stream": True})
+    sock = socket.create_connection(("127.0.0.1", cl.http_port), timeout=30)
+    sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  "application/json\r\nContent-Length: %d\r\n\r\n%s" %
+                  (len(body), body)).encode())
+    got = b""
+    while got.count(b"data: ") < 8:
+        d = sock.recv(65536)
+        check(d, "stream ended early: %r" % got[-300:])
+        got += d
+    check(b" 200 " in got.split(b"\r\n", 1)[0], "n=4 stream: %r" % got[:200])
+    busy = sum(cl.info(n).running for n in ("d2", "dl"))
+    sock.close()
+    bad_pages = cl.pages_at_baseline()
+    check(not bad_pages, "after a disconnect of an n=4 stream: %s" % bad_pages)
+    print("disconnect: an n=4 stream (%d running) cancelled, pages back" % busy)
+
+
 def bad(cl):
     cases = [
         ("/v1/completions", {"prompt": "a", "logprobs": 6}, "logprobs"),
@@ -315,8 +339,10 @@ def chat_model(cl):
 
 
 def test(build, src):
+    # a slow decode step (5 ms) keeps the disconnect case's stream going
     cl = Cluster(build, src, prefill=[("p1", 1)],
-                 decode=[("d2", 2), ("dl", 1, {"prefill_local": "always"})])
+                 decode=[("d2", 2), ("dl", 1, {"prefill_local": "always"})],
+                 env={"DUET_FAULT_DECODE_STEP_DELAY_MS": "5"})
     try:
         ref = Ref(cl.model)
         cl.start_workers()
@@ -327,6 +353,7 @@ def test(build, src):
         chat(cl)
         fanout(cl, prompt_ids)
         bad(cl)
+        disconnect(cl)
         npm_client(cl, src)
         local = cl.info("dl")
         remote = cl.info("d2")
