@@ -184,7 +184,15 @@ def chat(cl):
         check(len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["logprob"] == e["logprob"],
               "chat top_logprobs %s" % e)
         check(bytes(e["bytes"]).decode("utf-8", "replace") == e["token"], "chat bytes %s" % e)
-    print("chat: %d logprob entries with 3 alternatives each" % len(content))
+    st, events, raw = cl.sse("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 6,
+        "temperature": 0, "logprobs": True, "top_logprobs": 3, "stream": True})
+    check(st == 200 and events[-1] == "[DONE]", "chat stream: %d %s" % (st, raw[-300:]))
+    toks = [e["token"] for ev in events[:-1] for ch in ev["choices"] if ch["logprobs"]
+            for e in ch["logprobs"]["content"]]
+    check(toks == [e["token"] for e in content], "chat stream tokens %s vs %s" %
+          (toks, [e["token"] for e in content]))
+    print("chat: %d logprob entries with 3 alternatives each, streamed the same" % len(content))
 
 
 def fanout(cl, prompt_ids):
