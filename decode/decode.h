@@ -121,15 +121,15 @@ struct duet_dc_req {
      * posts RPC_DONE and read by the scheduler only after that event. */
     bool logprobs, prompt_logprobs;
     int top_logprobs;
-    float *logits;                /* [vocab] the decode step's row */
-    duet_logprob_t first_lp;      /* output 0's, once known (have_first_lp) */
+    float *logits;           /* [vocab] the decode step's row */
+    duet_logprob_t first_lp; /* output 0's, once known (have_first_lp) */
     bool have_first_lp;
-    duet_logprob_t *prompt_lps;   /* [n_prompt - 1], sent with the first chunk */
+    duet_logprob_t *prompt_lps; /* [n_prompt - 1], sent with the first chunk */
     bool prompt_lps_sent;
     duet_logprob_t pf_first_lp;
     duet_logprob_t *pf_prompt_lps;
-    bool pf_reply;                /* the reply came and was parsed */
-    char pf_lp_error[160];        /* why its logprobs were refused */
+    bool pf_reply;         /* the reply came and was parsed */
+    char pf_lp_error[160]; /* why its logprobs were refused */
 
     /* output */
     int32_t *out;
@@ -283,8 +283,7 @@ void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n);
 /* Does req need the Prefill reply before decoding (its logprobs)? */
 bool duet_dc_lp_wants_reply(const duet_dc_req_t *req);
 /* Client thread, Prefill's reply message: keep its logprobs in req->pf_*. */
-void duet_dc_lp_take_reply(duet_decode_t *dc, duet_dc_req_t *req, const uint8_t *data,
-                           size_t len);
+void duet_dc_lp_take_reply(duet_decode_t *dc, duet_dc_req_t *req, const uint8_t *data, size_t len);
 /* Scheduler, once KV and reply are both in: adopt the reply's logprobs
  * (checked against the first token).  False: req was failed. */
 bool duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req);

@@ -56,8 +56,8 @@ typedef struct duet_pf_req {
     bool logprobs, prompt_logprobs;
     int top_logprobs;
     duet_logprob_t first_lp;
-    duet_logprob_t *prompt_lps;  /* [n_prompt - 1] when prompt_logprobs */
-    float *logits;               /* the forward's rows while computing */
+    duet_logprob_t *prompt_lps; /* [n_prompt - 1] when prompt_logprobs */
+    float *logits;              /* the forward's rows while computing */
     _Atomic uint64_t bytes;
     int64_t t_arrival, t_start, t_computed;
     struct duet_pf_req *next;
@@ -116,10 +116,10 @@ duet_status_t duet_pf_logprobs_compute(duet_prefill_t *pf, duet_pf_req_t *req, i
  * by duet_pf_logprobs_reply_free once the reply is sent.  False: no
  * memory. */
 typedef struct {
-    Duet__V1__TokenLogprob *msgs;      /* [n_prompt] */
-    Duet__V1__TokenLogprob **ptrs;     /* [n_prompt] */
-    Duet__V1__TopLogprob *tops;        /* [n_prompt][DUET_LOGPROBS_TOP_MAX] */
-    Duet__V1__TopLogprob **top_ptrs;   /* likewise */
+    Duet__V1__TokenLogprob *msgs;    /* [n_prompt] */
+    Duet__V1__TokenLogprob **ptrs;   /* [n_prompt] */
+    Duet__V1__TopLogprob *tops;      /* [n_prompt][DUET_LOGPROBS_TOP_MAX] */
+    Duet__V1__TopLogprob **top_ptrs; /* likewise */
 } duet_pf_lp_reply_t;
 bool duet_pf_logprobs_reply(const duet_pf_req_t *req, Duet__V1__PrefillResponse *resp,
                             duet_pf_lp_reply_t *r);

@@ -27,8 +27,8 @@ typedef struct duet__hreq duet__hreq_t;
 /* One prompt of a request (completions may send several). */
 typedef struct {
     uint32_t n_tokens;
-    int32_t first_id;   /* its first token (echo's logprobs: no logprob) */
-    char *echo;         /* echo: the prompt's text */
+    int32_t first_id; /* its first token (echo's logprobs: no logprob) */
+    char *echo;       /* echo: the prompt's text */
     size_t echo_len;
 } duet__hprompt_t;
 
@@ -36,17 +36,17 @@ typedef struct {
  * fields after `job` are under the request's lock. */
 typedef struct {
     duet__hreq_t *r;
-    int index;                /* the choice's index: prompt * n + j */
+    int index; /* the choice's index: prompt * n + j */
     size_t prompt;
-    duet_router_job_t *job;   /* the creator's reference; NULL once taken */
-    bool got_chunk;           /* a chunk came */
+    duet_router_job_t *job; /* the creator's reference; NULL once taken */
+    bool got_chunk;         /* a chunk came */
     bool ended;
     bool end_ok;
     int end_reason;
     uint32_t end_completion;
-    bool sent_role;           /* chat stream: its role chunk went out */
-    size_t text_offset;       /* completions stream: of its next token */
-    duet_router_buf_t text;   /* non-stream: the whole text */
+    bool sent_role;            /* chat stream: its role chunk went out */
+    size_t text_offset;        /* completions stream: of its next token */
+    duet_router_buf_t text;    /* non-stream: the whole text */
     duet_router_oai_lp_t *lps; /* non-stream: every token's logprob */
     size_t n_lps, cap_lps;
 } duet__choice_t;
@@ -89,10 +89,10 @@ struct duet__hreq {
     bool logprobs, echo;
 
     pthread_mutex_t lock; /* the fields below (and the choices') */
-    bool jobs_live;        /* choices hold jobs (not yet taken by a cancel) */
-    int n_ended;           /* choices ended */
-    bool failed;           /* a choice failed: end_code/end_msg say how */
-    bool err_sent;         /* the stream's error event went out */
+    bool jobs_live;       /* choices hold jobs (not yet taken by a cancel) */
+    int n_ended;          /* choices ended */
+    bool failed;          /* a choice failed: end_code/end_msg say how */
+    bool err_sent;        /* the stream's error event went out */
     bool suspended;
     bool conn_gone;        /* MHD's completed callback ran */
     bool client_gone;      /* the ticker saw the peer close */
@@ -101,8 +101,8 @@ struct duet__hreq {
     bool sse;              /* the SSE response is queued */
     duet_router_buf_t out; /* SSE bytes (stream) */
     int64_t last_write_ns;
-    bool end_ok;           /* every choice finished normally */
-    bool end_started;      /* a token reached the client (or a chunk came) */
+    bool end_ok;      /* every choice finished normally */
+    bool end_started; /* a token reached the client (or a chunk came) */
     uint32_t end_prompt, end_completion;
     grpc_status_code end_code;
     char end_msg[256];

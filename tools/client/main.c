@@ -185,12 +185,13 @@ int main(int argc, char **argv)
         case 'c': config = optarg; break;
         case 'H': health = true; break;
         case 'h':
-            printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
-                   "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
-                   "[--seed N] [--ignore-eos] [--output text|ids|logprobs] [--timeout-ms N] [AUTH]\n"
-                   "       duet-client --target HOST:PORT --health [AUTH]\n"
-                   "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
-                   "[--secret-file FILE] [--server-name NAME]\n");
+            printf(
+                "usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
+                "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
+                "[--seed N] [--ignore-eos] [--output text|ids|logprobs] [--timeout-ms N] [AUTH]\n"
+                "       duet-client --target HOST:PORT --health [AUTH]\n"
+                "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
+                "[--secret-file FILE] [--server-name NAME]\n");
             return 0;
         default:
             return 2;
