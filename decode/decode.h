@@ -25,6 +25,7 @@
 #include "common/cluster.h"
 #include "common/limits.h"
 #include "common/rpc.h"
+#include "engine/logprobs.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
 #include "node/link.h"
@@ -114,6 +115,21 @@ struct duet_dc_req {
     duet_rpc_stream_t *rpc_stream;
     bool retried;                 /* re-bootstrapped once already */
     bool abort_sent;              /* Prefill.Abort posted */
+
+    /* log-probabilities (docs/api-logprobs.md; lp.c).  The Prefill
+     * reply's (pf_*) are written by the call's message callback before it
+     * posts RPC_DONE and read by the scheduler only after that event. */
+    bool logprobs, prompt_logprobs;
+    int top_logprobs;
+    float *logits;           /* [vocab] the decode step's row */
+    duet_logprob_t first_lp; /* output 0's, once known (have_first_lp) */
+    bool have_first_lp;
+    duet_logprob_t *prompt_lps; /* [n_prompt - 1], sent with the first chunk */
+    bool prompt_lps_sent;
+    duet_logprob_t pf_first_lp;
+    duet_logprob_t *pf_prompt_lps;
+    bool pf_reply;         /* the reply came and was parsed */
+    char pf_lp_error[160]; /* why its logprobs were refused */
 
     /* output */
     int32_t *out;
@@ -263,10 +279,36 @@ bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
  * a request that cannot is failed. */
 void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n);
 
+/* lp.c (docs/api-logprobs.md) */
+/* Does req need the Prefill reply before decoding (its logprobs)? */
+bool duet_dc_lp_wants_reply(const duet_dc_req_t *req);
+/* Client thread, Prefill's reply message: keep its logprobs in req->pf_*. */
+void duet_dc_lp_take_reply(duet_decode_t *dc, duet_dc_req_t *req, const uint8_t *data, size_t len);
+/* Scheduler, once KV and reply are both in: adopt the reply's logprobs
+ * (checked against the first token).  False: req was failed. */
+bool duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req);
+/* Allocate the decode step's logits row (output init). */
+duet_status_t duet_dc_lp_init(duet_decode_t *dc, duet_dc_req_t *req);
+/* Free what lp.c allocated (req_free). */
+void duet_dc_lp_cleanup(duet_dc_req_t *req);
+/* Local prefill: point seq at rows for req's logprobs; after the forward,
+ * compute them for the sampled first token. */
+duet_status_t duet_dc_lp_local_prepare(duet_decode_t *dc, duet_dc_req_t *req,
+                                       duet_engine_seq_t *seq);
+duet_status_t duet_dc_lp_local_compute(duet_decode_t *dc, duet_dc_req_t *req, int32_t first);
+/* Decode step: the logprob of the sampled token from req->logits into *lp;
+ * NULL when req asked none. */
+const duet_logprob_t *duet_dc_lp_step(duet_decode_t *dc, duet_dc_req_t *req, int32_t token,
+                                      duet_logprob_t *lp);
+
 /* output.c (scheduler thread) */
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req);
 /* Account a new token and stream it; returns true when the request ended
  * (finished or failed). */
 bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token);
+/* The same with the token's log-probability (NULL: none); the first chunk
+ * also carries req->prompt_lps when asked. */
+bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token,
+                     const duet_logprob_t *lp);
 
 #endif

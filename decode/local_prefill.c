@@ -65,6 +65,8 @@ void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
             .sampling = req->sampling,
             .sample_index = 0,
         };
+        /* without memory for its logits it runs without; failed below */
+        (void)duet_dc_lp_local_prepare(dc, req, &dc->seqs[i]);
     }
     pthread_mutex_lock(&dc->evlock);
     dc->prefills_local += (uint64_t)n;
@@ -90,6 +92,10 @@ void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
             continue;
         }
         req->kv_first_token = dc->sampled[i];
+        if (duet_dc_lp_local_compute(dc, req, dc->sampled[i]) != DUET_OK) {
+            duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, duet_error_msg());
+            continue;
+        }
         DUET_LOG_DEBUG("decode: %s prefilled locally (%d tokens)", req->request_id, req->n_prompt);
         duet_dc_kv_ready(dc, req);
     }

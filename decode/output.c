@@ -10,6 +10,7 @@
 #include "common/rpc_pb.h"
 #include "decode/decode.h"
 #include "duet/v1/generate.pb-c.h"
+#include "node/logprob_pb.h"
 
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req)
 {
@@ -25,7 +26,8 @@ duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req)
         duet_free(scratch);
         return duet_error(DUET_ERR_NO_MEMORY, "no memory for the output of %s", req->request_id);
     }
-    if ((st = duet_detok_create(dc->tok, true, &req->detok)) != DUET_OK) {
+    if ((st = duet_dc_lp_init(dc, req)) != DUET_OK ||
+        (st = duet_detok_create(dc->tok, true, &req->detok)) != DUET_OK) {
         duet_free(scratch);
         return st;
     }
@@ -81,19 +83,65 @@ static bool duet__is_stop_id(const duet_dc_req_t *req, int32_t t)
     return false;
 }
 
+/* The chunk's logprobs (docs/api-logprobs.md): the token's, and the
+ * prompt's on the first chunk.  The arrays are freed by the caller. */
+static bool duet__chunk_lps(duet_dc_req_t *req, const duet_logprob_t *lp,
+                            Duet__V1__TokenChunk *chunk, Duet__V1__TokenLogprob **msgs_p,
+                            Duet__V1__TokenLogprob ***ptrs_p, Duet__V1__TopLogprob **tops_p,
+                            Duet__V1__TopLogprob ***top_ptrs_p)
+{
+    size_t n_prompt = req->prompt_logprobs && !req->prompt_lps_sent && req->n_prompt > 1
+                          ? (size_t)req->n_prompt - 1
+                          : 0;
+    size_t n = n_prompt + (lp != NULL);
+    Duet__V1__TokenLogprob *msgs;
+    Duet__V1__TokenLogprob **ptrs;
+    Duet__V1__TopLogprob *tops;
+    Duet__V1__TopLogprob **top_ptrs;
+
+    if (n == 0)
+        return true;
+    msgs = *msgs_p = DUET_NEW_ARRAY(Duet__V1__TokenLogprob, n);
+    ptrs = *ptrs_p = DUET_NEW_ARRAY(Duet__V1__TokenLogprob *, n);
+    tops = *tops_p = DUET_NEW_ARRAY(Duet__V1__TopLogprob, n * DUET_LOGPROBS_TOP_MAX);
+    top_ptrs = *top_ptrs_p = DUET_NEW_ARRAY(Duet__V1__TopLogprob *, n * DUET_LOGPROBS_TOP_MAX);
+    if (msgs == NULL || ptrs == NULL || tops == NULL || top_ptrs == NULL)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        duet_node_logprob_to_pb(i < n_prompt ? &req->prompt_lps[i] : lp, &msgs[i],
+                                tops + i * DUET_LOGPROBS_TOP_MAX,
+                                top_ptrs + i * DUET_LOGPROBS_TOP_MAX);
+        ptrs[i] = &msgs[i];
+    }
+    chunk->n_prompt_logprobs = n_prompt;
+    chunk->prompt_logprobs = n_prompt > 0 ? ptrs : NULL;
+    chunk->n_logprobs = lp != NULL;
+    chunk->logprobs = lp != NULL ? ptrs + n_prompt : NULL;
+    return true;
+}
+
 /* Send one chunk of ids and text. false: the stream is gone (ended). */
 static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids, size_t n_ids,
-                             const char *text, size_t text_len)
+                             const char *text, size_t text_len, const duet_logprob_t *lp)
 {
     Duet__V1__GenerateResponse resp = DUET__V1__GENERATE_RESPONSE__INIT;
     Duet__V1__TokenChunk chunk = DUET__V1__TOKEN_CHUNK__INIT;
+    Duet__V1__TokenLogprob *msgs = NULL, **ptrs = NULL;
+    Duet__V1__TopLogprob *tops = NULL, **top_ptrs = NULL;
     char *t = duet_strndup(text, text_len);
     duet_status_t st;
+    bool lp_ok = duet__chunk_lps(req, lp, &chunk, &msgs, &ptrs, &tops, &top_ptrs);
 
-    if (t == NULL) {
+    if (t == NULL || !lp_ok) {
+        duet_free(t);
+        duet_free(msgs);
+        duet_free(ptrs);
+        duet_free(tops);
+        duet_free(top_ptrs);
         duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, "no memory for output text");
         return false;
     }
+    req->prompt_lps_sent = true;
     chunk.n_ids = n_ids;
     chunk.ids = ids;
     chunk.text = t;
@@ -101,6 +149,10 @@ static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids
     resp.chunk = &chunk;
     st = duet_pb_write(req->call, &resp.base);
     duet_free(t);
+    duet_free(msgs);
+    duet_free(ptrs);
+    duet_free(tops);
+    duet_free(top_ptrs);
     if (st == DUET_OK)
         return true;
     if (st == DUET_ERR_CANCELLED)
@@ -136,6 +188,11 @@ static void duet__finish(duet_decode_t *dc, duet_dc_req_t *req, Duet__V1__Finish
 }
 
 bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token)
+{
+    return duet_dc_emit_lp(dc, req, token, NULL);
+}
+
+bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const duet_logprob_t *lp)
 {
     const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
     char *piece = dc->piece;
@@ -188,7 +245,7 @@ bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token)
     }
     if (matched == NULL && !last)
         send -= duet__stop_prefix(req);
-    if (!duet__send_chunk(dc, req, &id, 1, req->held, send))
+    if (!duet__send_chunk(dc, req, &id, 1, req->held, send, lp))
         return true;
     if (matched != NULL || why != NULL) {
         duet__finish(dc, req, DUET__V1__FINISH_REASON__FINISH_REASON_STOP,

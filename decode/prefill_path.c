@@ -93,6 +93,8 @@ static duet_status_t duet__phase_status(duet_status_t st)
     }
 }
 
+static void duet__kv_complete(duet_decode_t *dc, duet_dc_req_t *req);
+
 static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
 {
     duet_dc_rank_arg_t *ra = arg;
@@ -120,6 +122,8 @@ static void duet__rpc_message(duet_rpc_stream_t *stream, const uint8_t *data, si
 {
     /* the first token comes with the notifications; the reply's timings
      * are only logged */
+    duet__rpc_arg_t *a = arg;
+    duet_dc_lp_take_reply(a->dc, a->req, data, len);
     Duet__V1__PrefillResponse *r = duet__v1__prefill_response__unpack(NULL, len, data);
     if (r != NULL) {
         DUET_LOG_DEBUG("decode: prefill replied: queue %u us compute %u us transfer %u us, %llu "
@@ -285,6 +289,9 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.transfer_id = req->transfer_id;
     pr.packed = req->stage0 >= 0;
     pr.dst_stage_page = req->stage0 >= 0 ? req->stage0 : 0;
+    pr.logprobs = req->logprobs;
+    pr.top_logprobs = (uint32_t)req->top_logprobs;
+    pr.prompt_logprobs = req->prompt_logprobs;
     /* the grant for exactly these pages (node/grant.h); it outlives the
      * call's deadline by nothing */
     duet_node_grant_t g = {
@@ -471,7 +478,18 @@ void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     req->kv_first_token = (int32_t)ev->first_token;
     if (++req->kv_ok < D)
         return;
-    /* every rank has all its KV: decode can start */
+    /* logprobs come in the Prefill reply: decode starts with both */
+    if (duet_dc_lp_wants_reply(req) && !req->rpc_done)
+        return;
+    duet__kv_complete(dc, req);
+}
+
+/* Every rank has all its KV (and the reply its logprobs): decode can
+ * start. */
+static void duet__kv_complete(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    if (!duet_dc_lp_adopt_reply(dc, req))
+        return;
     for (duet_dc_req_t **pp = &dc->prefilling; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == req) {
             *pp = req->next;
@@ -492,6 +510,11 @@ void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev)
     req->rpc_stream = NULL;
     if (req->state == DUET_DC_ENDED) {
         duet_dc_release(dc, req);
+        return;
+    }
+    if (ev->status == DUET_OK && req->state == DUET_DC_PREFILL && duet_dc_lp_wants_reply(req) &&
+        req->kv_ok == dc->node.ke.tp) {
+        duet__kv_complete(dc, req); /* the KV was waiting for this reply */
         return;
     }
     if (ev->status == DUET_OK || req->state != DUET_DC_PREFILL)

@@ -72,6 +72,7 @@ void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req)
     if (req == NULL)
         return;
     duet_free(req->prompt);
+    duet_dc_lp_cleanup(req);
     duet_free(req->stop_ids);
     for (int i = 0; i < req->n_stops; i++)
         duet_free(req->stops[i]);
@@ -251,7 +252,7 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     }
     /* the prefill daemon (or our local prefill) sampled output 0 */
-    if (duet_dc_emit(dc, req, req->kv_first_token)) {
+    if (duet_dc_emit_lp(dc, req, req->kv_first_token, req->have_first_lp ? &req->first_lp : NULL)) {
         duet__finished(dc, req);
         return;
     }
@@ -443,6 +444,7 @@ static void duet__step(duet_decode_t *dc)
             .sample = true,
             .sampling = req->sampling,
             .sample_index = (uint64_t)req->n_out,
+            .logits = req->logits, /* logprobs asked (lp.c) */
         };
     }
     st = duet_engine_forward(dc->node.ke.engine, dc->seqs, n, dc->sampled);
@@ -463,7 +465,9 @@ static void duet__step(duet_decode_t *dc)
     duet_dc_req_t *snapshot[n];
     memcpy(snapshot, batch, (size_t)n * sizeof(snapshot[0]));
     for (int i = 0; i < n; i++) {
-        if (duet_dc_emit(dc, snapshot[i], dc->sampled[i]))
+        duet_logprob_t lp;
+        if (duet_dc_emit_lp(dc, snapshot[i], dc->sampled[i],
+                            duet_dc_lp_step(dc, snapshot[i], dc->sampled[i], &lp)))
             duet__finished(dc, snapshot[i]);
     }
 }

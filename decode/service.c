@@ -126,6 +126,14 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
     if (req->n_prompt + req->max_tokens > dc->max_ctx)
         req->max_tokens = dc->max_ctx - req->n_prompt + 1;
     req->ignore_eos = g->ignore_eos;
+    if ((g->logprobs || g->prompt_logprobs || g->top_logprobs > 0) &&
+        (st = duet_logprob_params_check(g->top_logprobs > INT32_MAX ? -1 : (int)g->top_logprobs,
+                                        g->prompt_logprobs, req->n_prompt,
+                                        dc->node.ke.model_cfg.vocab)) != DUET_OK)
+        return st;
+    req->logprobs = g->logprobs;
+    req->prompt_logprobs = g->prompt_logprobs;
+    req->top_logprobs = (int)g->top_logprobs;
     if (g->n_stop > DUET_DC_MAX_STOPS)
         return duet_error(DUET_ERR_INVALID, "stop: at most %d strings", DUET_DC_MAX_STOPS);
     for (size_t i = 0; i < g->n_stop; i++) {

@@ -20,6 +20,7 @@
 
 #include "common/rpc.h"
 #include "duet/v1/prefill.pb-c.h"
+#include "engine/logprobs.h"
 #include "engine/sampling.h"
 #include "engine/tp.h"
 #include "node/link.h"
@@ -51,6 +52,13 @@ typedef struct duet_pf_req {
     char detail[256];
     atomic_flag detail_set;
     int32_t first_token;
+    /* log-probabilities asked (docs/api-logprobs.md), computed by the
+     * scheduler from the forward's logits, sent with the reply */
+    bool logprobs, prompt_logprobs;
+    int top_logprobs;
+    duet_logprob_t first_lp;
+    duet_logprob_t *prompt_lps; /* [n_prompt - 1] when prompt_logprobs */
+    float *logits;              /* the forward's rows while computing */
     _Atomic uint64_t bytes;
     int64_t t_arrival, t_start, t_computed;
     struct duet_pf_req *next;
@@ -96,6 +104,27 @@ void duet_pf_submit(duet_prefill_t *pf, duet_pf_req_t *req);
 bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_id);
 void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk);
 void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req);
+
+/* logprobs.c (docs/api-logprobs.md; scheduler thread) */
+/* Ask the forward for the logits req's log-probabilities need (the last
+ * row, or every row with prompt_logprobs) into req->logits. */
+duet_status_t duet_pf_logprobs_prepare(duet_prefill_t *pf, duet_pf_req_t *req,
+                                       duet_engine_seq_t *seq);
+/* After the forward: compute them for the sampled first token and free
+ * the rows. */
+duet_status_t duet_pf_logprobs_compute(duet_prefill_t *pf, duet_pf_req_t *req, int32_t first);
+/* Fill the reply's logprob fields; the storage is allocated and released
+ * by duet_pf_logprobs_reply_free once the reply is sent.  False: no
+ * memory. */
+typedef struct {
+    Duet__V1__TokenLogprob *msgs;    /* [n_prompt] */
+    Duet__V1__TokenLogprob **ptrs;   /* [n_prompt] */
+    Duet__V1__TopLogprob *tops;      /* [n_prompt][DUET_LOGPROBS_TOP_MAX] */
+    Duet__V1__TopLogprob **top_ptrs; /* likewise */
+} duet_pf_lp_reply_t;
+bool duet_pf_logprobs_reply(const duet_pf_req_t *req, Duet__V1__PrefillResponse *resp,
+                            duet_pf_lp_reply_t *r);
+void duet_pf_logprobs_reply_free(duet_pf_lp_reply_t *r);
 
 /* Requests not finished (queued or in flight), for the drain. */
 int duet_pf_pending(void *arg);

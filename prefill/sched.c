@@ -27,6 +27,8 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
 {
     if (req == NULL)
         return;
+    duet_free(req->logits);
+    duet_free(req->prompt_lps);
     if (req->src_pages != NULL)
         duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
     if (req->src_stage0 >= 0)
@@ -67,7 +69,13 @@ static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
         resp.queue_us = (uint32_t)((req->t_start - req->t_arrival) / 1000);
         resp.compute_us = (uint32_t)((req->t_computed - req->t_start) / 1000);
         resp.transfer_us = (uint32_t)((now - req->t_computed) / 1000);
-        duet_pb_reply(req->call, &resp.base);
+        duet_pf_lp_reply_t lpr;
+        if (duet_pf_logprobs_reply(req, &resp, &lpr))
+            duet_pb_reply(req->call, &resp.base);
+        else
+            duet_rpc_call_fail_status(req->call, DUET_ERR_NO_MEMORY,
+                                      "prefill: no memory for logprobs");
+        duet_pf_logprobs_reply_free(&lpr);
     } else {
         DUET_LOG_DEBUG("prefill: request %s failed: %s", req->request_id, req->detail);
         duet_rpc_call_fail_status(req->call, st, req->detail);
@@ -281,6 +289,8 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
             .sampling = req->sampling,
             .sample_index = 0,
         };
+        if (duet_pf_logprobs_prepare(pf, req, &seqs[i]) != DUET_OK) /* computed without them */
+            duet__req_error(req, DUET_ERR_NO_MEMORY, duet_error_msg());
     }
     pf->batch = live;
     pf->n_batch = n_live;
@@ -310,6 +320,10 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
         }
         req->first_token = sampled[i];
         req->t_computed = t1;
+        if (rst == DUET_OK && duet_pf_logprobs_compute(pf, req, sampled[i]) != DUET_OK) {
+            rst = DUET_ERR_INTERNAL;
+            why = duet_error_msg();
+        }
         if (rst != DUET_OK)
             duet__req_error(req, rst, why);
         for (int s = 0; s < pf->node.ke.tp; s++)

@@ -89,6 +89,14 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     req->dst_stage0 = m->packed ? m->dst_stage_page : -1;
     if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
+    if ((m->logprobs || m->prompt_logprobs) &&
+        (st = duet_logprob_params_check(m->top_logprobs > INT32_MAX ? -1 : (int)m->top_logprobs,
+                                        m->prompt_logprobs, (int)m->n_prompt_ids, cfg->vocab)) !=
+            DUET_OK)
+        return duet_error_wrap(st, "%s: ", m->request_id);
+    req->logprobs = m->logprobs;
+    req->prompt_logprobs = m->prompt_logprobs;
+    req->top_logprobs = (int)m->top_logprobs;
     req->n_prompt = (int)m->n_prompt_ids;
     req->transfer_id = m->transfer_id;
     req->prompt = duet_malloc(m->n_prompt_ids * sizeof(int32_t));

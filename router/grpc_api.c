@@ -133,6 +133,17 @@ static bool duet__prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char
         *code_p = GRPC_STATUS_INVALID_ARGUMENT;
         return false;
     }
+    if (in->top_logprobs > DUET_ROUTER_OAI_TOP_MAX_CHAT ||
+        (in->top_logprobs > 0 && !in->logprobs && !in->prompt_logprobs)) {
+        if (in->top_logprobs > DUET_ROUTER_OAI_TOP_MAX_CHAT)
+            snprintf(msg, msg_cap, "top_logprobs must be at most %d, got %u",
+                     DUET_ROUTER_OAI_TOP_MAX_CHAT, in->top_logprobs);
+        else
+            snprintf(msg, msg_cap, "top_logprobs (%u) needs logprobs or prompt_logprobs",
+                     in->top_logprobs);
+        *code_p = GRPC_STATUS_INVALID_ARGUMENT;
+        return false;
+    }
     if (in->n_stop > DUET_LIMIT_STOP_STRINGS || in->n_stop_token_ids > DUET_LIMIT_STOP_TOKEN_IDS) {
         snprintf(msg, msg_cap, "%s: %zu given, at most %d are allowed",
                  in->n_stop > DUET_LIMIT_STOP_STRINGS ? "stop" : "stop_token_ids",

@@ -21,6 +21,7 @@ void duet__http_hreq_unref(duet__hreq_t *r)
         return;
     duet_router_buf_cleanup(&r->body);
     duet_router_buf_cleanup(&r->out);
+    duet__http_gen_free(r);
     pthread_mutex_destroy(&r->lock);
     duet_free(r);
 }
@@ -436,8 +437,6 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
 {
     duet_router_http_t *http = cls;
     duet__hreq_t *r = *con_cls;
-    duet_router_job_t *job;
-    bool ended;
 
     (void)conn;
     if (r == NULL)
@@ -445,9 +444,6 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
     *con_cls = NULL;
     pthread_mutex_lock(&r->lock);
     r->conn_gone = true;
-    job = r->job;
-    r->job = NULL;
-    ended = r->ended;
     pthread_mutex_unlock(&r->lock);
     pthread_mutex_lock(&http->lock);
     if (r->prev)
@@ -458,13 +454,8 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
         r->next->prev = r->prev;
     http->n_reqs--;
     pthread_mutex_unlock(&http->lock);
-    if (job != NULL) {
-        if (!ended) {
-            DUET_LOG_DEBUG("request %s: client gone (%d), cancelling", r->id, (int)toe);
-            duet_router_job_cancel(job);
-        }
-        duet_router_job_release(job);
-    }
+    DUET_LOG_DEBUG("request %s: connection completed (%d)", r->id, (int)toe);
+    duet__http_gen_cancel(r);
     duet__http_hreq_unref(r);
 }
 
@@ -472,7 +463,7 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
 
 void duet_router_http_tick(duet_router_http_t *http)
 {
-    duet_router_job_t *cancel[DUET__MAX_TICK_CANCELS];
+    duet__hreq_t *cancel[DUET__MAX_TICK_CANCELS];
     size_t n_cancel = 0;
     int64_t now = duet_now_ns();
 
@@ -487,12 +478,13 @@ void duet_router_http_tick(duet_router_http_t *http)
         /* A suspended connection is not watched by MHD: look for the peer's
          * FIN ourselves.  While suspended (under lock) MHD cannot close the
          * socket, so the fd is still this connection's. */
-        if (r->suspended && !r->client_gone && r->job && r->fd >= 0 &&
+        if (r->suspended && !r->client_gone && r->jobs_live && r->fd >= 0 &&
             n_cancel < DUET__MAX_TICK_CANCELS) {
             struct pollfd pfd = {.fd = r->fd, .events = POLLRDHUP};
             if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
                 r->client_gone = true;
-                cancel[n_cancel++] = duet_router_job_ref(r->job);
+                atomic_fetch_add(&r->refs, 1);
+                cancel[n_cancel++] = r;
             }
         }
         pthread_mutex_unlock(&r->lock);
@@ -500,8 +492,8 @@ void duet_router_http_tick(duet_router_http_t *http)
     pthread_mutex_unlock(&http->lock);
     for (size_t i = 0; i < n_cancel; i++) {
         DUET_LOG_DEBUG("a client closed its connection while waiting; cancelling");
-        duet_router_job_cancel(cancel[i]);
-        duet_router_job_release(cancel[i]);
+        duet__http_gen_cancel(cancel[i]);
+        duet__http_hreq_unref(cancel[i]);
     }
 }
 

@@ -1,8 +1,9 @@
 /* The completion endpoints: POST /v1/completions and /v1/chat/completions.
  *
- * A request is parsed and tokenized on its MHD thread, becomes a job, and
- * the connection is suspended.  The job's sink (client CQ threads) appends
- * to the request's buffer and resumes the connection:
+ * A request is parsed and tokenized on its MHD thread, becomes one job per
+ * choice (n per prompt; http_choice.c has their sink), and the connection
+ * is suspended.  The sinks (client CQ threads) append to the request's
+ * buffer and resume the connection:
  *   - stream: the first event makes the access handler queue either an
  *     error status (a failure before any token) or a 200 SSE response whose
  *     content reader drains the buffer, suspending when it is empty; after
@@ -20,8 +21,6 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/http_internal.h"
-
-#define DUET__MAX_PENDING (16u << 20)
 
 void duet_router_error_from_grpc(grpc_status_code code, const char *msg, bool started,
                                  duet_router_oai_error_t *err)
@@ -67,78 +66,45 @@ static void duet__meta(const duet__hreq_t *r, duet_router_oai_meta_t *m)
     m->model = r->http->rt->model_name;
 }
 
-/* ---- the sink (client CQ threads, or any thread for on_end) ---- */
-
-static bool duet__sink_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const uint8_t *raw,
-                             size_t len)
+void duet__http_gen_cancel(duet__hreq_t *r)
 {
-    duet__hreq_t *r = arg;
-    duet_router_oai_meta_t m;
-    size_t tlen = strlen(chunk->text);
-    bool keep = true;
+    duet_router_job_t *jobs[DUET_ROUTER_OAI_CHOICES_MAX];
+    bool ended[DUET_ROUTER_OAI_CHOICES_MAX];
+    int n = 0;
 
-    (void)raw;
-    (void)len;
-    duet__meta(r, &m);
     pthread_mutex_lock(&r->lock);
-    if (r->conn_gone) {
-        pthread_mutex_unlock(&r->lock);
-        return true;
-    }
-    if (r->stream) {
-        if (tlen > 0 || (r->api == DUET_ROUTER_API_CHAT && !r->sent_role)) {
-            duet_router_oai_render_chunk(&r->out, &m, chunk->text, tlen, NULL,
-                                         r->api == DUET_ROUTER_API_CHAT && !r->sent_role);
-            r->sent_role = true;
-        }
-        keep = !r->out.oom && duet_router_buf_unread(&r->out) <= DUET__MAX_PENDING;
-        r->ready = true;
-        duet__http_hreq_resume_locked(r);
-    } else {
-        keep = duet_router_buf_append(&r->out, chunk->text, tlen);
-    }
-    pthread_mutex_unlock(&r->lock);
-    return keep;
-}
-
-static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
-{
-    duet__hreq_t *r = arg;
-    duet_router_oai_meta_t m;
-
-    duet__meta(r, &m);
-    pthread_mutex_lock(&r->lock);
-    r->ended = true;
-    r->end_ok = end->ok;
-    r->end_started = end->started;
-    r->end_reason = end->reason;
-    r->end_prompt = end->prompt_tokens;
-    r->end_completion = end->completion_tokens;
-    r->end_code = end->code;
-    snprintf(r->end_msg, sizeof(r->end_msg), "%s", end->message ? end->message : "");
-    if (r->stream && !r->conn_gone) {
-        duet_router_oai_usage_t u = {end->prompt_tokens, end->completion_tokens};
-        if (end->ok) {
-            if (r->api == DUET_ROUTER_API_CHAT && !r->sent_role)
-                duet_router_oai_render_chunk(&r->out, &m, "", 0, NULL, true);
-            duet_router_oai_render_chunk(&r->out, &m, "", 0,
-                                         duet_router_oai_finish_name(end->reason), false);
-            if (r->include_usage)
-                duet_router_oai_render_usage_chunk(&r->out, &m, &u);
-            duet_router_sse_done(&r->out);
-        } else if (end->started) {
-            duet_router_oai_error_t err;
-            duet_router_error_from_grpc(end->code, r->end_msg, true, &err);
-            duet_router_sse_error(&r->out, &err);
+    for (int i = 0; i < r->n_choices; i++) {
+        duet__choice_t *c = &r->choices[i];
+        if (c->job != NULL) {
+            ended[n] = c->ended;
+            jobs[n++] = c->job;
+            c->job = NULL;
         }
     }
-    r->ready = true;
-    duet__http_hreq_resume_locked(r);
+    r->jobs_live = false;
     pthread_mutex_unlock(&r->lock);
-    duet__http_hreq_unref(r); /* the sink's reference */
+    for (int i = 0; i < n; i++) {
+        if (!ended[i])
+            duet_router_job_cancel(jobs[i]);
+        duet_router_job_release(jobs[i]);
+    }
 }
 
-static const duet_router_sink_t duet__http_sink = {duet__sink_chunk, duet__sink_end};
+void duet__http_gen_free(duet__hreq_t *r)
+{
+    for (int i = 0; i < r->n_choices; i++) {
+        duet_router_buf_cleanup(&r->choices[i].text);
+        duet_free(r->choices[i].lps);
+    }
+    duet_free(r->choices);
+    for (size_t i = 0; i < r->n_prompts; i++)
+        duet_free(r->prompts[i].echo);
+    duet_free(r->prompts);
+    r->choices = NULL;
+    r->prompts = NULL;
+    r->n_choices = 0;
+    r->n_prompts = 0;
+}
 
 /* ---- the SSE body (MHD thread) ---- */
 
@@ -198,22 +164,87 @@ static enum MHD_Result duet__respond_sse(duet__hreq_t *r)
 
 /* ---- submission (MHD thread) ---- */
 
+/* The seed of choice i of a request seeded with seed (docs/api-logprobs.md):
+ * choice 0 uses it as given (so n = 1 is unchanged), the others a
+ * splitmix64 mix of it and their index. */
+static uint64_t duet__choice_seed(uint64_t seed, int i)
+{
+    uint64_t z;
+
+    if (i == 0)
+        return seed;
+    z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void duet__start_error(duet_status_t st, duet_router_oai_error_t *err)
+{
+    if (st == DUET_ERR_EXHAUSTED)
+        duet_router_oai_fail(err, 429, NULL, "rate_limit_exceeded", "%s", duet_error_msg());
+    else if (st == DUET_ERR_SHUTDOWN)
+        duet_router_oai_fail(err, 503, NULL, "shutting_down", "%s", duet_error_msg());
+    else if (st == DUET_ERR_PEER)
+        duet_router_oai_fail(err, 503, NULL, "no_healthy_workers", "%s", duet_error_msg());
+    else if (st == DUET_ERR_CANCELLED)
+        duet_router_oai_fail(err, 499, NULL, "cancelled", "%s", duet_error_msg());
+    else
+        duet_router_oai_fail(err, 500, NULL, "internal_error", "%s", duet_error_msg());
+}
+
+/* Token ids (and, with echo, the text) of every prompt into r->prompts;
+ * ids_p[i] are the caller's to free. */
+static duet_status_t duet__prompts(duet__hreq_t *r, const duet_router_oai_req_t *req, int32_t **ids,
+                                   size_t *n_ids, duet_router_oai_error_t *err)
+{
+    duet_router_t *rt = r->http->rt;
+    char *chat_text = NULL;
+    size_t chat_len = 0;
+    duet_status_t st = DUET_OK;
+
+    if (r->api == DUET_ROUTER_API_CHAT) {
+        if ((st = duet_router_chat_prompt(rt, req, &chat_text, &chat_len, err)) == DUET_OK)
+            st = duet_router_prompt_ids(rt, chat_text, chat_len, false, NULL, 0, "messages",
+                                        &ids[0], &n_ids[0], err);
+        duet_free(chat_text);
+        if (st != DUET_OK)
+            return st;
+    }
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        duet_router_oai_prompt_t p = duet_router_oai_prompt(req, i);
+        duet__hprompt_t *hp = &r->prompts[i];
+        if (r->api != DUET_ROUTER_API_CHAT &&
+            (st = duet_router_prompt_ids(rt, p.has_text ? p.text : NULL, p.text_len, true, p.ids,
+                                         p.n_ids, "prompt", &ids[i], &n_ids[i], err)) != DUET_OK)
+            return st;
+        hp->n_tokens = (uint32_t)n_ids[i];
+        hp->first_id = ids[i][0];
+        if (!r->echo)
+            continue;
+        if (p.has_text) {
+            hp->echo = duet_strndup(p.text, p.text_len);
+            hp->echo_len = p.text_len;
+        } else if (duet_tokenizer_decode(rt->tok, p.ids, p.n_ids, true, &hp->echo) == DUET_OK) {
+            hp->echo_len = strlen(hp->echo);
+        }
+        if (hp->echo == NULL)
+            return duet_router_oai_fail(err, 500, NULL, "out_of_memory", "echo: %s",
+                                        duet_error_msg());
+    }
+    return DUET_OK;
+}
+
 static enum MHD_Result duet__submit(duet__hreq_t *r)
 {
     duet_router_t *rt = r->http->rt;
     duet_router_oai_limits_t lim = {rt->max_tokens_limit, rt->vocab, 16};
     duet_router_oai_req_t req;
     duet_router_oai_error_t err;
-    Duet__V1__GenerateRequest g = DUET__V1__GENERATE_REQUEST__INIT;
-    Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
-    Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
-    duet_router_job_t *job = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    char *chat_text = NULL;
-    size_t chat_len = 0;
-    enum MHD_Result ret;
-    duet_status_t st;
+    int32_t *ids[DUET_ROUTER_OAI_PROMPTS_MAX] = {0};
+    size_t n_ids[DUET_ROUTER_OAI_PROMPTS_MAX] = {0};
+    int started = 0;
+    duet_status_t st = DUET_OK;
 
     r->api =
         r->route == DUET_ROUTER_ROUTE_CHAT ? DUET_ROUTER_API_CHAT : DUET_ROUTER_API_COMPLETIONS;
@@ -229,105 +260,161 @@ static enum MHD_Result duet__submit(duet__hreq_t *r)
     duet_router_buf_cleanup(&r->body);
     r->stream = req.stream;
     r->include_usage = req.include_usage;
+    r->logprobs = req.logprobs;
+    r->echo = req.echo;
     if (req.model != NULL && strcmp(req.model, rt->model_name) != 0) {
         duet_router_oai_fail(&err, 404, "model", "model_not_found",
                              "the model '%s' does not exist (this server serves '%s')", req.model,
                              rt->model_name);
         goto respond_err;
     }
-    if (r->api == DUET_ROUTER_API_CHAT) {
-        if (duet_router_chat_prompt(rt, &req, &chat_text, &chat_len, &err) != DUET_OK ||
-            duet_router_prompt_ids(rt, chat_text, chat_len, false, NULL, 0, "messages", &ids,
-                                   &n_ids, &err) != DUET_OK)
-            goto respond_err;
-    } else if (duet_router_prompt_ids(rt, req.has_text ? req.prompt_text : NULL,
-                                      req.prompt_text_len, true, req.prompt_ids, req.n_prompt_ids,
-                                      "prompt", &ids, &n_ids, &err) != DUET_OK) {
-        goto respond_err;
-    }
-    tids.n_ids = n_ids;
-    tids.ids = ids;
-    sp.temperature = (float)req.temperature;
-    sp.top_k = req.top_k;
-    sp.top_p = req.top_p >= 1.0 ? 0.0f : (float)req.top_p;
-    sp.seed = req.seed;
-    sp.has_seed = req.has_seed;
-    g.request_id = r->id;
-    g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
-    g.token_ids = &tids;
-    g.sampling = &sp;
-    g.max_tokens = duet_router_max_tokens(rt, n_ids, req.max_tokens);
-    g.n_stop = req.n_stop;
-    g.stop = req.stop;
-    g.n_stop_token_ids = req.n_stop_ids;
-    g.stop_token_ids = req.stop_ids;
-    g.ignore_eos = req.ignore_eos;
-    if (duet_router_job_create(rt, &g, duet_deadline_in_ms(rt->request_timeout_ms),
-                               &duet__http_sink, r, &job) != DUET_OK) {
+    r->n_prompts = duet_router_oai_n_prompts(&req);
+    r->n_choices = (int)r->n_prompts * req.n;
+    r->prompts = DUET_NEW_ARRAY(duet__hprompt_t, r->n_prompts);
+    r->choices = DUET_NEW_ARRAY(duet__choice_t, (size_t)r->n_choices);
+    if (r->prompts == NULL || r->choices == NULL) {
         duet_router_oai_fail(&err, 500, NULL, "out_of_memory", "out of memory");
         goto respond_err;
     }
-    pthread_mutex_lock(&r->lock);
-    r->job = job;
-    pthread_mutex_unlock(&r->lock);
-    atomic_fetch_add(&r->refs, 1); /* the sink's, dropped by on_end */
-    st = duet_router_job_start(job);
-    if (st != DUET_OK) {
-        atomic_fetch_sub(&r->refs, 1);
-        if (st == DUET_ERR_EXHAUSTED)
-            duet_router_oai_fail(&err, 429, NULL, "rate_limit_exceeded", "%s", duet_error_msg());
-        else if (st == DUET_ERR_SHUTDOWN)
-            duet_router_oai_fail(&err, 503, NULL, "shutting_down", "%s", duet_error_msg());
-        else if (st == DUET_ERR_PEER)
-            duet_router_oai_fail(&err, 503, NULL, "no_healthy_workers", "%s", duet_error_msg());
-        else if (st == DUET_ERR_CANCELLED)
-            duet_router_oai_fail(&err, 499, NULL, "cancelled", "%s", duet_error_msg());
-        else
-            duet_router_oai_fail(&err, 500, NULL, "internal_error", "%s", duet_error_msg());
+    if (duet__prompts(r, &req, ids, n_ids, &err) != DUET_OK)
         goto respond_err;
+    for (size_t i = 0; i < r->n_prompts; i++)
+        r->end_prompt += r->prompts[i].n_tokens;
+    for (int i = 0; i < r->n_choices; i++) {
+        duet__choice_t *c = &r->choices[i];
+        Duet__V1__GenerateRequest g = DUET__V1__GENERATE_REQUEST__INIT;
+        Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
+        Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
+        char sub_id[sizeof(r->id) + 16];
+        c->r = r;
+        c->index = i;
+        c->prompt = (size_t)(i / req.n);
+        duet_router_buf_init(&c->text);
+        /* every choice is its own decode request: ids must differ */
+        if (r->n_choices > 1)
+            snprintf(sub_id, sizeof(sub_id), "%s-%d", r->id, i);
+        else
+            snprintf(sub_id, sizeof(sub_id), "%s", r->id);
+        tids.n_ids = n_ids[c->prompt];
+        tids.ids = ids[c->prompt];
+        sp.temperature = (float)req.temperature;
+        sp.top_k = req.top_k;
+        sp.top_p = req.top_p >= 1.0 ? 0.0f : (float)req.top_p;
+        sp.seed = req.has_seed ? duet__choice_seed(req.seed, i) : 0;
+        sp.has_seed = req.has_seed;
+        g.request_id = sub_id;
+        g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+        g.token_ids = &tids;
+        g.sampling = &sp;
+        g.max_tokens = duet_router_max_tokens(rt, tids.n_ids, req.max_tokens);
+        g.n_stop = req.n_stop;
+        g.stop = req.stop;
+        g.n_stop_token_ids = req.n_stop_ids;
+        g.stop_token_ids = req.stop_ids;
+        g.ignore_eos = req.ignore_eos;
+        g.logprobs = req.logprobs;
+        g.top_logprobs = (uint32_t)req.top_logprobs;
+        g.prompt_logprobs = req.logprobs && req.echo;
+        if (duet_router_job_create(rt, &g, duet_deadline_in_ms(rt->request_timeout_ms),
+                                   &duet__http_choice_sink, c, &c->job) != DUET_OK) {
+            duet_router_oai_fail(&err, 500, NULL, "out_of_memory", "out of memory");
+            goto respond_err;
+        }
+    }
+    pthread_mutex_lock(&r->lock);
+    r->jobs_live = true;
+    pthread_mutex_unlock(&r->lock);
+    for (; started < r->n_choices; started++) {
+        atomic_fetch_add(&r->refs, 1); /* the sink's, dropped by on_end */
+        if ((st = duet_router_job_start(r->choices[started].job)) != DUET_OK) {
+            atomic_fetch_sub(&r->refs, 1);
+            break;
+        }
+    }
+    if (st != DUET_OK) {
+        duet__start_error(st, &err);
+        if (started == 0) { /* nothing runs: answer now */
+            duet__http_gen_cancel(r);
+            goto respond_err;
+        }
+        /* the running ones end the request: this failure is its error */
+        duet_router_job_end_t end = {.ok = false,
+                                     .code = st == DUET_ERR_EXHAUSTED
+                                                 ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                                 : GRPC_STATUS_UNAVAILABLE,
+                                     .message = err.message};
+        for (int i = started; i < r->n_choices; i++) {
+            atomic_fetch_add(&r->refs, 1);
+            duet__http_choice_sink.on_end(&r->choices[i], &end);
+        }
     }
     r->submitted = true;
-    duet_free(ids);
-    duet_free(chat_text);
+    for (size_t i = 0; i < r->n_prompts; i++)
+        duet_free(ids[i]);
     duet_router_oai_req_cleanup(&req);
     return MHD_YES;
 
 respond_err:
-    duet_free(ids);
-    duet_free(chat_text);
+    duet__http_gen_cancel(r); /* jobs created but not started */
+    for (size_t i = 0; i < r->n_prompts; i++)
+        duet_free(ids[i]);
     duet_router_oai_req_cleanup(&req);
-    ret = duet__http_respond_error(r, &err);
-    return ret;
+    return duet__http_respond_error(r, &err);
 }
 
-/* The job's first event (or its end) arrived: answer. */
+/* The whole non-streaming body: every choice in index order. */
+static bool duet__render_all(duet__hreq_t *r, duet_router_buf_t *b)
+{
+    duet_router_oai_meta_t m;
+    duet_router_oai_usage_t u = {r->end_prompt, r->end_completion};
+    duet_router_buf_t lp;
+
+    duet__meta(r, &m);
+    duet_router_oai_render_response_head(b, &m);
+    duet_router_buf_init(&lp);
+    for (int i = 0; i < r->n_choices; i++) {
+        duet__choice_t *c = &r->choices[i];
+        size_t off = 0;
+        lp.len = lp.off = 0;
+        if (r->logprobs)
+            duet_router_oai_render_logprobs(&lp, r->api, c->lps, c->n_lps, duet__http_tok_bytes,
+                                            r->http->rt, &off);
+        if (i > 0)
+            duet_router_buf_puts(b, ",");
+        duet_router_oai_render_choice(b, r->api, c->index, c->text.data ? c->text.data : "",
+                                      c->text.len, r->logprobs ? lp.data : NULL, lp.len,
+                                      duet_router_oai_finish_name(c->end_reason));
+    }
+    duet_router_oai_render_response_tail(b, &u);
+    if (lp.oom)
+        b->oom = true;
+    duet_router_buf_cleanup(&lp);
+    return !b->oom;
+}
+
+/* The first event of the choices (or their end) arrived: answer. */
 static enum MHD_Result duet__answer(duet__hreq_t *r)
 {
     duet_router_oai_error_t err;
-    duet_router_oai_meta_t m;
     duet_router_buf_t b;
-    bool ended, ok, started;
+    bool ended, failed, started;
 
     pthread_mutex_lock(&r->lock);
     ended = r->ended;
-    ok = r->end_ok;
+    failed = r->failed;
     started = r->end_started || duet_router_buf_unread(&r->out) > 0;
     pthread_mutex_unlock(&r->lock);
-    if (r->stream && (!ended || ok || started))
+    if (r->stream && !(failed && !started))
         return duet__respond_sse(r);
-    if (!ended) /* a non-stream request is answered at the end only */
+    if (!ended) /* answered at the end only (a failure: once the others stopped) */
         return MHD_YES;
-    if (!ok) {
+    if (failed) {
         duet_router_error_from_grpc(r->end_code, r->end_msg, false, &err);
         return duet__http_respond_error(r, &err);
     }
-    duet__meta(r, &m);
-    duet_router_oai_usage_t u = {r->end_prompt, r->end_completion};
     duet_router_buf_init(&b);
     pthread_mutex_lock(&r->lock);
-    duet_router_oai_render_response(&b, &m, r->out.data ? r->out.data + r->out.off : "",
-                                    duet_router_buf_unread(&r->out),
-                                    duet_router_oai_finish_name(r->end_reason), &u);
+    duet__render_all(r, &b);
     pthread_mutex_unlock(&r->lock);
     duet_router_buf_puts(&b, "\n");
     enum MHD_Result ret =

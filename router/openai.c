@@ -43,6 +43,11 @@ void duet_router_oai_req_cleanup(duet_router_oai_req_t *req)
     duet_free(req->model);
     duet_free(req->prompt_text);
     duet_free(req->prompt_ids);
+    for (size_t i = 0; i < req->n_more_prompts; i++) {
+        duet_free(req->more_prompts[i].text);
+        duet_free(req->more_prompts[i].ids);
+    }
+    duet_free(req->more_prompts);
     for (size_t i = 0; i < req->n_msgs; i++) {
         duet_free(req->msgs[i].role);
         duet_free(req->msgs[i].content);
@@ -100,39 +105,71 @@ static duet_status_t duet__parse_ids(const cJSON *arr, const char *param, int vo
     return DUET_OK;
 }
 
-static duet_status_t duet__parse_prompt(const cJSON *p, const duet_router_oai_limits_t *lim,
-                                        duet_router_oai_req_t *req, duet_router_oai_error_t *err)
+static duet_status_t duet__parse_one_prompt(const cJSON *p, const duet_router_oai_limits_t *lim,
+                                            duet_router_oai_prompt_t *out,
+                                            duet_router_oai_error_t *err)
 {
-    if (p == NULL)
-        return duet_router_oai_fail(err, 400, "prompt", NULL, "prompt is required");
-    if (cJSON_IsArray(p)) {
-        const cJSON *first = p->child;
-        if (first == NULL)
-            return duet_router_oai_fail(err, 400, "prompt", NULL, "prompt must not be empty");
-        if (cJSON_IsString(first) || cJSON_IsArray(first)) {
-            /* A batch of prompts: one is allowed (n = 1 semantics). */
-            if (cJSON_GetArraySize(p) != 1)
-                return duet_router_oai_fail(err, 400, "prompt", NULL,
-                                            "only one prompt per request is supported");
-            p = first;
-        }
-    }
     if (cJSON_IsString(p)) {
         size_t n = strlen(p->valuestring);
         if (n == 0)
             return duet_router_oai_fail(err, 400, "prompt", NULL, "prompt must not be empty");
-        req->prompt_text = duet_strndup(p->valuestring, n);
-        if (req->prompt_text == NULL)
+        out->text = duet_strndup(p->valuestring, n);
+        if (out->text == NULL)
             return DUET__OOM(err);
-        req->prompt_text_len = n;
-        req->has_text = true;
+        out->text_len = n;
+        out->has_text = true;
         return DUET_OK;
     }
     if (cJSON_IsArray(p))
-        return duet__parse_ids(p, "prompt", lim->vocab_size, &req->prompt_ids, &req->n_prompt_ids,
-                               err);
+        return duet__parse_ids(p, "prompt", lim->vocab_size, &out->ids, &out->n_ids, err);
     return duet_router_oai_fail(err, 400, "prompt", NULL,
                                 "prompt must be a string or an array of token ids");
+}
+
+static duet_status_t duet__parse_prompt(const cJSON *p, const duet_router_oai_limits_t *lim,
+                                        duet_router_oai_req_t *req, duet_router_oai_error_t *err)
+{
+    duet_router_oai_prompt_t first = {0};
+    duet_status_t st;
+    size_t n = 1;
+
+    if (p == NULL)
+        return duet_router_oai_fail(err, 400, "prompt", NULL, "prompt is required");
+    if (cJSON_IsArray(p)) {
+        const cJSON *c = p->child;
+        if (c == NULL)
+            return duet_router_oai_fail(err, 400, "prompt", NULL, "prompt must not be empty");
+        if (cJSON_IsString(c) || cJSON_IsArray(c)) {
+            /* a batch of prompts: each is a string or an id array */
+            n = (size_t)cJSON_GetArraySize(p);
+            if (n > DUET_ROUTER_OAI_PROMPTS_MAX)
+                return duet_router_oai_fail(err, 400, "prompt", NULL,
+                                            "at most %d prompts per request, got %zu",
+                                            DUET_ROUTER_OAI_PROMPTS_MAX, n);
+            if (n > 1 &&
+                (req->more_prompts = DUET_NEW_ARRAY(duet_router_oai_prompt_t, n - 1)) == NULL)
+                return DUET__OOM(err);
+            p = c;
+        }
+    }
+    if ((st = duet__parse_one_prompt(p, lim, &first, err)) != DUET_OK)
+        return st;
+    req->has_text = first.has_text;
+    req->prompt_text = first.text;
+    req->prompt_text_len = first.text_len;
+    req->prompt_ids = first.ids;
+    req->n_prompt_ids = first.n_ids;
+    for (size_t i = 1; i < n; i++) {
+        p = p->next;
+        req->n_more_prompts = i; /* cleanup frees what was parsed */
+        if ((cJSON_IsArray(p) && p->child != NULL && !cJSON_IsNumber(p->child)) ||
+            (!cJSON_IsString(p) && !cJSON_IsArray(p)))
+            return duet_router_oai_fail(err, 400, "prompt", NULL,
+                                        "prompt[%zu] must be a string or an array of token ids", i);
+        if ((st = duet__parse_one_prompt(p, lim, &req->more_prompts[i - 1], err)) != DUET_OK)
+            return st;
+    }
+    return DUET_OK;
 }
 
 /* content: string, null, or [{type: "text", text}] parts joined. */
@@ -283,16 +320,7 @@ static duet_status_t duet__parse_unsupported(const cJSON *root, duet_router_oai_
 {
     const cJSON *v;
 
-    if ((v = duet__field(root, "n")) != NULL && !duet__is_int(v, 1, 1))
-        return duet_router_oai_fail(err, 400, "n", NULL, "only n=1 is supported");
-    if ((v = duet__field(root, "best_of")) != NULL && !duet__is_int(v, 1, 1))
-        return duet_router_oai_fail(err, 400, "best_of", NULL, "only best_of=1 is supported");
-    if ((v = duet__field(root, "echo")) != NULL && !cJSON_IsFalse(v))
-        return duet_router_oai_fail(err, 400, "echo", NULL, "echo is not supported");
-    if ((v = duet__field(root, "logprobs")) != NULL && !cJSON_IsFalse(v) && !duet__is_int(v, 0, 0))
-        return duet_router_oai_fail(err, 400, "logprobs", NULL, "logprobs are not supported");
-    if ((v = duet__field(root, "top_logprobs")) != NULL && !duet__is_int(v, 0, 0))
-        return duet_router_oai_fail(err, 400, "top_logprobs", NULL, "logprobs are not supported");
+    /* n, best_of, echo, logprobs, top_logprobs: openai_choices.c */
     if ((v = duet__field(root, "suffix")) != NULL &&
         !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return duet_router_oai_fail(err, 400, "suffix", NULL, "suffix is not supported");
@@ -421,6 +449,7 @@ duet_status_t duet_router_oai_parse(const char *body, size_t len, duet_router_ap
         st = duet__parse_prompt(duet__field(root, "prompt"), limits, req, err);
     }
     if (st != DUET_OK || (st = duet__parse_unsupported(root, err)) != DUET_OK ||
+        (st = duet_router_oai_parse_choices(root, req, err)) != DUET_OK ||
         (st = duet__parse_sampling(root, limits, req, err)) != DUET_OK ||
         (st = duet__parse_bool(root, "stream", &req->stream, err)) != DUET_OK)
         goto err;
@@ -481,20 +510,22 @@ bool duet_router_oai_render_response(duet_router_buf_t *b, const duet_router_oai
                                      const char *text, size_t len, const char *finish,
                                      const duet_router_oai_usage_t *usage)
 {
-    bool chat = m->api == DUET_ROUTER_API_CHAT;
+    return duet_router_oai_render_response_head(b, m) &&
+           duet_router_oai_render_choice(b, m->api, 0, text, len, NULL, 0, finish) &&
+           duet_router_oai_render_response_tail(b, usage);
+}
 
-    duet__meta_head(b, m, chat ? "chat.completion" : "text_completion");
-    duet_router_buf_puts(b, ",\"choices\":[{\"index\":0,");
-    if (chat) {
-        duet_router_buf_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-        duet_router_buf_json_str(b, text, len);
-        duet_router_buf_puts(b, "},");
-    } else {
-        duet_router_buf_puts(b, "\"text\":");
-        duet_router_buf_json_str(b, text, len);
-        duet_router_buf_puts(b, ",");
-    }
-    duet_router_buf_printf(b, "\"logprobs\":null,\"finish_reason\":\"%s\"}],", finish);
+bool duet_router_oai_render_response_head(duet_router_buf_t *b, const duet_router_oai_meta_t *m)
+{
+    duet__meta_head(b, m, m->api == DUET_ROUTER_API_CHAT ? "chat.completion" : "text_completion");
+    duet_router_buf_puts(b, ",\"choices\":[");
+    return !b->oom;
+}
+
+bool duet_router_oai_render_response_tail(duet_router_buf_t *b,
+                                          const duet_router_oai_usage_t *usage)
+{
+    duet_router_buf_puts(b, "],");
     duet__usage(b, usage);
     duet_router_buf_puts(b, "}");
     return !b->oom;
@@ -503,11 +534,19 @@ bool duet_router_oai_render_response(duet_router_buf_t *b, const duet_router_oai
 bool duet_router_oai_render_chunk(duet_router_buf_t *b, const duet_router_oai_meta_t *m,
                                   const char *text, size_t len, const char *finish, bool role_first)
 {
+    return duet_router_oai_render_chunk_choice(b, m, 0, text, len, NULL, 0, finish, role_first);
+}
+
+bool duet_router_oai_render_chunk_choice(duet_router_buf_t *b, const duet_router_oai_meta_t *m,
+                                         int index, const char *text, size_t len,
+                                         const char *lp_json, size_t lp_len, const char *finish,
+                                         bool role_first)
+{
     bool chat = m->api == DUET_ROUTER_API_CHAT;
 
     duet_router_buf_puts(b, "data: ");
     duet__meta_head(b, m, chat ? "chat.completion.chunk" : "text_completion");
-    duet_router_buf_puts(b, ",\"choices\":[{\"index\":0,");
+    duet_router_buf_printf(b, ",\"choices\":[{\"index\":%d,", index);
     if (chat) {
         duet_router_buf_puts(b, "\"delta\":{");
         if (role_first)
@@ -522,7 +561,12 @@ bool duet_router_oai_render_chunk(duet_router_buf_t *b, const duet_router_oai_me
         duet_router_buf_json_str(b, text, len);
         duet_router_buf_puts(b, ",");
     }
-    duet_router_buf_puts(b, "\"logprobs\":null,\"finish_reason\":");
+    duet_router_buf_puts(b, "\"logprobs\":");
+    if (lp_json != NULL)
+        duet_router_buf_append(b, lp_json, lp_len);
+    else
+        duet_router_buf_puts(b, "null");
+    duet_router_buf_puts(b, ",\"finish_reason\":");
     if (finish)
         duet_router_buf_printf(b, "\"%s\"", finish);
     else

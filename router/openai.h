@@ -11,7 +11,14 @@
  *   temperature  number >= 0 (default 1); top_p (0,1] (default 1);
  *   top_k        int >= -1 (-1 and 0 = off); seed int
  *   stop         string | [string] (at most 16, non-empty); stop_token_ids
- *   n            1 only; best_of 1 only; echo false; logprobs null/0/false
+ *   prompt       completions: also [string, ...] | [[int], ...]: several
+ *                prompts (at most DUET_ROUTER_OAI_PROMPTS_MAX)
+ *   n            1..DUET_ROUTER_OAI_N_MAX choices per prompt; best_of = n
+ *   logprobs     completions: int 0..5 (null/false: none); chat: bool
+ *   top_logprobs chat: int 0..20, needs logprobs: true
+ *   echo         completions: bool (the prompt, and with logprobs its
+ *                tokens' logprobs, before the completion)
+ *   (docs/api-logprobs.md; n x prompts <= DUET_ROUTER_OAI_CHOICES_MAX)
  *   stream, stream_options.include_usage, ignore_eos   bools
  * Unknown fields are ignored, as OpenAI clients send extras ("user"). */
 #ifndef DUET_ROUTER_OPENAI_H
@@ -52,6 +59,23 @@ typedef struct {
     int64_t default_max_tokens; /* completions without max_tokens (OpenAI: 16) */
 } duet_router_oai_limits_t;
 
+/* Limits of one request's fan-out (docs/api-logprobs.md). */
+#define DUET_ROUTER_OAI_N_MAX       16
+#define DUET_ROUTER_OAI_PROMPTS_MAX 64
+#define DUET_ROUTER_OAI_CHOICES_MAX 64
+/* OpenAI's caps on alternatives: legacy completions 5, chat 20. */
+#define DUET_ROUTER_OAI_TOP_MAX_COMPLETIONS 5
+#define DUET_ROUTER_OAI_TOP_MAX_CHAT        20
+
+/* One prompt of a completions request: text or token ids. */
+typedef struct {
+    bool has_text;
+    char *text; /* [text_len], NUL-terminated */
+    size_t text_len;
+    int32_t *ids; /* [n_ids] */
+    size_t n_ids;
+} duet_router_oai_prompt_t;
+
 typedef struct {
     duet_router_api_t api;
     char *model;       /* NULL when absent */
@@ -76,7 +100,22 @@ typedef struct {
     bool ignore_eos;
     bool stream;
     bool include_usage;
+    /* prompts 1.. of a batch (completions); prompt 0 is the fields above */
+    duet_router_oai_prompt_t *more_prompts; /* [n_more_prompts] */
+    size_t n_more_prompts;
+    int n;         /* choices per prompt, 1.. */
+    bool logprobs; /* logprobs asked (then top_logprobs alternatives) */
+    int top_logprobs;
+    bool echo; /* completions */
 } duet_router_oai_req_t;
+
+/* openai_choices.c: parse n, best_of, logprobs, top_logprobs and echo
+ * into req (400 naming the field for a bad value or combination). */
+duet_status_t duet_router_oai_parse_choices(const void *root_json, duet_router_oai_req_t *req,
+                                            duet_router_oai_error_t *err);
+/* The number of prompts (1 + n_more_prompts) and a view of prompt i. */
+size_t duet_router_oai_n_prompts(const duet_router_oai_req_t *req);
+duet_router_oai_prompt_t duet_router_oai_prompt(const duet_router_oai_req_t *req, size_t i);
 
 /* Refuse a body with a NUL byte, raw or escaped as \u0000 (a 400 naming the
  * key whose value holds it): C strings would silently end there.  Called
@@ -122,6 +161,48 @@ bool duet_router_oai_render_chunk(duet_router_buf_t *b, const duet_router_oai_me
 /* The include_usage event: empty choices and the usage object. */
 bool duet_router_oai_render_usage_chunk(duet_router_buf_t *b, const duet_router_oai_meta_t *m,
                                         const duet_router_oai_usage_t *usage);
+/* ---- choices and logprobs (openai_logprobs.c; docs/api-logprobs.md) ---- */
+
+/* One token's log-probability as decode streamed it. */
+typedef struct {
+    int32_t id;
+    bool has_logprob; /* false: the prompt's first token (nothing predicts it) */
+    float logprob;
+    int n_top;
+    int32_t top_ids[DUET_ROUTER_OAI_TOP_MAX_CHAT];
+    float top_logprobs[DUET_ROUTER_OAI_TOP_MAX_CHAT];
+} duet_router_oai_lp_t;
+
+/* The bytes token id stands for, into buf (cap bytes); returns the length
+ * (0 for an unknown id). */
+typedef size_t (*duet_router_oai_tok_fn)(void *ud, int32_t id, char *buf, size_t cap);
+
+/* The value of a choice's "logprobs" for lps[0..n) in the api's shape:
+ * completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+ * (*offset_p: the text offset of lps[0], advanced by the tokens' byte
+ * lengths), chat {"content": [{"token", "logprob", "bytes",
+ * "top_logprobs"}]}. */
+bool duet_router_oai_render_logprobs(duet_router_buf_t *b, duet_router_api_t api,
+                                     const duet_router_oai_lp_t *lps, size_t n,
+                                     duet_router_oai_tok_fn tok, void *ud, size_t *offset_p);
+/* A non-streaming choice object {"index", "text"|"message", "logprobs",
+ * "finish_reason"}; lp_json NULL: "logprobs": null. */
+bool duet_router_oai_render_choice(duet_router_buf_t *b, duet_router_api_t api, int index,
+                                   const char *text, size_t len, const char *lp_json, size_t lp_len,
+                                   const char *finish);
+/* The head of a whole response, up to and including `"choices":[`; the
+ * caller appends the choices separated by commas, then
+ * duet_router_oai_render_response_tail. */
+bool duet_router_oai_render_response_head(duet_router_buf_t *b, const duet_router_oai_meta_t *m);
+bool duet_router_oai_render_response_tail(duet_router_buf_t *b,
+                                          const duet_router_oai_usage_t *usage);
+/* One SSE event for choice index (as duet_router_oai_render_chunk), with
+ * its logprobs (lp_json NULL: null). */
+bool duet_router_oai_render_chunk_choice(duet_router_buf_t *b, const duet_router_oai_meta_t *m,
+                                         int index, const char *text, size_t len,
+                                         const char *lp_json, size_t lp_len, const char *finish,
+                                         bool role_first);
+
 /* {"error": {"message", "type", "param", "code"}} */
 bool duet_router_oai_render_error(duet_router_buf_t *b, const duet_router_oai_error_t *err);
 

@@ -190,7 +190,7 @@ def bad_inputs(cl):
          json.dumps({"prompt": [5] * 513}), 400, "prompt"),
         ("text prompt longer than the context", "POST", "/v1/completions",
          json.dumps({"prompt": "the cat sat on the mat. " * 200}), 400, "prompt"),
-        ("n > 1", "POST", "/v1/completions", '{"prompt": "x", "n": 2}', 400, "n"),
+        ("n > 16", "POST", "/v1/completions", '{"prompt": "x", "n": 17}', 400, "n"),
         ("unknown model", "POST", "/v1/completions", '{"prompt": "x", "model": "gpt-9"}', 404,
          "model"),
         ("unknown model id", "GET", "/v1/models/gpt-9", None, 404, "model"),

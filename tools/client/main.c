@@ -4,8 +4,8 @@
  *
  *   duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids "1 2 3")
  *               [--prefill HOST:PORT] [--router] [--max-tokens N]
- *               [--temperature X] [--seed N] [--ignore-eos] [--output text|ids]
- *               [--timeout-ms N] [AUTH]
+ *               [--temperature X] [--seed N] [--ignore-eos]
+ *               [--output text|ids|logprobs] [--timeout-ms N] [AUTH]
  *   duet-client --target HOST:PORT --health [AUTH]
  *
  * AUTH, as the cluster config's auth section (docs/security.md):
@@ -21,7 +21,9 @@
  * speaks plaintext only).
  *
  * --output ids prints the generated token ids on one line (the format of
- * `duet generate --output ids`); text prints the streamed text.  Exit
+ * `duet generate --output ids`); text prints the streamed text; logprobs
+ * prints one line per generated token, "ID LOGPROB ID:LOGPROB ..." with
+ * its 5 most likely tokens (docs/api-logprobs.md).  Exit
  * status 0 on success, 1 on an RPC error (printed with its gRPC code). */
 #include <errno.h>
 #include <getopt.h>
@@ -183,12 +185,13 @@ int main(int argc, char **argv)
         case 'c': config = optarg; break;
         case 'H': health = true; break;
         case 'h':
-            printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
-                   "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
-                   "[--seed N] [--ignore-eos] [--output text|ids] [--timeout-ms N] [AUTH]\n"
-                   "       duet-client --target HOST:PORT --health [AUTH]\n"
-                   "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
-                   "[--secret-file FILE] [--server-name NAME]\n");
+            printf(
+                "usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
+                "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
+                "[--seed N] [--ignore-eos] [--output text|ids|logprobs] [--timeout-ms N] [AUTH]\n"
+                "       duet-client --target HOST:PORT --health [AUTH]\n"
+                "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
+                "[--secret-file FILE] [--server-name NAME]\n");
             return 0;
         default:
             return 2;
@@ -204,7 +207,8 @@ int main(int argc, char **argv)
         return rc;
     }
     if (target == NULL || (text == NULL) == (ids_arg == NULL) || max_tokens < 1 ||
-        (strcmp(output, "text") != 0 && strcmp(output, "ids") != 0)) {
+        (strcmp(output, "text") != 0 && strcmp(output, "ids") != 0 &&
+         strcmp(output, "logprobs") != 0)) {
         fprintf(stderr, "duet-client: need --target and one of --prompt / --prompt-ids "
                         "(--help for usage)\n");
         duet_rpc_auth_destroy(auth);
@@ -237,6 +241,8 @@ int main(int argc, char **argv)
     g.sampling = &sp;
     g.max_tokens = (uint32_t)max_tokens;
     g.ignore_eos = ignore_eos;
+    g.logprobs = strcmp(output, "logprobs") == 0;
+    g.top_logprobs = g.logprobs ? 5 : 0;
     dg.request = &g;
     dg.prefill_target = (char *)prefill;
 
@@ -262,7 +268,16 @@ int main(int argc, char **argv)
         if (r == NULL)
             continue;
         if (r->kind_case == DUET__V1__GENERATE_RESPONSE__KIND_CHUNK) {
-            if (strcmp(output, "ids") == 0) {
+            if (g.logprobs) {
+                for (size_t k = 0; k < r->chunk->n_logprobs; k++) {
+                    const Duet__V1__TokenLogprob *lp = r->chunk->logprobs[k];
+                    printf("%d %.6f", lp->id, (double)lp->logprob);
+                    for (size_t t = 0; t < lp->n_top; t++)
+                        printf(" %d:%.6f", lp->top[t]->id, (double)lp->top[t]->logprob);
+                    printf("\n");
+                }
+                first = 0;
+            } else if (strcmp(output, "ids") == 0) {
                 for (size_t k = 0; k < r->chunk->n_ids; k++, first = 0)
                     printf(first ? "%d" : " %d", r->chunk->ids[k]);
             } else {
@@ -271,7 +286,8 @@ int main(int argc, char **argv)
         }
         duet__v1__generate_response__free_unpacked(r, NULL);
     }
-    printf("\n");
+    if (!g.logprobs || first)
+        printf("\n");
     if (st != DUET_OK) {
         fprintf(stderr, "duet-client: %s: %s\n", duet_rpc_code_name(msgs.code),
                 msgs.message ? msgs.message : "");
