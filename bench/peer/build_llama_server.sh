@@ -8,7 +8,10 @@
 # BUILD_DIR defaults to SRC_DIR/build-duet-peer. The binary ends up at
 # BUILD_DIR/bin/llama-server; the script prints its path and `--version`.
 # Environment: JOBS (default 2), NICE (default 10: the build is long on a
-# 2-core machine and should not starve other work).
+# 2-core machine and should not starve other work), LLAMA_COMMIT (the source
+# commit, for a tree without .git such as a `git archive`; llama-server then
+# reports "version: 0 (unknown)", so the commit is kept beside the binary in
+# BUILD_DIR/bin/llama-server.commit, which bench/serve_peer.py reports).
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -38,5 +41,10 @@ nice -n "$nice_level" cmake -S "$src" -B "$build" \
 nice -n "$nice_level" cmake --build "$build" --target llama-server -j "$jobs"
 
 bin=$build/bin/llama-server
+commit=${LLAMA_COMMIT:-}
+if [[ -z "$commit" && -e "$src/.git" ]]; then
+    commit=$(git -C "$src" rev-parse HEAD 2>/dev/null || true)
+fi
+echo "${commit:-unknown}" > "$build/bin/llama-server.commit"
 "$bin" --version 2>&1 | sed 's/^/llama-server: /'
 echo "$bin"
