@@ -25,7 +25,7 @@ reported value of a metric is its mean over the rounds (the JSON keeps each
 round).
 
 usage: bench/serve_peer.py BUILD_DIR --llama-server BIN [--gguf FILE]
-           [--rates 20,50,100,200] [--requests 400] [--rounds 2]
+           [--rates 10,50,100,200] [--requests 200] [--rounds 2]
            [--threads 2] [--slots 8] [--cpus 0,1] [--out DIR]
            [--result FILE]
 """
@@ -120,8 +120,8 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--gguf", help="the converted model (default: convert models/stories260K "
                                    "into --out)")
-    ap.add_argument("--rates", default="20,50,100,200")
-    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--rates", default="10,50,100,200")
+    ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t/-tb")
     ap.add_argument("--slots", type=int, default=8, help="llama-server -np")
