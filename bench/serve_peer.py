@@ -21,19 +21,21 @@ Fairness: this process pins itself to --cpus before starting anything, so
 every server, daemon, router and the bench-serve client runs on the same
 cores for every system; the systems run in --rounds rounds, the order
 reversed every other round (llama-server first, then last, ...), and the
-reported value of a metric is its mean over the rounds (the JSON keeps each
-round).
+reported value of a metric is its median over the rounds (the JSON keeps
+each round, and the load average before and after each system's turn).
 
 usage: bench/serve_peer.py BUILD_DIR --llama-server BIN [--gguf FILE]
-           [--rates 10,50,100,200] [--requests 200] [--rounds 2]
+           [--rates 10,50,100,200] [--requests 200] [--rounds 3]
            [--threads 2] [--slots 8] [--cpus 0,1] [--out DIR]
            [--result FILE]
+       bench/serve_peer.py --table RESULT.json [MODE,...]   (the README table)
 """
 import argparse
 import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -96,16 +98,24 @@ def summarize(runs):
     return [{k: r.get(k) for k in SUMMARY_KEYS} for r in runs]
 
 
-def mean_over_rounds(per_round):
-    """per_round: [[summary per rate] per round] -> [mean summary per rate]."""
+def median_over_rounds(per_round):
+    """per_round: [[summary per rate] per round] -> [median summary per rate]
+    (each metric on its own: a round disturbed by other work on a shared
+    machine does not move it when there are three or more rounds)."""
     out = []
     for i, first in enumerate(per_round[0]):
         m = {"request_rate": first["request_rate"]}
         for k in SUMMARY_KEYS[1:]:
             vals = [r[i][k] for r in per_round if r[i].get(k) is not None]
-            m[k] = sum(vals) / len(vals) if vals else None
+            m[k] = statistics.median(vals) if vals else None
         out.append(m)
     return out
+
+
+def loadavg():
+    """The 1-minute load average: the machine may be shared while measuring."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def git_head():
@@ -114,7 +124,45 @@ def git_head():
     return r.stdout.strip() or "unknown"
 
 
+def ratio(x):
+    """A duet / llama-server ratio: "2.1" above 1, "1/530" below."""
+    if x is None:
+        return "–"
+    if x >= 1:
+        return "%.2g" % x if x < 10 else "%.0f" % x
+    inv = 1.0 / x
+    return "1/%s" % ("%.2g" % inv if inv < 10 else "%d" % float("%.2g" % inv))
+
+
+def table(path, modes=None):
+    """The README table (Markdown) from a result JSON of this script."""
+    doc = json.load(open(path))
+    med, rat = doc["median"], doc["duet_over_llama"]
+    duet = modes or [s for s in med if s != "llama-server"]
+    tok = all(abs(rat[d][wl][i]["request_throughput"] - rat[d][wl][i]["output_throughput"])
+              < 0.02 * rat[d][wl][i]["request_throughput"]
+              for d in duet for wl in rat[d] for i in range(len(rat[d][wl])))
+    print("| workload, offered | llama-server req/s (out tok/s) | its TTFT p50 / p99 (ms) | "
+          "its TPOT p50 / p99 (ms) | duet%s ÷ llama-server: req/s%s | TTFT p50 | TTFT p99 | "
+          "TPOT p50 | TPOT p99 |" % (" (" + " · ".join(duet) + ")" if len(duet) > 1 else
+                                     " " + duet[0], " = out tok/s" if tok else ""))
+    print("|---" * 9 + "|")
+    names = {"random": "random 128/32", "trace": "trace (scaled)"}
+    for wl in med["llama-server"]:
+        for i, l in enumerate(med["llama-server"][wl]):
+            cells = [" · ".join(ratio(rat[d][wl][i][k]) for d in duet)
+                     for k in ("request_throughput", "median_ttft_ms", "p99_ttft_ms",
+                               "median_tpot_ms", "p99_tpot_ms")]
+            print("| %s, %s/s | %.1f (%.0f) | %.0f / %.0f | %.1f / %.1f | %s |"
+                  % (names.get(wl, wl), l["request_rate"], l["request_throughput"],
+                     l["output_throughput"], l["median_ttft_ms"], l["p99_ttft_ms"],
+                     l["median_tpot_ms"], l["p99_tpot_ms"], " | ".join(cells)))
+
+
 def main():
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--table":
+        table(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) == 4 else None)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--llama-server", required=True)
@@ -122,7 +170,7 @@ def main():
                                    "into --out)")
     ap.add_argument("--rates", default="10,50,100,200")
     ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t/-tb")
     ap.add_argument("--slots", type=int, default=8, help="llama-server -np")
     ap.add_argument("--cpus", default=None, help="CPU list for everything (default: all)")
@@ -150,13 +198,17 @@ def main():
     systems = ["llama-server"] + [m[0] for m in modes]
     results = {s: {wl: [] for wl in workloads} for s in systems}
     llama_argv = None
+    loads = []
     for rnd in range(a.rounds):
         order = systems if rnd % 2 == 0 else list(reversed(systems))
         for s in order:
+            load_before = loadavg()
             if s == "llama-server":
                 got, llama_argv = run_llama(a, build, workloads, rnd)
             else:
                 got = run_duet(a, build, next(m for m in modes if m[0] == s), workloads, rnd)
+            loads.append({"round": rnd, "system": s, "loadavg_before": load_before,
+                          "loadavg_after": loadavg()})
             for wl in workloads:
                 results[s][wl].append(summarize(got[wl]))
                 for r in got[wl]:
@@ -166,7 +218,7 @@ def main():
                              r["request_goodput"], r["median_ttft_ms"], r["p99_ttft_ms"],
                              r["median_tpot_ms"], r["p99_tpot_ms"]), flush=True)
 
-    means = {s: {wl: mean_over_rounds(results[s][wl]) for wl in workloads} for s in systems}
+    means = {s: {wl: median_over_rounds(results[s][wl]) for wl in workloads} for s in systems}
     ratios = {}
     for s in systems[1:]:
         ratios[s] = {}
@@ -192,7 +244,8 @@ def main():
         "bench": {"rates": a.rates, "requests_per_rate": a.requests, "rounds": a.rounds,
                   "workloads": workloads, "seed": 1, "slo_ttft_ms": 100, "slo_tpot_ms": 2,
                   "bench_args": "bench/serve_modes.py bench()"},
-        "mean": means, "duet_over_llama": ratios, "per_round": results,
+        "median": means, "duet_over_llama": ratios, "per_round": results,
+        "loadavg": loads,
     }
     path = a.result or os.path.join(a.out, "summary.json")
     with open(path, "w") as f:
