@@ -264,4 +264,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RuntimeError as e:  # llama-server did not start: its log tail is in the message
+        sys.exit("serve_peer.py: %s" % e)

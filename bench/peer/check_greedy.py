@@ -107,4 +107,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as e:  # llama-server did not start: its log tail is in the message
+        sys.exit("check_greedy.py: %s" % e)

@@ -56,7 +56,7 @@ class LlamaServer:
 
     def log_tail(self, n=30):
         try:
-            with open(self.log_path) as f:
+            with open(self.log_path, errors="replace") as f:
                 return "".join(f.readlines()[-n:])
         except OSError:
             return ""
