@@ -62,6 +62,8 @@ typedef struct {
     char *prefill_local;
     int prefill_local_max_tokens;
     int prefill_local_max_running;
+    /* the prefix cache of the KV pool (docs/prefix-cache.md) */
+    bool prefix_cache;
 } duet_instance_config_t;
 
 typedef struct {

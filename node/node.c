@@ -97,6 +97,8 @@ static duet_status_t duet__start(duet_node_t *node)
         return st;
     if ((st = duet_kv_pool_create(node->args.self->n_pages, &node->pages)) != DUET_OK)
         return st;
+    if (node->args.self->prefix_cache && (st = duet_kv_pool_cache_enable(node->pages)) != DUET_OK)
+        return st;
     node->descs = DUET_NEW_ARRAY(void *, (size_t)node->ke.tp);
     node->desc_lens = DUET_NEW_ARRAY(size_t, (size_t)node->ke.tp);
     if (node->descs == NULL || node->desc_lens == NULL)

@@ -30,7 +30,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     if (req->src_pages != NULL)
         duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
     if (req->src_stage0 >= 0)
-        duet_kv_pool_release_run(pf->node.pages, req->src_stage0, req->n_pages);
+        duet_kv_pool_release_run(pf->node.pages, req->src_stage0, req->n_pages - req->skip);
     if (req->pack != NULL) {
         for (int s = 0; s < pf->node.ke.tp; s++)
             duet_free(req->pack[s]);
@@ -41,6 +41,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     duet_free(req->prompt);
     duet_free(req->dst_pages);
     duet_free(req->src_pages);
+    duet_free(req->hashes);
     duet_free(req);
 }
 
@@ -63,6 +64,7 @@ static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
         Duet__V1__PrefillResponse resp = DUET__V1__PREFILL_RESPONSE__INIT;
         resp.first_token = req->first_token;
         resp.prompt_tokens = (uint32_t)req->n_prompt;
+        resp.cached_tokens = (uint32_t)(req->n_hit * pf->node.args.cluster->page_size);
         resp.bytes_sent = atomic_load(&req->bytes);
         resp.queue_us = (uint32_t)((req->t_start - req->t_arrival) / 1000);
         resp.compute_us = (uint32_t)((req->t_computed - req->t_start) / 1000);
@@ -152,8 +154,9 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
             req->packed
                 ? duet_engine_kv_copy_layer(pf->node.ke.engine, rank, layer, req->pack[rank],
                                             req->n_pack[rank], duet__post_layer, p)
-                : duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages,
-                                              req->n_pages, duet__post_layer, p);
+                : duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer,
+                                              req->src_pages + req->skip, req->n_pages - req->skip,
+                                              duet__post_layer, p);
         if (st != DUET_OK) {
             DUET_LOG_ERROR("prefill: kv export of layer %d failed: %s", layer, duet_error_msg());
             duet_free(p);
@@ -180,11 +183,12 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
         duet_xfer_pack_src_heads(runs, n_runs, heads, l->n_kv_heads);
-        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_pages * l->n_kv_heads);
+        int n_send = req->n_pages - req->skip;
+        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)n_send * l->n_kv_heads);
         if (req->pack[s] == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "packed transfer: no memory");
-        req->n_pack[s] = duet_xfer_pack_copies(l, req->src_pages, req->n_pages, req->src_stage0,
-                                               heads, 0, req->pack[s]);
+        req->n_pack[s] = duet_xfer_pack_copies(l, req->src_pages + req->skip, n_send,
+                                               req->src_stage0, heads, 0, req->pack[s]);
     }
     return DUET_OK;
 }
@@ -224,9 +228,9 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
             .transfer_id = req->transfer_id,
             .plan = req->link->plan,
             .peers = duet_node_link_peers(req->link, s),
-            .src_pages = req->src_pages,
+            .src_pages = req->src_pages + req->skip,
             .dst_pages = req->dst_pages,
-            .n_pages = req->n_pages,
+            .n_pages = req->n_pages - req->skip,
             .flags = (pf->node.args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0) |
                      (req->packed ? DUET_XFER_SEND_PACKED : 0),
             .src_stage0 = req->src_stage0,
@@ -276,9 +280,11 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
         goto out;
     for (int i = 0; i < n_live; i++) {
         duet_pf_req_t *req = live[i];
+        int cached = req->n_hit * pf->node.args.cluster->page_size;
         seqs[i] = (duet_engine_seq_t){
-            .tokens = req->prompt,
-            .n_tokens = req->n_prompt,
+            .tokens = req->prompt + cached,
+            .n_tokens = req->n_prompt - cached,
+            .start_pos = cached,
             .pages = req->src_pages,
             .n_pages = req->n_pages,
             .sample = true,
@@ -314,6 +320,8 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
         }
         req->first_token = sampled[i];
         req->t_computed = t1;
+        if (st == DUET_OK && sampled[i] != DUET_ENGINE_NONFINITE)
+            duet_pf_cache_keep(pf, req);
         if (rst != DUET_OK)
             duet__req_error(req, rst, why);
         for (int s = 0; s < pf->node.ke.tp; s++)
@@ -351,16 +359,11 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         }
         if (n > 0 && tokens + req->n_prompt > self->max_batch_tokens)
             break;
-        req->src_pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
-        if (req->src_pages == NULL)
-            break;
-        if (duet_kv_pool_alloc(pf->node.pages, req->n_pages, req->src_pages) != DUET_OK) {
-            duet_free(req->src_pages);
-            req->src_pages = NULL;
+        /* (with the prefix cache, only the pages it lacks are new) */
+        if (duet_pf_cache_take(pf, req) != DUET_OK)
             break; /* wait for pages: a send completing frees some */
-        }
-        if (req->packed &&
-            duet_kv_pool_alloc_run(pf->node.pages, req->n_pages, &req->src_stage0) != DUET_OK) {
+        if (req->packed && duet_kv_pool_alloc_run(pf->node.pages, req->n_pages - req->skip,
+                                                  &req->src_stage0) != DUET_OK) {
             duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
             duet_free(req->src_pages);
             req->src_pages = NULL;
@@ -372,7 +375,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         req->next = pf->inflight;
         pf->inflight = req;
         pf->n_inflight++;
-        tokens += req->n_prompt;
+        tokens += req->n_prompt - req->n_hit * pf->node.args.cluster->page_size;
         batch[n++] = req;
     }
     if (pf->queue_head == NULL)
