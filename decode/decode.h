@@ -31,8 +31,8 @@
 #include "node/node.h"
 #include "tokenizer/tokenizer.h"
 
-#define DUET_DC_MAX_STOPS       DUET_LIMIT_STOP_STRINGS
-#define DUET_DC_STOP_MAX_LEN    DUET_LIMIT_STOP_BYTES
+#define DUET_DC_MAX_STOPS    DUET_LIMIT_STOP_STRINGS
+#define DUET_DC_STOP_MAX_LEN DUET_LIMIT_STOP_BYTES
 #define DUET_DC_ABORT_TOKEN_MIN 16
 #define DUET_DC_ABORT_TOKEN_MAX 64
 
@@ -44,8 +44,8 @@ typedef struct duet_dc_req duet_dc_req_t;
  * the bootstrap worker fills the link's remote fields before posting
  * LINK_DONE. */
 typedef struct duet_dc_link {
-    duet_node_link_t base;  /* first: the table holds &base */
-    duet_dc_req_t *waiting; /* requests waiting for the bootstrap */
+    duet_node_link_t base;    /* first: the table holds &base */
+    duet_dc_req_t *waiting;   /* requests waiting for the bootstrap */
 } duet_dc_link_t;
 
 static inline duet_dc_link_t *duet_dc_link_of(duet_node_link_t *link)
@@ -54,13 +54,13 @@ static inline duet_dc_link_t *duet_dc_link_of(duet_node_link_t *link)
 }
 
 typedef enum {
-    DUET_DC_NEW,     /* in no list (being moved between phases) */
-    DUET_DC_QUEUED,  /* waiting for KV pages */
-    DUET_DC_LINKING, /* waiting for a bootstrap */
-    DUET_DC_PREFILL, /* expectations registered, Prefill call in flight */
-    DUET_DC_READY,   /* KV complete, waiting for a batch slot */
-    DUET_DC_RUNNING, /* in the decode batch */
-    DUET_DC_ENDED,   /* answered; releasing */
+    DUET_DC_NEW,      /* in no list (being moved between phases) */
+    DUET_DC_QUEUED,   /* waiting for KV pages */
+    DUET_DC_LINKING,  /* waiting for a bootstrap */
+    DUET_DC_PREFILL,  /* expectations registered, Prefill call in flight */
+    DUET_DC_READY,    /* KV complete, waiting for a batch slot */
+    DUET_DC_RUNNING,  /* in the decode batch */
+    DUET_DC_ENDED,    /* answered; releasing */
 } duet_dc_state_t;
 
 typedef struct {
@@ -75,8 +75,8 @@ typedef struct {
 
 struct duet_dc_req {
     char request_id[128];
-    uint64_t transfer_id;  /* transfer id */
-    duet_rpc_call_t *call; /* until the terminal call */
+    uint64_t transfer_id;                 /* transfer id */
+    duet_rpc_call_t *call;        /* until the terminal call */
     duet_dc_state_t state;
     int64_t t_arrival, t_first, deadline_ns;
 
@@ -90,46 +90,46 @@ struct duet_dc_req {
     char *stops[DUET_DC_MAX_STOPS];
     int n_stops;
     char prefill_target[128];
-    bool prefill_local; /* its prompt runs on our engine (local_prefill.c) */
-    bool local_asked;   /* the caller asked for that (DecodeGenerateRequest) */
+    bool prefill_local;           /* its prompt runs on our engine (local_prefill.c) */
+    bool local_asked;             /* the caller asked for that (DecodeGenerateRequest) */
     /* Decode.Abort must present it (docs/security.md); "" = none given */
     char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
 
-    int32_t *pages; /* reserved for prompt + max_tokens */
+    int32_t *pages;               /* reserved for prompt + max_tokens */
     int n_pages;
-    bool pages_held;    /* taken from the allocator */
-    int n_prompt_pages; /* the pages of the prompt */
+    bool pages_held;              /* taken from the allocator */
+    int n_prompt_pages;           /* the pages of the prompt */
     /* the prefix cache (docs/prefix-cache.md): the first n_cached_pages
      * pages came from it (referenced, never written); prefill writes the
      * n_prompt_pages - n_cached_pages after them (duet_dc_xfer_pages) */
     int n_cached_pages;
-    duet_kv_page_hash_t *hashes; /* [duet_kv_prefix_insert_pages], cache on */
-    int32_t stage0;              /* packed transfer: first of duet_dc_xfer_pages staging pages
-                                    while held (transfer/xfer_pack.h); -1: not packed */
+    duet_kv_page_hash_t *hashes;  /* [duet_kv_prefix_insert_pages], cache on */
+    int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging pages
+                                     while held (transfer/xfer_pack.h); -1: not packed */
 
     /* prefill phase */
-    duet_dc_link_t *link;          /* a reference while expectations may use its peers */
+    duet_dc_link_t *link;         /* a reference while expectations may use its peers */
     duet_dc_rank_arg_t *rank_args; /* [D] */
-    bool *expecting;               /* [D] expectation registered and not ended */
+    bool *expecting;              /* [D] expectation registered and not ended */
     int n_expecting;
     bool kv_failed;
     int32_t kv_first_token;
-    int kv_ok; /* ranks that completed */
+    int kv_ok;                    /* ranks that completed */
     bool rpc_started, rpc_done;
     duet_rpc_stream_t *rpc_stream;
-    bool retried;    /* re-bootstrapped once already */
-    bool abort_sent; /* Prefill.Abort posted */
+    bool retried;                 /* re-bootstrapped once already */
+    bool abort_sent;              /* Prefill.Abort posted */
 
     /* output */
     int32_t *out;
     int n_out;
     duet_detok_t *detok;
-    char *held; /* text not yet sent: may begin a stop string */
+    char *held;                   /* text not yet sent: may begin a stop string */
     size_t held_len, held_cap;
     bool cancelled;               /* the client went away or Abort */
     atomic_bool cancel_requested; /* set by the call's on_cancel (any thread) */
 
-    duet_dc_req_t *next; /* queue / list membership */
+    duet_dc_req_t *next;          /* queue / list membership */
 };
 
 typedef enum {
@@ -147,31 +147,31 @@ typedef struct duet_dc_ev {
     duet_dc_req_t *req;
     duet_dc_link_t *link;
     const void *peer;
-    uint64_t transfer_id;   /* KV_DONE: the transfer it reports on */
-    uint64_t peer_instance; /* PEER_ERROR: the remote side of peer */
-    int rank;               /* KV_DONE: decode rank; PEER_ERROR: remote rank */
+    uint64_t transfer_id;                 /* KV_DONE: the transfer it reports on */
+    uint64_t peer_instance;       /* PEER_ERROR: the remote side of peer */
+    int rank;                     /* KV_DONE: decode rank; PEER_ERROR: remote rank */
     duet_status_t status;
     int64_t first_token;
     char detail[256];
-    duet_rpc_call_t *call; /* ABORT: the Abort call to answer */
-    char request_id[128];  /* ABORT */
+    duet_rpc_call_t *call;        /* ABORT: the Abort call to answer */
+    char request_id[128];         /* ABORT */
     /* ABORT: the token the caller presented */
     char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
     struct duet_dc_ev *next;
 } duet_dc_ev_t;
 
 typedef struct {
-    duet_node_t node; /* engine, pages, links, server, client (node/node.h) */
+    duet_node_t node;             /* engine, pages, links, server, client (node/node.h) */
     duet_tokenizer_t *tok;
     int max_ctx;
-    atomic_int waiting; /* requests not yet running (queue limit) */
-    int next_prefill;   /* round-robin over the configured prefills */
+    atomic_int waiting;           /* requests not yet running (queue limit) */
+    int next_prefill;             /* round-robin over the configured prefills */
 
     pthread_mutex_t evlock;
     pthread_cond_t evcv;
     duet_dc_ev_t *ev_head, *ev_tail;
     bool stop;
-    bool sched_gone; /* the scheduler has left: events carrying a call are refused */
+    bool sched_gone;              /* the scheduler has left: events carrying a call are refused */
     /* Info (under evlock) */
     int info_queued, info_running;
     uint64_t requests_total, requests_failed;
@@ -182,17 +182,17 @@ typedef struct {
     pthread_t sched_thread;
     bool sched_started;
     duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */
-    duet_dc_req_t *prefilling;              /* PREFILL and LINKING-over requests */
+    duet_dc_req_t *prefilling;    /* PREFILL and LINKING-over requests */
     duet_dc_req_t *ready_head, *ready_tail;
-    duet_dc_req_t **running; /* [max_seqs] */
+    duet_dc_req_t **running;      /* [max_seqs] */
     int n_running;
-    duet_dc_req_t *ending;   /* ENDED, waiting for callbacks */
-    duet_dc_req_t *zombies;  /* free after the next event drain */
-    duet_engine_seq_t *seqs; /* [max_seqs] */
+    duet_dc_req_t *ending;        /* ENDED, waiting for callbacks */
+    duet_dc_req_t *zombies;       /* free after the next event drain */
+    duet_engine_seq_t *seqs;      /* [max_seqs] */
     int32_t *sampled;
     int32_t *inputs;
-    long fault_step_delay_ms; /* DUET_FAULT_DECODE_STEP_DELAY_MS (tests) */
-    char *piece;              /* detokenizer output, piece_cap bytes */
+    long fault_step_delay_ms;     /* DUET_FAULT_DECODE_STEP_DELAY_MS (tests) */
+    char *piece;                  /* detokenizer output, piece_cap bytes */
     size_t piece_cap;
 } duet_decode_t;
 
@@ -241,7 +241,8 @@ void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev);
  * can still write its pages or call back. */
 bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req);
 /* Transfer layer callback (progress thread). */
-void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st, const char *detail);
+void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
+                           const char *detail);
 
 /* owner.c (any thread; docs/security.md "Page grants and ownership") */
 /* Set req's request id (the caller's, or 128 random bits as hex) and its

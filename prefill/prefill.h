@@ -26,15 +26,15 @@
 #include "node/node.h"
 
 typedef struct duet_pf_req {
-    duet_rpc_call_t *call; /* NULL once answered */
+    duet_rpc_call_t *call;      /* NULL once answered */
     char request_id[128];
     uint64_t transfer_id;
-    duet_node_link_t *link; /* the decode's (key: its instance id); holds a reference */
+    duet_node_link_t *link;     /* the decode's (key: its instance id); holds a reference */
     int32_t *prompt;
     int n_prompt;
     int32_t *dst_pages;
-    int n_pages;        /* pages covering the prompt */
-    int32_t *src_pages; /* ours, while computing and sending */
+    int n_pages;                /* pages covering the prompt */
+    int32_t *src_pages;         /* ours, while computing and sending */
     /* prefix caches (docs/prefix-cache.md): decode has the first skip
      * pages already (dst_pages covers the n_pages - skip after them, and
      * only those are sent); our own cache had the first n_hit */
@@ -48,9 +48,9 @@ typedef struct duet_pf_req {
     int *n_pack;                    /* [tp] */
     duet_sampling_t sampling;
     atomic_bool aborted;
-    bool begun; /* sends begun on every rank */
+    bool begun;                 /* sends begun on every rank */
     /* completion, written by the progress threads */
-    atomic_int ranks_pending; /* sends not ended + the scheduler's until send_end */
+    atomic_int ranks_pending;   /* sends not ended + the scheduler's until send_end */
     _Atomic duet_status_t status;
     char detail[256];
     atomic_flag detail_set;
@@ -61,12 +61,12 @@ typedef struct duet_pf_req {
 } duet_pf_req_t;
 
 typedef struct {
-    duet_node_t node; /* engine, pages, links, server, start-up (node/node.h) */
+    duet_node_t node;           /* engine, pages, links, server, start-up (node/node.h) */
 
     pthread_mutex_t lock;
     pthread_cond_t cv;
     duet_pf_req_t *queue_head, *queue_tail;
-    duet_pf_req_t *inflight; /* computing or sending */
+    duet_pf_req_t *inflight;    /* computing or sending */
     int n_queued, n_inflight;
     uint64_t requests_total, requests_failed;
     bool stop;
