@@ -53,6 +53,7 @@
 #include "common/cluster.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "router/buf.h"
 #include "router/discovery.h"
 #include "router/metrics.h"
 #include "router/policy.h"
@@ -80,6 +81,13 @@ typedef enum {
     DUET_ROUTER_WORKER_REMOVED = 2, /* gone: the slot's last worker */
 } duet_router_worker_state_t;
 
+/* A worker's prefix cache, from its Info (docs/prefix-cache.md). */
+typedef struct {
+    bool on;
+    uint32_t cached_pages, shared_pages, in_use_pages;
+    uint64_t lookups, lookup_tokens, hit_tokens, hit_pages, inserted_pages, evictions;
+} duet_router_cache_stats_t;
+
 typedef struct {
     duet_role_t role;
     char name[128];
@@ -95,6 +103,7 @@ typedef struct {
      * of local and remote prefills (Info) */
     duet_prefill_local_t prefill_local;
     uint64_t prefills_local, prefills_remote;
+    duet_router_cache_stats_t cache;
     int64_t inflight; /* this router's requests on it */
     double load;      /* duet_router_load_score */
     uint64_t checks, failures;
@@ -151,6 +160,10 @@ const char *duet_router_workers_address(const duet_router_workers_t *w, duet_rol
 const char *duet_router_workers_name(const duet_router_workers_t *w, duet_role_t role, int idx);
 /* A request to this worker failed: check it now instead of at the next tick. */
 void duet_router_workers_suspect(duet_router_workers_t *w, duet_role_t role, int idx);
+
+/* The duet_prefix_cache_* metrics (Prometheus text) of every worker, per
+ * instance, and their sums per role (router/cache_metrics.c). */
+void duet_router_cache_metrics_render(duet_router_workers_t *w, duet_router_buf_t *b);
 
 /* Copy slot idx's worker into info.  Returns false when the slot holds
  * none (info then describes its last worker, state REMOVED, or is zeroed
