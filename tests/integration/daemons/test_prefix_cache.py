@@ -4,7 +4,8 @@ duet-decode processes: greedy tokens with the cache on equal the cache off
 and `duet generate --tp 1`, and the pages add up after every case.
 
 Each cluster has a prefill and a decode with the cache on (p0: TP P, d0:
-TP D) and a prefill and a decode with it off (p1, d1: TP 1), so every
+TP D; (P, D) = (2, 1) on stories260K, (1, 2) and (4, 2) on synthetic
+models with 2 and 8 KV heads) and a prefill and a decode with it off (p1, d1: TP 1), so every
 prompt runs through the four pairs: decode cache on/off x prefill cache
 on/off (decode asks only for the pages after its cached prefix; prefill
 reuses its own cache, or recomputes the prefix without sending it).
@@ -19,6 +20,7 @@ reuses its own cache, or recomputes the prefix without sending it).
   cancel       a long stream sharing its prefix with others is cancelled
                mid-stream: the others finish correctly, no page is freed
                while referenced (its prefix still hits), none leaks
+  config_error prefix_cache that is not a boolean stops start-up naming it
 
 After every case, on every daemon: pool_free + cached_idle + in_use ==
 total and nothing in use (duet_cluster.pages_at_baseline).
@@ -26,6 +28,7 @@ total and nothing in use (duet_cluster.pages_at_baseline).
 usage: test_prefix_cache.py BUILD_DIR SOURCE_DIR [case ...]
 """
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -131,6 +134,22 @@ def sharing_synthetic():
     sharing_on(model, 300, 1, 2)
 
 
+def sharing_kv8():
+    tmp = tempfile.mkdtemp(prefix="duet_pc_")
+    model = mkmodel(BUILD, os.path.join(tmp, "kv8"), layers=2, hidden=64, heads=8, kv_heads=8,
+                    head_dim=8, intermediate=96, vocab=300, max_pos=512, seed=48)
+    sharing_on(model, 300, 4, 2)
+
+
+def config_error():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 1, {"prefix_cache": "yes"})])
+    exe = os.path.join(BUILD, "decode", "duet-decode")
+    r = subprocess.run([exe, "--config", c.config, "--name", "d0"], capture_output=True,
+                       text=True, timeout=30)
+    expect(r.returncode != 0 and "prefix_cache" in r.stderr,
+           "exit %d, stderr %r" % (r.returncode, r.stderr[-300:]))
+
+
 def evictions():
     # 14 pages: one request of 83 + 8 tokens takes 6; prompts of 5 full
     # pages each cannot all stay
@@ -226,6 +245,7 @@ def cancel():
 
 if __name__ == "__main__":
     t0 = time.time()
-    run_cases([sharing, sharing_synthetic, evictions, concurrent, cancel], sys.argv[3:],
+    run_cases([sharing, sharing_synthetic, sharing_kv8, evictions, concurrent, cancel,
+               config_error], sys.argv[3:],
               "prefix cache")
     print("%.0fs" % (time.time() - t0))
