@@ -203,9 +203,10 @@ int duet_node_main(duet_node_t *node, const duet_node_ops_t *ops, void *ud, int 
         goto out;
     }
     duet_rpc_health_set(node->health, "", DUET_RPC_HEALTH_SERVING);
-    DUET_LOG_INFO("%s %s (%s) serving on port %d: tp %d, %d pages of %d tokens", node->role,
-                  node->args.self->name, node->args.instance_id, duet_rpc_server_port(node->srv),
-                  node->ke.tp, node->args.self->n_pages, node->args.cluster->page_size);
+    DUET_LOG_INFO("%s %s (%s) serving on port %d: tp %d, %d pages of %d tokens, prefix cache %s",
+                  node->role, node->args.self->name, node->args.instance_id,
+                  duet_rpc_server_port(node->srv), node->ke.tp, node->args.self->n_pages,
+                  node->args.cluster->page_size, node->args.self->prefix_cache ? "on" : "off");
     /* duet_node_fail wakes this wait too */
     int sig = duet_daemon_signal_wait(-1);
     if (duet_node_failed(node)) {
