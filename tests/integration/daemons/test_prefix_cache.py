@@ -20,6 +20,7 @@ reuses its own cache, or recomputes the prefix without sending it).
   cancel       a long stream sharing its prefix with others is cancelled
                mid-stream: the others finish correctly, no page is freed
                while referenced (its prefix still hits), none leaks
+  conditional_uncached  prefill_local "auto" counts only the uncached tokens
   config_error prefix_cache that is not a boolean stops start-up naming it
 
 After every case, on every daemon: pool_free + cached_idle + in_use ==
@@ -141,6 +142,32 @@ def sharing_kv8():
     sharing_on(model, 300, 4, 2)
 
 
+def conditional_uncached():
+    """prefill_local "auto" decides by the uncached length: a 94-token
+    prompt is over the 40-token limit, but with 64 of its tokens cached on
+    decode only 30 are left, and those are computed locally."""
+    auto = {"prefill_local": "auto", "prefill_local_max_tokens": 40}
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 1, auto)],
+                page_size=PAGE, n_pages=256)
+    try:
+        c.start_all()
+        shared = ids(512, 4 * PAGE, 60)
+        run(c, STORIES, shared + ids(512, 20, 61)[1:], decodes=("d0",), prefills=("p0",),
+            what="cold")
+        i = c.info("d0")
+        expect((i.prefills_local, i.prefills_remote) == (0, 1),
+               "83 uncached tokens went local: %s" % ((i.prefills_local, i.prefills_remote),))
+        run(c, STORIES, shared + ids(512, 31, 62)[1:], decodes=("d0",), prefills=("p0",),
+            what="warm")
+        i = c.info("d0")
+        expect((i.prefills_local, i.prefills_remote) == (1, 1),
+               "30 uncached tokens of 94 did not go local: %s" %
+               ((i.prefills_local, i.prefills_remote),))
+        baseline(c)
+    finally:
+        c.close()
+
+
 def config_error():
     c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 1, {"prefix_cache": "yes"})])
     exe = os.path.join(BUILD, "decode", "duet-decode")
@@ -246,6 +273,6 @@ def cancel():
 if __name__ == "__main__":
     t0 = time.time()
     run_cases([sharing, sharing_synthetic, sharing_kv8, evictions, concurrent, cancel,
-               config_error], sys.argv[3:],
+               conditional_uncached, config_error], sys.argv[3:],
               "prefix cache")
     print("%.0fs" % (time.time() - t0))
