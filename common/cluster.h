@@ -66,6 +66,8 @@ typedef struct {
      * large as one KV page in every layer; -1 = auto (n_pages / 4 where
      * packing can run, else 0) */
     int stage_pages;
+    /* the prefix cache of the KV pool (docs/prefix-cache.md) */
+    bool prefix_cache;
 } duet_instance_config_t;
 
 /* router.cache_aware: the cache_aware policy's thresholds

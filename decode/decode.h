@@ -99,8 +99,13 @@ struct duet_dc_req {
     int32_t *pages;               /* reserved for prompt + max_tokens */
     int n_pages;
     bool pages_held;              /* taken from the allocator */
-    int n_prompt_pages;           /* the prefix prefill writes */
-    int32_t stage0;               /* packed transfer: first of n_prompt_pages staging pages
+    int n_prompt_pages;           /* the pages of the prompt */
+    /* the prefix cache (docs/prefix-cache.md): the first n_cached_pages
+     * pages came from it (referenced, never written); prefill writes the
+     * n_prompt_pages - n_cached_pages after them (duet_dc_xfer_pages) */
+    int n_cached_pages;
+    duet_kv_page_hash_t *hashes;  /* [duet_kv_prefix_insert_pages], cache on */
+    int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging pages
                                      while held (transfer/xfer_pack.h); -1: not packed */
 
     /* prefill phase */
@@ -300,6 +305,25 @@ duet_status_t duet_dc_lp_local_compute(duet_decode_t *dc, duet_dc_req_t *req, in
  * NULL when req asked none. */
 const duet_logprob_t *duet_dc_lp_step(duet_decode_t *dc, duet_dc_req_t *req, int32_t token,
                                       duet_logprob_t *lp);
+/* cache.c (scheduler thread; docs/prefix-cache.md) */
+/* Take req's pages: the longest cached prefix of its prompt (at most
+ * duet_kv_prefix_lookup_pages, referenced) and new ones for the rest;
+ * sets pages_held.  DUET_ERR_EXHAUSTED (nothing held) when the pool cannot
+ * cover the rest. */
+duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req);
+/* req's prompt KV is complete in its pages: keep its full prompt pages. */
+void duet_dc_cache_keep(duet_decode_t *dc, duet_dc_req_t *req);
+/* Prompt tokens whose KV req still needs (after take). */
+int duet_dc_uncached_tokens(const duet_decode_t *dc, const duet_dc_req_t *req);
+/* True when the cache held every page it may (only the last page's tokens
+ * are left): no prefill instance is needed. */
+bool duet_dc_cache_covers(const duet_decode_t *dc, const duet_dc_req_t *req);
+
+/* Prompt pages a remote prefill writes (those after the cached prefix). */
+static inline int duet_dc_xfer_pages(const duet_dc_req_t *req)
+{
+    return req->n_prompt_pages - req->n_cached_pages;
+}
 
 /* output.c (scheduler thread) */
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req);

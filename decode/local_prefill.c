@@ -32,6 +32,10 @@ static bool duet__remote_known(const duet_decode_t *dc, const duet_dc_req_t *req
 bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
 {
     const duet_instance_config_t *self = dc->node.args.self;
+    /* the prefix cache held all it may: only the last page's tokens are
+     * left, less than a prefill's transfer would cost (docs/prefix-cache.md) */
+    if (duet_dc_cache_covers(dc, req))
+        return true;
     switch (dc->local_mode) {
     case DUET_PREFILL_LOCAL_OFF:
         return false;
@@ -42,7 +46,7 @@ bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
     }
     if (req->local_asked || !duet__remote_known(dc, req))
         return true;
-    return req->n_prompt <= self->prefill_local_max_tokens &&
+    return duet_dc_uncached_tokens(dc, req) <= self->prefill_local_max_tokens &&
            busy < self->prefill_local_max_running;
 }
 
@@ -54,11 +58,12 @@ void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
      * step on this thread, so they are free here */
     for (int i = 0; i < n; i++) {
         duet_dc_req_t *req = reqs[i];
+        int cached = req->n_prompt - duet_dc_uncached_tokens(dc, req);
         req->prefill_local = true;
         dc->seqs[i] = (duet_engine_seq_t){
-            .tokens = req->prompt,
-            .n_tokens = req->n_prompt,
-            .start_pos = 0,
+            .tokens = req->prompt + cached,
+            .n_tokens = req->n_prompt - cached,
+            .start_pos = cached,
             .pages = req->pages,
             .n_pages = req->n_prompt_pages,
             .sample = true,

@@ -230,7 +230,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     if (req->stage0 >= 0 && !req->retried &&
         (duet_slice_plan_prefill_tp(link->base.plan) ==
              duet_slice_plan_decode_tp(link->base.plan) ||
-         !duet__stage_fits(link, req->n_prompt_pages)))
+         !duet__stage_fits(link, duet_dc_xfer_pages(req))))
         duet_dc_stage_release(dc, req);
     req->kv_ok = 0;
     req->kv_failed = false;
@@ -258,8 +258,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             .transfer_id = req->transfer_id,
             .plan = link->base.plan,
             .peers = duet_node_link_peers(&link->base, d),
-            .pages = req->pages,
-            .n_pages = req->n_prompt_pages,
+            .pages = req->pages + req->n_cached_pages,
+            .n_pages = duet_dc_xfer_pages(req),
             .deadline_ns =
                 now + (int64_t)dc->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS,
             .cb = duet__kv_cb,
@@ -283,8 +283,9 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.decode_id = dc->node.args.instance_id;
     pr.n_prompt_ids = (size_t)req->n_prompt;
     pr.prompt_ids = req->prompt;
-    pr.n_dst_pages = (size_t)req->n_prompt_pages;
-    pr.dst_pages = req->pages;
+    pr.n_dst_pages = (size_t)duet_dc_xfer_pages(req);
+    pr.dst_pages = req->pages + req->n_cached_pages;
+    pr.cached_pages = (uint32_t)req->n_cached_pages;
     pr.sampling = &sp;
     pr.transfer_id = req->transfer_id;
     pr.packed = req->stage0 >= 0;
@@ -297,8 +298,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     duet_node_grant_t g = {
         .transfer_id = req->transfer_id,
         .decode_id = pr.decode_id,
-        .pages = req->pages,
-        .n_pages = (size_t)req->n_prompt_pages,
+        .pages = req->pages + req->n_cached_pages,
+        .n_pages = (size_t)duet_dc_xfer_pages(req),
         .packed = pr.packed,
         .stage0 = pr.dst_stage_page,
         .expiry_ms = duet_node_grant_now_ms() +

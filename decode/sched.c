@@ -77,6 +77,7 @@ void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req)
     for (int i = 0; i < req->n_stops; i++)
         duet_free(req->stops[i]);
     duet_free(req->pages);
+    duet_free(req->hashes);
     for (int d = 0; req->rank_args != NULL && d < dc->node.ke.tp; d++)
         duet_free(req->rank_args[d].ev);
     duet_free(req->rank_args);
@@ -157,7 +158,7 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
     if (req->stage0 >= 0)
-        duet_kv_pool_release_run(dc->node.stage, req->stage0, req->n_prompt_pages);
+        duet_kv_pool_release_run(dc->node.stage, req->stage0, duet_dc_xfer_pages(req));
     req->stage0 = -1;
 }
 
@@ -170,16 +171,16 @@ static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
     int D = dc->node.ke.tp, n[DUET_TP_MAX];
     duet_kv_copy_t *lists[DUET_TP_MAX];
     duet_kv_copy_t *copies = DUET_NEW_ARRAY(
-        duet_kv_copy_t, (size_t)D * (size_t)req->n_prompt_pages * (size_t)l->n_kv_heads);
+        duet_kv_copy_t, (size_t)D * (size_t)duet_dc_xfer_pages(req) * (size_t)l->n_kv_heads);
     duet_status_t st;
     if (copies == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "unpack: no memory");
     for (int d = 0; d < D; d++) {
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_dst_runs(req->link->base.plan, d, &runs);
-        lists[d] = copies + (size_t)d * (size_t)req->n_prompt_pages * (size_t)l->n_kv_heads;
-        n[d] = duet_xfer_pack_copies(l, req->pages, req->n_prompt_pages, req->stage0, runs, n_runs,
-                                     1, lists[d]);
+        lists[d] = copies + (size_t)d * (size_t)duet_dc_xfer_pages(req) * (size_t)l->n_kv_heads;
+        n[d] = duet_xfer_pack_copies(l, req->pages + req->n_cached_pages, duet_dc_xfer_pages(req),
+                                     req->stage0, runs, n_runs, 1, lists[d]);
     }
     st = duet_engine_kv_copy_ranks(dc->node.ke.engine, (const duet_kv_copy_t *const *)lists, n);
     duet_free(copies);
@@ -240,12 +241,14 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
      * host mirror; prefilled locally: already in the pool */
     duet_status_t st = req->prefill_local ? DUET_OK
                        : req->stage0 >= 0 ? duet__unpack(dc, req)
-                                          : duet_engine_kv_import(dc->node.ke.engine, req->pages,
-                                                                  req->n_prompt_pages);
+                                          : duet_engine_kv_import(dc->node.ke.engine,
+                                                                  req->pages + req->n_cached_pages,
+                                                                  duet_dc_xfer_pages(req));
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;
     }
+    duet_dc_cache_keep(dc, req);
     st = duet_dc_output_init(dc, req);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
@@ -374,18 +377,22 @@ static void duet__admit(duet_decode_t *dc)
          * max_batch_tokens prompt tokens per pass: a decode step comes
          * between two such batches, which bounds the stall of the running
          * sequences */
-        bool here = duet_dc_local_wanted(dc, req, busy + n_local);
-        if (here && n_local > 0 &&
-            local_tokens + req->n_prompt > dc->node.args.self->max_batch_tokens)
-            break;
-        if (duet_kv_pool_alloc(dc->node.pages, req->n_pages, req->pages) != DUET_OK)
+        /* (with the prefix cache, only the pages it lacks are new, and the
+         * decision counts only the tokens left to compute) */
+        if (duet_dc_cache_take(dc, req) != DUET_OK)
             break; /* wait: finishing requests free pages */
-        req->pages_held = true;
+        bool here = duet_dc_local_wanted(dc, req, busy + n_local);
+        int uncached = duet_dc_uncached_tokens(dc, req);
+        if (here && n_local > 0 && local_tokens + uncached > dc->node.args.self->max_batch_tokens) {
+            duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
+            req->pages_held = false;
+            break;
+        }
         duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
         atomic_fetch_sub(&dc->waiting, 1);
         if (here) {
             local[n_local++] = req;
-            local_tokens += req->n_prompt;
+            local_tokens += uncached;
             continue;
         }
         pthread_mutex_lock(&dc->evlock);
@@ -394,8 +401,8 @@ static void duet__admit(duet_decode_t *dc)
         /* packed transfers stage the prompt in a run of free pages; with no
          * such run the request moves unpacked (slower on device pools, never
          * stuck) */
-        if (dc->node.ke.pack &&
-            duet_kv_pool_alloc_run(dc->node.stage, req->n_prompt_pages, &req->stage0) != DUET_OK) {
+        if (dc->node.ke.pack && duet_kv_pool_alloc_run(dc->node.stage, duet_dc_xfer_pages(req),
+                                                       &req->stage0) != DUET_OK) {
             DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, duet_error_msg());
             req->stage0 = -1;
         }

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/pb_strings.h"
 #include "common/rpc_pb.h"
+#include "node/cache_info.h"
 #include "decode/decode.h"
 #include "decode/limits.h"
 #include "duet/v1/decode.pb-c.h"
@@ -308,8 +309,7 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.model = dc->node.args.cluster->model;
     r.model_fingerprint = dc->node.ke.fingerprint;
     r.page_size = (uint32_t)dc->node.args.cluster->page_size;
-    r.total_pages = (uint32_t)duet_kv_pool_total(dc->node.pages);
-    r.free_pages = (uint32_t)duet_kv_pool_free_count(dc->node.pages);
+    duet_node_cache_info(dc->node.pages, &r);
     r.queue_depth = (uint32_t)queued;
     r.running = (uint32_t)running;
     r.draining = atomic_load(&dc->node.draining);

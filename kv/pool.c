@@ -5,16 +5,9 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "kv/pool_internal.h"
 
 #define DUET__KV_POOL_REFS_MAX UINT16_MAX
-
-struct duet_kv_pool {
-    pthread_mutex_t lock;
-    int n_pages;
-    int n_free;
-    int hint;       /* where the next search starts */
-    uint16_t *refs; /* [n_pages] references per page; 0 = free */
-};
 
 duet_status_t duet_kv_pool_create(int n_pages, duet_kv_pool_t **pool_p)
 {
@@ -45,6 +38,7 @@ void duet_kv_pool_destroy(duet_kv_pool_t *pool)
     if (pool == NULL)
         return;
     pthread_mutex_destroy(&pool->lock);
+    duet__kv_prefix_destroy(pool->prefix);
     duet_free(pool->refs);
     duet_free(pool);
 }
@@ -61,6 +55,17 @@ static int duet__kv_pool_find_run(const duet_kv_pool_t *pool, int start, int n)
     return -1;
 }
 
+/* A run of n free pages that contains page p, or -1. */
+static int duet__kv_pool_run_around(const duet_kv_pool_t *pool, int32_t p, int n)
+{
+    int lo = p, hi = p;
+    while (lo > 0 && p - lo + 1 < n && pool->refs[lo - 1] == 0)
+        lo--;
+    while (hi + 1 < pool->n_pages && hi - lo + 1 < n && pool->refs[hi + 1] == 0)
+        hi++;
+    return hi - lo + 1 >= n ? lo : -1;
+}
+
 duet_status_t duet_kv_pool_alloc(duet_kv_pool_t *pool, int n, int32_t *pages)
 {
     int first;
@@ -70,6 +75,11 @@ duet_status_t duet_kv_pool_alloc(duet_kv_pool_t *pool, int n, int32_t *pages)
     if (n == 0)
         return DUET_OK;
     pthread_mutex_lock(&pool->lock);
+    /* idle cached pages go before allocation fails (and none when it
+     * would fail anyway) */
+    while (n > pool->n_free && n <= pool->n_free + duet__kv_prefix_idle(pool) &&
+           duet__kv_prefix_evict_one(pool) >= 0)
+        ;
     if (n > pool->n_free) {
         int free_now = pool->n_free;
         pthread_mutex_unlock(&pool->lock);
@@ -107,12 +117,23 @@ duet_status_t duet_kv_pool_alloc_run(duet_kv_pool_t *pool, int n, int32_t *first
     if (n <= 0)
         return duet_error(DUET_ERR_INVALID, "kv pool: run of %d pages", n);
     pthread_mutex_lock(&pool->lock);
+    while (n > pool->n_free && n <= pool->n_free + duet__kv_prefix_idle(pool) &&
+           duet__kv_prefix_evict_one(pool) >= 0)
+        ;
     first = n <= pool->n_free ? duet__kv_pool_find_run(pool, 0, n) : -1;
+    /* evict idle cached pages until one completes a run */
+    while (first < 0 && n <= pool->n_free) {
+        int32_t p = duet__kv_prefix_evict_one(pool);
+        if (p < 0)
+            break;
+        first = duet__kv_pool_run_around(pool, p, n);
+    }
     if (first < 0) {
         int free_now = pool->n_free;
         pthread_mutex_unlock(&pool->lock);
-        return duet_error(DUET_ERR_EXHAUSTED, "kv pool: no run of %d consecutive pages (%d free of %d)",
-                          n, free_now, pool->n_pages);
+        return duet_error(DUET_ERR_EXHAUSTED,
+                          "kv pool: no run of %d consecutive pages (%d free of %d)", n, free_now,
+                          pool->n_pages);
     }
     for (int i = 0; i < n; i++)
         pool->refs[first + i] = 1;
@@ -136,8 +157,11 @@ duet_status_t duet_kv_pool_ref(duet_kv_pool_t *pool, const int32_t *pages, int n
                               pool->n_pages, held);
         }
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (pool->refs[pages[i]] == 1)
+            duet__kv_prefix_on_new_user(pool, pages[i]);
         pool->refs[pages[i]]++;
+    }
     pthread_mutex_unlock(&pool->lock);
     return DUET_OK;
 }
@@ -149,7 +173,9 @@ static bool duet__kv_pool_unref(duet_kv_pool_t *pool, int32_t p)
         DUET_LOG_ERROR("kv pool: bad release of page %d (of %d)", (int)p, pool->n_pages);
         return false;
     }
-    return --pool->refs[p] == 0;
+    if (--pool->refs[p] == 1)
+        duet__kv_prefix_on_last_user(pool, p);
+    return pool->refs[p] == 0;
 }
 
 int duet_kv_pool_release(duet_kv_pool_t *pool, const int32_t *pages, int n)
@@ -187,7 +213,7 @@ int duet_kv_pool_refs(duet_kv_pool_t *pool, int32_t page)
 int duet_kv_pool_free_count(duet_kv_pool_t *pool)
 {
     pthread_mutex_lock(&pool->lock);
-    int n = pool->n_free;
+    int n = pool->n_free + (pool->prefix != NULL ? pool->prefix->n_idle : 0);
     pthread_mutex_unlock(&pool->lock);
     return n;
 }

@@ -7,7 +7,10 @@
  * adds one with duet_kv_pool_ref, and every owner drops its own with
  * duet_kv_pool_release; a page is free again when its last reference goes.
  * Allocation is all-or-nothing and prefers the lowest contiguous run, so
- * transfers coalesce.  Thread-safe (an internal mutex). */
+ * transfers coalesce.  With a prefix cache (kv/prefix_cache.h) a page the
+ * cache alone still references is idle: allocation evicts idle pages (least
+ * recently used first) before it reports DUET_ERR_EXHAUSTED.  Thread-safe
+ * (an internal mutex). */
 #ifndef DUET_KV_POOL_H
 #define DUET_KV_POOL_H
 
@@ -49,6 +52,7 @@ int duet_kv_pool_release(duet_kv_pool_t *pool, const int32_t *pages, int n);
 /* References held on one page (0 = free; -1 out of range). */
 int duet_kv_pool_refs(duet_kv_pool_t *pool, int32_t page);
 
+/* Pages an allocation can take: free ones and idle cached ones. */
 int duet_kv_pool_free_count(duet_kv_pool_t *pool);
 int duet_kv_pool_total(const duet_kv_pool_t *pool);
 

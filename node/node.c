@@ -100,6 +100,8 @@ static duet_status_t duet__start(duet_node_t *node)
     if (node->ke.stage_units > 0 &&
         (st = duet_kv_pool_create(node->ke.stage_units, &node->stage)) != DUET_OK)
         return st;
+    if (node->args.self->prefix_cache && (st = duet_kv_pool_cache_enable(node->pages)) != DUET_OK)
+        return st;
     node->descs = DUET_NEW_ARRAY(void *, (size_t)node->ke.tp);
     node->desc_lens = DUET_NEW_ARRAY(size_t, (size_t)node->ke.tp);
     if (node->descs == NULL || node->desc_lens == NULL)
@@ -206,9 +208,10 @@ int duet_node_main(duet_node_t *node, const duet_node_ops_t *ops, void *ud, int 
         goto out;
     }
     duet_rpc_health_set(node->health, "", DUET_RPC_HEALTH_SERVING);
-    DUET_LOG_INFO("%s %s (%s) serving on port %d: tp %d, %d pages of %d tokens", node->role,
-                  node->args.self->name, node->args.instance_id, duet_rpc_server_port(node->srv),
-                  node->ke.tp, node->args.self->n_pages, node->args.cluster->page_size);
+    DUET_LOG_INFO("%s %s (%s) serving on port %d: tp %d, %d pages of %d tokens, prefix cache %s",
+                  node->role, node->args.self->name, node->args.instance_id,
+                  duet_rpc_server_port(node->srv), node->ke.tp, node->args.self->n_pages,
+                  node->args.cluster->page_size, node->args.self->prefix_cache ? "on" : "off");
     /* duet_node_fail wakes this wait too */
     int sig = duet_daemon_signal_wait(-1);
     if (duet_node_failed(node)) {

@@ -38,6 +38,7 @@
 #include "common/rpc.h"
 #include "common/workq.h"
 #include "kv/pool.h"
+#include "kv/prefix_cache.h"
 #include "node/kv_engine.h"
 
 /* Exit status after an engine failure (EX_SOFTWARE of sysexits.h). */

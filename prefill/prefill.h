@@ -34,8 +34,13 @@ typedef struct duet_pf_req {
     int32_t *prompt;
     int n_prompt;
     int32_t *dst_pages;
-    int n_pages;        /* pages covering the prompt, both sides */
-    int32_t *src_pages; /* ours, while computing and sending */
+    int n_pages;                /* pages covering the prompt */
+    int32_t *src_pages;         /* ours, while computing and sending */
+    /* prefix caches (docs/prefix-cache.md): decode has the first skip
+     * pages already (dst_pages covers the n_pages - skip after them, and
+     * only those are sent); our own cache had the first n_hit */
+    int skip, n_hit;
+    duet_kv_page_hash_t *hashes; /* [duet_kv_prefix_insert_pages] while computing */
     /* packed transfer (transfer/xfer_pack.h): staging page runs on both
      * sides and, per rank, the copies that stage a layer */
     bool packed;
@@ -94,6 +99,14 @@ duet_status_t duet_pf_validate(duet_prefill_t *pf, const struct Duet__V1__Prefil
  * before it is queued; DUET_ERR_INVALID naming why (the caller answers
  * PERMISSION_DENIED). */
 duet_status_t duet_pf_grant_check(const Duet__V1__PrefillRequest *m, const duet_pf_req_t *req);
+
+/* cache.c (scheduler thread; docs/prefix-cache.md) */
+/* Give req its source pages: the longest prefix its prompt finds in the
+ * prefix cache (req->n_hit pages, referenced) and new pages for the rest.
+ * DUET_ERR_EXHAUSTED (nothing held) when the pool cannot cover the rest. */
+duet_status_t duet_pf_cache_take(duet_prefill_t *pf, duet_pf_req_t *req);
+/* req's KV is computed: keep its full prompt pages in the cache. */
+void duet_pf_cache_keep(duet_prefill_t *pf, duet_pf_req_t *req);
 
 /* sched.c */
 duet_status_t duet_pf_sched_start(duet_prefill_t *pf);

@@ -43,6 +43,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     duet_free(req->prompt);
     duet_free(req->dst_pages);
     duet_free(req->src_pages);
+    duet_free(req->hashes);
     duet_free(req);
 }
 
@@ -65,6 +66,7 @@ static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
         Duet__V1__PrefillResponse resp = DUET__V1__PREFILL_RESPONSE__INIT;
         resp.first_token = req->first_token;
         resp.prompt_tokens = (uint32_t)req->n_prompt;
+        resp.cached_tokens = (uint32_t)(req->n_hit * pf->node.args.cluster->page_size);
         resp.bytes_sent = atomic_load(&req->bytes);
         resp.queue_us = (uint32_t)((req->t_start - req->t_arrival) / 1000);
         resp.compute_us = (uint32_t)((req->t_computed - req->t_start) / 1000);
@@ -160,8 +162,9 @@ void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk)
             req->packed
                 ? duet_engine_kv_copy_layer(pf->node.ke.engine, rank, layer, req->pack[rank],
                                             req->n_pack[rank], duet__post_layer, p)
-                : duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer, req->src_pages,
-                                              req->n_pages, duet__post_layer, p);
+                : duet_engine_kv_export_layer(pf->node.ke.engine, rank, layer,
+                                              req->src_pages + req->skip, req->n_pages - req->skip,
+                                              duet__post_layer, p);
         if (st != DUET_OK) {
             DUET_LOG_ERROR("prefill: kv export of layer %d failed: %s", layer, duet_error_msg());
             duet_free(p);
@@ -183,12 +186,13 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
     for (int s = 0; s < P; s++) {
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
+        int n_send = req->n_pages - req->skip;
         size_t slots = (size_t)duet_xfer_pack_slots(runs, n_runs);
-        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)req->n_pages * slots + 1);
+        req->pack[s] = DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)n_send * slots + 1);
         if (req->pack[s] == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "packed transfer: no memory");
-        req->n_pack[s] = duet_xfer_pack_copies(l, req->src_pages, req->n_pages, req->src_stage0,
-                                               runs, n_runs, 0, req->pack[s]);
+        req->n_pack[s] = duet_xfer_pack_copies(l, req->src_pages + req->skip, n_send,
+                                               req->src_stage0, runs, n_runs, 0, req->pack[s]);
     }
     return DUET_OK;
 }
@@ -228,9 +232,9 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
             .transfer_id = req->transfer_id,
             .plan = req->link->plan,
             .peers = duet_node_link_peers(req->link, s),
-            .src_pages = req->src_pages,
+            .src_pages = req->src_pages + req->skip,
             .dst_pages = req->dst_pages,
-            .n_pages = req->n_pages,
+            .n_pages = req->n_pages - req->skip,
             .flags = (pf->node.args.cluster->transfer_checksum ? DUET_XFER_SEND_CRC : 0) |
                      (req->packed ? DUET_XFER_SEND_PACKED : 0),
             .src_stage0 = req->src_stage0,
@@ -280,9 +284,11 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
         goto out;
     for (int i = 0; i < n_live; i++) {
         duet_pf_req_t *req = live[i];
+        int cached = req->n_hit * pf->node.args.cluster->page_size;
         seqs[i] = (duet_engine_seq_t){
-            .tokens = req->prompt,
-            .n_tokens = req->n_prompt,
+            .tokens = req->prompt + cached,
+            .n_tokens = req->n_prompt - cached,
+            .start_pos = cached,
             .pages = req->src_pages,
             .n_pages = req->n_pages,
             .sample = true,
@@ -324,6 +330,8 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
             rst = DUET_ERR_INTERNAL;
             why = duet_error_msg();
         }
+        if (st == DUET_OK && sampled[i] != DUET_ENGINE_NONFINITE)
+            duet_pf_cache_keep(pf, req);
         if (rst != DUET_OK)
             duet__req_error(req, rst, why);
         for (int s = 0; s < pf->node.ke.tp; s++)
@@ -361,28 +369,23 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         }
         if (n > 0 && tokens + req->n_prompt > self->max_batch_tokens)
             break;
-        req->src_pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
-        if (req->src_pages == NULL)
-            break;
-        if (duet_kv_pool_alloc(pf->node.pages, req->n_pages, req->src_pages) != DUET_OK) {
-            duet_free(req->src_pages);
-            req->src_pages = NULL;
+        /* (with the prefix cache, only the pages it lacks are new) */
+        if (duet_pf_cache_take(pf, req) != DUET_OK)
             break; /* wait for pages: a send completing frees some */
-        }
         if (req->packed &&
             duet_kv_pool_alloc_run(pf->node.stage, req->stage_units, &req->src_stage0) != DUET_OK) {
             duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
             duet_free(req->src_pages);
             req->src_pages = NULL;
             req->src_stage0 = -1;
-            break; /* wait for a run of staging pages */
+            break; /* wait for room in the staging arena */
         }
         pf->queue_head = req->next;
         pf->n_queued--;
         req->next = pf->inflight;
         pf->inflight = req;
         pf->n_inflight++;
-        tokens += req->n_prompt;
+        tokens += req->n_prompt - req->n_hit * pf->node.args.cluster->page_size;
         batch[n++] = req;
     }
     if (pf->queue_head == NULL)

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/pb_strings.h"
 #include "common/rpc_pb.h"
+#include "node/cache_info.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/tp.h"
 #include "prefill/prefill.h"
@@ -70,13 +71,21 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
             return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
                               m->prompt_ids[i], cfg->vocab - 1);
     }
-    size_t pages = (m->n_prompt_ids + (size_t)ps - 1) / (size_t)ps;
+    size_t all = (m->n_prompt_ids + (size_t)ps - 1) / (size_t)ps;
+    int skip_max = duet_kv_prefix_lookup_pages((int)m->n_prompt_ids, ps);
+    if (m->cached_pages > (uint32_t)skip_max)
+        return duet_error(DUET_ERR_INVALID,
+                          "%s: cached_pages %u: a prompt of %zu tokens has at most %d cached "
+                          "pages (its last token is always computed)",
+                          m->request_id, m->cached_pages, m->n_prompt_ids, skip_max);
+    size_t pages = all - m->cached_pages;
     if (m->n_dst_pages != pages)
-        return duet_error(DUET_ERR_INVALID, "%s: %zu destination pages for %zu tokens (need %zu)",
-                          m->request_id, m->n_dst_pages, m->n_prompt_ids, pages);
-    if ((int)pages > duet_kv_pool_total(pf->node.pages))
+        return duet_error(DUET_ERR_INVALID,
+                          "%s: %zu destination pages for %zu tokens with %u cached (need %zu)",
+                          m->request_id, m->n_dst_pages, m->n_prompt_ids, m->cached_pages, pages);
+    if ((int)all > duet_kv_pool_total(pf->node.pages))
         return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
-                          m->request_id, pages, duet_kv_pool_total(pf->node.pages));
+                          m->request_id, all, duet_kv_pool_total(pf->node.pages));
     if (m->packed && duet_engine_kv_mirrored(pf->node.ke.engine))
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: packed transfer asked, but this prefill moves KV through its host "
@@ -98,6 +107,7 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     req->prompt_logprobs = m->prompt_logprobs;
     req->top_logprobs = (int)m->top_logprobs;
     req->n_prompt = (int)m->n_prompt_ids;
+    req->skip = (int)m->cached_pages;
     req->transfer_id = m->transfer_id;
     req->prompt = duet_malloc(m->n_prompt_ids * sizeof(int32_t));
     req->dst_pages = duet_malloc(pages * sizeof(int32_t));
@@ -213,8 +223,7 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.model = pf->node.args.cluster->model;
     r.model_fingerprint = pf->node.ke.fingerprint;
     r.page_size = (uint32_t)pf->node.args.cluster->page_size;
-    r.total_pages = (uint32_t)duet_kv_pool_total(pf->node.pages);
-    r.free_pages = (uint32_t)duet_kv_pool_free_count(pf->node.pages);
+    duet_node_cache_info(pf->node.pages, &r);
     r.max_context = (uint32_t)pf->node.ke.model_cfg.max_pos;
     r.version = DUET_VERSION_STRING;
     r.transfer_path = (char *)pf->node.ke.path;

@@ -289,6 +289,7 @@ static enum MHD_Result duet__metrics(duet__hreq_t *r)
         }
     }
     duet_router_workers_cache_render(rt->workers, &b);
+    duet_router_cache_metrics_render(rt->workers, &b);
     return duet__respond_buf(r, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
 }
 

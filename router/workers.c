@@ -241,6 +241,7 @@ static bool duet__worker_probe(duet__worker_t *wk, char *err, size_t err_len)
         wk->max_context = info->max_context;
         wk->draining = info->draining;
         duet__workers_info_local(wk, info);
+        duet__workers_info_cache(wk, info);
         snprintf(wk->instance_id, sizeof(wk->instance_id), "%s", info->instance_id);
     } else {
         wk->have_info = false;
@@ -686,6 +687,7 @@ bool duet_router_workers_snapshot(duet_router_workers_t *w, duet_role_t role, in
     info->prefill_local = wk->local;
     info->prefills_local = wk->prefills_local;
     info->prefills_remote = wk->prefills_remote;
+    info->cache = wk->cache;
     info->checks = wk->checks;
     info->failures = wk->failures;
     info->last_ok_ms_ago = wk->last_ok_ns ? (duet_now_ns() - wk->last_ok_ns) / DUET_NS_PER_MS : -1;

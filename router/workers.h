@@ -53,6 +53,7 @@
 #include "common/cluster.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "router/buf.h"
 #include "router/discovery.h"
 #include "router/metrics.h"
 #include "router/policy.h"
@@ -81,6 +82,13 @@ typedef enum {
     DUET_ROUTER_WORKER_REMOVED = 2, /* gone: the slot's last worker */
 } duet_router_worker_state_t;
 
+/* A worker's prefix cache, from its Info (docs/prefix-cache.md). */
+typedef struct {
+    bool on;
+    uint32_t cached_pages, shared_pages, in_use_pages;
+    uint64_t lookups, lookup_tokens, hit_tokens, hit_pages, inserted_pages, evictions;
+} duet_router_cache_stats_t;
+
 typedef struct {
     duet_role_t role;
     char name[128];
@@ -96,6 +104,7 @@ typedef struct {
      * of local and remote prefills (Info) */
     duet_prefill_local_t prefill_local;
     uint64_t prefills_local, prefills_remote;
+    duet_router_cache_stats_t cache;
     int64_t inflight; /* this router's requests on it */
     double load;      /* duet_router_load_score */
     uint64_t checks, failures;
@@ -165,6 +174,9 @@ int duet_router_workers_pick_keyed(duet_router_workers_t *w, duet_role_t role, i
 /* Append the duet_router_cache_aware_* metrics (nothing under the other
  * policies). */
 void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_t *b);
+/* The duet_prefix_cache_* metrics (Prometheus text) of every worker, per
+ * instance, and their sums per role (router/cache_metrics.c). */
+void duet_router_cache_metrics_render(duet_router_workers_t *w, duet_router_buf_t *b);
 
 /* Copy slot idx's worker into info.  Returns false when the slot holds
  * none (info then describes its last worker, state REMOVED, or is zeroed

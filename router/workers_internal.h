@@ -62,6 +62,7 @@ typedef struct {
      * counts of local and remote prefills */
     duet_prefill_local_t local;
     uint64_t prefills_local, prefills_remote;
+    duet_router_cache_stats_t cache;
     uint64_t checks, failures;
     int64_t last_ok_ns;
     char instance_id[64];
@@ -132,6 +133,9 @@ duet_status_t duet__workers_checker_start(duet__worker_t *wk);
  * prefill locally only); key and matched_p as duet_router_workers_pick_keyed */
 int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated,
                        const duet_router_ca_key_t *key, size_t *matched_p);
+
+/* cache_metrics.c: copy the prefix cache's fields of an Info (wk->lock held) */
+void duet__workers_info_cache(duet__worker_t *wk, const Duet__V1__InfoResponse *info);
 
 /* workers_coloc.c */
 /* Does the config list a decode with prefill_local not "off"? */

@@ -320,6 +320,12 @@ class Cluster:
                 if i.free_pages != i.total_pages or i.running or i.queue_depth:
                     bad.append("%s free %d/%d running %d queued %d" % (
                         e["name"], i.free_pages, i.total_pages, i.running, i.queue_depth))
+                # the prefix cache's accounting (docs/prefix-cache.md)
+                elif (i.pool_free_pages + i.cached_idle_pages + i.in_use_pages != i.total_pages
+                      or i.in_use_pages):
+                    bad.append("%s accounting: %d free + %d cached + %d in use of %d" % (
+                        e["name"], i.pool_free_pages, i.cached_idle_pages, i.in_use_pages,
+                        i.total_pages))
             if not bad or time.time() > deadline:
                 return bad
             time.sleep(0.1)

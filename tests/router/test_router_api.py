@@ -339,6 +339,26 @@ def observability(cl):
     check(m["duet_router_time_to_first_token_seconds_count"] > 0 and
           m["duet_router_inter_token_latency_seconds_count"] > 0, "latency histograms empty")
     check(m["duet_router_queue_depth"] == 0, "queue depth %s" % m["duet_router_queue_depth"])
+    # the workers' prefix caches (docs/prefix-cache.md), from their Info: a
+    # prompt of 3 pages sent twice hits on decode the second time
+    key = 'duet_prefix_cache_hit_tokens_total{role="decode",name="d0"}'
+    hits0 = cl.info("d0").cache_hit_tokens
+    prompt = [1] + [(i * 29 + 7) % 500 + 3 for i in range(50)]
+    for _ in range(2):
+        st, _, _ = cl.post_json("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        check(st == 200, "completion for the cache: %s" % st)
+    hits = cl.info("d0").cache_hit_tokens
+    check(hits - hits0 >= 48, "decode hit %d tokens of the repeated prompt" % (hits - hits0))
+    deadline = time.time() + 15
+    while time.time() < deadline and cl.metrics().get(key, 0) < hits:
+        time.sleep(0.1)
+    m = cl.metrics()
+    check(m.get(key, 0) >= hits, "%s: %s, Info says %d" % (key, m.get(key), hits))
+    for key in ('duet_prefix_cache_enabled{role="decode",name="d0"}',
+                'duet_prefix_cache_enabled{role="prefill",name="p0"}',
+                'duet_prefix_cache_cached_pages{role="decode",name="d0"}',
+                'duet_prefix_cache_lookups_total{role="prefill",name="p0"}'):
+        check(m.get(key, 0) > 0, "metric %s missing or zero" % key)
 
 
 def graceful_sigterm(cl):

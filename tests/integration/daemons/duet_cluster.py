@@ -223,6 +223,15 @@ class Cluster:
                 if i.free_pages != i.total_pages or i.running or i.queue_depth:
                     bad.append("%s: %d/%d pages free, %d running, %d queued" %
                                (n, i.free_pages, i.total_pages, i.running, i.queue_depth))
+                # the prefix cache's accounting (docs/prefix-cache.md),
+                # counted independently of free_pages
+                elif (i.pool_free_pages + i.cached_idle_pages + i.in_use_pages != i.total_pages
+                      or i.in_use_pages or i.cached_pages != i.cached_idle_pages
+                      or (not i.prefix_cache and i.cached_pages)):
+                    bad.append("%s: accounting: %d free + %d cached + %d in use != %d total "
+                               "(or pages in use at rest; %d cached)" %
+                               (n, i.pool_free_pages, i.cached_idle_pages, i.in_use_pages,
+                                i.total_pages, i.cached_pages))
             if not bad or time.time() > deadline:
                 return bad
             time.sleep(0.05)
