@@ -82,10 +82,12 @@ class Proc:
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
-    def log(self):
+    def log(self, tail=4000):
+        """The last tail characters of the log (None: all of it)."""
         try:
             with open(self.log_path, errors="replace") as f:
-                return f.read()[-4000:]
+                text = f.read()
+                return text if tail is None else text[-tail:]
         except OSError:
             return ""
 
