@@ -381,6 +381,8 @@ static void duet__admit(duet_decode_t *dc)
          * decision counts only the tokens left to compute) */
         if (duet_dc_cache_take(dc, req) != DUET_OK)
             break; /* wait: finishing requests free pages */
+        DUET_LOG_DEBUG("decode: %s: %d of %d prompt pages from the prefix cache", req->request_id,
+                       req->n_cached_pages, req->n_prompt_pages);
         bool here = duet_dc_local_wanted(dc, req, busy + n_local);
         int uncached = duet_dc_uncached_tokens(dc, req);
         if (here && n_local > 0 && local_tokens + uncached > dc->node.args.self->max_batch_tokens) {

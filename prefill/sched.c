@@ -372,6 +372,8 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         /* (with the prefix cache, only the pages it lacks are new) */
         if (duet_pf_cache_take(pf, req) != DUET_OK)
             break; /* wait for pages: a send completing frees some */
+        DUET_LOG_DEBUG("prefill: %s: %d of %d pages from the prefix cache, %d to send",
+                       req->request_id, req->n_hit, req->n_pages, req->n_pages - req->skip);
         if (req->packed &&
             duet_kv_pool_alloc_run(pf->node.stage, req->stage_units, &req->src_stage0) != DUET_OK) {
             duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);

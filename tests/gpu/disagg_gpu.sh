@@ -35,7 +35,7 @@ if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
     export DUET_KV_TRANSFER_PATH=${DUET_KV_TRANSFER_PATH:-direct}
     "$DUET_UCX_CUDA_LIB/bin/ucx_info" -d 2>/dev/null | grep -E "Transport: (cuda|sysv|posix|tcp)" | sort -u | sed 's/^/  ucx: /'
 fi
-export DUET_LOG_LEVEL=${DUET_LOG_LEVEL:-info}
+export DUET_LOG_LEVEL=${DUET_LOG_LEVEL:-debug} # (the prefix cache lines)
 LOG=${OUT:+$OUT/disagg.log}
 LOG=${LOG:-/dev/null}
 exec > >(tee -a "$LOG") 2>&1
@@ -86,7 +86,13 @@ JSON
         echo "$name P=$P D=$D: DUET_UCX_CUDA_LIB set but the direct path is not running"
         fails=$((fails + 1))
     fi
-    for prompt in "1 403 407 261 378" "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 500)"; do
+    # the last two reuse earlier prompts' pages (the prefix cache, on by
+    # default): the 52-token prompt again (decode holds all but its last
+    # page: it computes those tokens itself) and the 202-token one with
+    # another tail (decode asks prefill for the pages after its cached
+    # prefix; prefill computes only its own uncached suffix)
+    for prompt in "1 403 407 261 378" "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 500)" \
+        "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 480) 7 8 9 11 13"; do
         want=$("$BIN/duet" generate --backend cuda --model "$model" --prompt-ids "$prompt" \
                --max-tokens 24 --ignore-eos --output ids 2>/dev/null)
         got=$("$BIN/duet-client" --target "127.0.0.1:$dp" --prompt-ids "$prompt" \
@@ -177,6 +183,10 @@ PY
     done
     grep -h "prefill_local\|prefilled locally" "$W/d.log" | head -2 | sed 's/^/  /'
     echo "  decode prefills: local $(grep -c "prefilled locally" "$W/d.log")"
+    # the prefix cache at work (debug lines of the schedulers)
+    echo "  prefix cache: decode took cached pages for" \
+        "$(grep "from the prefix cache" "$W/d.log" | grep -vc ": 0 of") requests," \
+        "prefill for $(grep "from the prefix cache" "$W/p.log" 2>/dev/null | grep -vc ": 0 of")"
     kill -TERM $dpid $ppid
     wait $dpid; echo "  decode exit $?"
     if [ -n "$ppid" ]; then wait $ppid; echo "  prefill exit $?"; fi
