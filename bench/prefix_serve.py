@@ -51,7 +51,7 @@ CACHE_WORDS = ("cache", "hit")
 
 
 def cluster(build, cache, policy, cache_aware=None):
-    extra = {"prefix_cache": True} if cache else {}
+    extra = {"prefix_cache": bool(cache)}  # (on by default: off must say so)
     router = {"policy": policy}
     if cache_aware:
         router["cache_aware"] = cache_aware

