@@ -9,6 +9,10 @@
 #
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/serve_gpu.sh
 #
+# SERVE_WORKLOAD=shared: bench-serve's shared-prefix dataset instead (8
+# system prompts of 1024 tokens + 128 unique, 128 out); SERVE_CACHE=off:
+# "prefix_cache": false on every instance (the prefix cache, on by
+# default); SERVE_TAG is appended to the result names.
 # SERVE_LAYOUTS picks layouts (names below), SERVE_PRESET another mkmodel
 # preset (e.g. llama-3.2-1b-shape: a 2.5 GB checkpoint that loads in
 # seconds); results: one line per (layout, rate) and the bench-serve JSON
@@ -49,7 +53,7 @@ entries() { # role list -> JSON array
         IFS=: read -r tp devs mode <<< "$e"
         port=$((19100 + RANDOM % 800))
         [ -n "$out" ] && out="$out, "
-        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": 4096, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}}"
+        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": 4096, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}$([ "${SERVE_CACHE:-on}" = off ] && echo ', "prefix_cache": false')}"
         i=$((i + 1))
     done
     echo "[$out]"
@@ -92,12 +96,18 @@ PY
     if [ $ok = 0 ]; then
         echo "$name: cluster not ready after ${SERVE_READY_S:-600} s"; tail -n 5 "$W"/*.log
     else
-        "$BIN/duet" bench-serve --base-url "http://127.0.0.1:$hp" --ignore-eos --dataset random \
-            --random-input-len 1024 --random-output-len 128 --range-ratio 0.5 --num-requests "$N" \
+        if [ "${SERVE_WORKLOAD:-random}" = shared ]; then
+            wl=(--dataset shared-prefix --prefix-len 1024 --suffix-len 128 --num-prefixes 8
+                --output-len 128)
+        else
+            wl=(--dataset random --random-input-len 1024 --random-output-len 128 --range-ratio 0.5)
+        fi
+        "$BIN/duet" bench-serve --base-url "http://127.0.0.1:$hp" --ignore-eos "${wl[@]}" \
+            --num-requests "$N" \
             --request-rate "$RATES" --seed 1 --slo-ttft-ms 1000 --slo-tpot-ms 50 \
-            --max-context 4096 --result-json "${OUT:-/tmp}/serve-$name.json" > "$W/bench.log" 2>&1 ||
+            --max-context 4096 --result-json "${OUT:-/tmp}/serve-$name${SERVE_TAG:-}.json" > "$W/bench.log" 2>&1 ||
             { echo "$name: bench-serve failed"; tail -n 20 "$W/bench.log"; }
-        python3 - "${OUT:-/tmp}/serve-$name.json" "$name" <<'PY'
+        python3 - "${OUT:-/tmp}/serve-$name${SERVE_TAG:-}.json" "$name${SERVE_TAG:-}" <<'PY'
 import json, sys
 try:
     runs = json.load(open(sys.argv[1]))["runs"]
