@@ -46,7 +46,9 @@ sys.path.insert(0, os.path.join(SRC, "tests", "pylib"))
 
 from router_cluster import Cluster  # noqa: E402
 
-TRACE = os.path.join(os.path.dirname(SRC), "shared", "traces", "conversation_trace.jsonl")
+import bench_serve_run  # noqa: E402
+
+TRACE = bench_serve_run.TRACE
 CACHE_WORDS = ("cache", "hit")
 
 
@@ -115,24 +117,14 @@ def router_estimate(cl):
 
 
 def bench(build, cl, workload, rate, n, a, out):
-    args = [os.path.join(build, "tools", "duet"), "bench-serve",
-            "--base-url", "http://127.0.0.1:%d" % cl.http_port, "--ignore-eos",
-            "--max-context", "512", "--slo-ttft-ms", str(a.slo_ttft_ms),
-            "--slo-tpot-ms", str(a.slo_tpot_ms), "--num-requests", str(n),
-            "--request-rate", rate, "--seed", "1", "--no-progress", "--result-json", out]
     if workload == "shared":
-        args += ["--dataset", "shared-prefix", "--prefix-len", str(a.prefix_len),
-                 "--suffix-len", str(a.suffix_len), "--num-prefixes", str(a.num_prefixes),
-                 "--output-len", "32"]
+        ds = ["--dataset", "shared-prefix", "--prefix-len", str(a.prefix_len),
+              "--suffix-len", str(a.suffix_len), "--num-prefixes", str(a.num_prefixes),
+              "--output-len", "32"]
     else:
-        args += ["--dataset", "trace", "--trace", TRACE, "--trace-len-scale", "0.015625",
-                 "--trace-output-scale", "0.0625", "--trace-block-size", "8"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise SystemExit("bench-serve failed (%d):\n%s\n%s" % (r.returncode, r.stdout[-2000:],
-                                                               r.stderr[-2000:]))
-    with open(out) as f:
-        return json.load(f)["runs"]
+        ds = bench_serve_run.TRACE_ARGS
+    return bench_serve_run.run(build, cl.http_port, ds, rate, n, out, a.slo_ttft_ms,
+                               a.slo_tpot_ms, ["--no-progress"])
 
 
 def main():

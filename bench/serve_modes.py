@@ -21,7 +21,6 @@ usage: bench/serve_modes.py BUILD_DIR [--rates 50,100,200] [--requests 400]
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,7 +30,9 @@ sys.path.insert(0, os.path.join(SRC, "tests", "pylib"))
 
 from router_cluster import Cluster  # noqa: E402
 
-TRACE = os.path.join(os.path.dirname(SRC), "shared", "traces", "conversation_trace.jsonl")
+import bench_serve_run  # noqa: E402
+
+TRACE = bench_serve_run.TRACE
 
 
 def modes(local_max):
@@ -45,23 +46,12 @@ def modes(local_max):
 
 
 def bench(build, cl, workload, rates, n, out):
-    args = [os.path.join(build, "tools", "duet"), "bench-serve",
-            "--base-url", "http://127.0.0.1:%d" % cl.http_port, "--ignore-eos",
-            "--max-context", "512", "--slo-ttft-ms", "100", "--slo-tpot-ms", "2",
-            "--num-requests", str(n), "--request-rate", rates, "--seed", "1",
-            "--result-json", out]
     if workload == "random":
-        args += ["--dataset", "random", "--random-input-len", "128", "--random-output-len", "32",
-                 "--range-ratio", "0.5"]
+        ds = ["--dataset", "random", "--random-input-len", "128", "--random-output-len", "32",
+              "--range-ratio", "0.5"]
     else:
-        args += ["--dataset", "trace", "--trace", TRACE, "--trace-len-scale", "0.015625",
-                 "--trace-output-scale", "0.0625", "--trace-block-size", "8"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise SystemExit("bench-serve failed (%d):\n%s\n%s" % (r.returncode, r.stdout[-2000:],
-                                                               r.stderr[-2000:]))
-    with open(out) as f:
-        return json.load(f)["runs"]
+        ds = bench_serve_run.TRACE_ARGS
+    return bench_serve_run.run(build, cl.http_port, ds, rates, n, out)
 
 
 def main():
