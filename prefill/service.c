@@ -127,8 +127,13 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     }
     if (req->packed) {
         /* the staging this request takes on every rank (transfer/xfer_pack.h) */
-        const duet_kv_layout_t *l = duet_engine_kv_layout(pf->node.ke.engine);
         int total = pf->node.stage != NULL ? duet_kv_pool_total(pf->node.stage) : 0;
+        if (total == 0 || req->link->plan == NULL)
+            return duet_error(DUET_ERR_UNSUPPORTED,
+                              "%s: packed transfer asked, but this prefill has %s", m->request_id,
+                              total == 0 ? "no staging arena (stage_pages)"
+                                         : "no slice plan for that decode yet");
+        const duet_kv_layout_t *l = duet_engine_kv_layout(pf->node.ke.engine);
         for (int s = 0; s < pf->node.ke.tp; s++) {
             const duet_slice_run_t *runs;
             int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
