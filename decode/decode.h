@@ -105,8 +105,9 @@ struct duet_dc_req {
      * n_prompt_pages - n_cached_pages after them (duet_dc_xfer_pages) */
     int n_cached_pages;
     duet_kv_page_hash_t *hashes;  /* [duet_kv_prefix_insert_pages], cache on */
-    int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging pages
-                                     while held (transfer/xfer_pack.h); -1: not packed */
+    int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging units
+                                     (node.stage) while held (transfer/xfer_pack.h); -1: not
+                                     packed */
 
     /* prefill phase */
     duet_dc_link_t *link;         /* a reference while expectations may use its peers */
@@ -239,7 +240,7 @@ void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req);
  * release it once safe. */
 void duet_dc_fail(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st, const char *msg);
 void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req);
-/* Give back a packed request's staging pages (it then moves unpacked if it
+/* Give back a packed request's staging units (it then moves unpacked if it
  * has not started; see sched.c). */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req);
 /* The KV of a request is complete on every rank (state NEW): stream its

@@ -320,7 +320,7 @@ enum {
  * early_ttl_ms and applied now (after that they are dropped, counted as
  * dropped_unknown, and the sender is told DUET_ERR_NOT_FOUND).
  * DUET_ERR_INVALID for a request id already expected here, bad pages, bad
- * staging pages (PACKED) or unconnected senders.  Callback-safe. */
+ * staging units (PACKED) or unconnected senders.  Callback-safe. */
 duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *e);
 
 /* Wait for the outcome of an expectation registered without a callback and
@@ -365,7 +365,7 @@ typedef struct {
 
 /* Start sending a request from rank r.  A rank that sends nothing to
  * anyone (replication) still gets its outcome: DUET_OK, 0 bytes.
- * DUET_ERR_INVALID for a duplicate id, bad pages, bad staging pages
+ * DUET_ERR_INVALID for a duplicate id, bad pages, bad staging units
  * (PACKED) or unconnected receivers; DUET_ERR_PEER when a receiver's
  * connection already failed.  Callback-safe. */
 duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *s);
