@@ -537,6 +537,15 @@ bool duet_router_oai_render_chunk(duet_router_buf_t *b, const duet_router_oai_me
     return duet_router_oai_render_chunk_choice(b, m, 0, text, len, NULL, 0, finish, role_first);
 }
 
+void duet_router_oai_put_logprobs(duet_router_buf_t *b, const char *lp_json, size_t lp_len)
+{
+    duet_router_buf_puts(b, "\"logprobs\":");
+    if (lp_json != NULL)
+        duet_router_buf_append(b, lp_json, lp_len);
+    else
+        duet_router_buf_puts(b, "null");
+}
+
 bool duet_router_oai_render_chunk_choice(duet_router_buf_t *b, const duet_router_oai_meta_t *m,
                                          int index, const char *text, size_t len,
                                          const char *lp_json, size_t lp_len, const char *finish,
@@ -561,11 +570,7 @@ bool duet_router_oai_render_chunk_choice(duet_router_buf_t *b, const duet_router
         duet_router_buf_json_str(b, text, len);
         duet_router_buf_puts(b, ",");
     }
-    duet_router_buf_puts(b, "\"logprobs\":");
-    if (lp_json != NULL)
-        duet_router_buf_append(b, lp_json, lp_len);
-    else
-        duet_router_buf_puts(b, "null");
+    duet_router_oai_put_logprobs(b, lp_json, lp_len);
     duet_router_buf_puts(b, ",\"finish_reason\":");
     if (finish)
         duet_router_buf_printf(b, "\"%s\"", finish);

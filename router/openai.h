@@ -196,6 +196,8 @@ bool duet_router_oai_render_choice(duet_router_buf_t *b, duet_router_api_t api, 
 bool duet_router_oai_render_response_head(duet_router_buf_t *b, const duet_router_oai_meta_t *m);
 bool duet_router_oai_render_response_tail(duet_router_buf_t *b,
                                           const duet_router_oai_usage_t *usage);
+/* The `"logprobs":` member of a choice: lp_json as it is, NULL: null. */
+void duet_router_oai_put_logprobs(duet_router_buf_t *b, const char *lp_json, size_t lp_len);
 /* One SSE event for choice index (as duet_router_oai_render_chunk), with
  * its logprobs (lp_json NULL: null). */
 bool duet_router_oai_render_chunk_choice(duet_router_buf_t *b, const duet_router_oai_meta_t *m,

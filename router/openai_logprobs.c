@@ -138,11 +138,7 @@ bool duet_router_oai_render_choice(duet_router_buf_t *b, duet_router_api_t api, 
         duet_router_buf_json_str(b, text, len);
         duet_router_buf_puts(b, ",");
     }
-    duet_router_buf_puts(b, "\"logprobs\":");
-    if (lp_json != NULL)
-        duet_router_buf_append(b, lp_json, lp_len);
-    else
-        duet_router_buf_puts(b, "null");
+    duet_router_oai_put_logprobs(b, lp_json, lp_len);
     duet_router_buf_printf(b, ",\"finish_reason\":\"%s\"}", finish);
     return !b->oom;
 }

@@ -79,6 +79,8 @@ struct duet__send {
     int64_t first_token;
     long inflight; /* transport operations with a dst of this state as argument */
     int crc_hook;  /* DUET_XFER_SEND_CRC through the rank's hook (xfer_checksum.c) */
+    int crc_flush; /* the pair's CRC taken at flush (hook, or packed: posting order is
+                      by chunk, not the checksum order); else inline, put by put */
 };
 
 /* After a deadline, how long the outcome waits for puts already in flight:
@@ -307,9 +309,7 @@ static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
     }
     dst->state = DUET__DST_FLUSHING;
     op = r->ops->flush(dst->peer->data_ep, duet__send_flush_done, dst, &why);
-    if (op != DUET_XFER_OP_FAILED && !s->failing &&
-        (s->crc_hook || (s->flags & (DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED)) ==
-                            (DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED)))
+    if (op != DUET_XFER_OP_FAILED && !s->failing && s->crc_flush)
         duet__send_crc(r, dst); /* while the flush is in flight */
     if (op == DUET_XFER_OP_DONE)
         duet__send_notify(r, dst);
@@ -444,8 +444,7 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
         }
         duet__send_seg(r, s, dst, &seg);
         src = r->base + seg.src_off;
-        if ((s->flags & (DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED)) == DUET_XFER_SEND_CRC &&
-            !s->crc_hook)
+        if ((s->flags & DUET_XFER_SEND_CRC) && !s->crc_flush)
             dst->crc = duet__crc32c(dst->crc, src, seg.len);
         corrupt_now = 0;
         if (corrupt >= 0) {
@@ -887,6 +886,8 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
     s->o.res.first_token = DUET_XFER_NO_TOKEN;
     s->flags = in->flags;
     s->crc_hook = (in->flags & DUET_XFER_SEND_CRC) && r->crc_fn != NULL;
+    s->crc_flush =
+        s->crc_hook || ((in->flags & DUET_XFER_SEND_CRC) && (in->flags & DUET_XFER_SEND_PACKED));
     s->src_stage0 = in->src_stage0;
     s->dst_stage0 = in->dst_stage0;
     s->n_layers = r->info.layout.n_layers;
