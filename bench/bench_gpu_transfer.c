@@ -81,6 +81,11 @@
  *              waits for an event recorded after the layer (instead of a
  *              host function on the copy stream, which holds the stream
  *              for a GPU -> host -> GPU round trip per layer)
+ *     --layer-done signal  the same, but a pack's layer (packed requests)
+ *              is released when the pack kernel's signal reached host
+ *              memory (engine/cuda/kv_done.c: what the daemons do); the
+ *              waiter spins on that word, not in the driver.  Unpacked
+ *              layers keep their event.  The default with --mirror auto.
  *     --corrupt-put N  corrupt what prefill rank 0's N-th put (0 = the
  *              first) delivers (duet_xfer_debug_corrupt_put): the run must
  *              fail -- by the byte verification, and with --checksum by the
@@ -150,6 +155,7 @@ typedef struct {
     bool packed;     /* --mirror packed: device pools, packed transfer (transfer/xfer_pack.h) */
     bool auto_pack;  /* --mirror auto: packed when P != D, else unpacked (the daemons' rule) */
     bool event_done; /* --layer-done event: a waiter thread releases layers (see below) */
+    bool signal;     /* --layer-done signal: packs signal their layers (kv_done.c) */
     const char *tls;
     int tokens[G_MAX_SIZES];
     int n_tokens;
@@ -272,6 +278,11 @@ typedef struct {
     int n_list;
     uint64_t puts;            /* prefill: puts of the last request */
     cudaEvent_t ev[G_LAYERS]; /* --layer-done event: recorded after each layer's stage */
+    /* --layer-done signal: the word the packs write, its device address,
+     * their counter, the seq of this round's layer 0 */
+    unsigned long long *sig_word, *sig_word_dev;
+    unsigned *sig_ctr;
+    unsigned long long sig_seq0;
     atomic_int recorded;      /* layers whose event is recorded */
     atomic_int launch_failed; /* the launcher gave up */
     pthread_t waiter, launcher;
@@ -292,6 +303,7 @@ struct gside {
     atomic_int post_errors;
     _Atomic int64_t landed_ns;   /* when the last of them landed */
     _Atomic int64_t launched_ns; /* --layer-done event: when the last launcher had queued all */
+    atomic_int go;               /* --layer-done event: the round's threads may start */
 };
 
 static int max_pages(const bench_t *b)
@@ -575,6 +587,8 @@ static int gside_stop(gside_t *g)
         for (int l = 0; l < G_LAYERS; l++)
             if (k->ev[l] != NULL)
                 cudaEventDestroy(k->ev[l]);
+        cudaFreeHost(k->sig_word);
+        cudaFree(k->sig_ctr);
         if (k->st.s != NULL)
             cudaStreamDestroy(k->st.s);
     }
@@ -615,7 +629,7 @@ static int run_list(gside_t *g, int r, int plane0, int n_planes)
     grank_t *k = &g->rk[r];
     G_CUDA(cudaSetDevice(k->st.dev));
     DUET_TESTKIT_OK(duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout), plane0,
-                                       n_planes, k->dlist, k->n_list));
+                                       n_planes, k->dlist, k->n_list, NULL));
     return 0;
 }
 
@@ -635,12 +649,24 @@ static void *layer_waiter(void *arg)
     gwait_t *w = arg;
     grank_t *k = &w->g->rk[w->r];
     cudaSetDevice(k->st.dev);
+    while (!atomic_load(&w->g->go)) {
+    }
     for (int l = 0; l < G_LAYERS; l++) {
         while (atomic_load(&k->recorded) <= l)
             if (atomic_load(&k->launch_failed))
                 return NULL;
-        if (cudaEventSynchronize(k->ev[l]) != cudaSuccess)
+        if (w->g->b->signal && w->g->b->packed) {
+            /* the engine's wait (kv_done.c), with a deadline for a failed
+             * stream instead of its cudaStreamQuery */
+            int64_t give_up = duet_now_ns() + (int64_t)G_TIMEOUT_MS * 1000000;
+            while (__atomic_load_n(k->sig_word, __ATOMIC_ACQUIRE) < k->sig_seq0 + (unsigned)l)
+                if (duet_now_ns() > give_up) {
+                    atomic_fetch_add(&w->g->post_errors, 1);
+                    return NULL;
+                }
+        } else if (cudaEventSynchronize(k->ev[l]) != cudaSuccess) {
             atomic_fetch_add(&w->g->post_errors, 1);
+        }
         on_layer_landed(&k->post[l]);
     }
     return NULL;
@@ -657,13 +683,18 @@ static void *layer_launcher(void *arg)
     grank_t *k = &g->rk[w->r];
     if (cudaSetDevice(k->st.dev) != cudaSuccess)
         goto err_launch;
+    while (!atomic_load(&g->go)) {
+    }
     for (int l = 0; l < G_LAYERS; l++) {
         if (!g->b->device && copy_pages(g, w->r, l, l + 1, w->pages, w->n, true))
             goto err_launch;
-        if (g->b->packed && duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout),
-                                               2 * l, 2, k->dlist, k->n_list) != DUET_OK)
+        duet__cuda_signal_t sig = {k->sig_ctr, k->sig_word_dev, k->sig_seq0 + (unsigned)l};
+        bool signalled = g->b->signal && g->b->packed;
+        if (g->b->packed &&
+            duet__cuda_kv_copy(k->st.s, k->pool, duet_kv_plane_bytes(&g->sd.layout), 2 * l, 2,
+                               k->dlist, k->n_list, signalled ? &sig : NULL) != DUET_OK)
             goto err_launch;
-        if (cudaEventRecord(k->ev[l], k->st.s) != cudaSuccess)
+        if (!signalled && cudaEventRecord(k->ev[l], k->st.s) != cudaSuccess)
             goto err_launch;
         atomic_store(&k->recorded, l + 1);
     }
@@ -874,14 +905,29 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
         for (int l = 0; l < G_LAYERS; l++)
             if (k->ev[l] == NULL)
                 G_CUDA(cudaEventCreateWithFlags(&k->ev[l], cudaEventDisableTiming));
+        if (b->signal && k->sig_word == NULL) {
+            G_CUDA(cudaHostAlloc((void **)&k->sig_word, sizeof(*k->sig_word),
+                                 cudaHostAllocMapped | cudaHostAllocPortable));
+            G_CUDA(cudaHostGetDevicePointer((void **)&k->sig_word_dev, k->sig_word, 0));
+            G_CUDA(cudaMalloc((void **)&k->sig_ctr, sizeof(*k->sig_ctr)));
+            G_CUDA(cudaMemset(k->sig_ctr, 0, sizeof(*k->sig_ctr)));
+            *k->sig_word = 0;
+        }
+        /* this round's seqs follow the last round's (the word only grows) */
+        k->sig_seq0 = k->sig_word != NULL ? *k->sig_word + 1 : 0;
     }
     if (b->event_done) {
-        t0 = duet_now_ns();
+        /* the threads start (and bind their GPU) before t0: in the daemons
+         * the rank and completion threads exist before the request */
+        atomic_store(&g->go, 0);
         for (int s = 0; s < g->tp; s++)
             DUET_TESTKIT_CHECK(
                 pthread_create(&g->rk[s].waiter, NULL, layer_waiter, &waits[s]) == 0 &&
                     pthread_create(&g->rk[s].launcher, NULL, layer_launcher, &waits[s]) == 0,
                 "pthread_create");
+        usleep(2000); /* past their cudaSetDevice */
+        t0 = duet_now_ns();
+        atomic_store(&g->go, 1);
         for (int s = 0; s < g->tp; s++) {
             pthread_join(g->rk[s].launcher, NULL);
             pthread_join(g->rk[s].waiter, NULL);
@@ -1281,6 +1327,9 @@ int main(int argc, char **argv)
             b.device = true;
         } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "event") == 0) {
             b.event_done = done_set = true;
+            b.signal = false;
+        } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "signal") == 0) {
+            b.event_done = b.signal = done_set = true;
         } else if (strcmp(argv[i], "--layer-done") == 0 && strcmp(v, "hostfn") == 0) {
             b.event_done = false;
             done_set = true;
@@ -1291,7 +1340,7 @@ int main(int argc, char **argv)
             b.registered = false;
             b.device = b.auto_pack = true;
             if (!done_set)
-                b.event_done = true;
+                b.event_done = b.signal = true;
         } else
             usage = 1;
         i++;
@@ -1308,7 +1357,7 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
                 "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed|auto] "
-                "[--layer-done hostfn|event] [--no-cuda] "
+                "[--layer-done hostfn|event|signal] [--no-cuda] "
                 "[--corrupt-put N] [--checksum]\n",
                 argv[0]);
         return 2;

@@ -53,10 +53,10 @@ int duet_xfer_pack_copies(const duet_kv_layout_t *l, const int32_t *pages, int n
         int at = unpack ? runs[k].dst_head : slot;
         uint64_t blk = duet_xfer_pack_block(l, n_pages, stage0, at, nh, 0);
         uint64_t step = (uint64_t)nh * (uint64_t)n_pages * hb;
-        for (int j = 0; j < nh; j++)
-            for (int i = 0; i < n_pages; i++) {
+        for (int i = 0; i < n_pages; i++)
+            for (int j = 0; j < nh; j++) {
                 uint64_t page_off = duet_kv_offset(l, 0, 0, pages[i], head0 + j);
-                uint64_t stage_off = blk + ((uint64_t)j * (uint64_t)n_pages + (uint64_t)i) * hb;
+                uint64_t stage_off = blk + ((uint64_t)i * (uint64_t)nh + (uint64_t)j) * hb;
                 duet_kv_copy_t c = {.src = unpack ? stage_off : page_off,
                                     .dst = unpack ? page_off : stage_off,
                                     .len = hb,

@@ -9,12 +9,17 @@
  * slot o is laid out plane-major:
  *
  *   arena + stage0 * unit + o * n_planes * n_pages * head_bytes
- *         + plane * nh * n_pages * head_bytes + (j * n_pages + i) * head_bytes
+ *         + plane * nh * n_pages * head_bytes + (i * nh + j) * head_bytes
  *
  * for head j of the block and page index i.  So a block's planes
  * [p0, p1) -- layers [l0, l1), K and V -- are one contiguous range on
  * either side, and a slice-plan run moves with one put per chunk of
- * released layers:
+ * released layers.  Within a plane the block is page-major, as a pool
+ * page is (kv/layout.h): a page's heads of the run are one copy, and a
+ * run of consecutive pages that covers all of a rank's heads is one copy
+ * for all of them (a head-major block would need one copy per page and
+ * head, 4 KiB each for 16 tokens x 128 bf16 -- the unpack kernel then
+ * moved a 1024-token request at about half the speed):
  *
  *   prefill  pack:   pages -> staging, per layer, one block per run it sends
  *                    (its runs in plan order, (dst_rank, dst_head); slots

@@ -92,6 +92,7 @@ typedef struct {
     struct {
         size_t begin, end;
         cudaEvent_t ev; /* recorded after the launch that read [begin, end) */
+        uint64_t seq;   /* or, for a signalled launch, its signal (seq != 0) */
         bool live;
     } slot[DUET__CUDA_KVC_SLOTS];
     int next;
@@ -103,7 +104,8 @@ typedef struct {
  * most dones in flight. */
 typedef struct duet__cuda_done_node {
     struct duet__cuda_done_node *next;
-    cudaEvent_t ev; /* recorded after the layer's work */
+    cudaEvent_t ev; /* recorded after the layer's work (seq == 0) */
+    uint64_t seq;   /* or the signal of the launch that was its work */
     void (*done)(void *arg);
     void *arg;
     int layer;
@@ -119,6 +121,13 @@ typedef struct {
     uint64_t queued, finished; /* dones queued / run (or skipped) so far */
     cudaError_t err;           /* first failed event since the last drain */
     int err_layer;
+    /* the copy stream's launch signals (duet__cuda_signal_next): the word
+     * the launches write (pinned, mapped), its device address, the
+     * launches' counter, the last seq issued (rank thread) */
+    unsigned long long *sig_word, *sig_word_dev;
+    unsigned *sig_ctr;
+    uint64_t sig_seq;
+    int sig_mode; /* 0 unknown, 1 signals, 2 events (DUET_CUDA_LAYER_DONE=event) */
 } duet__cuda_done_queue_t;
 
 /* kv_crc_host.c: the checksum's stream and buffers, made on first use. */
@@ -219,6 +228,18 @@ duet_status_t duet__cuda_copy_stream(duet_backend_rank_t *r);
  * completed, dones in queue order.  On failure done never runs. */
 duet_status_t duet__cuda_launch_done(duet_backend_rank_t *r, cudaStream_t s, int layer,
                                      void (*done)(void *arg), void *arg);
+/* A signal for the next launch on r's copy stream (cuda_kernels.h), in
+ * *sig; false when signals are off (DUET_CUDA_LAYER_DONE=event) or their
+ * memory could not be had: the caller then records an event instead.
+ * Rank thread. */
+bool duet__cuda_signal_next(duet_backend_rank_t *r, duet__cuda_signal_t *sig);
+/* Queue done(arg) (for layer) to run once the launch signalled with seq
+ * (duet__cuda_signal_next) wrote it; as duet__cuda_launch_done. */
+duet_status_t duet__cuda_queue_done(duet_backend_rank_t *r, uint64_t seq, int layer,
+                                    void (*done)(void *arg), void *arg);
+/* Wait on the host until the signalled launch seq completed, or r's copy
+ * stream failed (its error). */
+cudaError_t duet__cuda_signal_wait(duet_backend_rank_t *r, uint64_t seq);
 /* Wait until every done queued so far has returned; the error of a failed
  * event since the last drain (whose done did not run). */
 duet_status_t duet__cuda_done_drain(duet_backend_rank_t *r);

@@ -106,6 +106,19 @@ duet_status_t duet__cuda_gather_rows(cudaStream_t s, void *out, const void *in, 
 duet_status_t duet__cuda_argmax_rows(cudaStream_t s, float *max_out, int32_t *idx_out,
                                      const void *src, int n, int d, size_t ld);
 
+/* A launch's completion signal (kv_done.c): the launch's last block to
+ * finish writes seq into *word (host memory mapped for the device) after
+ * a system-scope fence, so a host thread that reads *word >= seq sees
+ * every byte the launch wrote, with no CUDA call.  ctr: a device counter,
+ * zero before the launch and zero again after it; launches that share it
+ * must be ordered (one stream).  Words only grow: seqs of one word are
+ * issued in stream order. */
+typedef struct duet__cuda_signal {
+    unsigned *ctr;
+    unsigned long long *word;
+    unsigned long long seq;
+} duet__cuda_signal_t;
+
 /* Longest piece one block of duet__cuda_kv_copy is given (kv_copy_host.c
  * splits longer copies). */
 #define DUET__CUDA_KVC_PIECE (64u << 10)
@@ -116,7 +129,8 @@ duet_status_t duet__cuda_argmax_rows(cudaStream_t s, float *max_out, int32_t *id
  * overlap.  n_planes <= 65535.  For timing: one launch moves
  * n_planes * sum(len) bytes (twice that in memory traffic). */
 duet_status_t duet__cuda_kv_copy(cudaStream_t s, void *base, size_t plane_bytes, int plane0,
-                                 int n_planes, const duet_kv_copy_t *copies, int n);
+                                 int n_planes, const duet_kv_copy_t *copies, int n,
+                                 const duet__cuda_signal_t *sig);
 
 /* The parallel CRC32C (common/crc32c_math.h) of pieces[0..n) (device
  * memory, duet_crc32c_plan) of the buffer at base (16-byte aligned; a

@@ -20,7 +20,12 @@
  * bytewise; others move in 2-byte elements when everything is even (bf16
  * data), else byte by byte.  The host side (kv_copy_host.c) splits long
  * copies into pieces of at most DUET__CUDA_KVC_PIECE bytes so one long
- * descriptor does not leave the GPU to a single block. */
+ * descriptor does not leave the GPU to a single block.
+ *
+ * With a signal (cuda_kernels.h) the launch also tells the host it is
+ * done: a pack on the copy stream then needs no event for its done
+ * (kv_done.c), one driver call less per layer and rank, and the
+ * completion thread polls host memory instead of the driver. */
 #include "engine/cuda/cuda_device.cuh"
 #include "engine/cuda/cuda_kernels.h"
 
@@ -34,9 +39,29 @@ static __device__ __forceinline__ void duet__kvc_bytes(unsigned char *d, const u
         d[i] = s[i];
 }
 
+/* The launch's last block to finish writes the signal (cuda_kernels.h):
+ * each block fences its stores device-wide before it counts itself, so the
+ * block that counts last knows every store is visible, then publishes to
+ * the host. */
+static __device__ __forceinline__ void duet__kvc_signal(unsigned *ctr, unsigned long long *word,
+                                                        unsigned long long seq)
+{
+    __threadfence(); /* each thread's stores, device-wide */
+    __syncthreads();
+    if (threadIdx.x != 0)
+        return;
+    unsigned blocks = gridDim.x * gridDim.y;
+    if (atomicAdd(ctr, 1u) == blocks - 1u) {
+        *ctr = 0;
+        __threadfence_system();
+        *(volatile unsigned long long *)word = seq;
+    }
+}
+
 static __global__ void __launch_bounds__(DUET__KVC_THREADS)
     duet__kv_copy_kernel(unsigned char *base, uint64_t plane_bytes, int plane0,
-                         const duet_kv_copy_t *__restrict__ copies)
+                         const duet_kv_copy_t *__restrict__ copies, unsigned *ctr,
+                         unsigned long long *word, unsigned long long seq)
 {
     const duet_kv_copy_t c = copies[blockIdx.x];
     uint64_t p = (uint64_t)(plane0 + (int)blockIdx.y);
@@ -81,11 +106,13 @@ static __global__ void __launch_bounds__(DUET__KVC_THREADS)
     } else {
         duet__kvc_bytes(d, s, len);
     }
+    if (word != NULL)
+        duet__kvc_signal(ctr, word, seq);
 }
 
 extern "C" duet_status_t duet__cuda_kv_copy(cudaStream_t s, void *base, size_t plane_bytes,
                                             int plane0, int n_planes, const duet_kv_copy_t *copies,
-                                            int n)
+                                            int n, const duet__cuda_signal_t *sig)
 {
     if (n <= 0 || n_planes <= 0)
         return DUET_OK;
@@ -93,7 +120,8 @@ extern "C" duet_status_t duet__cuda_kv_copy(cudaStream_t s, void *base, size_t p
         return duet_error(DUET_ERR_INVALID, "cuda kv_copy: %d planes in one launch (max 65535)",
                           n_planes);
     dim3 grid((unsigned)n, (unsigned)n_planes);
-    duet__kv_copy_kernel<<<grid, DUET__KVC_THREADS, 0, s>>>((unsigned char *)base,
-                                                            (uint64_t)plane_bytes, plane0, copies);
+    duet__kv_copy_kernel<<<grid, DUET__KVC_THREADS, 0, s>>>(
+        (unsigned char *)base, (uint64_t)plane_bytes, plane0, copies, sig ? sig->ctr : NULL,
+        sig ? sig->word : NULL, sig ? sig->seq : 0);
     return DUET__CUDA_LAUNCHED("kv_copy");
 }

@@ -16,8 +16,9 @@
  *
  * Pack (done != NULL): on the copy stream, after cudaStreamWaitEvent on
  * the layer's "KV stored" event, exactly like the mirror export
- * (kv_mirror.c); the rank's completion thread runs done once an event
- * recorded after the kernel completed (kv_done.c).  Unpack
+ * (kv_mirror.c); the rank's completion thread runs done once the kernel
+ * signalled it finished (kv_done.c; an event recorded after it where
+ * signals are off).  Unpack
  * (done == NULL): on the compute stream, after the copy stream's work so
  * far, so the next forward is ordered after it; the call waits. */
 #include "engine/cuda/cuda_internal.h"
@@ -27,11 +28,13 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
-static duet_status_t duet__slot_wait(duet__cuda_kvc_ring_t *g, int i)
+static duet_status_t duet__slot_wait(duet_backend_rank_t *r, int i)
 {
+    duet__cuda_kvc_ring_t *g = &r->kvc;
     if (g->slot[i].live) {
         g->slot[i].live = false;
-        DUET__CUDA_TRY(cudaEventSynchronize(g->slot[i].ev));
+        DUET__CUDA_TRY(g->slot[i].seq != 0 ? duet__cuda_signal_wait(r, g->slot[i].seq)
+                                           : cudaEventSynchronize(g->slot[i].ev));
     }
     return DUET_OK;
 }
@@ -48,7 +51,7 @@ static duet_status_t duet__ring_reserve(duet_backend_rank_t *r, size_t m, size_t
         if (cap < 65536) /* 16 layers' packs of an 8K-token request, 8 heads */
             cap = 65536;
         for (int i = 0; i < DUET__CUDA_KVC_SLOTS; i++) {
-            if ((st = duet__slot_wait(g, i)) != DUET_OK)
+            if ((st = duet__slot_wait(r, i)) != DUET_OK)
                 return st;
         }
         cudaFreeHost(g->host);
@@ -65,10 +68,10 @@ static duet_status_t duet__ring_reserve(duet_backend_rank_t *r, size_t m, size_t
         g->head = 0;
     for (int i = 0; i < DUET__CUDA_KVC_SLOTS; i++) {
         if (g->slot[i].live && g->slot[i].begin < g->head + m && g->head < g->slot[i].end &&
-            (st = duet__slot_wait(g, i)) != DUET_OK)
+            (st = duet__slot_wait(r, i)) != DUET_OK)
             return st;
     }
-    if ((st = duet__slot_wait(g, g->next)) != DUET_OK)
+    if ((st = duet__slot_wait(r, g->next)) != DUET_OK)
         return st;
     if (g->slot[g->next].ev == NULL)
         DUET__CUDA_TRY(cudaEventCreateWithFlags(&g->slot[g->next].ev, cudaEventDisableTiming));
@@ -98,9 +101,12 @@ static void duet__split(const duet_kv_copy_t *copies, int n, duet_kv_copy_t *out
     }
 }
 
-/* The list to the device and the kernel over layers [l0, l1), on s. */
+/* The list to the device and the kernel over layers [l0, l1), on s; with
+ * sig, the launch is signalled and the ring's entries wait on the signal,
+ * else on an event recorded after it. */
 static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0, int l1,
-                                 const duet_kv_copy_t *copies, int n)
+                                 const duet_kv_copy_t *copies, int n,
+                                 const duet__cuda_signal_t *sig)
 {
     duet__cuda_kvc_ring_t *g = &r->kvc;
     size_t m = duet__pieces(copies, n), begin = 0;
@@ -116,10 +122,12 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
     DUET__CUDA_TRY(cudaMemcpyAsync(g->dev + begin, g->host + begin, m * sizeof(duet_kv_copy_t),
                                    cudaMemcpyHostToDevice, s));
     st = duet__cuda_kv_copy(s, r->kv_base, duet_kv_plane_bytes(&r->kv), 2 * l0, 2 * (l1 - l0),
-                            g->dev + begin, (int)m);
+                            g->dev + begin, (int)m, sig);
     /* the copy above may be queued even if the launch failed: the entries
      * stay reserved until the stream passed this point */
-    cudaError_t e = cudaEventRecord(g->slot[g->next].ev, s);
+    cudaError_t e =
+        sig != NULL && st == DUET_OK ? cudaSuccess : cudaEventRecord(g->slot[g->next].ev, s);
+    g->slot[g->next].seq = sig != NULL && st == DUET_OK ? sig->seq : 0;
     if (e != cudaSuccess) {
         cudaStreamSynchronize(s);
         return st != DUET_OK ? st : duet__cuda_check(e, "cudaEventRecord", __FILE__, __LINE__);
@@ -152,23 +160,31 @@ duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
         /* after the rank's earlier packs and exports as well as its compute */
         DUET__CUDA_TRY(cudaEventRecord(r->ev_copy, r->copy_stream));
         DUET__CUDA_TRY(cudaStreamWaitEvent(r->stream, r->ev_copy, 0));
-        if ((st = duet__issue(r, r->stream, l0, l1, copies, n)) != DUET_OK)
+        if ((st = duet__issue(r, r->stream, l0, l1, copies, n, NULL)) != DUET_OK)
             return st;
         return duet__cuda_wait(r, "kv copy");
     }
     /* the layer's KV store was queued before this hook ran: the copy
      * stream waits for it on the device, the rank thread goes on */
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[l0], 0));
-    if ((st = duet__issue(r, r->copy_stream, l0, l1, copies, n)) != DUET_OK)
+    duet__cuda_signal_t sig;
+    bool signalled = duet__pieces(copies, n) > 0 && duet__cuda_signal_next(r, &sig);
+    if ((st = duet__issue(r, r->copy_stream, l0, l1, copies, n, signalled ? &sig : NULL)) !=
+        DUET_OK)
         return st;
-    return duet__cuda_launch_done(r, r->copy_stream, l0, done, arg);
+    /* the kernel's signal is the done's, or (no signals, nothing to copy)
+     * an event after the layer's store */
+    return signalled ? duet__cuda_queue_done(r, sig.seq, l0, done, arg)
+                     : duet__cuda_launch_done(r, r->copy_stream, l0, done, arg);
 }
 
 void duet__cuda_kv_copy_cleanup(duet_backend_rank_t *r)
 {
     duet__cuda_kvc_ring_t *g = &r->kvc;
+    /* signalled slots ran on the copy stream, synchronized before this */
     for (int i = 0; i < DUET__CUDA_KVC_SLOTS; i++) {
-        if (g->slot[i].live && cudaEventSynchronize(g->slot[i].ev) != cudaSuccess)
+        if (g->slot[i].live && g->slot[i].seq == 0 &&
+            cudaEventSynchronize(g->slot[i].ev) != cudaSuccess)
             DUET_LOG_WARN("cuda rank %d: kv copy failed before shutdown: %s", r->rank,
                           cudaGetErrorString(cudaGetLastError()));
         if (g->slot[i].ev != NULL)

@@ -17,7 +17,8 @@
 #           DUET_XFER_ARM_DEVICE=1 (the old progress-thread sleep) as the
 #           same-run baseline; BENCH_MODES picks others (packed, device;
 #           auto-old: .devcarry/gxfer/bin/bench_gpu_transfer.old, an older
-#           build put there by hand, with --mirror auto);
+#           build put there by hand, with --mirror auto; auto-event: packs
+#           release their layers by events, not launch signals);
 #           cudaMemcpyPeer as the reference
 #   checksum  --mirror auto with --checksum (the CRC32C of every slice
 #           computed on the GPU on both sides): e2e against `bench` is the
@@ -57,6 +58,7 @@ for what in "$@"; do
             auto-arm) mirror=auto; export DUET_XFER_ARM_DEVICE=1 ;;
             auto-old) mirror=auto; unset DUET_XFER_ARM_DEVICE
                 export GXFER_BIN=$ROOT/.devcarry/gxfer/bin/bench_gpu_transfer.old ;;
+            auto-event) mirror="auto --layer-done event"; unset DUET_XFER_ARM_DEVICE ;;
             *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
             esac
             log=${OUT:-/tmp}/packed-bench-$mode${crc[0]:+-crc}.log

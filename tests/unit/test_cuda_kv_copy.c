@@ -27,6 +27,11 @@
  *    copy stream alone returns while that done sleeps; an INFO line with
  *    the per-layer chain latency (tiny packs each followed by done) next
  *    to a host-function chain of the same length on the same card;
+ *  - a pack's done sees every byte: packs of 16 MiB (256 blocks) whose
+ *    done reads the destination back on a stream of its own, nothing
+ *    ordering it after the pack but the done itself -- the launch signal
+ *    (the last block's word, kv_done.c) must come after every block's
+ *    stores;
  *  - a bandwidth report (not a timed test): a Llama-3-8B-shaped rank
  *    (32 layers, 8 KV heads x 128, pages of 16), 8192 tokens packed layer
  *    by layer and unpacked in one call, next to cudaMemcpyAsync of the same
@@ -639,6 +644,72 @@ static void test_done_order(void **state)
     assert_int_equal(failures, 0);
 }
 
+/* ---- a pack's done sees every byte it copied (launch signals) ---- */
+typedef struct {
+    const unsigned char *dev;  /* the destination range, device */
+    const unsigned char *want; /* host */
+    size_t len;
+    cudaStream_t s; /* the check's own stream: nothing orders it after the pack */
+    unsigned char *got;
+    atomic_int checked, wrong;
+} seen_t;
+
+static void seen_done(void *arg)
+{
+    seen_t *c = arg;
+    if (cudaMemcpyAsync(c->got, c->dev, c->len, cudaMemcpyDeviceToHost, c->s) != cudaSuccess ||
+        cudaStreamSynchronize(c->s) != cudaSuccess || memcmp(c->got, c->want, c->len) != 0)
+        atomic_fetch_add(&c->wrong, 1);
+    atomic_fetch_add(&c->checked, 1);
+}
+
+static void test_done_sees_bytes(void **state)
+{
+    (void)state;
+    DUET_TEST_NEED_GPU();
+    failures = 0;
+    /* 2 layers of 512 pages, 32 KiB each: one layer's pack moves 2 x 8 MiB
+     * in 64 KiB pieces, 256 blocks, so a done released by any block but
+     * the last would find bytes missing */
+    duet_kv_layout_t kv = {.n_layers = 2,
+                           .n_pages = 512,
+                           .page_size = 16,
+                           .n_kv_heads = 8,
+                           .head_dim = 128,
+                           .elem_size = 2};
+    rank_t k;
+    rank_open(&k, kv);
+    uint64_t pb = duet_kv_page_bytes(&kv), plane = duet_kv_plane_bytes(&kv), half = plane / 2;
+    unsigned char *host = duet_malloc(k.bytes);
+    static seen_t c;
+    memset(&c, 0, sizeof(c));
+    c.len = half;
+    c.got = duet_malloc(half);
+    assert_int_equal(cudaStreamCreateWithFlags(&c.s, cudaStreamNonBlocking), cudaSuccess);
+    duet_test_rng_t g = {11};
+    for (int rep = 0; rep < 4; rep++) {
+        for (size_t i = 0; i < k.bytes; i++)
+            host[i] = (unsigned char)rnd(&g, 256);
+        assert_int_equal(OPS.upload(k.r, k.pool, host, k.bytes), DUET_OK);
+        assert_int_equal(OPS.sync(k.r), DUET_OK);
+        int layer = rep % 2;
+        /* pages [0, 256) -> [256, 512) of the layer's K and V: one copy */
+        duet_kv_copy_t list = {0, 256 * pb, half, 0, 0};
+        c.dev = (const unsigned char *)k.pool + duet_kv_offset(&kv, layer, 1, 256, 0);
+        c.want = host + duet_kv_offset(&kv, layer, 1, 0, 0); /* V: the last plane copied */
+        assert_int_equal(OPS.kv_copy(k.r, layer, layer + 1, &list, 1, seen_done, &c), DUET_OK);
+        assert_int_equal(OPS.kv_export_sync(k.r), DUET_OK);
+    }
+    report(atomic_load(&c.checked) == 4 && atomic_load(&c.wrong) == 0,
+           "%d of 4 dones ran; %d of them found the pack's %zu MiB incomplete when they ran",
+           atomic_load(&c.checked), atomic_load(&c.wrong), (size_t)(2 * half >> 20));
+    cudaStreamDestroy(c.s);
+    duet_free(c.got);
+    duet_free(host);
+    rank_close(&k);
+    assert_int_equal(failures, 0);
+}
+
 static void test_bandwidth_report(void **state)
 {
     (void)state;
@@ -727,6 +798,12 @@ static void test_done_order(void **state)
     skip();
 }
 
+static void test_done_sees_bytes(void **state)
+{
+    (void)state;
+    skip();
+}
+
 static void test_bandwidth_report(void **state)
 {
     (void)state;
@@ -737,9 +814,9 @@ static void test_bandwidth_report(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_host),     cmocka_unit_test(test_pack_waits_for_store),
-        cmocka_unit_test(test_engine_direct),    cmocka_unit_test(test_done_order),
-        cmocka_unit_test(test_bandwidth_report),
+        cmocka_unit_test(test_against_host),    cmocka_unit_test(test_pack_waits_for_store),
+        cmocka_unit_test(test_engine_direct),   cmocka_unit_test(test_done_order),
+        cmocka_unit_test(test_done_sees_bytes), cmocka_unit_test(test_bandwidth_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

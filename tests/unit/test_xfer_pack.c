@@ -236,10 +236,22 @@ static void test_copies_merge(void **state)
     assert_int_equal(c[0].src_step, 0);
     assert_int_equal(c[0].dst, duet_kv_total_bytes(&l) + 10 * duet_xfer_stage_unit_bytes(&l));
     assert_int_equal(c[0].dst_step, 4 * duet_kv_head_bytes(&l));
-    l.n_kv_heads = 2; /* head-major staging: no page-run merges on the source */
+    /* page-major staging: a run of all the rank's heads merges a page run
+     * into one copy (unpack: staging -> pages 3..5, then page 9) */
+    l.n_kv_heads = 2;
     duet_slice_run_t two = {.n_heads = 2};
     duet_kv_copy_t c2[8];
-    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, &two, 1, 1, c2), 8);
+    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, &two, 1, 1, c2), 2);
+    assert_int_equal(c2[0].len, 6 * duet_kv_head_bytes(&l));
+    assert_int_equal(c2[0].dst, 3 * duet_kv_page_bytes(&l));
+    assert_int_equal(c2[0].src_step, 2 * 4 * duet_kv_head_bytes(&l));
+    assert_int_equal(c2[1].len, 2 * duet_kv_head_bytes(&l));
+    assert_int_equal(c2[1].dst, 9 * duet_kv_page_bytes(&l));
+    /* one of the two heads: one copy per page (the other head lies between) */
+    duet_slice_run_t second = {.n_heads = 1, .src_head = 1, .dst_head = 1};
+    assert_int_equal(duet_xfer_pack_copies(&l, pages, 4, 10, &second, 1, 0, c2), 4);
+    assert_int_equal(c2[1].src, 4 * duet_kv_page_bytes(&l) + duet_kv_head_bytes(&l));
+    assert_int_equal(c2[1].dst, c2[0].dst + duet_kv_head_bytes(&l));
 }
 
 /* Staging must lie in the arena after the planes. */
