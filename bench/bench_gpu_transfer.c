@@ -105,6 +105,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -275,9 +276,10 @@ typedef struct {
                             (pinned), rewritten into the pool before every transfer */
     gpost_t post[G_LAYERS];
     duet_kv_copy_t *hlist, *dlist; /* --mirror packed: this request's (un)pack copies */
-    int n_list;
-    uint64_t puts;            /* prefill: puts of the last request */
-    cudaEvent_t ev[G_LAYERS]; /* --layer-done event: recorded after each layer's stage */
+    int n_list;                    /* dlist's entries: hlist cut into the engine's pieces */
+    size_t dcap;                   /* dlist's capacity */
+    uint64_t puts;                 /* prefill: puts of the last request */
+    cudaEvent_t ev[G_LAYERS];      /* --layer-done event: recorded after each layer's stage */
     /* --layer-done signal: the word the packs write, its device address,
      * their counter, the seq of this round's layer 0 */
     unsigned long long *sig_word, *sig_word_dev;
@@ -612,14 +614,25 @@ static int upload_list(gside_t *g, int r, const duet_slice_plan_t *plan, const i
     if (k->hlist == NULL) {
         k->hlist = DUET_NEW_ARRAY(duet_kv_copy_t, cap);
         DUET_TESTKIT_CHECK(k->hlist != NULL, "out of memory");
-        G_CUDA(cudaSetDevice(k->st.dev));
-        G_CUDA(cudaMalloc((void **)&k->dlist, cap * sizeof(duet_kv_copy_t)));
     }
-    k->n_list =
+    int m =
         duet_xfer_pack_copies(l, pages, n, 0, runs, n_runs, g->role == DUET_XFER_DECODE, k->hlist);
+    /* cut into the engine's pieces, as kv_copy_host.c does (a page run of
+     * all a rank's heads is one long copy) */
+    size_t pieces = duet__cuda_kv_copy_pieces(k->hlist, m);
+    duet_kv_copy_t *split = DUET_NEW_ARRAY(duet_kv_copy_t, pieces + 1);
+    DUET_TESTKIT_CHECK(split != NULL && pieces <= INT_MAX, "out of memory");
+    duet__cuda_kv_copy_split(k->hlist, m, split);
+    k->n_list = (int)pieces;
     G_CUDA(cudaSetDevice(k->st.dev));
-    G_CUDA(cudaMemcpy(k->dlist, k->hlist, (size_t)k->n_list * sizeof(duet_kv_copy_t),
-                      cudaMemcpyHostToDevice));
+    if (pieces > k->dcap) {
+        cudaFree(k->dlist);
+        k->dlist = NULL;
+        G_CUDA(cudaMalloc((void **)&k->dlist, pieces * sizeof(duet_kv_copy_t)));
+        k->dcap = pieces;
+    }
+    G_CUDA(cudaMemcpy(k->dlist, split, pieces * sizeof(duet_kv_copy_t), cudaMemcpyHostToDevice));
+    duet_free(split);
     return 0;
 }
 

@@ -122,6 +122,12 @@ typedef struct duet__cuda_signal {
 /* Longest piece one block of duet__cuda_kv_copy is given (kv_copy_host.c
  * splits longer copies). */
 #define DUET__CUDA_KVC_PIECE (64u << 10)
+/* The pieces copies[0..n) split into (kv_copy_host.c), and the split into
+ * out[0..pieces): empty copies dropped, longer ones cut at
+ * DUET__CUDA_KVC_PIECE, steps kept.  A list must be split before
+ * duet__cuda_kv_copy, or one block copies a whole long entry. */
+size_t duet__cuda_kv_copy_pieces(const duet_kv_copy_t *copies, int n);
+void duet__cuda_kv_copy_split(const duet_kv_copy_t *copies, int n, duet_kv_copy_t *out);
 /* Copies inside the KV pool (kv/copy.h): the device list copies[0..n) is
  * applied to each of the n_planes planes (plane_bytes each) starting at
  * plane plane0 of base (plane 2l = layer l's K, 2l + 1 its V).  Offsets

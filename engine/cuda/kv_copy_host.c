@@ -79,8 +79,7 @@ static duet_status_t duet__ring_reserve(duet_backend_rank_t *r, size_t m, size_t
     return DUET_OK;
 }
 
-/* Pieces of at most DUET__CUDA_KVC_PIECE bytes (empty copies dropped). */
-static size_t duet__pieces(const duet_kv_copy_t *copies, int n)
+size_t duet__cuda_kv_copy_pieces(const duet_kv_copy_t *copies, int n)
 {
     size_t m = 0;
     for (int i = 0; i < n; i++)
@@ -88,7 +87,7 @@ static size_t duet__pieces(const duet_kv_copy_t *copies, int n)
     return m;
 }
 
-static void duet__split(const duet_kv_copy_t *copies, int n, duet_kv_copy_t *out)
+void duet__cuda_kv_copy_split(const duet_kv_copy_t *copies, int n, duet_kv_copy_t *out)
 {
     size_t k = 0;
     for (int i = 0; i < n; i++) {
@@ -109,7 +108,7 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
                                  const duet__cuda_signal_t *sig)
 {
     duet__cuda_kvc_ring_t *g = &r->kvc;
-    size_t m = duet__pieces(copies, n), begin = 0;
+    size_t m = duet__cuda_kv_copy_pieces(copies, n), begin = 0;
     duet_status_t st;
 
     if (m == 0)
@@ -118,7 +117,7 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
         return duet_error(DUET_ERR_INVALID, "cuda rank %d: kv copy of %zu pieces", r->rank, m);
     if ((st = duet__ring_reserve(r, m, &begin)) != DUET_OK)
         return st;
-    duet__split(copies, n, g->host + begin);
+    duet__cuda_kv_copy_split(copies, n, g->host + begin);
     DUET__CUDA_TRY(cudaMemcpyAsync(g->dev + begin, g->host + begin, m * sizeof(duet_kv_copy_t),
                                    cudaMemcpyHostToDevice, s));
     st = duet__cuda_kv_copy(s, r->kv_base, duet_kv_plane_bytes(&r->kv), 2 * l0, 2 * (l1 - l0),
@@ -168,7 +167,7 @@ duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
      * stream waits for it on the device, the rank thread goes on */
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[l0], 0));
     duet__cuda_signal_t sig;
-    bool signalled = duet__pieces(copies, n) > 0 && duet__cuda_signal_next(r, &sig);
+    bool signalled = duet__cuda_kv_copy_pieces(copies, n) > 0 && duet__cuda_signal_next(r, &sig);
     if ((st = duet__issue(r, r->copy_stream, l0, l1, copies, n, signalled ? &sig : NULL)) !=
         DUET_OK)
         return st;
