@@ -701,7 +701,8 @@ static void test_done_sees_bytes(void **state)
         assert_int_equal(OPS.kv_export_sync(k.r), DUET_OK);
     }
     report(atomic_load(&c.checked) == 4 && atomic_load(&c.wrong) == 0,
-           "%d of 4 dones ran; %d of them found the pack's %zu MiB incomplete when they ran",
+           "done sees the pack: %d of 4 dones ran, %d of them found the pack's %zu MiB not yet "
+           "equal to its source when they ran",
            atomic_load(&c.checked), atomic_load(&c.wrong), (size_t)(2 * half >> 20));
     cudaStreamDestroy(c.s);
     duet_free(c.got);
