@@ -803,10 +803,25 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
     for (int d = 0; d < g->tp && g->b->packed; d++)
         if (run_list(g, d, 0, 2 * G_LAYERS))
             return 1;
+    int64_t t_launched = duet_now_ns();
     for (int d = 0; d < g->tp && (!g->b->device || g->b->packed); d++)
         if (gs_sync(&g->rk[d].st))
             return 1;
     t1 = g->b->device && !g->b->packed ? t_recv : duet_now_ns();
+    if (g->b->packed && getenv("BENCH_IMPORT_DETAIL") != NULL) {
+        /* where the unpack's time goes: the launches, the wait, and the
+         * same unpack again at once (a warm GPU, nothing in flight) */
+        int64_t t2 = duet_now_ns();
+        for (int d = 0; d < g->tp; d++)
+            if (run_list(g, d, 0, 2 * G_LAYERS))
+                return 1;
+        for (int d = 0; d < g->tp; d++)
+            if (gs_sync(&g->rk[d].st))
+                return 1;
+        fprintf(stderr, "# import detail: %d pages, launch %.1f us, wait %.1f us, again %.1f us\n",
+                n, (double)(t_launched - t_recv) / 1e3, (double)(t1 - t_launched) / 1e3,
+                (double)(duet_now_ns() - t2) / 1e3);
+    }
     for (int d = 0; d < g->tp; d++) {
         char why[200];
         if (verify(g, d, n, why, sizeof(why))) {
