@@ -12,7 +12,8 @@
 # SERVE_WORKLOAD=shared: bench-serve's shared-prefix dataset instead (8
 # system prompts of 1024 tokens + 128 unique, 128 out); SERVE_CACHE=off:
 # "prefix_cache": false on every instance (the prefix cache, on by
-# default); SERVE_TAG is appended to the result names.
+# default); SERVE_TAG is appended to the result names; SERVE_POLICY the
+# router's policy (default least_load; cache_aware: docs/kv-aware-routing.md).
 # SERVE_LAYOUTS picks layouts (names below), SERVE_PRESET another mkmodel
 # preset (e.g. llama-3.2-1b-shape: a 2.5 GB checkpoint that loads in
 # seconds); results: one line per (layout, rate) and the bench-serve JSON
@@ -44,6 +45,9 @@ L[coloc-tp2]="|2:0,1:always"
 L[disagg-p2d2]="2:0,1|2:2,3"
 L[coloc-2xtp2]="|2:0,1:always 2:2,3:always"
 L[cond-p1d1]="1:0|1:1:auto"
+# 2 prefill + 2 decode instances of TP 1 on 2 GPUs (one of each per GPU): the
+# prefix-cache comparison of issue 15 (SERVE_POLICY round_robin / cache_aware)
+L[disagg-2p2d]="1:0 1:1|1:0 1:1"
 order=${SERVE_LAYOUTS:-disagg-p1d1 coloc-2xtp1 coloc-tp2}
 [ "$NGPU" -ge 4 ] && order=${SERVE_LAYOUTS:-disagg-p1d1 coloc-2xtp1 coloc-tp2 disagg-p2d2 coloc-2xtp2}
 
@@ -65,7 +69,7 @@ for name in $order; do
     cat > "$W/c.json" <<JSON
 {"model": "$M", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 60000},
  "router": {"http": "127.0.0.1:$hp", "grpc": "127.0.0.1:$gp", "request_timeout_ms": 120000,
-            "max_tokens_limit": 4096},
+            "max_tokens_limit": 4096, "policy": "${SERVE_POLICY:-least_load}"},
  "prefill": $(entries prefill "$pre"),
  "decode": $(entries decode "$dec")}
 JSON
@@ -119,6 +123,14 @@ for r in runs:
               sys.argv[2], r["request_rate"], r["request_throughput"], r["request_goodput"],
               r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"],
               r["p99_tpot_ms"], r["completed"], r["num_requests"]))
+PY
+        # the prefix cache's counters, as the router exports them
+        python3 - "http://127.0.0.1:$hp/metrics" "$name${SERVE_TAG:-}" <<'PY' 2>/dev/null
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+for line in text.splitlines():
+    if line.startswith("duet_prefix_cache_") and "_bucket" not in line:
+        print("%-12s %s" % (sys.argv[2], line))
 PY
     fi
     kill -TERM $rpid "${pids[@]}" 2>/dev/null
