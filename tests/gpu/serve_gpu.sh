@@ -13,7 +13,8 @@
 # system prompts of 1024 tokens + 128 unique, 128 out); SERVE_CACHE=off:
 # "prefix_cache": false on every instance (the prefix cache, on by
 # default); SERVE_TAG is appended to the result names; SERVE_POLICY the
-# router's policy (default least_load; cache_aware: docs/kv-aware-routing.md).
+# router's policy (default least_load; cache_aware: docs/kv-aware-routing.md);
+# SERVE_PAGES the instances' n_pages (default 4096).
 # SERVE_LAYOUTS picks layouts (names below), SERVE_PRESET another mkmodel
 # preset (e.g. llama-3.2-1b-shape: a 2.5 GB checkpoint that loads in
 # seconds); results: one line per (layout, rate) and the bench-serve JSON
@@ -57,7 +58,7 @@ entries() { # role list -> JSON array
         IFS=: read -r tp devs mode <<< "$e"
         port=$((19100 + RANDOM % 800))
         [ -n "$out" ] && out="$out, "
-        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": 4096, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}$([ "${SERVE_CACHE:-on}" = off ] && echo ', "prefix_cache": false')}"
+        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": ${SERVE_PAGES:-4096}, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}$([ "${SERVE_CACHE:-on}" = off ] && echo ', "prefix_cache": false')}"
         i=$((i + 1))
     done
     echo "[$out]"
