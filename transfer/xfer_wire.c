@@ -286,8 +286,8 @@ void duet__msg_encode(const duet__msg_t *m, uint8_t out[DUET__MSG_BYTES])
     duet__put_u16(out + 32, (uint16_t)m->src_rank);
     duet__put_u16(out + 34, (uint16_t)m->dst_rank);
     duet__put_u32(out + 36, (uint32_t)(int32_t)m->status);
-    duet__put_u32(out + 40,
-                  (m->has_crc ? DUET__MSG_F_CRC : 0u) | (m->packed ? DUET__MSG_F_PACKED : 0u));
+    duet__put_u32(out + 40, (m->has_crc ? DUET__MSG_F_CRC : 0u) |
+                                (m->packed ? DUET__MSG_F_PACKED | DUET__MSG_F_PAGE_MAJOR : 0u));
     duet__put_u32(out + 44, m->crc);
     duet__put_u64(out + 48, m->bytes);
     duet__put_u64(out + 56, (uint64_t)m->first_token);
@@ -321,8 +321,14 @@ duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)
     if (m.status != DUET_OK && strcmp(duet_status_name(m.status), "DUET_ERR_UNKNOWN") == 0)
         return duet_error(DUET_ERR_FORMAT, "notification: status %d unknown", (int)m.status);
     flags = duet__get_u32(b + 40);
-    if (flags & ~(DUET__MSG_F_CRC | DUET__MSG_F_PACKED))
+    if (flags & ~(DUET__MSG_F_CRC | DUET__MSG_F_PACKED | DUET__MSG_F_PAGE_MAJOR))
         return duet_error(DUET_ERR_FORMAT, "notification: unknown flags 0x%x", flags);
+    if (!(flags & DUET__MSG_F_PACKED) != !(flags & DUET__MSG_F_PAGE_MAJOR))
+        return duet_error(DUET_ERR_FORMAT, "notification: flags 0x%x: %s", flags,
+                          (flags & DUET__MSG_F_PACKED)
+                              ? "a packed slice staged head-major, by an older build "
+                                "(upgrade prefill and decode together)"
+                              : "page-major staging on a slice that is not packed");
     m.has_crc = (flags & DUET__MSG_F_CRC) != 0;
     m.packed = (flags & DUET__MSG_F_PACKED) != 0;
     m.crc = duet__get_u32(b + 44);

@@ -59,16 +59,22 @@ const char *duet__role_name(duet_xfer_role_t role);
  *   0 u32 magic "DXNM"  4 u16 version (1)  6 u16 kind
  *   8 u64 request id   16 u64 sender instance  24 u64 receiver instance
  *  32 u16 src rank (prefill engine rank)  34 u16 dst rank (decode engine rank)
- *  36 i32 status  40 u32 flags (bit 0: crc valid, bit 1: packed slice)  44 u32 crc
+ *  36 i32 status  40 u32 flags (bit 0: crc valid, bit 1: packed slice,
+ *                                bit 2: page-major staging)  44 u32 crc
  *  48 u64 bytes  56 i64 first token
  * Bit 1 came with packed transfers (transfer/xfer_pack.h).  A receiver
  * built before it refuses the flag as unknown and drops the message
  * (dropped_invalid; the sender times out): a packed slice is never taken
- * for pages.  Old senders never set it. */
-#define DUET__MSG_MAGIC    0x4d4e5844u /* "DXNM" */
-#define DUET__MSG_BYTES    64u
-#define DUET__MSG_F_CRC    0x1u
-#define DUET__MSG_F_PACKED 0x2u
+ * for pages.  Old senders never set it.  Bit 2 came when staging blocks
+ * became page-major within a plane; a packed slice always carries it, and
+ * a receiver refuses a packed slice without it (a sender that staged
+ * head-major: its bytes would land in the wrong heads), as well as the bit
+ * without bit 1; a receiver built before it drops the message as above. */
+#define DUET__MSG_MAGIC        0x4d4e5844u /* "DXNM" */
+#define DUET__MSG_BYTES        64u
+#define DUET__MSG_F_CRC        0x1u
+#define DUET__MSG_F_PACKED     0x2u
+#define DUET__MSG_F_PAGE_MAJOR 0x4u
 
 enum { DUET__MSG_NOTIFY = 1, DUET__MSG_ACK = 2 };
 

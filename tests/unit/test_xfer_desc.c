@@ -230,20 +230,27 @@ static void test_msg(void **state)
     buf[36] = 0x77; /* a status nobody defined */
     assert_int_not_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
 
-    /* the packed bit travels in flags (bit 1); bits above it are refused */
+    /* the packed bit travels in flags (bit 1) with the page-major bit (2);
+     * bits above them are refused */
     m.packed = 1;
     m.has_crc = 0;
     duet__msg_encode(&m, buf);
-    assert_int_equal(buf[40], DUET__MSG_F_PACKED);
+    assert_int_equal(buf[40], DUET__MSG_F_PACKED | DUET__MSG_F_PAGE_MAJOR);
     assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
     assert_memory_equal(&m, &n, sizeof(m));
+    buf[40] = DUET__MSG_F_PACKED; /* a sender that staged head-major */
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "staged head-major, by an older build"));
     m.packed = 0;
     duet__msg_encode(&m, buf);
     assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
     assert_int_equal(n.packed, 0);
-    buf[40] = 0x4;
+    buf[40] = DUET__MSG_F_PAGE_MAJOR;
     assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
-    assert_non_null(strstr(duet_error_msg(), "unknown flags 0x4"));
+    assert_non_null(strstr(duet_error_msg(), "page-major staging on a slice that is not packed"));
+    buf[40] = 0x8;
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "unknown flags 0x8"));
 }
 
 static void test_crc32c(void **state)
