@@ -10,7 +10,9 @@
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/serve_gpu.sh
 #
 # SERVE_WORKLOAD=shared: bench-serve's shared-prefix dataset instead (8
-# system prompts of 1024 tokens + 128 unique, 128 out); SERVE_CACHE=off:
+# system prompts of 1024 tokens + 128 unique, 128 out); SERVE_WORKLOAD=trace:
+# the Mooncake conversation trace scaled by 1/8 (SERVE_TRACE: its path,
+# default ../shared/traces/conversation_trace.jsonl); SERVE_CACHE=off:
 # "prefix_cache": false on every instance (the prefix cache, on by
 # default); SERVE_TAG is appended to the result names; SERVE_POLICY the
 # router's policy (default least_load; cache_aware: docs/kv-aware-routing.md);
@@ -104,6 +106,12 @@ PY
         if [ "${SERVE_WORKLOAD:-random}" = shared ]; then
             wl=(--dataset shared-prefix --prefix-len 1024 --suffix-len 128 --num-prefixes 8
                 --output-len 128)
+        elif [ "${SERVE_WORKLOAD:-random}" = trace ]; then
+            # the Mooncake conversation trace, lengths and 512-token blocks
+            # scaled by 1/8 (64-token blocks, ~1500 tokens in, ~86 out),
+            # its first SERVE_REQUESTS requests at SERVE_RATES (Poisson)
+            wl=(--dataset trace --trace "${SERVE_TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}"
+                --trace-len-scale 0.125 --trace-output-scale 0.25 --trace-block-size 64)
         else
             wl=(--dataset random --random-input-len 1024 --random-output-len 128 --range-ratio 0.5)
         fi
