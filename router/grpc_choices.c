@@ -115,6 +115,13 @@ static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
     duet_router_job_t *others[DUET_ROUTER_OAI_CHOICES_MAX];
     uint32_t n_others = 0;
 
+    /* its finished message goes out before it counts as ended: the last
+     * choice's end finishes the stream after every queued message */
+    pthread_mutex_lock(&g->lock);
+    bool failed = g->failed;
+    pthread_mutex_unlock(&g->lock);
+    if (end->ok && !failed && g->n > 1)
+        duet__write_finished(c, end->raw, end->raw_len);
     pthread_mutex_lock(&g->lock);
     c->ended = true;
     bool last = ++g->n_ended == g->n;
@@ -126,10 +133,8 @@ static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
             if (!g->ch[i].ended)
                 others[n_others++] = g->ch[i].job;
     }
-    bool failed = g->failed;
+    failed = g->failed;
     pthread_mutex_unlock(&g->lock);
-    if (end->ok && !failed && g->n > 1)
-        duet__write_finished(c, end->raw, end->raw_len);
     /* the jobs stay referenced by g, which this sink's reference keeps */
     for (uint32_t i = 0; i < n_others; i++)
         duet_router_job_cancel(others[i]);
