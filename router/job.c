@@ -549,7 +549,6 @@ void duet_router_job_cancel(duet_router_job_t *job)
                                      .message = "cancelled while waiting for choice 0's prompt"};
         atomic_fetch_add(&rt->metrics.disconnects, 1);
         job->sink->on_end(job->sink_arg, &end);
-        duet__fork(job, false);
         duet__job_unref(job); /* the leader's reference */
     }
 }

@@ -15,7 +15,9 @@ duet-prefill / duet-decode / duet-router processes on stories260K:
                decode untouched); every choice equals n=1 and `duet
                generate --tp 1`
   seeded n=4   temperature 1 with a seed: reproducible, choice 0 equals n=1
-               with the seed, one prefill again
+               with the seed, one prefill again; streamed n=3: one prefill,
+               per-index text = non-streamed; echo + logprobs n=2 (prompt
+               logprobs skip the cache): both choices prefilled, both answered
   grpc n=3     seeded, streamed: every chunk and Finished carries its index,
                request ids <id>-<i>, equal to HTTP n=3 with the seed, twice
                equal, choice 0 = gRPC n=1; one prefill; n=1 unchanged (no
@@ -112,6 +114,35 @@ def http_seeded(cl):
     check(texts(one) == texts(a)[:1], "choice 0 %r differs from n=1 %r" % (texts(a)[0],
                                                                          texts(one)))
     print("HTTP n=4 seeded: reproducible, choice 0 = n=1, one prefill")
+
+
+def http_stream_and_rule(cl):
+    """Streamed n=3 follows choice 0 too; echo with logprobs (prompt
+    logprobs skip the cache) starts every choice at once."""
+    prompt = [1] + list(range(250, 290))
+    body = {"prompt": prompt, "max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 5}
+    before = counters(cl)
+    st, events, raw = cl.sse("/v1/completions", dict(body, stream=True))
+    check(st == 200 and events[-1] == "[DONE]", "stream n=3: %d %s" % (st, raw[-300:]))
+    check_one_prefill(delta(before, counters(cl)), 3, len(prompt), "HTTP stream n=3")
+    text, fins = {}, {}
+    for e in events[:-1]:
+        for ch in e["choices"]:
+            text[ch["index"]] = text.get(ch["index"], "") + ch["text"]
+            if ch["finish_reason"]:
+                fins[ch["index"]] = ch["finish_reason"]
+    _, _, r = cl.post_json("/v1/completions", body)
+    check([text.get(i) for i in range(3)] == texts(r) and sorted(fins) == [0, 1, 2],
+          "stream n=3 %s vs %s (finish %s)" % (text, texts(r), fins))
+    before = counters(cl)
+    st, _, r = cl.post_json("/v1/completions", {"prompt": prompt[:-1] + [7], "max_tokens": 1,
+                                                "n": 2, "temperature": 0, "echo": True,
+                                                "logprobs": 1})
+    dl = delta(before, counters(cl))
+    check(st == 200 and len(r["choices"]) == 2 and dl["p_requests"] == 2,
+          "echo + logprobs n=2: %d, %d prefills (both choices compute the prompt): %s" %
+          (st, dl["p_requests"], dl))
+    print("HTTP stream n=3: one prefill, = non-streamed; echo + logprobs n=2: each choice prefilled")
 
 
 def grpc_choices(cl, prompt, n, seed, max_tokens=10, stream_first=None):
@@ -243,6 +274,7 @@ def test(build, src):
         cl.start_router(args=["--policy", "round_robin"])
         http_greedy(cl, build)
         http_seeded(cl)
+        http_stream_and_rule(cl)
         grpc_n(cl)
         bad_n(cl)
         cancels(cl)
