@@ -25,8 +25,9 @@ duet-prefill / duet-decode / duet-router processes on stories260K:
   bad n        gRPC n=17 -> INVALID_ARGUMENT naming n; Decode.Generate with
                n=2 -> INVALID_ARGUMENT naming n
   cancel       a gRPC n=4 stream cancelled while choices 1..3 wait for
-               choice 0's prompt (prefill held by a fault delay), and one
-               cancelled mid-stream: the router's in-flight gauges and every
+               choice 0's prompt (prefill held by a fault delay), an HTTP
+               n=4 client gone while they wait, a gRPC stream cancelled
+               mid-stream: the router's in-flight gauges and every
                worker's count back to 0, decode pages at baseline (free +
                cached + in use = total, none in use)
 
@@ -246,6 +247,19 @@ def cancels(cl):
     dl = delta(before, counters(cl))
     check(dl["d1"]["requests"] + dl["d2"]["requests"] <= 1,
           "cancelled while waiting: followers reached a decode: %s" % dl)
+
+    # an HTTP client leaving while choices wait
+    import json
+    import socket
+    body = json.dumps({"prompt": prompt[:-1] + [9], "max_tokens": 400, "ignore_eos": True,
+                       "temperature": 1.0, "n": 4, "stream": True})
+    sock = socket.create_connection(("127.0.0.1", cl.http_port), timeout=30)
+    sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  "application/json\r\nContent-Length: %d\r\n\r\n%s" %
+                  (len(body), body)).encode())
+    time.sleep(0.1)
+    sock.close()
+    at_rest(cl, "HTTP client gone while choices wait")
 
     # mid-stream: chunks of several choices came
     call = cl.router_stub().Generate(cl.gen_request(prompt + [5], max_tokens=400, temperature=1.0,
