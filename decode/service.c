@@ -104,6 +104,11 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
              m->prefill_target ? m->prefill_target : "");
     if ((st = duet_dc_limits_check(dc, g)) != DUET_OK)
         return st;
+    if (g->n > 1) /* the router serves n (docs/api-logprobs.md) */
+        return duet_error(DUET_ERR_INVALID,
+                          "n: %u choices asked; Decode.Generate generates one "
+                          "(duet-router serves n > 1)",
+                          g->n);
     if (m->prefill_local && dc->node.args.self != NULL &&
         duet_cluster_prefill_local(dc->node.args.self) == DUET_PREFILL_LOCAL_OFF)
         return duet_error(DUET_ERR_MISMATCH,

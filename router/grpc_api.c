@@ -5,8 +5,10 @@
  * configured, is checked in the server's admission hook against the
  * `authorization: Bearer <key>` metadata; health probes pass without it.
  *
- * Chunks from decode are forwarded as they came (the same GenerateResponse
- * bytes); the stream ends with decode's `finished` message and OK, or with
+ * With n = 1, chunks from decode are forwarded as they came (the same
+ * GenerateResponse bytes); n > 1 runs n choices, each message carrying its
+ * choice's index (grpc_choices.c).  The stream ends with decode's
+ * `finished` message(s) and OK, or with
  * decode's status (INVALID_ARGUMENT, OUT_OF_RANGE, ...), or the router's
  * own: NOT_FOUND (model), UNAUTHENTICATED, RESOURCE_EXHAUSTED (queue full),
  * UNAVAILABLE (no healthy worker, draining), DEADLINE_EXCEEDED. */
@@ -20,12 +22,6 @@
 #include "common/log.h"
 #include "common/pb_strings.h"
 #include "router/router_internal.h"
-
-typedef struct {
-    duet_router_t *rt;
-    duet_rpc_call_t *call;
-    duet_router_job_t *job;
-} duet__gcall_t;
 
 void duet_router_update_health(duet_router_t *rt)
 {
@@ -54,45 +50,6 @@ static grpc_status_code duet__check(duet_rpc_call_t *call, void *arg, const char
     *msg_p = v ? "incorrect API key" : "missing API key: send metadata authorization: Bearer <key>";
     duet_router_metrics_grpc(&rt->metrics, GRPC_STATUS_UNAUTHENTICATED);
     return GRPC_STATUS_UNAUTHENTICATED;
-}
-
-static void duet__gcall_fail(duet__gcall_t *g, grpc_status_code code, const char *msg)
-{
-    duet_router_metrics_grpc(&g->rt->metrics, code);
-    duet_rpc_call_fail(g->call, code, msg);
-}
-
-static bool duet__sink_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const uint8_t *raw,
-                             size_t len)
-{
-    duet__gcall_t *g = arg;
-    (void)chunk;
-    return duet_rpc_call_write(g->call, raw, len) != DUET_ERR_EXHAUSTED;
-}
-
-static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
-{
-    duet__gcall_t *g = arg;
-
-    if (end->ok) {
-        duet_router_metrics_grpc(&g->rt->metrics, GRPC_STATUS_OK);
-        duet_rpc_call_reply(g->call, end->raw, end->raw_len);
-    } else {
-        duet__gcall_fail(g, end->code, end->message ? end->message : "");
-    }
-    /* the call handle is gone and on_cancel will not run again */
-    duet_router_job_release(g->job);
-    duet_free(g);
-}
-
-static const duet_router_sink_t duet__grpc_sink = {duet__sink_chunk, duet__sink_end};
-
-static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
-{
-    duet__gcall_t *g = arg;
-    (void)call;
-    /* may end the job right here (queued): then g is freed by on_end */
-    duet_router_job_cancel(g->job);
 }
 
 static grpc_status_code duet__code_of(const duet_router_oai_error_t *err)
@@ -141,6 +98,11 @@ static bool duet__prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char
         else
             snprintf(msg, msg_cap, "top_logprobs (%u) needs logprobs or prompt_logprobs",
                      in->top_logprobs);
+        *code_p = GRPC_STATUS_INVALID_ARGUMENT;
+        return false;
+    }
+    if (in->n > DUET_ROUTER_GRPC_N_MAX) {
+        snprintf(msg, msg_cap, "n must be 1..%d (0: 1), got %u", DUET_ROUTER_GRPC_N_MAX, in->n);
         *code_p = GRPC_STATUS_INVALID_ARGUMENT;
         return false;
     }
@@ -196,12 +158,10 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
     duet_router_t *rt = arg;
     Duet__V1__GenerateRequest *in = duet__v1__generate_request__unpack(NULL, req_len, req);
     Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
-    duet__gcall_t *g = NULL;
     grpc_status_code code = GRPC_STATUS_INTERNAL;
     char msg[320], id[160];
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    duet_status_t st;
 
     if (in == NULL) {
         duet_router_metrics_grpc(&rt->metrics, GRPC_STATUS_INVALID_ARGUMENT);
@@ -216,12 +176,6 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
     }
     if (!duet__prepare(rt, in, id, sizeof(id), &ids, &n_ids, &code, msg, sizeof(msg)))
         goto fail;
-    if ((g = DUET_NEW(duet__gcall_t)) == NULL) {
-        snprintf(msg, sizeof(msg), "out of memory");
-        goto fail;
-    }
-    g->rt = rt;
-    g->call = call;
     /* decode gets token ids, a request id and the clamped max_tokens */
     char *orig_id = in->request_id, *orig_model = in->model;
     Duet__V1__GenerateRequest__PromptCase orig_case = in->prompt_case;
@@ -239,7 +193,7 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
     int64_t deadline = duet_deadline_in_ms(rt->request_timeout_ms);
     if (duet_rpc_call_deadline_ns(call) < deadline)
         deadline = duet_rpc_call_deadline_ns(call);
-    st = duet_router_job_create(rt, in, deadline, &duet__grpc_sink, g, &g->job);
+    duet_router_grpc_run(rt, call, in, deadline); /* ends the call, now or later */
     /* put the unpacked message back the way protobuf-c will free it */
     in->request_id = orig_id;
     in->model = orig_model;
@@ -249,39 +203,15 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req
     else
         in->token_ids = orig_prompt;
     in->max_tokens = orig_max;
-    if (st != DUET_OK) {
-        snprintf(msg, sizeof(msg), "out of memory");
-        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-        goto fail;
-    }
     duet__v1__generate_request__free_unpacked(in, NULL);
-    in = NULL;
     duet_free(ids);
-    ids = NULL;
-    if (duet_rpc_call_on_cancel(call, duet__on_cancel, g) != DUET_OK) {
-        code = GRPC_STATUS_CANCELLED;
-        snprintf(msg, sizeof(msg), "cancelled");
-        goto fail;
-    }
-    st = duet_router_job_start(g->job);
-    if (st == DUET_OK)
-        return; /* the sink ends the call */
-    code = st == DUET_ERR_EXHAUSTED                         ? GRPC_STATUS_RESOURCE_EXHAUSTED
-           : st == DUET_ERR_CANCELLED                       ? GRPC_STATUS_CANCELLED
-           : st == DUET_ERR_PEER || st == DUET_ERR_SHUTDOWN ? GRPC_STATUS_UNAVAILABLE
-                                                            : GRPC_STATUS_INTERNAL;
-    snprintf(msg, sizeof(msg), "%s", duet_error_msg());
+    return;
 
 fail:
     duet_router_metrics_grpc(&rt->metrics, code);
-    duet_rpc_call_fail(call, code, msg); /* after this on_cancel cannot run */
-    if (g) {
-        duet_router_job_release(g->job);
-        duet_free(g);
-    }
+    duet_rpc_call_fail(call, code, msg);
     duet_free(ids);
-    if (in)
-        duet__v1__generate_request__free_unpacked(in, NULL);
+    duet__v1__generate_request__free_unpacked(in, NULL);
 }
 
 duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int threads)

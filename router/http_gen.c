@@ -164,21 +164,6 @@ static enum MHD_Result duet__respond_sse(duet__hreq_t *r)
 
 /* ---- submission (MHD thread) ---- */
 
-/* The seed of choice i of a request seeded with seed (docs/api-logprobs.md):
- * choice 0 uses it as given (so n = 1 is unchanged), the others a
- * splitmix64 mix of it and their index. */
-static uint64_t duet__choice_seed(uint64_t seed, int i)
-{
-    uint64_t z;
-
-    if (i == 0)
-        return seed;
-    z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void duet__start_error(duet_status_t st, duet_router_oai_error_t *err)
 {
     if (st == DUET_ERR_EXHAUSTED)
@@ -300,7 +285,7 @@ static enum MHD_Result duet__submit(duet__hreq_t *r)
         sp.temperature = (float)req.temperature;
         sp.top_k = req.top_k;
         sp.top_p = req.top_p >= 1.0 ? 0.0f : (float)req.top_p;
-        sp.seed = req.has_seed ? duet__choice_seed(req.seed, i) : 0;
+        sp.seed = req.has_seed ? duet_router_choice_seed(req.seed, i) : 0;
         sp.has_seed = req.has_seed;
         g.request_id = sub_id;
         g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
@@ -325,8 +310,11 @@ static enum MHD_Result duet__submit(duet__hreq_t *r)
     r->jobs_live = true;
     pthread_mutex_unlock(&r->lock);
     for (; started < r->n_choices; started++) {
+        /* choices 1..n-1 of a prompt follow its choice 0 (fork-style) */
+        int j = started % req.n;
+        duet_router_job_t *leader = j > 0 ? r->choices[started - j].job : NULL;
         atomic_fetch_add(&r->refs, 1); /* the sink's, dropped by on_end */
-        if ((st = duet_router_job_start(r->choices[started].job)) != DUET_OK) {
+        if ((st = duet_router_job_start_after(r->choices[started].job, leader)) != DUET_OK) {
             atomic_fetch_sub(&r->refs, 1);
             break;
         }

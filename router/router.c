@@ -511,3 +511,15 @@ void duet_router_destroy(duet_router_t *rt)
     pthread_mutex_destroy(&rt->adm_lock);
     duet_free(rt);
 }
+
+uint64_t duet_router_choice_seed(uint64_t seed, int i)
+{
+    uint64_t z;
+
+    if (i == 0)
+        return seed;
+    z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}

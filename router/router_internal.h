@@ -92,6 +92,11 @@ uint32_t duet_router_max_tokens(const duet_router_t *rt, size_t n_prompt, int64_
 duet_status_t duet_router_chat_prompt(duet_router_t *rt, const duet_router_oai_req_t *req,
                                       char **text_p, size_t *len_p, duet_router_oai_error_t *err);
 
+/* The seed of choice i of a request seeded with seed, on HTTP and gRPC
+ * (docs/api-logprobs.md "Seeds"): choice 0 uses it as given (so n = 1 is
+ * unchanged), the others a splitmix64 mix of it and their index. */
+uint64_t duet_router_choice_seed(uint64_t seed, int i);
+
 /* ---- jobs (job.c) ---- */
 
 typedef struct {
@@ -125,6 +130,19 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
  * DUET_ERR_PEER (no healthy worker: 503), DUET_ERR_SHUTDOWN (draining: 503),
  * DUET_ERR_CANCELLED (cancelled before start). */
 duet_status_t duet_router_job_start(duet_router_job_t *job);
+/* Start job as a follower of leader (started already; NULL: as
+ * duet_router_job_start): an n > 1 request's choices 1..n-1 after its
+ * choice 0 (docs/api-logprobs.md "Fork-style sharing").  When the prompt
+ * can share its pages (a full page before its last token, no prompt
+ * logprobs, a decode of the config with prefix_cache on) job waits for the
+ * leader's first token -- its prompt's KV then sits in its decode's prefix
+ * cache -- and starts pinned to the leader's prefill/decode pair
+ * (duet_router_workers_pick_pinned); when the leader ends before a first
+ * token it starts unpinned.  Otherwise it starts at once.  Returns as
+ * duet_router_job_start; after DUET_OK on_end follows exactly once (a
+ * waiting job that later cannot start ends with the reason: UNAVAILABLE,
+ * RESOURCE_EXHAUSTED, ...; cancelled while waiting: CANCELLED). */
+duet_status_t duet_router_job_start_after(duet_router_job_t *job, duet_router_job_t *leader);
 /* The client went away: abort downstream (or leave the queue).  Any thread,
  * idempotent; on_end follows (maybe on this thread, before it returns). */
 void duet_router_job_cancel(duet_router_job_t *job);
@@ -159,6 +177,14 @@ duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int th
 bool duet_router_grpc_prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char *id_buf,
                               size_t id_cap, int32_t **ids_p, size_t *n_p, grpc_status_code *code_p,
                               char *msg, size_t msg_cap);
+/* The most choices (GenerateRequest.n) one gRPC call may ask for (as HTTP). */
+#define DUET_ROUTER_GRPC_N_MAX 16
+/* grpc_choices.c: run a validated request (token ids, request id, clamped
+ * max_tokens; `n` 0..DUET_ROUTER_GRPC_N_MAX) as its n choices' jobs; ends
+ * the call, at once on failure or when the last choice ended.  in is
+ * borrowed for the call only. */
+void duet_router_grpc_run(duet_router_t *rt, duet_rpc_call_t *call, Duet__V1__GenerateRequest *in,
+                          int64_t deadline_ns);
 /* Map a job failure to an HTTP error. */
 void duet_router_error_from_grpc(grpc_status_code code, const char *msg, bool started,
                                  duet_router_oai_error_t *err);

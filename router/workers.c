@@ -534,7 +534,7 @@ bool duet_router_workers_ready(duet_router_workers_t *w)
             duet__workers_colocated_healthy(w) > 0);
 }
 
-static double duet__worker_load(duet__worker_t *wk)
+double duet__workers_load(duet__worker_t *wk)
 {
     int64_t inflight = atomic_load(&wk->inflight);
     pthread_mutex_lock(&wk->lock);
@@ -571,7 +571,7 @@ int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bo
             duet__worker_t *wk = duet__slot(w, role, i);
             c[i].eligible = atomic_load(&wk->healthy) && (!colocated || duet__workers_local(wk));
             c[i].load = c[i].eligible && w->cfg.policy != DUET_ROUTER_POLICY_ROUND_ROBIN
-                            ? duet__worker_load(wk)
+                            ? duet__workers_load(wk)
                             : 0.0;
             inst[i] = atomic_load(&wk->instance);
             eligible += c[i].eligible;
@@ -662,7 +662,7 @@ bool duet_router_workers_snapshot(duet_router_workers_t *w, duet_role_t role, in
     if (wk == NULL)
         return false;
     info->inflight = atomic_load(&wk->inflight);
-    info->load = duet__worker_load(wk);
+    info->load = duet__workers_load(wk);
     pthread_mutex_lock(&wk->lock);
     present = wk->state != DUET__FREE;
     info->state = wk->state == DUET__ACTIVE    ? DUET_ROUTER_WORKER_ACTIVE

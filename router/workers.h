@@ -178,6 +178,28 @@ void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_
  * instance, and their sums per role (router/cache_metrics.c). */
 void duet_router_cache_metrics_render(duet_router_workers_t *w, duet_router_buf_t *b);
 
+/* ---- pinned picks: the choices of an n > 1 request (workers_pin.c) ---- */
+/* A worker as a request held it: its slot and the instance the slot held. */
+typedef struct {
+    int idx; /* -1: none */
+    uint64_t instance;
+} duet_router_pin_t;
+/* The instance slot idx holds now (another value once the slot holds a
+ * restarted daemon or another worker); idx must be held (picked). */
+uint64_t duet_router_workers_instance(duet_router_workers_t *w, duet_role_t role, int idx);
+/* Take the pinned worker when it is still the same instance, in rotation
+ * (healthy: not draining), a decode that prefills locally when colocated,
+ * and not overloaded: its load score is within balance_abs of the least
+ * loaded eligible worker's, or within balance_rel times it (the
+ * cache_aware policy's imbalance rule, router.cache_aware thresholds).
+ * Counts a request in flight on it as pick does (and, under cache_aware,
+ * records the key there; *matched_p as pick_keyed).  -1 when the pin does
+ * not hold: the caller picks as usual. */
+int duet_router_workers_pick_pinned(duet_router_workers_t *w, duet_role_t role, bool colocated,
+                                    const duet_router_pin_t *pin, double balance_abs,
+                                    double balance_rel, const duet_router_ca_key_t *key,
+                                    size_t *matched_p);
+
 /* Copy slot idx's worker into info.  Returns false when the slot holds
  * none (info then describes its last worker, state REMOVED, or is zeroed
  * when it never held one). */

@@ -134,6 +134,9 @@ duet_status_t duet__workers_checker_start(duet__worker_t *wk);
 int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bool colocated,
                        const duet_router_ca_key_t *key, size_t *matched_p);
 
+/* workers.c: a worker's load score (policy.h; any thread) */
+double duet__workers_load(duet__worker_t *wk);
+
 /* cache_metrics.c: copy the prefix cache's fields of an Info (wk->lock held) */
 void duet__workers_info_cache(duet__worker_t *wk, const Duet__V1__InfoResponse *info);
 
