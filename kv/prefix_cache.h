@@ -35,6 +35,12 @@ typedef struct {
 void duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
                              duet_kv_page_hash_t *hashes);
 
+/* The same continued after a page whose id is parent: hashes[i] is the id
+ * of the page holding tokens[i * page_size, (i + 1) * page_size) when that
+ * page follows the parent's ({0, 0}: from the first page on).  Pure. */
+void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens, int n_pages,
+                                  int page_size, duet_kv_page_hash_t *hashes);
+
 /* Pages of a prompt of n_tokens tokens that a lookup may reuse: full pages
  * that leave at least the last token to compute (its logits give the first
  * output token), (n_tokens - 1) / page_size.  Pages a request may insert
