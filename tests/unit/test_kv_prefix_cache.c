@@ -49,6 +49,12 @@ static void test_hash_chain(void **state)
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 4; j++)
             assert_memory_not_equal(&ha[i], &ha[j], sizeof(ha[i]));
+    /* continued from a parent: the same ids as the whole chain (decode
+     * hashes a request's generated pages after its prompt's) */
+    duet_kv_page_hash_chain_from(ha[1], a + 2 * PS, 2, PS, again);
+    assert_memory_equal(&again[0], &ha[2], 2 * sizeof(ha[0]));
+    duet_kv_page_hash_chain_from((duet_kv_page_hash_t){0, 0}, a, 4, PS, again);
+    assert_memory_equal(again, ha, sizeof(ha));
     /* what a prompt may look up / insert */
     assert_int_equal(duet_kv_prefix_lookup_pages(8, PS), 1); /* last token computed */
     assert_int_equal(duet_kv_prefix_lookup_pages(9, PS), 2);
