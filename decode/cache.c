@@ -32,7 +32,7 @@ duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req)
     st = duet_kv_pool_alloc(dc->node.pages, req->n_pages - req->n_cached_pages,
                             req->pages + req->n_cached_pages);
     if (st != DUET_OK) {
-        duet_kv_pool_release(dc->node.pages, req->pages, req->n_cached_pages);
+        duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_cached_pages);
         req->n_cached_pages = 0;
         return st;
     }

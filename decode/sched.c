@@ -196,7 +196,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     duet__list_remove(&dc->ending, NULL, req);
     if (req->pages_held) {
-        duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
+        duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_pages);
         req->pages_held = false;
     }
     duet_dc_stage_release(dc, req);
@@ -392,7 +392,7 @@ static void duet__admit(duet_decode_t *dc)
         bool here = duet_dc_local_wanted(dc, req, busy + n_local);
         int uncached = duet_dc_uncached_tokens(dc, req);
         if (here && n_local > 0 && local_tokens + uncached > dc->node.args.self->max_batch_tokens) {
-            duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
+            duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_pages);
             req->pages_held = false;
             break;
         }

@@ -242,6 +242,14 @@ int duet_kv_pool_cache_insert(duet_kv_pool_t *pool, const duet_kv_page_hash_t *h
     return added;
 }
 
+int duet_kv_pool_release_chain(duet_kv_pool_t *pool, const int32_t *pages, int n)
+{
+    int freed = 0;
+    for (int i = n - 1; i >= 0; i--)
+        freed += duet_kv_pool_release(pool, &pages[i], 1);
+    return freed;
+}
+
 int duet_kv_pool_cache_clear(duet_kv_pool_t *pool)
 {
     int n = 0;

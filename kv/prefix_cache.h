@@ -67,6 +67,13 @@ int duet_kv_pool_cache_match(duet_kv_pool_t *pool, const duet_kv_page_hash_t *ha
 int duet_kv_pool_cache_insert(duet_kv_pool_t *pool, const duet_kv_page_hash_t *hashes,
                               const int32_t *pages, int n);
 
+/* Release a request's pages[0..n) (as duet_kv_pool_release), the last
+ * first: the deeper pages of a cached chain become idle before its first
+ * ones, so LRU eviction takes a prompt's (or a conversation's) last pages
+ * before its first -- an evicted first page would leave the rest of the
+ * chain unreachable.  Returns how many pages were freed. */
+int duet_kv_pool_release_chain(duet_kv_pool_t *pool, const int32_t *pages, int n);
+
 /* Evict every idle cached page (tests, and a daemon asked to drop its
  * cache).  Returns how many were freed. */
 int duet_kv_pool_cache_clear(duet_kv_pool_t *pool);

@@ -124,8 +124,7 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
             duet_router_cache_keys(req->token_ids->ids, req->token_ids->n_ids,
                                    (size_t)rt->cfg->page_size, &job->keys, &job->key.n_keys);
         if (st == DUET_OK)
-            st = duet_router_ca_tokens_init(&job->toks, req->token_ids->ids,
-                                            req->token_ids->n_ids);
+            st = duet_router_ca_tokens_init(&job->toks, req->token_ids->ids, req->token_ids->n_ids);
         if (st != DUET_OK) {
             duet__job_unref(job);
             return st;

@@ -225,9 +225,8 @@ void duet_router_ca_tokens_free(duet_router_ca_tokens_t *t)
     memset(t, 0, sizeof(*t));
 }
 
-void duet_router_cache_aware_record_output(duet_router_cache_aware_t *ca, duet_role_t role,
-                                           int idx, uint64_t instance,
-                                           const duet_router_ca_tokens_t *t)
+void duet_router_cache_aware_record_output(duet_router_cache_aware_t *ca, duet_role_t role, int idx,
+                                           uint64_t instance, const duet_router_ca_tokens_t *t)
 {
     size_t n_kv = t->n > t->n_prompt ? t->n - 1 : 0, n_keys = 0;
     uint64_t *keys = NULL;

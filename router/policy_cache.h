@@ -106,9 +106,8 @@ void duet_router_ca_tokens_free(duet_router_ca_tokens_t *t);
  * them (docs/kv-aware-routing.md "Generated tokens").  Nothing when the
  * slot's index is of another instance, or there is no page past the
  * prompt's. */
-void duet_router_cache_aware_record_output(duet_router_cache_aware_t *ca, duet_role_t role,
-                                           int idx, uint64_t instance,
-                                           const duet_router_ca_tokens_t *t);
+void duet_router_cache_aware_record_output(duet_router_cache_aware_t *ca, duet_role_t role, int idx,
+                                           uint64_t instance, const duet_router_ca_tokens_t *t);
 
 /* Slot idx's counters (zero when it never held an index). */
 void duet_router_cache_aware_stats(duet_router_cache_aware_t *ca, duet_role_t role, int idx,

@@ -16,9 +16,8 @@ void duet_router_workers_cache_record_output(duet_router_workers_t *w, duet_role
 {
     if (w->ca == NULL || idx < 0 || (size_t)idx >= atomic_load(&w->n_slots[role]))
         return;
-    duet_router_cache_aware_record_output(w->ca, role, idx,
-                                          atomic_load(&duet__slot(w, role, (size_t)idx)->instance),
-                                          t);
+    duet_router_cache_aware_record_output(
+        w->ca, role, idx, atomic_load(&duet__slot(w, role, (size_t)idx)->instance), t);
 }
 
 /* One per-worker series: name{role,name[,reason]} value. */

@@ -27,6 +27,8 @@ reuses its own cache, or recomputes the prefix without sending it).
                rest; same tokens through all four pairs; output logprobs
                keep their pages, prompt logprobs none; a stream cancelled
                after 36 tokens keeps the pages of what it computed
+  conversation_evictions  a 6-page pool: eviction takes a conversation's
+               last page first, and turn 2 still hits the rest
   config_error prefix_cache that is not a boolean stops start-up naming it
 
 After every case, on every daemon: pool_free + cached_idle + in_use ==
@@ -271,6 +273,36 @@ def multi_turn_on(P, D, cancel_case):
         c.close()
 
 
+def conversation_evictions():
+    """Decode releases a request's pages last first (kv/prefix_cache.h
+    duet_kv_pool_release_chain), so eviction takes a conversation's last
+    page before its first and the rest still matches.  A 6-page pool: turn
+    1 (37 + 40 tokens) leaves 4 cached pages and 2 free; a 33-token request
+    needs 3 pages and evicts one cached page -- turn 1's fourth; turn 2
+    then hits its first 3 (released first page first, the evicted page
+    would be the first and nothing would match)."""
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 1)], page_size=PAGE,
+                n_pages=6)
+    try:
+        c.start_all()
+        p1 = ids(512, 2 * PAGE + 5, 80)
+        out1 = ref(STORIES, p1, 40)
+        expect(gen(c, "d0", p1, 40, "p0") == out1, "turn 1")
+        expect(c.info("d0").cached_pages == 4, "turn 1 left %d pages" % c.info("d0").cached_pages)
+        other = ids(512, 2 * PAGE + 1, 81)
+        expect(gen(c, "d0", other, GEN, "p0") == ref(STORIES, other), "the other request")
+        expect(c.info("d0").cache_evictions == 1, "evictions: %d" % c.info("d0").cache_evictions)
+        t2 = p1 + out1 + [11]
+        h = c.info("d0").cache_hit_pages
+        expect(gen(c, "d0", t2, GEN, "p0") == ref(STORIES, t2), "turn 2")
+        expect(c.info("d0").cache_hit_pages - h == 3,
+               "turn 2 hit %d pages, not 3 (the first 3 of turn 1's 4)" %
+               (c.info("d0").cache_hit_pages - h))
+        baseline(c)
+    finally:
+        c.close()
+
+
 def multi_turn():
     multi_turn_on(1, 2, True)
 
@@ -384,6 +416,7 @@ def cancel():
 if __name__ == "__main__":
     t0 = time.time()
     run_cases([sharing, sharing_synthetic, sharing_kv8, evictions, concurrent, cancel,
-               conditional_uncached, multi_turn, multi_turn_p2d1, config_error], sys.argv[3:],
+               conditional_uncached, multi_turn, multi_turn_p2d1, conversation_evictions,
+               config_error], sys.argv[3:],
               "prefix cache")
     print("%.0fs" % (time.time() - t0))
