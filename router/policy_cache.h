@@ -12,7 +12,8 @@
  *      prompt_tokens and > 0 (reason "prefix");
  *   3. else the least loaded (reason "load"; ties rotate, so new prefixes
  *      spread).
- * The chosen instance's index then records the prompt's pages.  Loads are
+ * The chosen instance's index then records the prompt's pages (and a
+ * decode's, when the request ends, its output's: record_output).  Loads are
  * the candidates' load scores (policy.h).
  *
  * Candidates are worker slots; instances[i] identifies the instance slot
