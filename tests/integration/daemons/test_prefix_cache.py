@@ -202,12 +202,14 @@ def multi_turn_on(P, D, cancel_case):
         i0 = c.info("d0")
         got = c.generate("d0", p1, max_tokens=40, ignore_eos=True, prefill="p0")[0]
         expect(got == out1, "turn 1: got %s want %s" % (got, out1))
+        # (decode inserts the pages after the stream's last message: the
+        # baseline waits for the request's release, which comes after)
+        baseline(c)
         i1 = c.info("d0")
         # 37 + 39 tokens with KV: 4 full pages, 2 of the prompt and 2 more
         expect(i1.cache_inserted_pages - i0.cache_inserted_pages == 4,
                "decode kept %d pages of turn 1, not 4 (2 prompt + 2 generated)" %
                (i1.cache_inserted_pages - i0.cache_inserted_pages))
-        baseline(c)
         # turn 2a: one new token: decode holds every page it may use (4 of
         # 78 // 16), so it computes the last page itself and asks no prefill
         t2a = p1 + out1 + [11]
@@ -234,6 +236,7 @@ def multi_turn_on(P, D, cancel_case):
         p3 = ids(512, PAGE + 3, 72)
         i3 = c.info("d0")
         expect(gen(c, "d0", p3, 40, "p0", logprobs=True) == ref(STORIES, p3, 40), "logprobs run")
+        baseline(c)
         i4 = c.info("d0")
         expect(i4.cache_inserted_pages - i3.cache_inserted_pages == 3,
                "a logprobs request kept %d pages, not 1 + 2" %
@@ -241,6 +244,7 @@ def multi_turn_on(P, D, cancel_case):
         p4 = ids(512, PAGE + 3, 73)
         expect(gen(c, "d0", p4, 40, "p0", prompt_logprobs=True, logprobs=True) ==
                ref(STORIES, p4, 40), "prompt logprobs run")
+        baseline(c)
         expect(c.info("d0").cache_inserted_pages == i4.cache_inserted_pages,
                "a prompt-logprobs request left pages in the cache")
         baseline(c)
@@ -288,6 +292,7 @@ def conversation_evictions():
         p1 = ids(512, 2 * PAGE + 5, 80)
         out1 = ref(STORIES, p1, 40)
         expect(gen(c, "d0", p1, 40, "p0") == out1, "turn 1")
+        baseline(c)
         expect(c.info("d0").cached_pages == 4, "turn 1 left %d pages" % c.info("d0").cached_pages)
         other = ids(512, 2 * PAGE + 1, 81)
         expect(gen(c, "d0", other, GEN, "p0") == ref(STORIES, other), "the other request")
