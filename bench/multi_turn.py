@@ -82,9 +82,10 @@ def run(cl, rate, n_sessions, turns=5, first_len=64, new_len=16, out_len=32, voc
         tpot = [r[2] for r in rows]
         good = sum(1 for r in rows if r[1] <= slo_ttft_ms and r[2] <= slo_tpot_ms)
         return {prefix + "requests": len(rows),
-                prefix + "median_ttft_ms": _pct(ttft, 0.5), prefix + "p99_ttft_ms": _pct(ttft, 0.99),
-                prefix + "median_tpot_ms": _pct(tpot, 0.5), prefix + "goodput_share": good /
-                max(1, len(rows))}
+                prefix + "median_ttft_ms": _pct(ttft, 0.5),
+                prefix + "p99_ttft_ms": _pct(ttft, 0.99),
+                prefix + "median_tpot_ms": _pct(tpot, 0.5),
+                prefix + "goodput_share": good / max(1, len(rows))}
 
     allr = stats(results)
     r = {"request_rate": rate, "sessions": n_sessions, "turns": turns,
