@@ -19,7 +19,12 @@ Workloads:
           of --prefix-len tokens, each request one of them plus a unique
           suffix (the shared-system-prompt case);
   trace   the Mooncake conversation trace (../shared/traces), scaled to the
-          512-token model as docs/bench-serve.md does.
+          512-token model as docs/bench-serve.md does;
+  multiturn  conversations (bench/multi_turn.py): --requests / --turns
+          sessions, each turn's prompt the previous prompt + its output ids +
+          --new-len new tokens, after a --first-len first prompt, --out-len
+          output tokens a turn; each rate is sessions/s.  Shows decode keeping the
+          pages of generated tokens (docs/prefix-cache.md "Generated pages").
 Poisson arrivals at each --rates value.  One row per (configuration,
 workload, rate): TTFT p50/p99, goodput, and the hit rate -- from the
 daemons' Info when they report cache counters (every numeric Info field
@@ -28,9 +33,9 @@ router's own estimate under cache_aware (duet_router_cache_aware_*:
 prompt tokens it had already sent to the chosen instance).  Every
 bench-serve JSON and a summary.json go under --out.
 
-usage: bench/prefix_serve.py BUILD_DIR [--rates 50] [--requests 400]
+usage: bench/prefix_serve.py BUILD_DIR [--rates 50] [--requests 400] [--turns 5]
            [--configs off-round_robin,off-cache_aware,on-round_robin,on-cache_aware]
-           [--workloads shared,trace] [--baseline round_robin] [--out DIR]
+           [--workloads shared,trace,multiturn] [--baseline round_robin] [--out DIR]
            [--cache-aware '{"balance_abs_threshold": 4}']
 """
 import argparse
@@ -47,6 +52,7 @@ sys.path.insert(0, os.path.join(SRC, "tests", "pylib"))
 from router_cluster import Cluster  # noqa: E402
 
 import bench_serve_run  # noqa: E402
+import multi_turn  # noqa: E402
 
 TRACE = bench_serve_run.TRACE
 CACHE_WORDS = ("cache", "hit")
@@ -117,6 +123,13 @@ def router_estimate(cl):
 
 
 def bench(build, cl, workload, rate, n, a, out):
+    if workload == "multiturn":
+        runs = multi_turn.run(cl, float(rate), max(1, n // a.turns), turns=a.turns,
+                              first_len=a.first_len, new_len=a.new_len, out_len=a.out_len,
+                              slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
+        with open(out, "w") as f:
+            json.dump({"runs": runs}, f, indent=1)
+        return runs
     if workload == "shared":
         ds = ["--dataset", "shared-prefix", "--prefix-len", str(a.prefix_len),
               "--suffix-len", str(a.suffix_len), "--num-prefixes", str(a.num_prefixes),
@@ -144,6 +157,10 @@ def main():
     ap.add_argument("--prefix-len", type=int, default=256)
     ap.add_argument("--suffix-len", type=int, default=64)
     ap.add_argument("--num-prefixes", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=5, help="multiturn: turns per session")
+    ap.add_argument("--first-len", type=int, default=60, help="multiturn: first prompt")
+    ap.add_argument("--new-len", type=int, default=12, help="multiturn: new tokens a turn")
+    ap.add_argument("--out-len", type=int, default=64, help="multiturn: output tokens a turn")
     ap.add_argument("--slo-ttft-ms", type=float, default=100)
     ap.add_argument("--slo-tpot-ms", type=float, default=5)
     ap.add_argument("--out", default="/tmp/prefix_serve")
@@ -187,12 +204,15 @@ def main():
                         rows.append({"config": conf, "workload": wl, "daemon_cache": delta,
                                      "router_estimate": est, "routed": routed,
                                      **{k: v for k, v in r.items() if not isinstance(v, list)}})
+                        later = (" (later turns %.1f / %.1f)" %
+                                 (r["later_turns_median_ttft_ms"], r["later_turns_p99_ttft_ms"])
+                                 if "later_turns_median_ttft_ms" in r else "")
                         print("%-18s %-6s %5s/s: %6.1f req/s, goodput %6.1f, TTFT p50/p99 "
-                              "%7.1f / %7.1f ms, TPOT p50 %5.2f ms  daemons %s  router est. %s"
+                              "%7.1f / %7.1f ms%s, TPOT p50 %5.2f ms  daemons %s  router est. %s"
                               " routed %s"
                               % (conf, wl, r["request_rate"], r["request_throughput"],
                                  r["request_goodput"], r["median_ttft_ms"], r["p99_ttft_ms"],
-                                 r["median_tpot_ms"], delta or "-",
+                                 later, r["median_tpot_ms"], delta or "-",
                                  {k: round(v, 3) for k, v in est.items()} or "-",
                                  routed or "-"), flush=True)
         finally:

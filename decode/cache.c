@@ -5,6 +5,7 @@
  * the prompt's KV is complete its full pages are kept for the next prompt.
  * Scheduler thread only (it decides; the ranks follow its page tables). */
 #include "common/alloc.h"
+#include "common/log.h"
 #include "decode/decode.h"
 
 duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req)
@@ -31,7 +32,7 @@ duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req)
     st = duet_kv_pool_alloc(dc->node.pages, req->n_pages - req->n_cached_pages,
                             req->pages + req->n_cached_pages);
     if (st != DUET_OK) {
-        duet_kv_pool_release(dc->node.pages, req->pages, req->n_cached_pages);
+        duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_cached_pages);
         req->n_cached_pages = 0;
         return st;
     }
@@ -45,6 +46,39 @@ void duet_dc_cache_keep(duet_decode_t *dc, duet_dc_req_t *req)
     if (req->hashes != NULL && n_ins > req->n_cached_pages)
         duet_kv_pool_cache_insert(dc->node.pages, req->hashes + req->n_cached_pages,
                                   req->pages + req->n_cached_pages, n_ins - req->n_cached_pages);
+}
+
+void duet_dc_cache_keep_generated(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    int ps = dc->node.args.cluster->page_size;
+    int first = duet_kv_prefix_insert_pages(req->n_prompt, ps); /* kept at kv_ready */
+    int last = duet_kv_prefix_insert_pages(req->n_prompt + req->n_out - 1, ps);
+    duet_kv_page_hash_t parent = {0, 0}, *hashes;
+    int32_t *tokens;
+
+    /* prompt logprobs: its prompt pages were not kept either (cache_take);
+     * pages [first, last) are the request's own (n_cached_pages <= first),
+     * written by its prefill and its decode steps */
+    if (!req->kv_whole || req->n_out < 2 || last <= first || req->prompt_logprobs ||
+        !duet_kv_pool_cache_enabled(dc->node.pages) || (first > 0 && req->hashes == NULL))
+        return;
+    if (first > 0)
+        parent = req->hashes[first - 1];
+    hashes = DUET_NEW_ARRAY(duet_kv_page_hash_t, (size_t)(last - first));
+    tokens = DUET_NEW_ARRAY(int32_t, (size_t)(last - first) * (size_t)ps);
+    if (hashes == NULL || tokens == NULL) {
+        DUET_LOG_DEBUG("decode: %s: no memory to keep its generated pages", req->request_id);
+        goto out_free;
+    }
+    for (int t = first * ps; t < last * ps; t++)
+        tokens[t - first * ps] = t < req->n_prompt ? req->prompt[t] : req->out[t - req->n_prompt];
+    duet_kv_page_hash_chain_from(parent, tokens, last - first, ps, hashes);
+    int added = duet_kv_pool_cache_insert(dc->node.pages, hashes, req->pages + first, last - first);
+    DUET_LOG_DEBUG("decode: %s: %d of %d generated pages to the prefix cache", req->request_id,
+                   added, last - first);
+out_free:
+    duet_free(tokens);
+    duet_free(hashes);
 }
 
 int duet_dc_uncached_tokens(const duet_decode_t *dc, const duet_dc_req_t *req)

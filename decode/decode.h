@@ -105,6 +105,10 @@ struct duet_dc_req {
      * n_prompt_pages - n_cached_pages after them (duet_dc_xfer_pages) */
     int n_cached_pages;
     duet_kv_page_hash_t *hashes;  /* [duet_kv_prefix_insert_pages], cache on */
+    /* its KV is complete in its pages (set once the prompt's is in; cleared
+     * by a failure that may leave it incomplete): at its end the pages of
+     * its generated tokens go to the cache (duet_dc_cache_keep_generated) */
+    bool kv_whole;
     int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging units
                                      (node.stage) while held (transfer/xfer_pack.h); -1: not
                                      packed */
@@ -314,6 +318,10 @@ const duet_logprob_t *duet_dc_lp_step(duet_decode_t *dc, duet_dc_req_t *req, int
 duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req);
 /* req's prompt KV is complete in its pages: keep its full prompt pages. */
 void duet_dc_cache_keep(duet_decode_t *dc, duet_dc_req_t *req);
+/* req ends with kv_whole: keep the full pages of prompt + output whose KV
+ * was computed (every output token's but the last, whose KV is not written)
+ * beyond the prompt's (docs/prefix-cache.md "Generated pages"). */
+void duet_dc_cache_keep_generated(duet_decode_t *dc, duet_dc_req_t *req);
 /* Prompt tokens whose KV req still needs (after take). */
 int duet_dc_uncached_tokens(const duet_decode_t *dc, const duet_dc_req_t *req);
 /* True when the cache held every page it may (only the last page's tokens

@@ -196,7 +196,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     duet__list_remove(&dc->ending, NULL, req);
     if (req->pages_held) {
-        duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
+        duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_pages);
         req->pages_held = false;
     }
     duet_dc_stage_release(dc, req);
@@ -208,6 +208,7 @@ static void duet__end(duet_decode_t *dc, duet_dc_req_t *req)
 {
     if (req->state == DUET_DC_ENDED)
         return;
+    duet_dc_cache_keep_generated(dc, req);
     duet__unlink(dc, req);
     req->state = DUET_DC_ENDED;
     req->next = dc->ending;
@@ -217,6 +218,10 @@ static void duet__end(duet_decode_t *dc, duet_dc_req_t *req)
 
 void duet_dc_fail(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st, const char *msg)
 {
+    /* a cancel or a deadline stops between steps (the KV written so far is
+     * whole); any other failure may leave it incomplete: nothing is kept */
+    if (st != DUET_ERR_CANCELLED && st != DUET_ERR_TIMEOUT)
+        req->kv_whole = false;
     if (req->call != NULL) {
         DUET_LOG_DEBUG("decode: request %s failed: %s: %s", req->request_id, duet_status_str(st),
                        msg);
@@ -249,6 +254,7 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     }
     duet_dc_cache_keep(dc, req);
+    req->kv_whole = true;
     st = duet_dc_output_init(dc, req);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
@@ -386,7 +392,7 @@ static void duet__admit(duet_decode_t *dc)
         bool here = duet_dc_local_wanted(dc, req, busy + n_local);
         int uncached = duet_dc_uncached_tokens(dc, req);
         if (here && n_local > 0 && local_tokens + uncached > dc->node.args.self->max_batch_tokens) {
-            duet_kv_pool_release(dc->node.pages, req->pages, req->n_pages);
+            duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_pages);
             req->pages_held = false;
             break;
         }

@@ -12,7 +12,12 @@
 void duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
                              duet_kv_page_hash_t *hashes)
 {
-    duet_kv_page_hash_t parent = {0, 0};
+    duet_kv_page_hash_chain_from((duet_kv_page_hash_t){0, 0}, tokens, n_pages, page_size, hashes);
+}
+
+void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens, int n_pages,
+                                  int page_size, duet_kv_page_hash_t *hashes)
+{
     for (int i = 0; i < n_pages; i++) {
         duet_sha256_t s;
         uint8_t le[4], digest[DUET_SHA256_LEN], head[16];
@@ -235,6 +240,14 @@ int duet_kv_pool_cache_insert(duet_kv_pool_t *pool, const duet_kv_page_hash_t *h
         c->inserted_pages += (uint64_t)added;
     pthread_mutex_unlock(&pool->lock);
     return added;
+}
+
+int duet_kv_pool_release_chain(duet_kv_pool_t *pool, const int32_t *pages, int n)
+{
+    int freed = 0;
+    for (int i = n - 1; i >= 0; i--)
+        freed += duet_kv_pool_release(pool, &pages[i], 1);
+    return freed;
 }
 
 int duet_kv_pool_cache_clear(duet_kv_pool_t *pool)

@@ -35,6 +35,12 @@ typedef struct {
 void duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
                              duet_kv_page_hash_t *hashes);
 
+/* The same continued after a page whose id is parent: hashes[i] is the id
+ * of the page holding tokens[i * page_size, (i + 1) * page_size) when that
+ * page follows the parent's ({0, 0}: from the first page on).  Pure. */
+void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens, int n_pages,
+                                  int page_size, duet_kv_page_hash_t *hashes);
+
 /* Pages of a prompt of n_tokens tokens that a lookup may reuse: full pages
  * that leave at least the last token to compute (its logits give the first
  * output token), (n_tokens - 1) / page_size.  Pages a request may insert
@@ -60,6 +66,13 @@ int duet_kv_pool_cache_match(duet_kv_pool_t *pool, const duet_kv_page_hash_t *ha
  * cache). */
 int duet_kv_pool_cache_insert(duet_kv_pool_t *pool, const duet_kv_page_hash_t *hashes,
                               const int32_t *pages, int n);
+
+/* Release a request's pages[0..n) (as duet_kv_pool_release), the last
+ * first: the deeper pages of a cached chain become idle before its first
+ * ones, so LRU eviction takes a prompt's (or a conversation's) last pages
+ * before its first -- an evicted first page would leave the rest of the
+ * chain unreachable.  Returns how many pages were freed. */
+int duet_kv_pool_release_chain(duet_kv_pool_t *pool, const int32_t *pages, int n);
 
 /* Evict every idle cached page (tests, and a daemon asked to drop its
  * cache).  Returns how many were freed. */

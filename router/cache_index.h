@@ -1,6 +1,7 @@
 /* The router's approximate picture of one instance's prefix cache
- * (docs/kv-aware-routing.md): the prompt prefixes this router sent there,
- * as chained page hashes, bounded with LRU eviction.
+ * (docs/kv-aware-routing.md): the prompt prefixes this router sent there
+ * (and, on a decode, prompt + output of the requests that ran there), as
+ * chained page hashes, bounded with LRU eviction.
  *
  * A prompt of n tokens has n / page_size full pages; page k's key is a
  * 64-bit hash of tokens [0, (k+1) * page_size) -- the whole prefix, so a

@@ -50,6 +50,9 @@ struct duet_router_job {
     size_t req_len;
     uint64_t *keys; /* cache_aware: the prompt's page keys (cache_index.h) */
     duet_router_ca_key_t key;
+    /* cache_aware: prompt + output ids (under lock), recorded on the decode
+     * when the job ends with output (docs/kv-aware-routing.md) */
+    duet_router_ca_tokens_t toks;
     char *request_id;
     int64_t deadline_ns;
     int64_t t_create, t_admit;
@@ -94,6 +97,7 @@ static void duet__job_unref(duet_router_job_t *job)
     pthread_mutex_destroy(&job->lock);
     duet_free(job->req);
     duet_free(job->keys);
+    duet_router_ca_tokens_free(&job->toks);
     duet_free(job->request_id);
     duet_free(job->fin_raw);
     duet_free(job);
@@ -143,6 +147,8 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
         duet_status_t st =
             duet_router_cache_keys(req->token_ids->ids, req->token_ids->n_ids,
                                    (size_t)rt->cfg->page_size, &job->keys, &job->key.n_keys);
+        if (st == DUET_OK)
+            st = duet_router_ca_tokens_init(&job->toks, req->token_ids->ids, req->token_ids->n_ids);
         if (st != DUET_OK) {
             duet__job_unref(job);
             return st;
@@ -649,6 +655,7 @@ static void duet__on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t l
             duet_router_hist_observe(&rt->metrics.itl, per);
     }
     job->t_last = now;
+    duet_router_ca_tokens_append(&job->toks, resp->chunk->ids, resp->chunk->n_ids);
     bool cancelled = job->cancelled;
     pthread_mutex_unlock(&job->lock);
     bool keep = cancelled || job->sink->on_chunk(job->sink_arg, resp->chunk, data, len);
@@ -738,6 +745,10 @@ static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const cha
         }
         DUET_LOG_DEBUG("request %s not retried: %s", job->request_id, duet_error_msg());
     }
+    /* the decode keeps the pages of what it generated (stopped, finished or
+     * cancelled after output); the prefill never saw the output */
+    if (started && (end.ok || cancelled || overflow))
+        duet_router_workers_cache_record_output(rt->workers, DUET_ROLE_DECODE, d, &job->toks);
     duet__end(job, &end, true);
     duet__job_unref(job); /* the stream's reference */
 }

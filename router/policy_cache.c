@@ -189,6 +189,63 @@ out_unlock:
     return matched;
 }
 
+duet_status_t duet_router_ca_tokens_init(duet_router_ca_tokens_t *t, const int32_t *prompt,
+                                         size_t n)
+{
+    memset(t, 0, sizeof(*t));
+    if ((t->ids = duet_malloc((n ? n : 1) * sizeof(*t->ids))) == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a prompt's ids");
+    if (n > 0)
+        memcpy(t->ids, prompt, n * sizeof(*t->ids));
+    t->n = t->cap = t->n_prompt = n;
+    return DUET_OK;
+}
+
+void duet_router_ca_tokens_append(duet_router_ca_tokens_t *t, const int32_t *ids, size_t n)
+{
+    if (t->ids == NULL || n == 0)
+        return;
+    if (t->n + n > t->cap) {
+        size_t cap = t->cap * 2 > t->n + n ? t->cap * 2 : t->n + n + 64;
+        int32_t *p = duet_realloc(t->ids, cap * sizeof(*p));
+        if (p == NULL) {
+            t->cap = t->n; /* full: what it holds is still a prefix */
+            return;
+        }
+        t->ids = p;
+        t->cap = cap;
+    }
+    memcpy(t->ids + t->n, ids, n * sizeof(*ids));
+    t->n += n;
+}
+
+void duet_router_ca_tokens_free(duet_router_ca_tokens_t *t)
+{
+    duet_free(t->ids);
+    memset(t, 0, sizeof(*t));
+}
+
+void duet_router_cache_aware_record_output(duet_router_cache_aware_t *ca, duet_role_t role, int idx,
+                                           uint64_t instance, const duet_router_ca_tokens_t *t)
+{
+    size_t n_kv = t->n > t->n_prompt ? t->n - 1 : 0, n_keys = 0;
+    uint64_t *keys = NULL;
+    duet__ca_slot_t *s;
+
+    /* no full page past the prompt's: its pages were recorded at commit */
+    if (idx < 0 || n_kv / ca->page_size <= t->n_prompt / ca->page_size ||
+        duet_router_cache_keys(t->ids, n_kv, ca->page_size, &keys, &n_keys) != DUET_OK)
+        return;
+    pthread_mutex_lock(&ca->lock);
+    if ((size_t)idx < ca->n_slots[role] && (s = &ca->slots[role][idx])->ci != NULL &&
+        s->instance == instance) {
+        duet_router_cache_index_insert(s->ci, keys, n_keys);
+        s->st.output_tokens += n_kv - t->n_prompt;
+    }
+    pthread_mutex_unlock(&ca->lock);
+    duet_free(keys);
+}
+
 void duet_router_cache_aware_stats(duet_router_cache_aware_t *ca, duet_role_t role, int idx,
                                    duet_router_ca_stats_t *st)
 {

@@ -12,7 +12,8 @@
  *      prompt_tokens and > 0 (reason "prefix");
  *   3. else the least loaded (reason "load"; ties rotate, so new prefixes
  *      spread).
- * The chosen instance's index then records the prompt's pages.  Loads are
+ * The chosen instance's index then records the prompt's pages (and a
+ * decode's, when the request ends, its output's: record_output).  Loads are
  * the candidates' load scores (policy.h).
  *
  * Candidates are worker slots; instances[i] identifies the instance slot
@@ -53,10 +54,18 @@ typedef struct {
     duet_router_ca_reason_t reason;
 } duet_router_ca_choice_t;
 
+/* A request's token ids for recording its output (cache_aware): the
+ * prompt's, then each generated id as it comes.  Zeroed: records nothing. */
+typedef struct {
+    int32_t *ids;
+    size_t n, cap, n_prompt;
+} duet_router_ca_tokens_t;
+
 /* Per-slot counters for metrics. */
 typedef struct {
     uint64_t routed[DUET_ROUTER_CA_N_REASONS];
     uint64_t matched_tokens, prompt_tokens;
+    uint64_t output_tokens; /* generated tokens recorded (record_output) */
     uint64_t tree_tokens, evicted_tokens;
 } duet_router_ca_stats_t;
 
@@ -82,6 +91,24 @@ void duet_router_cache_aware_choose(duet_router_cache_aware_t *ca, duet_role_t r
 size_t duet_router_cache_aware_commit(duet_router_cache_aware_t *ca, duet_role_t role,
                                       const duet_router_ca_choice_t *choice, uint64_t instance,
                                       const duet_router_ca_key_t *key);
+
+/* Start t with a copy of the prompt's ids.  DUET_ERR_NO_MEMORY. */
+duet_status_t duet_router_ca_tokens_init(duet_router_ca_tokens_t *t, const int32_t *prompt,
+                                         size_t n);
+/* Append generated ids (best effort: without memory t stops growing and
+ * records only what it holds). */
+void duet_router_ca_tokens_append(duet_router_ca_tokens_t *t, const int32_t *ids, size_t n);
+/* Accepts a zeroed t. */
+void duet_router_ca_tokens_free(duet_router_ca_tokens_t *t);
+
+/* A request that ran on slot idx (holding `instance`) ended with output:
+ * record the full pages of its prompt + output but the last output token
+ * (whose KV the decode never computed), as the decode's prefix cache keeps
+ * them (docs/kv-aware-routing.md "Generated tokens").  Nothing when the
+ * slot's index is of another instance, or there is no page past the
+ * prompt's. */
+void duet_router_cache_aware_record_output(duet_router_cache_aware_t *ca, duet_role_t role, int idx,
+                                           uint64_t instance, const duet_router_ca_tokens_t *t);
 
 /* Slot idx's counters (zero when it never held an index). */
 void duet_router_cache_aware_stats(duet_router_cache_aware_t *ca, duet_role_t role, int idx,

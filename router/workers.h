@@ -171,6 +171,11 @@ void duet_router_workers_suspect(duet_router_workers_t *w, duet_role_t role, int
 int duet_router_workers_pick_keyed(duet_router_workers_t *w, duet_role_t role, int avoid,
                                    bool colocated, const duet_router_ca_key_t *key,
                                    size_t *matched_p);
+/* A request that ran on slot idx of role (still held) ended with output:
+ * record its prompt + output pages for the cache_aware policy (nothing
+ * under the others; policy_cache.h duet_router_cache_aware_record_output). */
+void duet_router_workers_cache_record_output(duet_router_workers_t *w, duet_role_t role, int idx,
+                                             const duet_router_ca_tokens_t *t);
 /* Append the duet_router_cache_aware_* metrics (nothing under the other
  * policies). */
 void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_t *b);

@@ -11,6 +11,15 @@ int duet_router_workers_pick_keyed(duet_router_workers_t *w, duet_role_t role, i
     return duet__workers_pick(w, role, avoid, colocated, key, matched_p);
 }
 
+void duet_router_workers_cache_record_output(duet_router_workers_t *w, duet_role_t role, int idx,
+                                             const duet_router_ca_tokens_t *t)
+{
+    if (w->ca == NULL || idx < 0 || (size_t)idx >= atomic_load(&w->n_slots[role]))
+        return;
+    duet_router_cache_aware_record_output(
+        w->ca, role, idx, atomic_load(&duet__slot(w, role, (size_t)idx)->instance), t);
+}
+
 /* One per-worker series: name{role,name[,reason]} value. */
 static void duet__series(duet_router_buf_t *b, const char *metric, duet_role_t role,
                          const char *name, const char *reason, uint64_t v)
@@ -34,6 +43,8 @@ void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_
         {"matched_tokens_total", "counter",
          "Prompt tokens whose prefix this router had already sent to the worker, at routing"},
         {"prompt_tokens_total", "counter", "Prompt tokens routed to the worker"},
+        {"output_tokens_total", "counter",
+         "Generated tokens recorded for the worker (decode: its prefix cache keeps their pages)"},
         {"tree_tokens", "gauge", "Prompt tokens the router remembers for the worker"},
         {"evicted_tokens_total", "counter", "Remembered tokens dropped by the LRU cap"},
     };
@@ -67,6 +78,9 @@ void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_
                     duet__series(b, metrics[m][0], role, wi.name, NULL, st.prompt_tokens);
                     break;
                 case 3:
+                    duet__series(b, metrics[m][0], role, wi.name, NULL, st.output_tokens);
+                    break;
+                case 4:
                     duet__series(b, metrics[m][0], role, wi.name, NULL, st.tree_tokens);
                     break;
                 default:

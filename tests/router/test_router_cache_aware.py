@@ -10,6 +10,9 @@ instances (real daemons, HTTP /v1/completions):
   2. with tight balance thresholds, concurrent requests of one group: the
      load imbalance overrides the prefix (both decodes serve the group, and
      "balance" routes are counted);
+  3. a two-turn conversation by token ids (gRPC): turn 2 (turn 1's prompt +
+     output + new tokens) goes to the decode that ran turn 1, matching its
+     output's pages there, and hits them in that decode's cache;
 and every output equals `duet generate --tp 1` (greedy).
 
 usage: test_router_cache_aware.py BUILD_DIR SOURCE_DIR
@@ -42,14 +45,66 @@ def served(cl, names, before):
     return out
 
 
-def metric(m, name, **labels):
-    """The sum of the series of name with these labels (m: cl.metrics())."""
+def metric(m, series, **labels):
+    """The sum of the series with these labels (m: cl.metrics())."""
     total = 0.0
     for k, v in m.items():
-        if k.startswith(name + "{") and \
+        if k.startswith(series + "{") and \
                 all('%s="%s"' % (lk, lv) in k for lk, lv in labels.items()):
             total += v
     return total
+
+
+def generate_ids(cl, prompt, n):
+    """Greedy ids through the router's gRPC Generate."""
+    out = []
+    for r in cl.router_stub().Generate(cl.gen_request(prompt, max_tokens=n, ignore_eos=True),
+                                       timeout=60):
+        if r.HasField("chunk"):
+            out += list(r.chunk.ids)
+    return out
+
+
+def conversation(cl, build, names):
+    """Turn 1: a 20-token prompt (1 full page) and 60 output tokens; turn 2
+    = turn 1's prompt + output + 5 new tokens.  The router recorded turn 1's
+    output on its decode (docs/kv-aware-routing.md "Generated tokens"): 64
+    of turn 2's 85 tokens match there (pages 0..3; page 4 holds the last
+    output token, whose KV decode never computed), a "prefix" route, and
+    decode's own cache hits those 4 pages.  Prefill never saw the output:
+    its match is the 16-token first page only (under min_match_ratio)."""
+    p1 = [1] + [(i * 37 + 5) % 509 + 3 for i in range(19)]
+    out1 = oracle(build, cl.model, prompt_ids=p1, max_tokens=60, extra=["--ignore-eos"])[0]
+    before = {n: cl.info(n).requests_total for n in names}
+    check(generate_ids(cl, p1, 60) == out1, "turn 1 differs from duet generate")
+    where = served(cl, names, before)
+    home = [n for n in where if n.startswith("d")]
+    check(len(home) == 1, "turn 1 served by %s" % where)
+    home = home[0]
+    m0, h0 = cl.metrics(), cl.info(home).cache_hit_pages
+    check(metric(m0, "duet_router_cache_aware_output_tokens_total", role="decode", name=home)
+          >= 59 and metric(m0, "duet_router_cache_aware_output_tokens_total", role="prefill")
+          == 0, "the router recorded turn 1's output on %s only" % home)
+    p2 = p1 + out1 + [7, 8, 9, 10, 11]
+    out2 = oracle(build, cl.model, prompt_ids=p2, max_tokens=8, extra=["--ignore-eos"])[0]
+    check(generate_ids(cl, p2, 8) == out2, "turn 2 differs from duet generate")
+    where = served(cl, names, before)
+    check(home in where, "turn 2 went to %s, turn 1 to %s" % (where, home))
+    m1 = cl.metrics()
+    dm = {k: metric(m1, k, role="decode", name=home) - metric(m0, k, role="decode", name=home)
+          for k in ("duet_router_cache_aware_matched_tokens_total",
+                    "duet_router_cache_aware_routed_total")}
+    check(dm["duet_router_cache_aware_matched_tokens_total"] == 64,
+          "turn 2 matched %d tokens on %s, not 64" %
+          (dm["duet_router_cache_aware_matched_tokens_total"], home))
+    check(metric(m1, "duet_router_cache_aware_routed_total", role="decode", name=home,
+                 reason="prefix") -
+          metric(m0, "duet_router_cache_aware_routed_total", role="decode", name=home,
+                 reason="prefix") == 1, "turn 2 was not a prefix route")
+    hits = cl.info(home).cache_hit_pages - h0
+    check(hits == 4, "decode %s hit %d pages of turn 2, not 4" % (home, hits))
+    print("conversation: both turns on %s, turn 2 matched 64 tokens, %d pages hit" %
+          (home, hits))
 
 
 def test(build, src):
@@ -144,6 +199,12 @@ def test(build, src):
                          reason="balance")
         check(balance > 0, "no balance routes counted")
         print("balance routes (decode): %d" % balance)
+        check(cl.stop("router") == 0, "router exit")
+        check(not cl.pages_at_baseline(), "decode pages not back")
+
+        # 3. a conversation: turn 2 follows turn 1's output to its decode
+        cl.start_router()
+        conversation(cl, build, names)
         check(cl.stop("router") == 0, "router exit")
         check(not cl.pages_at_baseline(), "decode pages not back")
     finally:

@@ -49,6 +49,12 @@ static void test_hash_chain(void **state)
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 4; j++)
             assert_memory_not_equal(&ha[i], &ha[j], sizeof(ha[i]));
+    /* continued from a parent: the same ids as the whole chain (decode
+     * hashes a request's generated pages after its prompt's) */
+    duet_kv_page_hash_chain_from(ha[1], a + 2 * PS, 2, PS, again);
+    assert_memory_equal(&again[0], &ha[2], 2 * sizeof(ha[0]));
+    duet_kv_page_hash_chain_from((duet_kv_page_hash_t){0, 0}, a, 4, PS, again);
+    assert_memory_equal(again, ha, sizeof(ha));
     /* what a prompt may look up / insert */
     assert_int_equal(duet_kv_prefix_lookup_pages(8, PS), 1); /* last token computed */
     assert_int_equal(duet_kv_prefix_lookup_pages(9, PS), 2);
@@ -201,6 +207,39 @@ static void test_lru_eviction(void **state)
     duet_kv_pool_destroy(pool);
 }
 
+/* A chain released with duet_kv_pool_release_chain loses its last pages
+ * to eviction first, so what stays of it is still a prefix that matches. */
+static void test_chain_eviction_order(void **state)
+{
+    (void)state;
+    duet_kv_pool_t *pool;
+    duet_kv_page_hash_t h[4];
+    int32_t tok[4 * PS], pages[4], got[4], probe[4];
+
+    assert_int_equal(duet_kv_pool_create(4, &pool), DUET_OK);
+    assert_int_equal(duet_kv_pool_cache_enable(pool), DUET_OK);
+    for (int i = 0; i < 4 * PS; i++)
+        tok[i] = 7 + i;
+    duet_kv_page_hash_chain(tok, 4, PS, h);
+    assert_int_equal(duet_kv_pool_alloc(pool, 4, pages), DUET_OK);
+    assert_int_equal(duet_kv_pool_cache_insert(pool, h, pages, 4), 4);
+    assert_int_equal(duet_kv_pool_release_chain(pool, pages, 4), 0);
+    check_accounting(pool);
+    /* pressure for one page: the chain's last page goes */
+    assert_int_equal(duet_kv_pool_alloc(pool, 1, got), DUET_OK);
+    assert_int_equal(got[0], pages[3]);
+    assert_int_equal(duet_kv_pool_cache_match(pool, h, 4, 4 * PS + 1, PS, probe), 3);
+    /* a match and a chain release keep that order: then the third page */
+    assert_int_equal(duet_kv_pool_release_chain(pool, probe, 3), 0);
+    assert_int_equal(duet_kv_pool_alloc(pool, 1, got + 1), DUET_OK);
+    assert_int_equal(got[1], pages[2]);
+    assert_int_equal(duet_kv_pool_cache_match(pool, h, 4, 4 * PS + 1, PS, probe), 2);
+    assert_int_equal(duet_kv_pool_release_chain(pool, probe, 2), 0);
+    assert_int_equal(duet_kv_pool_release_chain(pool, got, 2), 2);
+    check_accounting(pool);
+    duet_kv_pool_destroy(pool);
+}
+
 static void test_run_eviction(void **state)
 {
     (void)state;
@@ -282,9 +321,9 @@ static void test_random_churn(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hash_chain),   cmocka_unit_test(test_match_insert_refs),
-        cmocka_unit_test(test_lru_eviction), cmocka_unit_test(test_run_eviction),
-        cmocka_unit_test(test_random_churn),
+        cmocka_unit_test(test_hash_chain),           cmocka_unit_test(test_match_insert_refs),
+        cmocka_unit_test(test_chain_eviction_order), cmocka_unit_test(test_lru_eviction),
+        cmocka_unit_test(test_run_eviction),         cmocka_unit_test(test_random_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

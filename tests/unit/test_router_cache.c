@@ -333,6 +333,76 @@ static void test_policy_min_ratio_and_restart(void **state)
     duet_router_cache_aware_destroy(ca);
 }
 
+/* Generated tokens (docs/kv-aware-routing.md "Generated tokens"): the
+ * output of a request is recorded on its decode, all but its last token
+ * (whose KV the decode never computed), so the next turn of the
+ * conversation (prompt + output + new text) matches through the output's
+ * pages. */
+static void test_record_output(void **state)
+{
+    duet_router_cache_aware_config_t cfg = cfg_default();
+    duet_router_cache_aware_t *ca;
+    duet_router_ca_tokens_t t;
+    duet_router_ca_stats_t st;
+    duet_router_ca_reason_t why;
+    double loads[2] = {0, 0};
+    int32_t turn2[24], out[9];
+    uint64_t cur = 0;
+    size_t matched;
+    long live = duet_alloc_live();
+    (void)state;
+    assert_int_equal(duet_router_cache_aware_create(&cfg, PS, &ca), DUET_OK);
+    prompt(turn2, 24, 0, 5);
+    memcpy(out, turn2 + 10, sizeof(out));
+    /* turn 1: a 10-token prompt (2 full pages) routed to `home` */
+    int home = route(ca, DUET_ROLE_DECODE, turn2, 10, loads, 2, &cur, &why, &matched);
+    assert_true(home >= 0);
+    assert_int_equal(duet_router_ca_tokens_init(&t, turn2, 10), DUET_OK);
+    duet_router_ca_tokens_append(&t, out, 1); /* one output token: no page past the prompt's */
+    duet_router_cache_aware_record_output(ca, DUET_ROLE_DECODE, home, 1, &t);
+    duet_router_cache_aware_stats(ca, DUET_ROLE_DECODE, home, &st);
+    assert_int_equal(st.output_tokens, 0);
+    assert_int_equal(st.tree_tokens, 2 * PS);
+    duet_router_ca_tokens_append(&t, out + 1, 3);
+    duet_router_ca_tokens_append(&t, out + 4, 5); /* 9 output tokens, in chunks */
+    assert_int_equal(t.n, 19);
+    /* a slot holding another instance now: nothing recorded */
+    duet_router_cache_aware_record_output(ca, DUET_ROLE_DECODE, home, 2, &t);
+    duet_router_cache_aware_record_output(ca, DUET_ROLE_DECODE, !home, 1, &t); /* no index */
+    duet_router_cache_aware_stats(ca, DUET_ROLE_DECODE, home, &st);
+    assert_int_equal(st.output_tokens, 0);
+    duet_router_cache_aware_record_output(ca, DUET_ROLE_DECODE, home, 1, &t);
+    duet_router_cache_aware_stats(ca, DUET_ROLE_DECODE, home, &st);
+    assert_int_equal(st.output_tokens, 8); /* 18 tokens with KV: 4 full pages */
+    assert_int_equal(st.tree_tokens, 4 * PS);
+    /* turn 2 = prompt + output + 5 new tokens: 16 tokens matched (4 pages,
+     * not the 5th: it holds the last output token), so it stays home even
+     * though home is the busier one */
+    loads[home] = 2;
+    assert_int_equal(route(ca, DUET_ROLE_DECODE, turn2, 24, loads, 2, &cur, &why, &matched), home);
+    assert_int_equal(why, DUET_ROUTER_CA_PREFIX);
+    assert_int_equal(matched, 4 * PS);
+    /* the prefill role never saw it */
+    duet_router_cache_aware_stats(ca, DUET_ROLE_PREFILL, home, &st);
+    assert_int_equal(st.tree_tokens, 0);
+    duet_router_ca_tokens_free(&t);
+    duet_router_ca_tokens_free(&t); /* zeroed: fine */
+    /* out of memory while the output grows: what it holds is still a
+     * prefix, and nothing leaks */
+    for (long fail = 0; fail < 3; fail++) {
+        assert_int_equal(duet_router_ca_tokens_init(&t, turn2, 10), DUET_OK);
+        duet_alloc_fail_after(fail);
+        for (int i = 0; i < 40; i++)
+            duet_router_ca_tokens_append(&t, out, 9);
+        duet_alloc_fail_after(-1);
+        assert_true(t.n >= 10 && t.n <= t.cap && memcmp(t.ids, turn2, 10 * sizeof(int32_t)) == 0);
+        duet_router_cache_aware_record_output(ca, DUET_ROLE_DECODE, home, 1, &t);
+        duet_router_ca_tokens_free(&t);
+    }
+    duet_router_cache_aware_destroy(ca);
+    assert_int_equal(duet_alloc_live(), live);
+}
+
 typedef struct {
     duet_router_cache_aware_t *ca;
     uint32_t seed;
@@ -471,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_policy_prefix),
         cmocka_unit_test(test_policy_balance),
         cmocka_unit_test(test_policy_min_ratio_and_restart),
+        cmocka_unit_test(test_record_output),
         cmocka_unit_test(test_policy_threads),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_router_cap),

@@ -21,6 +21,14 @@ reuses its own cache, or recomputes the prefix without sending it).
                mid-stream: the others finish correctly, no page is freed
                while referenced (its prefix still hits), none leaks
   conditional_uncached  prefill_local "auto" counts only the uncached tokens
+  multi_turn   (TP 1x2 and 2x1) turn 2 = turn 1's prompt + output + new
+               tokens hits decode's pages of turn 1's output: with one new
+               token no prefill is asked, with more prefill sends only the
+               rest; same tokens through all four pairs; output logprobs
+               keep their pages, prompt logprobs none; a stream cancelled
+               after 36 tokens keeps the pages of what it computed
+  conversation_evictions  a 6-page pool: eviction takes a conversation's
+               last page first, and turn 2 still hits the rest
   config_error prefix_cache that is not a boolean stops start-up naming it
 
 After every case, on every daemon: pool_free + cached_idle + in_use ==
@@ -168,6 +176,146 @@ def conditional_uncached():
         c.close()
 
 
+def gen(c, decode, prompt, n, prefill, **kw):
+    """n greedy tokens of prompt on decode (a request built by hand for the
+    logprob flags)."""
+    req = c.request(prompt, max_tokens=n, ignore_eos=True, prefill=prefill)
+    for k, v in kw.items():
+        setattr(req.request, k, v)
+    stub = c.pb["decode_grpc"].DecodeStub(c.channel(decode))
+    out = []
+    for r in stub.Generate(req, timeout=60):
+        if r.HasField("chunk"):
+            out += list(r.chunk.ids)
+    return out
+
+
+def multi_turn_on(P, D, cancel_case):
+    """Generated pages (docs/prefix-cache.md "Generated pages"): turn 2 of
+    a conversation is turn 1's prompt + turn 1's output + new tokens, and
+    decode's cache holds the pages of turn 1's output too (all but the page
+    of its last token, whose KV decode never computed)."""
+    c = cluster(STORIES, P, D)
+    try:
+        p1 = ids(512, 2 * PAGE + 5, 70)                     # 37 tokens: 2 full pages
+        out1 = ref(STORIES, p1, 40)
+        i0 = c.info("d0")
+        got = c.generate("d0", p1, max_tokens=40, ignore_eos=True, prefill="p0")[0]
+        expect(got == out1, "turn 1: got %s want %s" % (got, out1))
+        # (decode inserts the pages after the stream's last message: the
+        # baseline waits for the request's release, which comes after)
+        baseline(c)
+        i1 = c.info("d0")
+        # 37 + 39 tokens with KV: 4 full pages, 2 of the prompt and 2 more
+        expect(i1.cache_inserted_pages - i0.cache_inserted_pages == 4,
+               "decode kept %d pages of turn 1, not 4 (2 prompt + 2 generated)" %
+               (i1.cache_inserted_pages - i0.cache_inserted_pages))
+        # turn 2a: one new token: decode holds every page it may use (4 of
+        # 78 // 16), so it computes the last page itself and asks no prefill
+        t2a = p1 + out1 + [11]
+        pf = [c.info(n).requests_total for n in ("p0", "p1")]
+        got = gen(c, "d0", t2a, GEN, "p0")
+        i2 = c.info("d0")
+        expect(i2.cache_hit_pages - i1.cache_hit_pages == 4,
+               "turn 2 hit %d pages on decode, not 4 (2 of them turn 1's output)" %
+               (i2.cache_hit_pages - i1.cache_hit_pages))
+        expect([c.info(n).requests_total for n in ("p0", "p1")] == pf,
+               "turn 2 went to prefill though decode held all but its last page")
+        expect(got == ref(STORIES, t2a), "turn 2a: got %s want %s" % (got, ref(STORIES, t2a)))
+        # turn 2b: longer new text: prefill is asked for the pages after the
+        # 4 cached ones (its own cache holds only turn 1's prompt pages);
+        # through every pair: the same tokens with the caches on and off
+        t2b = p1 + out1 + ids(512, 30, 71)[1:]
+        run(c, STORIES, t2b, what="turn 2b")
+        expect(c.info("d0").cache_hit_pages - i2.cache_hit_pages >= 4 + 6,
+               "turn 2b's pages on decode: %d hits" % (c.info("d0").cache_hit_pages -
+                                                        i2.cache_hit_pages))
+        baseline(c)
+        # logprobs of the output: its pages are kept as well; prompt
+        # logprobs: nothing is kept (docs/prefix-cache.md "Limits")
+        p3 = ids(512, PAGE + 3, 72)
+        i3 = c.info("d0")
+        expect(gen(c, "d0", p3, 40, "p0", logprobs=True) == ref(STORIES, p3, 40), "logprobs run")
+        baseline(c)
+        i4 = c.info("d0")
+        expect(i4.cache_inserted_pages - i3.cache_inserted_pages == 3,
+               "a logprobs request kept %d pages, not 1 + 2" %
+               (i4.cache_inserted_pages - i3.cache_inserted_pages))
+        p4 = ids(512, PAGE + 3, 73)
+        expect(gen(c, "d0", p4, 40, "p0", prompt_logprobs=True, logprobs=True) ==
+               ref(STORIES, p4, 40), "prompt logprobs run")
+        baseline(c)
+        expect(c.info("d0").cache_inserted_pages == i4.cache_inserted_pages,
+               "a prompt-logprobs request left pages in the cache")
+        baseline(c)
+        if not cancel_case:
+            return
+        # a stream cancelled after some output keeps the pages of the
+        # tokens it computed: a prompt continuing with the tokens received
+        # hits them
+        p5 = ids(512, PAGE + 9, 74)
+        stream = c.stream("d0", p5, max_tokens=400, ignore_eos=True, prefill="p0")
+        seen = []
+        for r in stream:
+            seen += list(r.chunk.ids)
+            if len(seen) >= 36:
+                break
+        stream.cancel()
+        expect(seen == ref(STORIES, p5, len(seen)), "the cancelled stream's tokens")
+        baseline(c)
+        t6 = p5 + seen + [13, 14]
+        h = c.info("d0").cache_hit_pages
+        got = gen(c, "d0", t6, GEN, "p0")
+        want_hits = (len(p5) + len(seen) - 1) // PAGE
+        expect(c.info("d0").cache_hit_pages - h >= want_hits,
+               "after the cancel: %d hits, want >= %d" % (c.info("d0").cache_hit_pages - h,
+                                                         want_hits))
+        expect(got == ref(STORIES, t6), "after the cancel: got %s want %s" %
+               (got, ref(STORIES, t6)))
+        baseline(c)
+    finally:
+        c.close()
+
+
+def conversation_evictions():
+    """Decode releases a request's pages last first (kv/prefix_cache.h
+    duet_kv_pool_release_chain), so eviction takes a conversation's last
+    page before its first and the rest still matches.  A 6-page pool: turn
+    1 (37 + 40 tokens) leaves 4 cached pages and 2 free; a 33-token request
+    needs 3 pages and evicts one cached page -- turn 1's fourth; turn 2
+    then hits its first 3 (released first page first, the evicted page
+    would be the first and nothing would match)."""
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 1)], page_size=PAGE,
+                n_pages=6)
+    try:
+        c.start_all()
+        p1 = ids(512, 2 * PAGE + 5, 80)
+        out1 = ref(STORIES, p1, 40)
+        expect(gen(c, "d0", p1, 40, "p0") == out1, "turn 1")
+        baseline(c)
+        expect(c.info("d0").cached_pages == 4, "turn 1 left %d pages" % c.info("d0").cached_pages)
+        other = ids(512, 2 * PAGE + 1, 81)
+        expect(gen(c, "d0", other, GEN, "p0") == ref(STORIES, other), "the other request")
+        expect(c.info("d0").cache_evictions == 1, "evictions: %d" % c.info("d0").cache_evictions)
+        t2 = p1 + out1 + [11]
+        h = c.info("d0").cache_hit_pages
+        expect(gen(c, "d0", t2, GEN, "p0") == ref(STORIES, t2), "turn 2")
+        expect(c.info("d0").cache_hit_pages - h == 3,
+               "turn 2 hit %d pages, not 3 (the first 3 of turn 1's 4)" %
+               (c.info("d0").cache_hit_pages - h))
+        baseline(c)
+    finally:
+        c.close()
+
+
+def multi_turn():
+    multi_turn_on(1, 2, True)
+
+
+def multi_turn_p2d1():
+    multi_turn_on(2, 1, False)
+
+
 def config_error():
     c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 1, {"prefix_cache": "yes"})])
     exe = os.path.join(BUILD, "decode", "duet-decode")
@@ -273,6 +421,7 @@ def cancel():
 if __name__ == "__main__":
     t0 = time.time()
     run_cases([sharing, sharing_synthetic, sharing_kv8, evictions, concurrent, cancel,
-               conditional_uncached, config_error], sys.argv[3:],
+               conditional_uncached, multi_turn, multi_turn_p2d1, conversation_evictions,
+               config_error], sys.argv[3:],
               "prefix cache")
     print("%.0fs" % (time.time() - t0))
