@@ -36,7 +36,7 @@ duet_status_t duet_pf_cache_take(duet_prefill_t *pf, duet_pf_req_t *req)
     return DUET_OK;
 
 err_release:
-    duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_hit);
+    duet_kv_pool_release_chain(pf->node.pages, req->src_pages, req->n_hit);
     req->n_hit = 0;
 err_free:
     duet_free(req->src_pages);

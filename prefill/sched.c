@@ -30,7 +30,7 @@ void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req)
     duet_free(req->logits);
     duet_free(req->prompt_lps);
     if (req->src_pages != NULL)
-        duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
+        duet_kv_pool_release_chain(pf->node.pages, req->src_pages, req->n_pages);
     if (req->src_stage0 >= 0)
         duet_kv_pool_release_run(pf->node.stage, req->src_stage0, req->stage_units);
     if (req->pack != NULL) {
@@ -376,7 +376,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
                        req->request_id, req->n_hit, req->n_pages, req->n_pages - req->skip);
         if (req->packed &&
             duet_kv_pool_alloc_run(pf->node.stage, req->stage_units, &req->src_stage0) != DUET_OK) {
-            duet_kv_pool_release(pf->node.pages, req->src_pages, req->n_pages);
+            duet_kv_pool_release_chain(pf->node.pages, req->src_pages, req->n_pages);
             duet_free(req->src_pages);
             req->src_pages = NULL;
             req->src_stage0 = -1;
