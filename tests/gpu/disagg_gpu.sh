@@ -15,7 +15,9 @@
 # that tolerance.  With 4 GPUs also prefill
 # TP=2 on GPUs 0-1 + decode TP=4 on GPUs 0-3, and prefill TP=4 on GPUs 0-3 +
 # decode TP=2 on GPUs 2-3, on stories260K (4 KV heads) and a synthetic
-# model with 2 KV heads (replicated on the TP=4 side).
+# model with 2 KV heads (replicated on the TP=4 side).  Each case ends with
+# a conversation's next turn (prompt + decode's own output + 3 tokens):
+# decode must find turn 1's output pages in its cache (issue 15).
 # DUET_TRANSFER_CHECKSUM=true: transfer.checksum on (the direct path's
 # CRC32C computed on the GPUs); a "checksum mismatch" in a log fails.
 #
@@ -91,13 +93,20 @@ JSON
     # page: it computes those tokens itself) and the 202-token one with
     # another tail (decode asks prefill for the pages after its cached
     # prefix; prefill computes only its own uncached suffix)
+    # TURN2 (issue 15, generated pages): the 202-token prompt + the 24
+    # tokens decode generated for it + 3 new ones, a conversation's next
+    # turn: decode holds the pages of turn 1's output too (its own KV,
+    # computed step by step) and prefill is asked for none of them
+    local t1_prompt="" t1_got=""
     for prompt in "1 403 407 261 378" "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 500)" \
-        "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 480) 7 8 9 11 13"; do
+        "1 $(seq -s ' ' 10 60)" "1 $(seq -s ' ' 100 2 480) 7 8 9 11 13" TURN2; do
+        [ "$prompt" = TURN2 ] && prompt="$t1_prompt $t1_got 5 6 7"
         want=$("$BIN/duet" generate --backend cuda --model "$model" --prompt-ids "$prompt" \
                --max-tokens 24 --ignore-eos --output ids 2>/dev/null)
         got=$("$BIN/duet-client" --target "127.0.0.1:$dp" --prompt-ids "$prompt" \
               --max-tokens 24 --ignore-eos --output ids 2>&1)
         n=$(echo "$prompt" | wc -w)
+        if [ "$n" = 202 ] && [ -z "$t1_prompt" ]; then t1_prompt=$prompt; t1_got=$got; fi
         lp_margin=""
         if [ "$LOGPROBS" = 1 ]; then
             # top logprobs of every step up to the first divergence vs the
@@ -190,6 +199,18 @@ PY
     echo "  prefix cache: decode took cached pages for" \
         "$(grep "from the prefix cache" "$W/d.log" | grep -vc ": 0 of") requests," \
         "prefill for $(grep "from the prefix cache" "$W/p.log" 2>/dev/null | grep -vc ": 0 of")"
+    # the next turn: 229 tokens (the only prompt of 15 pages), whose first
+    # 14 pages (224 tokens: turn 1's 12 full prompt pages and 2 of its
+    # output) decode must hold when it first sees the prompt (the logprob
+    # request after it would hit the pages of turn 2 itself)
+    local t2=$(grep "from the prefix cache" "$W/d.log" | grep -m1 "of 15 prompt pages" |
+        grep -o "[0-9]* of [0-9]* prompt pages")
+    echo "  next turn: $t2 from the prefix cache"
+    case "$t2" in
+    "14 of 15 prompt pages") ;;
+    *) echo "$name P=$P D=$D: the next turn did not find turn 1's output pages (want 14 of 15)"
+       fails=$((fails + 1)) ;;
+    esac
     kill -TERM $dpid $ppid
     wait $dpid; echo "  decode exit $?"
     if [ -n "$ppid" ]; then wait $ppid; echo "  prefill exit $?"; fi
