@@ -9,7 +9,7 @@
  * another decode, whichever exists -- within the request's deadline.  After
  * the first token the failure goes to the client.
  *
- * Fork-style n (docs/api-logprobs.md): duet_router_job_start_after makes a
+ * Fork-style n (docs/api-logprobs.md; job_fork.c): duet_router_job_start_after makes a
  * choice wait for choice 0's first token, then start pinned to choice 0's
  * prefill/decode pair (workers.h "pinned picks").
  *
@@ -25,72 +25,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/cache_index.h"
-#include "router/router_internal.h"
+#include "router/job_internal.h"
 
-typedef enum {
-    DUET__JOB_NEW,
-    DUET__JOB_QUEUED,
-    DUET__JOB_RUNNING,
-    DUET__JOB_ENDED,
-    DUET__JOB_WAITING, /* a follower waiting for its leader's first token */
-} duet__job_state_t;
-
-/* The pair a follower is pinned to (on: its leader's first token came). */
-typedef struct {
-    bool on;
-    duet_router_pin_t prefill, decode;
-} duet__pins_t;
-
-struct duet_router_job {
-    duet_router_t *rt;
-    atomic_int refs;
-    const duet_router_sink_t *sink;
-    void *sink_arg;
-    uint8_t *req; /* packed GenerateRequest */
-    size_t req_len;
-    uint64_t *keys; /* cache_aware: the prompt's page keys (cache_index.h) */
-    duet_router_ca_key_t key;
-    /* cache_aware: prompt + output ids (under lock), recorded on the decode
-     * when the job ends with output (docs/kv-aware-routing.md) */
-    duet_router_ca_tokens_t toks;
-    char *request_id;
-    int64_t deadline_ns;
-    int64_t t_create, t_admit;
-    uint32_t n_prompt;    /* the prompt's tokens */
-    bool prompt_logprobs; /* skips the prefix cache */
-    duet__pins_t pins;    /* set before start; the first launch prefers it */
-
-    /* under rt->adm_lock */
-    duet__job_state_t state;
-    duet_router_job_t *qnext;
-    duet_router_job_t *anext, *aprev; /* rt->active */
-    duet_router_job_t *leader;        /* WAITING: whose first token it waits for */
-    duet_router_job_t *followers;     /* waiting for this job's first token */
-    duet_router_job_t *fnext;
-    bool forked; /* followers were released; fork_pins is what later ones get */
-    duet__pins_t fork_pins;
-
-    pthread_mutex_t lock; /* the fields below */
-    bool cancelled;
-    bool overflow;    /* the sink could not keep up */
-    bool bad_message; /* decode sent something unparsable */
-    bool started;
-    int64_t t_last;
-    int attempts;            /* streams opened */
-    int done_attempts;       /* streams whose on_done ran */
-    int prefill, decode;     /* current pair (-1 = none); after a failure, the pair to avoid */
-    bool prefill_held;       /* counted in flight on the prefill worker */
-    bool decode_held;        /* counted in flight on the decode worker */
-    uint64_t inst_p, inst_d; /* the instances the pair's slots held at the pick */
-    duet_rpc_stream_t *stream;
-    uint8_t *fin_raw; /* the finished message, once it came */
-    size_t fin_len;
-    int fin_reason;
-    uint32_t fin_prompt, fin_completion;
-    bool have_fin;
-};
-
-static void duet__job_unref(duet_router_job_t *job)
+void duet__job_unref(duet_router_job_t *job)
 {
     if (atomic_fetch_sub(&job->refs, 1) != 1)
         return;
@@ -354,7 +291,6 @@ static void duet__active_remove(duet_router_t *rt, duet_router_job_t *job)
 }
 
 static void duet__end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running);
-static void duet__fork(duet_router_job_t *job, bool pinned);
 
 /* A running slot was freed: start queued jobs while slots are free. */
 static void duet__admit_next(duet_router_t *rt)
@@ -408,7 +344,7 @@ static void duet__end(duet_router_job_t *job, duet_router_job_end_t *end, bool w
         atomic_fetch_add(&rt->metrics.stream_errors, 1);
     }
     job->sink->on_end(job->sink_arg, end);
-    duet__fork(job, false); /* no first token came: followers start unpinned */
+    duet__job_fork(job, false); /* no first token came: followers start unpinned */
 
     pthread_mutex_lock(&rt->adm_lock);
     job->state = DUET__JOB_ENDED;
@@ -422,9 +358,7 @@ static void duet__end(duet_router_job_t *job, duet_router_job_end_t *end, bool w
         duet__admit_next(rt);
 }
 
-/* duet_router_job_start; a follower (part of a request admitted before a
- * drain began) starts while draining too. */
-static duet_status_t duet__start(duet_router_job_t *job, bool follower)
+duet_status_t duet__job_start(duet_router_job_t *job, bool follower)
 {
     duet_router_t *rt = job->rt;
     duet_status_t st;
@@ -479,7 +413,7 @@ static duet_status_t duet__start(duet_router_job_t *job, bool follower)
         pthread_mutex_unlock(&rt->adm_lock);
         atomic_fetch_sub(&job->refs, 1); /* the creator still holds one */
         duet__admit_next(rt);
-        duet__fork(job, false);
+        duet__job_fork(job, false);
         return st;
     }
     return DUET_OK;
@@ -487,7 +421,7 @@ static duet_status_t duet__start(duet_router_job_t *job, bool follower)
 
 duet_status_t duet_router_job_start(duet_router_job_t *job)
 {
-    return duet__start(job, false);
+    return duet__job_start(job, false);
 }
 
 /* Take job out of the queue (adm_lock held); false when it is not queued. */
@@ -512,24 +446,6 @@ static bool duet__dequeue_locked(duet_router_t *rt, duet_router_job_t *job)
     return true;
 }
 
-/* Take a waiting follower off its leader's list (adm_lock held); false
- * when it is not waiting. */
-static bool duet__unwait_locked(duet_router_job_t *job)
-{
-    duet_router_job_t **pp;
-
-    if (job->state != DUET__JOB_WAITING)
-        return false;
-    for (pp = &job->leader->followers; *pp && *pp != job; pp = &(*pp)->fnext)
-        ;
-    if (*pp == job)
-        *pp = job->fnext;
-    job->fnext = NULL;
-    job->leader = NULL;
-    job->state = DUET__JOB_ENDED;
-    return true;
-}
-
 void duet_router_job_cancel(duet_router_job_t *job)
 {
     duet_router_t *rt = job->rt;
@@ -543,7 +459,7 @@ void duet_router_job_cancel(duet_router_job_t *job)
 
     pthread_mutex_lock(&rt->adm_lock);
     dequeued = duet__dequeue_locked(rt, job);
-    bool waited = !dequeued && duet__unwait_locked(job);
+    bool waited = !dequeued && duet__job_unwait_locked(job);
     pthread_mutex_unlock(&rt->adm_lock);
     if (dequeued) {
         duet_router_job_end_t end = {
@@ -667,7 +583,7 @@ static void duet__on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t l
         duet_rpc_stream_cancel(s);
     }
     if (first) /* the prompt's KV is complete and cached on this decode */
-        duet__fork(job, true);
+        duet__job_fork(job, true);
 }
 
 static bool duet__retryable(grpc_status_code code)
@@ -751,108 +667,4 @@ static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const cha
         duet_router_workers_cache_record_output(rt->workers, DUET_ROLE_DECODE, d, &job->toks);
     duet__end(job, &end, true);
     duet__job_unref(job); /* the stream's reference */
-}
-
-/* ---- fork-style n (docs/api-logprobs.md "Fork-style sharing") ---- */
-
-/* Can a follower of job share its prompt's pages?  The prompt has a full
- * page before its last token (what a decode's cache serves), prompt
- * logprobs (which skip the cache) are not asked, and a decode of the
- * config keeps a prefix cache. */
-static bool duet__fork_worth(const duet_router_job_t *job)
-{
-    const duet_cluster_config_t *cfg = job->rt->cfg;
-    bool cache = false;
-
-    for (int i = 0; i < cfg->n_decode; i++)
-        cache = cache || cfg->decode[i].prefix_cache;
-    return cache && !job->prompt_logprobs && cfg->page_size > 0 &&
-           job->n_prompt > (uint32_t)cfg->page_size;
-}
-
-static grpc_status_code duet__start_code(duet_status_t st)
-{
-    return st == DUET_ERR_EXHAUSTED                         ? GRPC_STATUS_RESOURCE_EXHAUSTED
-           : st == DUET_ERR_CANCELLED                       ? GRPC_STATUS_CANCELLED
-           : st == DUET_ERR_PEER || st == DUET_ERR_SHUTDOWN ? GRPC_STATUS_UNAVAILABLE
-                                                            : GRPC_STATUS_INTERNAL;
-}
-
-/* Release job's waiting followers (once): pinned to job's pair when its
- * first token came, else unpinned.  Each starts as duet_router_job_start;
- * one that cannot start ends through its sink with the reason. */
-static void duet__fork(duet_router_job_t *job, bool pinned)
-{
-    duet_router_t *rt = job->rt;
-    duet__pins_t pins = {.on = false, .prefill = {-1, 0}, .decode = {-1, 0}};
-    duet_router_job_t *list;
-
-    if (pinned) {
-        pthread_mutex_lock(&job->lock);
-        pins.on = job->decode >= 0;
-        pins.prefill = (duet_router_pin_t){job->prefill, job->inst_p};
-        pins.decode = (duet_router_pin_t){job->decode, job->inst_d};
-        pthread_mutex_unlock(&job->lock);
-    }
-    pthread_mutex_lock(&rt->adm_lock);
-    if (job->forked) {
-        pthread_mutex_unlock(&rt->adm_lock);
-        return;
-    }
-    job->forked = true;
-    job->fork_pins = pins;
-    list = job->followers;
-    job->followers = NULL;
-    for (duet_router_job_t *f = list; f != NULL; f = f->fnext) {
-        f->state = DUET__JOB_NEW;
-        f->leader = NULL;
-        f->pins = pins;
-    }
-    pthread_mutex_unlock(&rt->adm_lock);
-    while (list != NULL) {
-        duet_router_job_t *f = list;
-        list = f->fnext;
-        f->fnext = NULL;
-        duet_status_t st = duet__start(f, true);
-        if (st != DUET_OK) {
-            duet_router_job_end_t end = {
-                .ok = false, .code = duet__start_code(st), .message = duet_error_msg()};
-            f->sink->on_end(f->sink_arg, &end);
-            duet__fork(f, false);
-        }
-        duet__job_unref(f); /* the leader's reference */
-    }
-}
-
-duet_status_t duet_router_job_start_after(duet_router_job_t *job, duet_router_job_t *leader)
-{
-    duet_router_t *rt = job->rt;
-    bool cancelled;
-
-    if (leader == NULL || !duet__fork_worth(job))
-        return duet_router_job_start(job);
-    if (atomic_load(&rt->draining))
-        return duet_error(DUET_ERR_SHUTDOWN, "the router is shutting down");
-    pthread_mutex_lock(&rt->adm_lock);
-    pthread_mutex_lock(&job->lock);
-    cancelled = job->cancelled;
-    pthread_mutex_unlock(&job->lock);
-    if (cancelled) {
-        pthread_mutex_unlock(&rt->adm_lock);
-        return duet_error(DUET_ERR_CANCELLED, "cancelled");
-    }
-    if (!leader->forked) {
-        duet_router_job_t **pp = &leader->followers;
-        while (*pp != NULL) /* in index order */
-            pp = &(*pp)->fnext;
-        *pp = job;
-        job->leader = leader;
-        job->state = DUET__JOB_WAITING;
-        atomic_fetch_add(&job->refs, 1); /* the leader's */
-        pthread_mutex_unlock(&rt->adm_lock);
-        return DUET_OK;
-    }
-    job->pins = leader->fork_pins; /* the leader is past its first token (or ended) */
-    pthread_mutex_unlock(&rt->adm_lock);
-    return duet_router_job_start(job);
 }
