@@ -129,31 +129,25 @@ duet_status_t duet_dc_lp_local_prepare(duet_decode_t *dc, duet_dc_req_t *req,
 
 duet_status_t duet_dc_lp_local_compute(duet_decode_t *dc, duet_dc_req_t *req, int32_t first)
 {
-    int vocab = dc->node.ke.model_cfg.vocab;
-    size_t last = req->prompt_logprobs ? (size_t)req->n_prompt - 1 : 0;
-    duet_status_t st = DUET_OK;
+    duet_status_t st;
 
     if (!duet_dc_lp_wants_reply(req))
         return DUET_OK;
     if (req->logits == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory for the logits of %s", req->request_id);
-    if (req->logprobs) {
-        st = duet_logprob_compute(req->logits + last * (size_t)vocab, vocab, first,
-                                  req->top_logprobs, &req->first_lp);
-        req->have_first_lp = st == DUET_OK;
-    }
+    if (req->prompt_logprobs && req->n_prompt > 1 &&
+        (req->prompt_lps = DUET_NEW_ARRAY(duet_logprob_t, (size_t)req->n_prompt - 1)) == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "no memory for prompt logprobs");
+    st = duet_logprobs_of_prompt(req->logits, dc->node.ke.model_cfg.vocab, req->prompt,
+                                 req->n_prompt, first, req->top_logprobs,
+                                 req->logprobs ? &req->first_lp : NULL,
+                                 req->prompt_logprobs ? req->prompt_lps : NULL);
+    req->have_first_lp = req->logprobs && st == DUET_OK;
     if (st == DUET_OK && req->prompt_logprobs) {
-        if (req->n_prompt > 1 &&
-            (req->prompt_lps = DUET_NEW_ARRAY(duet_logprob_t, (size_t)req->n_prompt - 1)) == NULL)
-            st = duet_error(DUET_ERR_NO_MEMORY, "no memory for prompt logprobs");
-        for (int i = 1; st == DUET_OK && i < req->n_prompt; i++)
-            st = duet_logprob_compute(req->logits + (size_t)(i - 1) * (size_t)vocab, vocab,
-                                      req->prompt[i], req->top_logprobs, &req->prompt_lps[i - 1]);
         /* back to one row for the decode steps */
         duet_free(req->logits);
         req->logits = NULL;
-        if (st == DUET_OK)
-            st = duet_dc_lp_init(dc, req);
+        st = duet_dc_lp_init(dc, req);
     }
     return st;
 }

@@ -59,3 +59,18 @@ duet_status_t duet_logprob_params_check(int top, bool prompt, int n_prompt, int 
                           DUET_LOGPROBS_PROMPT_MAX_FLOATS * 4 >> 20);
     return DUET_OK;
 }
+
+duet_status_t duet_logprobs_of_prompt(const float *rows, int vocab, const int32_t *prompt,
+                                      int n_prompt, int32_t first, int n_top,
+                                      duet_logprob_t *first_lp, duet_logprob_t *prompt_lps)
+{
+    size_t last = prompt_lps != NULL && n_prompt > 0 ? (size_t)n_prompt - 1 : 0;
+    duet_status_t st = DUET_OK;
+
+    if (first_lp != NULL)
+        st = duet_logprob_compute(rows + last * (size_t)vocab, vocab, first, n_top, first_lp);
+    for (int i = 1; st == DUET_OK && prompt_lps != NULL && i < n_prompt; i++)
+        st = duet_logprob_compute(rows + (size_t)(i - 1) * (size_t)vocab, vocab, prompt[i], n_top,
+                                  &prompt_lps[i - 1]);
+    return st;
+}

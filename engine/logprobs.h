@@ -38,4 +38,14 @@ duet_status_t duet_logprob_params_check(int top, bool prompt, int n_prompt, int 
 duet_status_t duet_logprob_compute(const float *logits, int vocab, int32_t id, int n_top,
                                    duet_logprob_t *out);
 
+/* What a prompt's logits rows give: with prompt_lps, rows holds every
+ * prompt position ([n_prompt][vocab]) and prompt_lps[i - 1] gets prompt[i]'s
+ * logprob for i in 1..n_prompt-1 (row i-1 predicts token i); without, rows
+ * is the last position's row alone.  With first_lp, *first_lp gets the
+ * first generated token's (first), from the last row.  Errors as
+ * duet_logprob_compute. */
+duet_status_t duet_logprobs_of_prompt(const float *rows, int vocab, const int32_t *prompt,
+                                      int n_prompt, int32_t first, int n_top,
+                                      duet_logprob_t *first_lp, duet_logprob_t *prompt_lps);
+
 #endif

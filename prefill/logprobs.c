@@ -37,18 +37,14 @@ duet_status_t duet_pf_logprobs_prepare(duet_prefill_t *pf, duet_pf_req_t *req,
 
 duet_status_t duet_pf_logprobs_compute(duet_prefill_t *pf, duet_pf_req_t *req, int32_t first)
 {
-    int vocab = pf->node.ke.model_cfg.vocab;
-    size_t last = req->prompt_logprobs ? (size_t)req->n_prompt - 1 : 0;
-    duet_status_t st = DUET_OK;
+    duet_status_t st;
 
     if (req->logits == NULL)
         return DUET_OK;
-    if (req->logprobs)
-        st = duet_logprob_compute(req->logits + last * (size_t)vocab, vocab, first,
-                                  req->top_logprobs, &req->first_lp);
-    for (int i = 1; st == DUET_OK && req->prompt_logprobs && i < req->n_prompt; i++)
-        st = duet_logprob_compute(req->logits + (size_t)(i - 1) * (size_t)vocab, vocab,
-                                  req->prompt[i], req->top_logprobs, &req->prompt_lps[i - 1]);
+    st = duet_logprobs_of_prompt(req->logits, pf->node.ke.model_cfg.vocab, req->prompt,
+                                 req->n_prompt, first, req->top_logprobs,
+                                 req->logprobs ? &req->first_lp : NULL,
+                                 req->prompt_logprobs ? req->prompt_lps : NULL);
     duet_free(req->logits);
     req->logits = NULL;
     return st;

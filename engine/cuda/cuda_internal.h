@@ -127,7 +127,8 @@ typedef struct {
     unsigned long long *sig_word, *sig_word_dev;
     unsigned *sig_ctr;
     uint64_t sig_seq;
-    int sig_mode; /* 0 unknown, 1 signals, 2 events (DUET_CUDA_LAYER_DONE=event) */
+    /* OFF: events (DUET_CUDA_LAYER_DONE=event, or no signal memory) */
+    enum { DUET__SIG_UNSET, DUET__SIG_ON, DUET__SIG_OFF } sig_mode;
 } duet__cuda_done_queue_t;
 
 /* kv_crc_host.c: the checksum's stream and buffers, made on first use. */

@@ -100,17 +100,21 @@ void duet__cuda_kv_copy_split(const duet_kv_copy_t *copies, int n, duet_kv_copy_
     }
 }
 
-/* The list to the device and the kernel over layers [l0, l1), on s; with
- * sig, the launch is signalled and the ring's entries wait on the signal,
- * else on an event recorded after it. */
+/* The list to the device and the kernel over layers [l0, l1), on s.  With
+ * seq_p (the copy stream), the launch is signalled where signals are on
+ * and *seq_p is its signal, which the ring's entries wait on too; else
+ * (and with nothing to copy) *seq_p is 0 and an event recorded after the
+ * launch keeps the entries. */
 static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0, int l1,
-                                 const duet_kv_copy_t *copies, int n,
-                                 const duet__cuda_signal_t *sig)
+                                 const duet_kv_copy_t *copies, int n, uint64_t *seq_p)
 {
     duet__cuda_kvc_ring_t *g = &r->kvc;
     size_t m = duet__cuda_kv_copy_pieces(copies, n), begin = 0;
+    duet__cuda_signal_t signal, *sig = NULL;
     duet_status_t st;
 
+    if (seq_p != NULL)
+        *seq_p = 0;
     if (m == 0)
         return DUET_OK;
     if (m > INT_MAX)
@@ -120,13 +124,15 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
     duet__cuda_kv_copy_split(copies, n, g->host + begin);
     DUET__CUDA_TRY(cudaMemcpyAsync(g->dev + begin, g->host + begin, m * sizeof(duet_kv_copy_t),
                                    cudaMemcpyHostToDevice, s));
+    if (seq_p != NULL && duet__cuda_signal_next(r, &signal))
+        sig = &signal;
     st = duet__cuda_kv_copy(s, r->kv_base, duet_kv_plane_bytes(&r->kv), 2 * l0, 2 * (l1 - l0),
                             g->dev + begin, (int)m, sig);
     /* the copy above may be queued even if the launch failed: the entries
      * stay reserved until the stream passed this point */
-    cudaError_t e =
-        sig != NULL && st == DUET_OK ? cudaSuccess : cudaEventRecord(g->slot[g->next].ev, s);
-    g->slot[g->next].seq = sig != NULL && st == DUET_OK ? sig->seq : 0;
+    uint64_t seq = sig != NULL && st == DUET_OK ? sig->seq : 0;
+    cudaError_t e = seq != 0 ? cudaSuccess : cudaEventRecord(g->slot[g->next].ev, s);
+    g->slot[g->next].seq = seq;
     if (e != cudaSuccess) {
         cudaStreamSynchronize(s);
         return st != DUET_OK ? st : duet__cuda_check(e, "cudaEventRecord", __FILE__, __LINE__);
@@ -136,6 +142,8 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
     g->slot[g->next].live = true;
     g->next = (g->next + 1) % DUET__CUDA_KVC_SLOTS;
     g->head = begin + m;
+    if (seq_p != NULL)
+        *seq_p = seq;
     return st;
 }
 
@@ -166,15 +174,13 @@ duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
     /* the layer's KV store was queued before this hook ran: the copy
      * stream waits for it on the device, the rank thread goes on */
     DUET__CUDA_TRY(cudaStreamWaitEvent(r->copy_stream, r->ev_kv[l0], 0));
-    duet__cuda_signal_t sig;
-    bool signalled = duet__cuda_kv_copy_pieces(copies, n) > 0 && duet__cuda_signal_next(r, &sig);
-    if ((st = duet__issue(r, r->copy_stream, l0, l1, copies, n, signalled ? &sig : NULL)) !=
-        DUET_OK)
+    uint64_t seq;
+    if ((st = duet__issue(r, r->copy_stream, l0, l1, copies, n, &seq)) != DUET_OK)
         return st;
     /* the kernel's signal is the done's, or (no signals, nothing to copy)
      * an event after the layer's store */
-    return signalled ? duet__cuda_queue_done(r, sig.seq, l0, done, arg)
-                     : duet__cuda_launch_done(r, r->copy_stream, l0, done, arg);
+    return seq != 0 ? duet__cuda_queue_done(r, seq, l0, done, arg)
+                    : duet__cuda_launch_done(r, r->copy_stream, l0, done, arg);
 }
 
 void duet__cuda_kv_copy_cleanup(duet_backend_rank_t *r)

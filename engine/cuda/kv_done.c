@@ -224,10 +224,10 @@ bool duet__cuda_signal_next(duet_backend_rank_t *r, duet__cuda_signal_t *sig)
 {
     duet__cuda_done_queue_t *q = &r->dq;
 
-    if (q->sig_mode == 0) {
+    if (q->sig_mode == DUET__SIG_UNSET) {
         const char *v = getenv("DUET_CUDA_LAYER_DONE");
-        q->sig_mode = v != NULL && strcmp(v, "event") == 0 ? 2 : 1;
-        if (q->sig_mode == 1 &&
+        q->sig_mode = v != NULL && strcmp(v, "event") == 0 ? DUET__SIG_OFF : DUET__SIG_ON;
+        if (q->sig_mode == DUET__SIG_ON &&
             (cudaHostAlloc((void **)&q->sig_word, sizeof(*q->sig_word),
                            cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
              cudaHostGetDevicePointer((void **)&q->sig_word_dev, q->sig_word, 0) != cudaSuccess ||
@@ -235,14 +235,14 @@ bool duet__cuda_signal_next(duet_backend_rank_t *r, duet__cuda_signal_t *sig)
              cudaMemset(q->sig_ctr, 0, sizeof(*q->sig_ctr)) != cudaSuccess)) {
             DUET_LOG_WARN("cuda rank %d: no launch signals (%s): layer dones wait on events",
                           r->rank, cudaGetErrorString(cudaGetLastError()));
-            q->sig_mode = 2;
+            q->sig_mode = DUET__SIG_OFF;
         }
-        if (q->sig_mode == 1)
+        if (q->sig_mode == DUET__SIG_ON)
             *q->sig_word = 0;
         DUET_LOG_DEBUG("cuda rank %d: layer dones: %s", r->rank,
-                       q->sig_mode == 1 ? "launch signals" : "events");
+                       q->sig_mode == DUET__SIG_ON ? "launch signals" : "events");
     }
-    if (q->sig_mode != 1)
+    if (q->sig_mode != DUET__SIG_ON)
         return false;
     *sig = (duet__cuda_signal_t){q->sig_ctr, q->sig_word_dev, (unsigned long long)++q->sig_seq};
     return true;
