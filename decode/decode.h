@@ -72,6 +72,7 @@ typedef struct {
      * is registered: a callback cannot fail, and a lost event would leave
      * the request waiting forever */
     struct duet_dc_ev *ev;
+    int landed; /* packed: layers [0, landed) of the rank's KV in its staging */
 } duet_dc_rank_arg_t;
 
 struct duet_dc_req {
@@ -112,6 +113,9 @@ struct duet_dc_req {
     int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging units
                                      (node.stage) while held (transfer/xfer_pack.h); -1: not
                                      packed */
+    int unpacked;                 /* packed: layers [0, unpacked) queued for unpacking */
+    bool unpack_queued;           /* an unpack was queued without waiting: wait for it before
+                                     the staging or the pages are reused (duet_dc_unpack_wait) */
 
     /* prefill phase */
     duet_dc_link_t *link;         /* a reference while expectations may use its peers */
@@ -157,6 +161,7 @@ typedef enum {
     DUET_DC_EV_NEW,
     DUET_DC_EV_ABORT,      /* Decode.Abort(request_id) */
     DUET_DC_EV_KV_DONE,    /* one rank's expectation ended */
+    DUET_DC_EV_KV_PROGRESS, /* packed: more layers landed on one rank */
     DUET_DC_EV_RPC_DONE,   /* the Prefill call returned */
     DUET_DC_EV_LINK_DONE,  /* a bootstrap finished */
     DUET_DC_EV_PEER_ERROR, /* a transfer peer failed (peer pointer, compared only) */
@@ -170,7 +175,8 @@ typedef struct duet_dc_ev {
     const void *peer;
     uint64_t transfer_id;                 /* KV_DONE: the transfer it reports on */
     uint64_t peer_instance;       /* PEER_ERROR: the remote side of peer */
-    int rank;                     /* KV_DONE: decode rank; PEER_ERROR: remote rank */
+    int rank;                     /* KV_*: decode rank; PEER_ERROR: remote rank */
+    int layers;                   /* KV_PROGRESS: layers [0, layers) landed on that rank */
     duet_status_t status;
     int64_t first_token;
     char detail[256];
@@ -247,6 +253,14 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req);
 /* Give back a packed request's staging units (it then moves unpacked if it
  * has not started; see sched.c). */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req);
+/* Packed: unpack layers [l0, l1) of the request's staging into its pages
+ * on every rank; wait = false returns once queued (unpack_queued), wait =
+ * true once everything queued landed. */
+duet_status_t duet_dc_unpack_layers(duet_decode_t *dc, duet_dc_req_t *req, int l0, int l1,
+                                    bool wait);
+/* Wait for the unpacks queued without waiting, if any (before the
+ * request's staging or pages are reused or given back). */
+void duet_dc_unpack_wait(duet_decode_t *dc, duet_dc_req_t *req);
 /* The KV of a request is complete on every rank (state NEW): stream its
  * first token and queue it for the decode batch. */
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req);
@@ -254,6 +268,7 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req);
 /* prefill_path.c (scheduler thread unless noted) */
 void duet_dc_prefill_start(duet_decode_t *dc, duet_dc_req_t *req);
 void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev);
+void duet_dc_on_kv_progress(duet_decode_t *dc, duet_dc_ev_t *ev);
 void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev);
 void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev);
 void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev);

@@ -112,6 +112,45 @@ static void duet__kv_cb(void *arg, uint64_t id, const duet_xfer_result_t *res)
     duet_dc_post(ra->dc, ev);
 }
 
+/* Progress thread: more layers landed on this rank (packed).  Losing the
+ * event to a failed allocation only loses the early unpack. */
+static void duet__kv_progress_cb(void *arg, uint64_t id, int layers)
+{
+    duet_dc_rank_arg_t *ra = arg;
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_KV_PROGRESS, ra->req);
+    if (ev == NULL)
+        return;
+    ev->rank = ra->rank;
+    ev->transfer_id = id;
+    ev->layers = layers;
+    duet_dc_post(ra->dc, ev);
+}
+
+void duet_dc_on_kv_progress(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    duet_dc_req_t *req = ev->req;
+    int D = dc->node.ke.tp, least = ev->layers;
+
+    if (ev->transfer_id != req->transfer_id || req->state != DUET_DC_PREFILL || req->stage0 < 0 ||
+        req->kv_failed || req->expecting == NULL || !req->expecting[ev->rank])
+        return;
+    if (ev->layers > req->rank_args[ev->rank].landed)
+        req->rank_args[ev->rank].landed = ev->layers;
+    for (int d = 0; d < D; d++)
+        if (req->rank_args[d].landed < least)
+            least = req->rank_args[d].landed;
+    if (least <= req->unpacked)
+        return;
+    duet_status_t st = duet_dc_unpack_layers(dc, req, req->unpacked, least, false);
+    if (st != DUET_OK) {
+        /* the final unpack runs these layers again and reports */
+        DUET_LOG_WARN("decode: request %s: unpacking layers [%d, %d): %s", req->request_id,
+                      req->unpacked, least, duet_error_msg());
+        return;
+    }
+    req->unpacked = least;
+}
+
 typedef struct {
     duet_decode_t *dc;
     duet_dc_req_t *req;
@@ -232,6 +271,10 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
              duet_slice_plan_decode_tp(link->base.plan) ||
          !duet__stage_fits(link, duet_dc_xfer_pages(req))))
         duet_dc_stage_release(dc, req);
+    /* a retry: the first attempt's early unpacks read the staging that
+     * this one's puts overwrite */
+    duet_dc_unpack_wait(dc, req);
+    req->unpacked = 0;
     req->kv_ok = 0;
     req->kv_failed = false;
     req->state = DUET_DC_PREFILL;
@@ -253,7 +296,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             st = duet_error(DUET_ERR_NO_MEMORY, "no memory");
             goto fail;
         }
-        req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev};
+        req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev, 0};
         duet_xfer_expect_t e = {
             .transfer_id = req->transfer_id,
             .plan = link->base.plan,
@@ -266,6 +309,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             .arg = &req->rank_args[d],
             .flags = req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0,
             .dst_stage0 = req->stage0,
+            .progress = dc->node.ke.progress_layers > 0 ? duet__kv_progress_cb : NULL,
+            .progress_arg = &req->rank_args[d],
         };
         if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->node.ke.xfer, d), &e)) != DUET_OK) {
             st = duet_error_wrap(st, "decode rank %d: ", d);
@@ -290,6 +335,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.transfer_id = req->transfer_id;
     pr.packed = req->stage0 >= 0;
     pr.dst_stage_page = req->stage0 >= 0 ? req->stage0 : 0;
+    pr.kv_progress_layers = req->stage0 >= 0 ? (uint32_t)dc->node.ke.progress_layers : 0;
     pr.logprobs = req->logprobs;
     pr.top_logprobs = (uint32_t)req->top_logprobs;
     pr.prompt_logprobs = req->prompt_logprobs;

@@ -157,15 +157,19 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
  * pages go (nothing can write them any more then either). */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
+    duet_dc_unpack_wait(dc, req);
     if (req->stage0 >= 0)
         duet_kv_pool_release_run(dc->node.stage, req->stage0, duet_dc_xfer_pages(req));
     req->stage0 = -1;
 }
 
-/* A packed request's KV is in its staging: move it into the request's
- * pages on every rank (every layer; each rank's staging is laid out by the
- * runs it receives), then free the staging. */
-static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
+/* A packed request's KV is in its staging: move layers [l0, l1) into the
+ * request's pages on every rank (each rank's staging is laid out by the
+ * runs it receives).  Layers that landed early are queued as their
+ * progress comes (duet_dc_on_kv_progress), the rest once the transfer
+ * completed, with a wait that covers them all. */
+duet_status_t duet_dc_unpack_layers(duet_decode_t *dc, duet_dc_req_t *req, int l0, int l1,
+                                    bool wait)
 {
     const duet_kv_layout_t *l = duet_engine_kv_layout(dc->node.ke.engine);
     int D = dc->node.ke.tp, n[DUET_TP_MAX];
@@ -182,8 +186,31 @@ static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
         n[d] = duet_xfer_pack_copies(l, req->pages + req->n_cached_pages, duet_dc_xfer_pages(req),
                                      req->stage0, runs, n_runs, 1, lists[d]);
     }
-    st = duet_engine_kv_copy_ranks(dc->node.ke.engine, (const duet_kv_copy_t *const *)lists, n);
+    st = duet_engine_kv_copy_ranks_layers(dc->node.ke.engine, (const duet_kv_copy_t *const *)lists,
+                                          n, l0, l1, wait);
     duet_free(copies);
+    /* a failed queue may still have queued some ranks' copies */
+    req->unpack_queued = !wait || (st != DUET_OK && req->unpack_queued);
+    return st;
+}
+
+void duet_dc_unpack_wait(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    int n[DUET_TP_MAX] = {0};
+    const duet_kv_copy_t *lists[DUET_TP_MAX] = {0};
+    if (!req->unpack_queued)
+        return;
+    duet_status_t st = duet_engine_kv_copy_ranks_layers(dc->node.ke.engine, lists, n, 0, 0, true);
+    if (st != DUET_OK) /* a device error: the engine has failed, the process ends */
+        DUET_LOG_WARN("decode: request %s: waiting for its unpack: %s", req->request_id,
+                      duet_error_msg());
+    req->unpack_queued = false;
+}
+
+static duet_status_t duet__unpack(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    int n_layers = duet_engine_kv_layout(dc->node.ke.engine)->n_layers;
+    duet_status_t st = duet_dc_unpack_layers(dc, req, req->unpacked, n_layers, true);
     if (st == DUET_OK)
         duet_dc_stage_release(dc, req);
     return st;
@@ -195,6 +222,7 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req)
     if (!duet_dc_prefill_quiesce(dc, req))
         return;
     duet__list_remove(&dc->ending, NULL, req);
+    duet_dc_unpack_wait(dc, req);
     if (req->pages_held) {
         duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_pages);
         req->pages_held = false;
@@ -318,6 +346,9 @@ static void duet__handle(duet_decode_t *dc, duet_dc_ev_t *ev)
     }
     case DUET_DC_EV_KV_DONE:
         duet_dc_on_kv_done(dc, ev);
+        break;
+    case DUET_DC_EV_KV_PROGRESS:
+        duet_dc_on_kv_progress(dc, ev);
         break;
     case DUET_DC_EV_RPC_DONE:
         duet_dc_on_rpc_done(dc, ev);

@@ -145,6 +145,11 @@ typedef struct duet_backend_ops {
      *    fine.  On failure done never runs. */
     duet_status_t (*kv_copy)(duet_backend_rank_t *r, int l0, int l1, const duet_kv_copy_t *copies,
                              int n, void (*done)(void *arg), void *arg);
+    /* Optional: kv_copy with done == NULL that returns once queued (the
+     * rank's later ops, kv_copy's wait included, are ordered after it).
+     * NULL: the engine calls kv_copy, which waits. */
+    duet_status_t (*kv_copy_queue)(duet_backend_rank_t *r, int l0, int l1,
+                                   const duet_kv_copy_t *copies, int n);
     /* CRC32C (common/crc32c.h) of the pool's bytes ranges[0..n)
      * concatenated in order (offsets from the pool's start, validated by
      * the engine) into *crc_p: a KV transfer's checksum where the pool

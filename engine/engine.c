@@ -543,10 +543,25 @@ duet_status_t duet_engine_kv_copy_layer(duet_engine_t *e, int rank, int layer,
 duet_status_t duet_engine_kv_copy_ranks(duet_engine_t *e, const duet_kv_copy_t *const *copies,
                                         const int *n)
 {
-    duet__job_t job = {.kind = DUET__JOB_KV_COPY, .kv_rank_copies = copies, .kv_rank_n = n};
+    return duet_engine_kv_copy_ranks_layers(e, copies, n, 0, e->kv_layout.n_layers, true);
+}
+
+duet_status_t duet_engine_kv_copy_ranks_layers(duet_engine_t *e,
+                                               const duet_kv_copy_t *const *copies, const int *n,
+                                               int l0, int l1, bool wait)
+{
+    duet__job_t job = {.kind = DUET__JOB_KV_COPY,
+                       .kv_rank_copies = copies,
+                       .kv_rank_n = n,
+                       .kv_l0 = l0,
+                       .kv_l1 = l1,
+                       .kv_queue = !wait};
     duet_status_t st;
     if (copies == NULL || n == NULL)
         return duet_error(DUET_ERR_INVALID, "kv copy: no lists");
+    if (l0 < 0 || l1 > e->kv_layout.n_layers || l0 > l1)
+        return duet_error(DUET_ERR_INVALID, "kv copy: layers [%d, %d) of %d", l0, l1,
+                          e->kv_layout.n_layers);
     for (int r = 0; r < e->tp; r++)
         if ((st = duet__kv_copies_check(e, "kv copy", copies[r], n[r])) != DUET_OK)
             return duet_error_wrap(st, "rank %d: ", r);
@@ -557,7 +572,10 @@ duet_status_t duet_engine_kv_copy_ranks(duet_engine_t *e, const duet_kv_copy_t *
 
 duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies, int n)
 {
-    duet__job_t job = {.kind = DUET__JOB_KV_COPY, .kv_copies = copies, .kv_n_copies = n};
+    duet__job_t job = {.kind = DUET__JOB_KV_COPY,
+                       .kv_copies = copies,
+                       .kv_n_copies = n,
+                       .kv_l1 = e->kv_layout.n_layers};
     duet_status_t st = duet__kv_copies_check(e, "kv copy", copies, n);
     if (st != DUET_OK || n == 0)
         return st;

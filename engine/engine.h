@@ -131,6 +131,16 @@ duet_status_t duet_engine_kv_copy(duet_engine_t *e, const duet_kv_copy_t *copies
  * unpack: each rank's staging is laid out by the runs it receives). */
 duet_status_t duet_engine_kv_copy_ranks(duet_engine_t *e, const duet_kv_copy_t *const *copies,
                                         const int *n);
+/* duet_engine_kv_copy_ranks over layers [l0, l1) (decode unpacking a
+ * packed transfer chunk by chunk as its layers land).  wait = false returns
+ * once the copies are queued (cuda: on each rank's compute stream, so the
+ * rank's later forwards and copies are ordered after them; cpu: copied
+ * before it returns); a later call with wait = true (also with empty
+ * lists) returns once everything queued before it landed.  Until then the
+ * caller keeps the staging and the pages as they are. */
+duet_status_t duet_engine_kv_copy_ranks_layers(duet_engine_t *e,
+                                               const duet_kv_copy_t *const *copies, const int *n,
+                                               int l0, int l1, bool wait);
 
 /* Bytes of each rank's pool: its planes and opts.kv_extra_bytes. */
 uint64_t duet_engine_kv_pool_bytes(const duet_engine_t *e);

@@ -38,6 +38,8 @@ typedef struct {
     int kv_n_copies;
     const duet_kv_copy_t *const *kv_rank_copies; /* or one per rank (non-NULL) */
     const int *kv_rank_n;
+    int kv_l0, kv_l1; /* KV_COPY: the layers */
+    bool kv_queue;    /* KV_COPY: return once queued (backend kv_copy_queue) */
     duet_batch_desc_t desc;
     const duet_engine_seq_t *seqs; /* caller's array */
     duet__out_row_t *out;

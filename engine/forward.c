@@ -478,12 +478,17 @@ duet_status_t duet__rank_kv_job(duet__rank_t *rk, const duet__job_t *job)
         if (rk->kv_mirror == NULL)
             return DUET_OK; /* registered device pool: the KV is in place */
         return ops->kv_import(rk->br, job->kv_pages, job->kv_n_pages, rk->kv_mirror);
-    case DUET__JOB_KV_COPY:
-        if (job->kv_rank_copies != NULL)
-            return ops->kv_copy(rk->br, 0, rk->e->kv_layout.n_layers, job->kv_rank_copies[rk->rank],
-                                job->kv_rank_n[rk->rank], NULL, NULL);
-        return ops->kv_copy(rk->br, 0, rk->e->kv_layout.n_layers, job->kv_copies, job->kv_n_copies,
-                            NULL, NULL);
+    case DUET__JOB_KV_COPY: {
+        const duet_kv_copy_t *copies = job->kv_copies;
+        int n = job->kv_n_copies;
+        if (job->kv_rank_copies != NULL) {
+            copies = job->kv_rank_copies[rk->rank];
+            n = job->kv_rank_n[rk->rank];
+        }
+        if (job->kv_queue && ops->kv_copy_queue != NULL)
+            return ops->kv_copy_queue(rk->br, job->kv_l0, job->kv_l1, copies, n);
+        return ops->kv_copy(rk->br, job->kv_l0, job->kv_l1, copies, n, NULL, NULL);
+    }
     case DUET__JOB_FORWARD:
         break;
     }

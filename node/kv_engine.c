@@ -97,6 +97,31 @@ static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfe
     return 1;
 }
 
+/* DUET_KV_TRANSFER_PROGRESS (see kv_engine.h). */
+static duet_status_t duet__progress_mode(duet_kv_engine_t *ke, int n_layers)
+{
+    const char *env = getenv("DUET_KV_TRANSFER_PROGRESS");
+    char *end = NULL;
+    long v;
+
+    if (env == NULL || *env == '\0' || strcmp(env, "auto") == 0) {
+        ke->progress_layers = (n_layers + 3) / 4;
+        return DUET_OK;
+    }
+    if (strcmp(env, "off") == 0) {
+        ke->progress_layers = 0;
+        return DUET_OK;
+    }
+    v = strtol(env, &end, 10);
+    if (end == env || *end != '\0' || v < 1 || v > n_layers)
+        return duet_error(DUET_ERR_CONFIG,
+                          "DUET_KV_TRANSFER_PROGRESS=%s: expected auto, off or a layer count "
+                          "1..%d",
+                          env, n_layers);
+    ke->progress_layers = (int)v;
+    return DUET_OK;
+}
+
 /* DUET_KV_TRANSFER_PACK (see kv_engine.h). */
 static duet_status_t duet__pack_mode(duet_kv_engine_t *ke)
 {
@@ -254,11 +279,17 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     if (!duet_engine_kv_mirrored(ke->engine))
         ke->stage_units = duet_xfer_stage_units(&xc.layout, duet_engine_kv_pool_bytes(ke->engine));
     ke->pack = ke->pack && ke->stage_units > 0;
+    if ((st = duet__progress_mode(ke, xc.layout.n_layers)) != DUET_OK) {
+        duet_kv_engine_destroy(ke);
+        return st;
+    }
+    if (!ke->pack)
+        ke->progress_layers = 0;
     DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s, packed %s "
-                  "(%d staging units), ucx %s",
+                  "(%d staging units, progress every %d layers), ucx %s",
                   ke->tp, duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
                   opts->cluster->page_size, ke->path, ke->pack ? "on" : "off", ke->stage_units,
-                  ke->ucx_version);
+                  ke->progress_layers, ke->ucx_version);
     return DUET_OK;
 }
 

@@ -12,7 +12,14 @@
  * plain copies and packing would add two more; on: wherever the path allows
  * (not through the host mirror).  Where packing can run each rank's pool
  * has a staging arena of `stage_pages` units after its planes (the cluster
- * config; auto: n_pages / 4), extra memory of that many KV pages. */
+ * config; auto: n_pages / 4), extra memory of that many KV pages.
+ *
+ * Unpacking as layers land (DUET_KV_TRANSFER_PROGRESS=auto|off|N): a decode
+ * taking packed transfers asks prefill to flush and announce every N
+ * layers it put (auto: a quarter of the layers, rounded up), and unpacks
+ * the layers announced by all senders of a rank while the rest is in
+ * flight (duet_engine_kv_copy_ranks_layers without a wait); the last chunk
+ * is unpacked once the transfer completed.  off: one unpack at the end. */
 #ifndef DUET_NODE_KV_ENGINE_H
 #define DUET_NODE_KV_ENGINE_H
 
@@ -37,6 +44,7 @@ typedef struct {
     const char *path;     /* how KV moves: "ucx-host" */
     bool pack;            /* decode asks for packed transfers (transfer/xfer_pack.h) */
     int stage_units;      /* staging arena after each rank's pool (0: none) */
+    int progress_layers;  /* packed: layers per progress message decode asks for (0: none) */
     char ucx_version[16]; /* the UCX library loaded, "major.minor" (Info) */
     duet_kv_crc_ctx_t crc[DUET_TP_MAX]; /* the checksum hook's argument per rank (device pools) */
 } duet_kv_engine_t;

@@ -45,6 +45,7 @@ typedef struct duet_pf_req {
      * sides and, per rank, the copies that stage a layer */
     bool packed;
     int32_t dst_stage0, src_stage0; /* src_stage0 >= 0 while held */
+    int progress_layers;            /* packed: decode asked for progress this often (0: never) */
     int stage_units;                /* units from src_stage0 (node.stage) */
     duet_kv_copy_t **pack;          /* [tp] */
     int *n_pack;                    /* [tp] */

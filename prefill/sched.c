@@ -239,6 +239,7 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
                      (req->packed ? DUET_XFER_SEND_PACKED : 0),
             .src_stage0 = req->src_stage0,
             .dst_stage0 = req->dst_stage0,
+            .progress_layers = req->progress_layers,
             .deadline_ns = deadline,
             .cb = duet__send_done,
             .arg = req,

@@ -96,6 +96,10 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
                           (int)m->dst_stage_page);
     req->packed = m->packed;
     req->dst_stage0 = m->packed ? m->dst_stage_page : -1;
+    /* (a count past the last layer asks for nothing: the transfer layer
+     * never announces the end) */
+    req->progress_layers =
+        m->packed && m->kv_progress_layers <= INT32_MAX ? (int)m->kv_progress_layers : 0;
     if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
     if ((m->logprobs || m->prompt_logprobs) &&

@@ -130,6 +130,14 @@ typedef struct {
  * `res` is valid during the call only. */
 typedef void (*duet_xfer_done_cb_t)(void *arg, uint64_t transfer_id, const duet_xfer_result_t *res);
 
+/* A packed expectation's progress: layers [0, layers) of this rank's slice
+ * have landed from every sender (each flushed them before saying so), so
+ * the receiver may unpack them while the rest is in flight.  Runs on the
+ * rank's progress thread with the same rules as duet_xfer_done_cb_t; never
+ * after the expectation ended or was cancelled, never with layers = all
+ * (the completion says that). */
+typedef void (*duet_xfer_progress_cb_t)(void *arg, uint64_t transfer_id, int layers);
+
 /* A peer's connection failed (the remote process died or closed it).  Work
  * that depended on it has already been failed; disconnect the peer (from
  * another thread: disconnecting is not callback-safe) and connect again with
@@ -163,6 +171,8 @@ typedef struct {
     uint64_t dropped_invalid;   /* malformed, misaddressed or from an unexpected sender */
     uint64_t acks_dropped;      /* prefill: acknowledgements for requests no longer here */
     uint64_t crc_failures, peer_failures, timeouts;
+    uint64_t progress_sent;     /* prefill: progress messages (packed, progress_layers) */
+    uint64_t progress_received; /* decode: progress messages applied */
     uint64_t active_recv, active_send; /* gauges: entries held now */
 } duet_xfer_stats_t;
 
@@ -308,6 +318,10 @@ typedef struct {
     unsigned flags;     /* DUET_XFER_EXPECT_* (0: the senders put into `pages`) */
     int32_t dst_stage0; /* PACKED: first of the n_pages staging units the senders put into
                            (duet_xfer_pack_units with every local head); inside the arena */
+    /* PACKED, optional: called as the senders' progress messages (see
+     * progress_layers of duet_xfer_send_t) show more layers landed */
+    duet_xfer_progress_cb_t progress;
+    void *progress_arg;
 } duet_xfer_expect_t;
 
 enum {
@@ -361,6 +375,14 @@ typedef struct {
      * duet_xfer_send_layers releases it) and on the receivers (n_pages
      * units); each range inside its side's arena. */
     int32_t src_stage0, dst_stage0;
+    /* PACKED, optional (0: none): once a chunk's puts to a receiver are
+     * posted and it ends at least this many layers after the last one the
+     * receiver was told of (and before the last layer), flush that
+     * receiver's endpoint and send it a progress message naming the layers
+     * landed, so it can unpack them early (duet_xfer_progress_cb_t).  A
+     * receiver built before progress messages drops them (dropped_invalid):
+     * the decode daemon asks for them in its Prefill call. */
+    int progress_layers;
 } duet_xfer_send_t;
 
 /* Start sending a request from rank r.  A rank that sends nothing to

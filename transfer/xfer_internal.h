@@ -46,7 +46,8 @@
     X(notify_sent) X(notify_received) X(ack_sent) X(ack_received)                                  \
     X(recv_done) X(recv_failed) X(send_done) X(send_failed)                                        \
     X(early_buffered) X(dropped_late) X(dropped_unknown) X(dropped_duplicate) X(dropped_invalid)   \
-    X(acks_dropped) X(crc_failures) X(peer_failures) X(timeouts) X(active_recv) X(active_send)
+    X(acks_dropped) X(crc_failures) X(peer_failures) X(timeouts) X(active_recv) X(active_send)  \
+    X(progress_sent) X(progress_received)
 /* clang-format on */
 
 typedef struct {
@@ -277,6 +278,7 @@ void duet__recv_free(duet__expect_t *e);
 void duet__recv_exec_expect(duet_xfer_rank_t *r, duet__cmd_t *c);
 duet_status_t duet__recv_cancel(duet_xfer_rank_t *r, uint64_t id, char *msg, size_t cap);
 void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m);
+void duet__recv_on_progress(duet_xfer_rank_t *r, const duet__msg_t *m);
 void duet__recv_peer_gone(duet_xfer_rank_t *r, duet_xfer_peer_t *p, int disconnect);
 void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p);
 void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why);

@@ -405,6 +405,8 @@ static int duet__process_inbox(duet_xfer_rank_t *r)
         const duet__msg_t *m = &r->inbox[i];
         if (m->kind == DUET__MSG_NOTIFY && r->info.role == DUET_XFER_DECODE) {
             duet__recv_on_notify(r, m);
+        } else if (m->kind == DUET__MSG_PROGRESS && r->info.role == DUET_XFER_DECODE) {
+            duet__recv_on_progress(r, m);
         } else if (m->kind == DUET__MSG_ACK && r->info.role == DUET_XFER_PREFILL) {
             duet__send_on_ack(r, m);
         } else {

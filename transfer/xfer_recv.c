@@ -17,7 +17,13 @@
  * notification can only beat its expectation when the daemon registers late;
  * the ring makes that harmless.  Ids that ended here (completed, failed,
  * cancelled) are remembered in a bounded tombstone table so that their late
- * notifications are dropped and counted at once. */
+ * notifications are dropped and counted at once.
+ *
+ * Progress messages (packed senders asked for them) raise the layers
+ * landed per sender; when the least of them over senders(d) grows, the
+ * expectation's progress callback hears of it.  They are never
+ * acknowledged nor buffered: one that beats its expectation or comes after
+ * it ended is dropped (the final notification says it all). */
 #include "transfer/xfer_internal.h"
 
 #include <inttypes.h>
@@ -42,7 +48,11 @@ struct duet__expect {
     int n_pages;
     int packed; /* DUET_XFER_EXPECT_PACKED: the senders put into staging at stage0 */
     int32_t stage0;
-    int token_from; /* sender whose first token was taken, -1: none yet */
+    int token_from;                   /* sender whose first token was taken, -1: none yet */
+    duet_xfer_progress_cb_t progress; /* packed: told of landed layers */
+    void *progress_arg;
+    int *landed; /* [P] layers each sender's progress messages announced */
+    int told;    /* layers passed to progress */
 };
 
 void duet__recv_free(duet__expect_t *e)
@@ -54,6 +64,7 @@ void duet__recv_free(duet__expect_t *e)
     duet_free(e->run_off);
     duet_free(e->run_cnt);
     duet_free(e->pages);
+    duet_free(e->landed);
     duet_free(e);
 }
 
@@ -304,6 +315,38 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
         duet__recv_send_ack(r, m, DUET_ERR_NOT_FOUND);
 }
 
+void duet__recv_on_progress(duet_xfer_rank_t *r, const duet__msg_t *m)
+{
+    duet__expect_t *e = duet__map_get(&r->expects, m->transfer_id);
+    int s = m->src_rank, least = INT32_MAX;
+    duet_xfer_peer_t *p;
+
+    if (m->dst_rank != r->index || m->to_instance != r->info.instance) {
+        DUET__STAT_ADD(r, dropped_invalid, 1);
+        return;
+    }
+    if (e == NULL)
+        return; /* not expected yet, or over: the notification decides */
+    if (s >= e->P || !(e->senders & ((uint64_t)1 << s)) || (p = e->peers[s]) == NULL ||
+        p->info.instance != m->from_instance || !e->packed ||
+        m->bytes >= (uint64_t)r->info.layout.n_layers) {
+        DUET__STAT_ADD(r, dropped_invalid, 1);
+        return;
+    }
+    if (e->o.terminal || (e->reported & ((uint64_t)1 << s)) || e->progress == NULL)
+        return;
+    if ((int)m->bytes > e->landed[s])
+        e->landed[s] = (int)m->bytes;
+    for (int k = 0; k < e->P; k++)
+        if ((e->senders & ((uint64_t)1 << k)) && e->landed[k] < least)
+            least = e->landed[k];
+    if (least <= e->told)
+        return;
+    e->told = least;
+    DUET__STAT_ADD(r, progress_received, 1);
+    e->progress(e->progress_arg, e->o.transfer_id, least);
+}
+
 /* Apply buffered notifications of e's id, in arrival order. */
 static void duet__recv_apply_early(duet_xfer_rank_t *r, duet__expect_t *e)
 {
@@ -550,8 +593,9 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
     e->run_off = DUET_NEW_ARRAY(int, (size_t)P);
     e->run_cnt = DUET_NEW_ARRAY(int, (size_t)P);
     e->pages = DUET_NEW_ARRAY(int32_t, (size_t)in->n_pages);
+    e->landed = DUET_NEW_ARRAY(int, (size_t)P);
     if (e->peers == NULL || e->runs == NULL || e->run_off == NULL || e->run_cnt == NULL ||
-        e->pages == NULL) {
+        e->pages == NULL || e->landed == NULL) {
         duet__recv_free(e);
         return duet_error(DUET_ERR_NO_MEMORY, "xfer expect");
     }
@@ -570,6 +614,8 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
         e->run_cnt[s] = at - e->run_off[s];
     }
     e->token_from = -1;
+    e->progress = e->packed ? in->progress : NULL;
+    e->progress_arg = in->progress_arg;
     e->o.transfer_id = in->transfer_id;
     e->o.side = DUET__SIDE_RECV;
     e->o.cb = in->cb;

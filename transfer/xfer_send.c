@@ -16,6 +16,12 @@
  *
  *   POSTING -> FLUSHING -> NOTIFYING -> ACK_WAIT -> DONE
  *
+ * A packed send with progress_layers also tells a receiver, while POSTING,
+ * how far it got: once a chunk's puts to it are posted, a flush of its data
+ * endpoint and then a progress message on the control endpoint (outside
+ * the state machine: a failure there only loses the message; the final
+ * flush and notification report the pair's fate).
+ *
  * Any state can jump to DONE with an error (peer failure, deadline).  The
  * state is freed when its outcome was delivered (or it was cancelled) and no
  * transport operation points at it any more. */
@@ -54,6 +60,7 @@ typedef struct {
     int state;
     int next_page;      /* in the current plane: first page index not yet posted */
     int failure_notice; /* the notification reports a failure */
+    int told;           /* packed: the layers a progress message announced so far */
     uint8_t msg[DUET__MSG_BYTES];
 } duet__send_dst_t;
 
@@ -75,7 +82,8 @@ struct duet__send {
     int c_layer, c_kv, c_page, c_dst, c_run; /* the posting cursor */
     int c_end;                               /* packed: the chunk is layers [c_layer, c_end) */
     int stop_posting, failing, ended;
-    int timed_out; /* the deadline passed: failing, waiting for puts in flight */
+    int timed_out;       /* the deadline passed: failing, waiting for puts in flight */
+    int progress_layers; /* packed: announce landed layers at least this far apart (0: never) */
     int64_t first_token;
     long inflight; /* transport operations with a dst of this state as argument */
     int crc_hook;  /* DUET_XFER_SEND_CRC through the rank's hook (xfer_checksum.c) */
@@ -354,6 +362,99 @@ static void duet__send_fail(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t 
     duet__send_advance(r, s);
 }
 
+/* ---- progress (packed) ------------------------------------------------------------ */
+
+typedef struct {
+    duet__send_dst_t *dst;
+    uint8_t msg[DUET__MSG_BYTES];
+} duet__progress_t;
+
+static void duet__progress_sent(void *arg, duet_status_t st, const char *why)
+{
+    duet__progress_t *p = arg;
+    duet__send_t *s = p->dst->s;
+    (void)why;
+    s->inflight--;
+    if (st == DUET_OK)
+        DUET__STAT_ADD(s->r, progress_sent, 1);
+    duet_free(p);
+    duet__send_check_done(s->r, s);
+    duet__send_maybe_free(s->r, s);
+}
+
+/* The flush of p's puts completed: send the message.  Returns whether it
+ * is in flight (p is then the send's); else p is freed. */
+static int duet__progress_msg(duet_xfer_rank_t *r, duet__progress_t *p)
+{
+    duet__send_dst_t *dst = p->dst;
+    duet__send_t *s = dst->s;
+    const char *why = NULL;
+    duet_xfer_op_t op = DUET_XFER_OP_FAILED;
+    /* a failed flush fails the pair's own flush too, which reports it */
+    if (dst->peer != NULL && !s->failing && dst->state != DUET__DST_DONE)
+        op = r->ops->msg_send(dst->peer->ctl_ep, p->msg, DUET__MSG_BYTES, duet__progress_sent, p,
+                              &why);
+    if (op == DUET_XFER_OP_PENDING) {
+        s->inflight++;
+        return 1;
+    }
+    if (op == DUET_XFER_OP_DONE)
+        DUET__STAT_ADD(r, progress_sent, 1);
+    duet_free(p);
+    return 0;
+}
+
+static void duet__progress_flushed(void *arg, duet_status_t st, const char *why)
+{
+    duet__progress_t *p = arg;
+    duet__send_t *s = p->dst->s;
+    duet_xfer_rank_t *r = s->r;
+    (void)why;
+    s->inflight--;
+    if (st == DUET_OK)
+        duet__progress_msg(r, p);
+    else
+        duet_free(p);
+    duet__send_check_done(r, s);
+    duet__send_maybe_free(r, s);
+}
+
+/* dst's puts of layers [0, layers) are posted: announce them once flushed,
+ * if they are far enough from the last announcement and not the end. */
+static void duet__send_progress(duet_xfer_rank_t *r, duet__send_t *s, duet__send_dst_t *dst,
+                                int layers)
+{
+    const char *why = NULL;
+    duet__progress_t *p;
+    duet__msg_t m;
+    duet_xfer_op_t op;
+
+    if (s->progress_layers <= 0 || layers >= s->n_layers ||
+        layers - dst->told < s->progress_layers || dst->peer == NULL || s->failing)
+        return;
+    if ((p = DUET_NEW(duet__progress_t)) == NULL)
+        return; /* only an optimization lost */
+    dst->told = layers;
+    memset(&m, 0, sizeof(m));
+    m.kind = DUET__MSG_PROGRESS;
+    m.transfer_id = s->o.transfer_id;
+    m.from_instance = r->info.instance;
+    m.to_instance = dst->peer->info.instance;
+    m.src_rank = r->index;
+    m.dst_rank = dst->d;
+    m.packed = 1;
+    m.bytes = (uint64_t)layers;
+    duet__msg_encode(&m, p->msg);
+    p->dst = dst;
+    op = r->ops->flush(dst->peer->data_ep, duet__progress_flushed, p, &why);
+    if (op == DUET_XFER_OP_PENDING)
+        s->inflight++;
+    else if (op == DUET_XFER_OP_DONE)
+        duet__progress_msg(r, p);
+    else
+        duet_free(p);
+}
+
 /* ---- posting ---------------------------------------------------------------------- */
 
 static void duet__send_put_done(void *arg, duet_status_t st, const char *why)
@@ -485,6 +586,8 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
         *bytes = seg.len >= *bytes ? 0 : *bytes - seg.len;
         if (++s->c_run >= dst->n_runs) {
             dst->next_page = s->c_page + seg.n_pages;
+            if (s->flags & DUET_XFER_SEND_PACKED)
+                duet__send_progress(r, s, dst, s->c_end);
             duet__send_cursor_next(s);
         }
     }
@@ -834,6 +937,9 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
     if (in->flags & ~(unsigned)(DUET_XFER_SEND_CRC | DUET_XFER_SEND_PACKED))
         return duet_error(DUET_ERR_INVALID, "xfer send: request %" PRIu64 ": unknown flags 0x%x",
                           in->transfer_id, in->flags);
+    if (in->progress_layers < 0)
+        return duet_error(DUET_ERR_INVALID, "xfer send: request %" PRIu64 ": progress_layers %d",
+                          in->transfer_id, in->progress_layers);
     D = duet_slice_plan_decode_tp(in->plan);
     n_recv = duet_slice_plan_receivers(in->plan, r->index, recv);
     n_runs = duet_slice_plan_src_runs(in->plan, r->index, &runs);
@@ -891,6 +997,7 @@ duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in
     s->src_stage0 = in->src_stage0;
     s->dst_stage0 = in->dst_stage0;
     s->n_layers = r->info.layout.n_layers;
+    s->progress_layers = (in->flags & DUET_XFER_SEND_PACKED) ? in->progress_layers : 0;
     s->first_token = DUET_XFER_NO_TOKEN;
     *s_p = s;
     return DUET_OK;

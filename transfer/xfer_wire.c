@@ -307,7 +307,7 @@ duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)
                           duet__get_u16(b + 4));
     memset(&m, 0, sizeof(m));
     m.kind = duet__get_u16(b + 6);
-    if (m.kind != DUET__MSG_NOTIFY && m.kind != DUET__MSG_ACK)
+    if (m.kind != DUET__MSG_NOTIFY && m.kind != DUET__MSG_ACK && m.kind != DUET__MSG_PROGRESS)
         return duet_error(DUET_ERR_FORMAT, "notification: kind %d unknown", m.kind);
     m.transfer_id = duet__get_u64(b + 8);
     m.from_instance = duet__get_u64(b + 16);
@@ -334,6 +334,11 @@ duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)
     m.crc = duet__get_u32(b + 44);
     m.bytes = duet__get_u64(b + 48);
     m.first_token = (int64_t)duet__get_u64(b + 56);
+    if (m.kind == DUET__MSG_PROGRESS &&
+        (!m.packed || m.status != DUET_OK || m.has_crc || m.bytes == 0 || m.bytes > INT32_MAX))
+        return duet_error(DUET_ERR_FORMAT,
+                          "progress message: flags 0x%x, status %d, %" PRIu64 " layers", flags,
+                          (int)m.status, m.bytes);
     *m_p = m;
     return DUET_OK;
 }

@@ -69,14 +69,20 @@ const char *duet__role_name(duet_xfer_role_t role);
  * became page-major within a plane; a packed slice always carries it, and
  * a receiver refuses a packed slice without it (a sender that staged
  * head-major: its bytes would land in the wrong heads), as well as the bit
- * without bit 1; a receiver built before it drops the message as above. */
+ * without bit 1; a receiver built before it drops the message as above.
+ *
+ * Progress (kind 3, prefill -> decode; a packed send with progress_layers):
+ * the same header, status 0, flags packed | page-major, bytes = the layers
+ * of the slice landed and flushed so far (1 .. layers - 1), crc and first
+ * token 0.  A receiver built before it drops the message (dropped_invalid);
+ * the decode daemon asks for progress only when it knows the kind. */
 #define DUET__MSG_MAGIC        0x4d4e5844u /* "DXNM" */
 #define DUET__MSG_BYTES        64u
 #define DUET__MSG_F_CRC        0x1u
 #define DUET__MSG_F_PACKED     0x2u
 #define DUET__MSG_F_PAGE_MAJOR 0x4u
 
-enum { DUET__MSG_NOTIFY = 1, DUET__MSG_ACK = 2 };
+enum { DUET__MSG_NOTIFY = 1, DUET__MSG_ACK = 2, DUET__MSG_PROGRESS = 3 };
 
 typedef struct {
     int kind;
@@ -87,7 +93,7 @@ typedef struct {
     int has_crc;
     int packed; /* the slice went staging -> staging (a notification) */
     uint32_t crc;
-    uint64_t bytes;
+    uint64_t bytes; /* a progress message: the layers landed */
     int64_t first_token;
 } duet__msg_t;
 

@@ -522,5 +522,6 @@ const duet_backend_ops_t duet_backend_cuda = {
     .kv_export_sync = duet__cuda_kv_export_sync,
     .kv_import = duet__cuda_kv_import,
     .kv_copy = duet__cuda_kv_copy_op,
+    .kv_copy_queue = duet__cuda_kv_copy_queue,
     .kv_crc = duet__cuda_kv_crc_op,
 };

@@ -251,6 +251,8 @@ void duet__cuda_done_stop(duet_backend_rank_t *r);
 duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
                                     const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
                                     void *arg);
+duet_status_t duet__cuda_kv_copy_queue(duet_backend_rank_t *r, int l0, int l1,
+                                       const duet_kv_copy_t *copies, int n);
 void duet__cuda_kv_copy_cleanup(duet_backend_rank_t *r);
 
 /* kv_crc_host.c: ops->kv_crc, and its teardown */

@@ -20,7 +20,9 @@
  * signalled it finished (kv_done.c; an event recorded after it where
  * signals are off).  Unpack
  * (done == NULL): on the compute stream, after the copy stream's work so
- * far, so the next forward is ordered after it; the call waits. */
+ * far, so the next forward is ordered after it; the call waits
+ * (kv_copy_queue: the same launch without the wait, decode unpacking a
+ * transfer's layers as they land). */
 #include "engine/cuda/cuda_internal.h"
 
 #include <limits.h>
@@ -147,6 +149,33 @@ static duet_status_t duet__issue(duet_backend_rank_t *r, cudaStream_t s, int l0,
     return st;
 }
 
+/* The unpack's launch: on the compute stream, after the rank's earlier
+ * packs and exports as well as its compute. */
+static duet_status_t duet__unpack_issue(duet_backend_rank_t *r, int l0, int l1,
+                                        const duet_kv_copy_t *copies, int n)
+{
+    DUET__CUDA_TRY(cudaEventRecord(r->ev_copy, r->copy_stream));
+    DUET__CUDA_TRY(cudaStreamWaitEvent(r->stream, r->ev_copy, 0));
+    return duet__issue(r, r->stream, l0, l1, copies, n, NULL);
+}
+
+duet_status_t duet__cuda_kv_copy_queue(duet_backend_rank_t *r, int l0, int l1,
+                                       const duet_kv_copy_t *copies, int n)
+{
+    duet_status_t st;
+    if (r->kv_base == NULL)
+        return duet_error(DUET_ERR_INTERNAL, "cuda rank %d: kv copy without a pool", r->rank);
+    if (l0 < 0 || l1 > r->kv.n_layers || l0 > l1)
+        return duet_error(DUET_ERR_INVALID, "cuda rank %d: kv copy of layers [%d, %d) of %d",
+                          r->rank, l0, l1, r->kv.n_layers);
+    if (r->capturing)
+        return duet_error(DUET_ERR_INTERNAL, "cuda rank %d: kv copy while recording a graph",
+                          r->rank);
+    if ((st = duet__cuda_copy_stream(r)) != DUET_OK)
+        return st;
+    return duet__unpack_issue(r, l0, l1, copies, n);
+}
+
 duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
                                     const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
                                     void *arg)
@@ -164,10 +193,7 @@ duet_status_t duet__cuda_kv_copy_op(duet_backend_rank_t *r, int l0, int l1,
     if ((st = duet__cuda_copy_stream(r)) != DUET_OK)
         return st;
     if (done == NULL) {
-        /* after the rank's earlier packs and exports as well as its compute */
-        DUET__CUDA_TRY(cudaEventRecord(r->ev_copy, r->copy_stream));
-        DUET__CUDA_TRY(cudaStreamWaitEvent(r->stream, r->ev_copy, 0));
-        if ((st = duet__issue(r, r->stream, l0, l1, copies, n, NULL)) != DUET_OK)
+        if ((st = duet__unpack_issue(r, l0, l1, copies, n)) != DUET_OK)
             return st;
         return duet__cuda_wait(r, "kv copy");
     }
