@@ -90,6 +90,15 @@
  *              first) delivers (duet_xfer_debug_corrupt_put): the run must
  *              fail -- by the byte verification, and with --checksum by the
  *              receiver's CRC first ("checksum mismatch")
+ *     --progress N|off  packed requests: prefill announces every N layers it
+ *              put to a decode rank (progress_layers), and decode unpacks
+ *              the layers every sender of a rank announced as they come,
+ *              the rest once the transfer completed (what the decode daemon
+ *              does, DUET_KV_TRANSFER_PROGRESS; default 8, the daemons'
+ *              auto for 32 layers); off: one unpack at the end.  Either
+ *              way decode learns of the end from the expectation's
+ *              callback (the daemons' way), not duet_xfer_recv_wait, and
+ *              import is from the end to the last unpack landed
  *     --checksum  DUET_XFER_SEND_CRC on every request (transfer.checksum):
  *              the CPU checksums host pools and mirrors, the GPU device
  *              pools; e2e includes it (compare with a run without)
@@ -163,6 +172,7 @@ typedef struct {
     int rounds;
     long corrupt_put; /* >= 0: corrupt that put (checks the checker) */
     bool checksum;    /* --checksum: DUET_XFER_SEND_CRC */
+    int progress;     /* --progress: layers per progress message (0: off) */
     const char *variant;
     int P, D;
     int pdev[G_MAX_TP], ddev[G_MAX_TP];
@@ -763,6 +773,57 @@ static int verify(gside_t *g, int r, int n, char *why, size_t why_len)
     return 0;
 }
 
+/* A packed expectation's callbacks (progress thread): what landed, and
+ * the end. */
+typedef struct {
+    atomic_int landed, done;
+    duet_status_t status;
+    char detail[DUET_XFER_DETAIL_MAX];
+} gexp_t;
+
+static void on_exp_progress(void *arg, uint64_t id, int layers)
+{
+    (void)id;
+    atomic_store(&((gexp_t *)arg)->landed, layers);
+}
+
+static void on_exp_done(void *arg, uint64_t id, const duet_xfer_result_t *res)
+{
+    gexp_t *x = arg;
+    (void)id;
+    x->status = res->status;
+    snprintf(x->detail, sizeof(x->detail), "%s", res->detail);
+    atomic_store(&x->done, 1);
+}
+
+/* Packed: wait for every rank's end, unpacking on the way the layers all
+ * ranks have landed (as decode/prefill_path.c does with its progress
+ * events); *unpacked_p: the layers queued so far. */
+static int packed_wait(gside_t *g, gexp_t *x, int *unpacked_p)
+{
+    int64_t give_up = duet_now_ns() + (int64_t)G_TIMEOUT_MS * 1000000;
+    for (;;) {
+        int least = G_LAYERS, done = 0;
+        for (int d = 0; d < g->tp; d++) {
+            int l = atomic_load(&x[d].landed);
+            least = l < least ? l : least;
+            done += atomic_load(&x[d].done);
+        }
+        if (done == g->tp)
+            break;
+        if (least > *unpacked_p && least < G_LAYERS) {
+            for (int d = 0; d < g->tp; d++)
+                if (run_list(g, d, 2 * *unpacked_p, 2 * (least - *unpacked_p)))
+                    return 1;
+            *unpacked_p = least;
+        }
+        DUET_TESTKIT_CHECK(duet_now_ns() < give_up, "decode: the transfer did not end");
+    }
+    for (int d = 0; d < g->tp; d++)
+        DUET_TESTKIT_CHECK(x[d].status == DUET_OK, "decode rank %d: %s", d, x[d].detail);
+    return 0;
+}
+
 /* One request: clear, expect, wait for the KV, import, verify.  Reports
  * "done <notified ns> <imported ns>" or "bad <what>" to prefill. */
 static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32_t *pages,
@@ -771,6 +832,8 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
     int fd = g->b->fd_d;
     int64_t t_recv, t1;
     char msg[256];
+    gexp_t x[G_MAX_TP];
+    int unpacked = 0;
     for (int d = 0; d < g->tp; d++)
         if (clear_pages(g, d, n))
             return 1;
@@ -783,12 +846,21 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
                                 .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
                                 .flags = g->b->packed ? DUET_XFER_EXPECT_PACKED : 0,
                                 .dst_stage0 = 0};
+        if (g->b->packed) {
+            memset(&x[d], 0, sizeof(x[d]));
+            e.cb = on_exp_done;
+            e.arg = &x[d];
+            e.progress = g->b->progress > 0 ? on_exp_progress : NULL;
+            e.progress_arg = &x[d];
+        }
         if (g->b->packed && upload_list(g, d, plan, pages, n))
             return 1;
         DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(g->sd.x, d), &e));
     }
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(fd, "ok") == 0, "channel");
-    for (int d = 0; d < g->tp; d++) {
+    if (g->b->packed && packed_wait(g, x, &unpacked))
+        return 1;
+    for (int d = 0; d < g->tp && !g->b->packed; d++) {
         duet_xfer_result_t res;
         DUET_TESTKIT_OK(duet_xfer_recv_wait(duet_xfer_rank(g->sd.x, d), id,
                                             duet_deadline_in_ms(G_TIMEOUT_MS), &res));
@@ -801,7 +873,7 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
         if (copy_pages(g, d, 0, G_LAYERS, pages, n, false))
             return 1;
     for (int d = 0; d < g->tp && g->b->packed; d++)
-        if (run_list(g, d, 0, 2 * G_LAYERS))
+        if (run_list(g, d, 2 * unpacked, 2 * (G_LAYERS - unpacked)))
             return 1;
     int64_t t_launched = duet_now_ns();
     for (int d = 0; d < g->tp && (!g->b->device || g->b->packed); d++)
@@ -818,8 +890,10 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
         for (int d = 0; d < g->tp; d++)
             if (gs_sync(&g->rk[d].st))
                 return 1;
-        fprintf(stderr, "# import detail: %d pages, launch %.1f us, wait %.1f us, again %.1f us\n",
-                n, (double)(t_launched - t_recv) / 1e3, (double)(t1 - t_launched) / 1e3,
+        fprintf(stderr,
+                "# import detail: %d pages, %d layers unpacked early, launch %.1f us, wait %.1f "
+                "us, all again %.1f us\n",
+                n, unpacked, (double)(t_launched - t_recv) / 1e3, (double)(t1 - t_launched) / 1e3,
                 (double)(duet_now_ns() - t2) / 1e3);
     }
     for (int d = 0; d < g->tp; d++) {
@@ -908,7 +982,8 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                                        (b->checksum ? DUET_XFER_SEND_CRC : 0u),
                               .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
                               .src_stage0 = 0,
-                              .dst_stage0 = 0};
+                              .dst_stage0 = 0,
+                              .progress_layers = b->packed ? b->progress : 0};
         if (b->packed && upload_list(g, s, plan, pages, n))
             return 1;
         DUET_TESTKIT_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
@@ -1320,6 +1395,7 @@ int main(int argc, char **argv)
     b.tls = NULL; /* G_TLS, or G_TLS_DEVICE with --mirror device */
     b.rounds = 5;
     b.corrupt_put = -1;
+    b.progress = 8;
     b.n_tokens = parse_ints("512,1024,2048,4096,8192", b.tokens, G_MAX_SIZES);
     for (int i = 1; i < argc && !usage; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1345,6 +1421,8 @@ int main(int argc, char **argv)
             b.corrupt_put = atol(v);
         else if (strcmp(argv[i], "--tls") == 0)
             b.tls = v;
+        else if (strcmp(argv[i], "--progress") == 0)
+            b.progress = strcmp(v, "off") == 0 ? 0 : atoi(v);
         else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "ucx-alloc") == 0)
             b.registered = b.device = false;
         else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "registered") == 0) {
@@ -1381,12 +1459,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "--mirror device needs CUDA device memory: not with --no-cuda\n");
         usage = 1;
     }
-    if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS) {
+    if (usage || b.n_tokens <= 0 || b.rounds < 1 || b.rounds > G_MAX_ROUNDS || b.progress < 0 ||
+        b.progress > G_LAYERS) {
         fprintf(stderr,
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
                 "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed|auto] "
                 "[--layer-done hostfn|event|signal] [--no-cuda] "
-                "[--corrupt-put N] [--checksum]\n",
+                "[--corrupt-put N] [--checksum] [--progress N|off]\n",
                 argv[0]);
         return 2;
     }
@@ -1428,6 +1507,14 @@ int main(int argc, char **argv)
     printf("# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
            "same size; every destination byte verified after every transfer; launch: when the "
            "last prefill rank had queued its layers (--layer-done event)\n");
+    if (b.packed || b.auto_pack) {
+        if (b.progress > 0)
+            printf("# packed: progress every %d layers, decode unpacks what landed as it comes; "
+                   "import: the end -> the last unpack landed\n",
+                   b.progress);
+        else
+            printf("# packed: progress off, decode unpacks every layer after the end\n");
+    }
     printf("%-7s %2s %2s %6s %7s %9s %9s %8s %9s %9s %9s %9s %8s %7s %9s\n", "# var", "P", "D",
            "tokens", "MiB", "e2e_GB/s", "export_ms", "puts_ms", "import_ms", "put_GB/s", "model",
            "ref", "e2e/ref", "puts", "launch_ms");

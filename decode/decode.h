@@ -203,6 +203,7 @@ typedef struct {
     int info_queued, info_running;
     uint64_t requests_total, requests_failed;
     uint64_t prefills_local, prefills_remote; /* the prefill decisions taken */
+    uint64_t unpacked_early;                  /* layers unpacked before their transfer ended */
 
     /* scheduler-owned */
     duet_prefill_local_t local_mode; /* the instance's prefill_local */

@@ -227,8 +227,8 @@ bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const
         duet_dc_fail(dc, req, DUET_ERR_INTERNAL, duet_error_msg());
         return true;
     }
-    bool last = why != NULL || req->n_out >= req->max_tokens ||
-                req->n_prompt + req->n_out >= dc->max_ctx;
+    bool last =
+        why != NULL || req->n_out >= req->max_tokens || req->n_prompt + req->n_out >= dc->max_ctx;
     if (last && duet_detok_flush(req->detok, piece, cap, &n) == DUET_OK && n > 0 &&
         duet__held_append(req, piece, n) != DUET_OK) {
         duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, duet_error_msg());

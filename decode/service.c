@@ -328,7 +328,9 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.requests_failed = dc->requests_failed;
     r.prefills_local = dc->prefills_local;
     r.prefills_remote = dc->prefills_remote;
+    r.kv_unpacked_early_layers = dc->unpacked_early;
     pthread_mutex_unlock(&dc->evlock);
+    r.transfer_progress_layers = (uint32_t)dc->node.ke.progress_layers;
     r.prefill_local = dc->node.args.self->prefill_local;
     duet_pb_reply(call, &r.base);
 }

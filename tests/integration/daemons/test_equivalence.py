@@ -32,6 +32,7 @@ def prompts(vocab):
 def check_model(name, model, vocab, failures):
     ps = prompts(vocab)
     refs = {k: reference_ids(BUILD, model, p, GEN, ignore_eos=True) for k, p in ps.items()}
+    early = 0  # packed, P != D: layers decode unpacked before their transfer ended
     for P, D in PAIRS:
         c = Cluster(BUILD, SRC, model, prefill=[("p0", P)], decode=[("d0", D)], page_size=PAGE,
                     n_pages=128)
@@ -51,8 +52,20 @@ def check_model(name, model, vocab, failures):
             if bad:
                 failures.append((name, P, D, "pages: " + "; ".join(bad)))
                 print("  pages not back:", bad)
+            if want_packed and P != D:
+                info = c.info("d0")
+                if info.transfer_progress_layers < 1:
+                    failures.append((name, P, D, "decode asks for no progress messages"))
+                early += info.kv_unpacked_early_layers
         finally:
             c.close()
+    if os.environ.get("DUET_KV_TRANSFER_PACK") == "on":
+        # prefill computes layer by layer and announces every
+        # transfer_progress_layers of them: over all these requests, some
+        # layers must have been unpacked while the rest was in flight
+        print("%-12s layers unpacked early: %d" % (name, early))
+        if early == 0:
+            failures.append((name, "packed", "no layer was unpacked before its transfer ended"))
 
 
 def concurrent(model, vocab, failures):

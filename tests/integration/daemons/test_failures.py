@@ -306,9 +306,25 @@ def prefill_engine_fails():
         c.close()
 
 
+def bad_progress_env():
+    """A bad DUET_KV_TRANSFER_PROGRESS stops the daemon at start-up, naming it."""
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 1)])
+    try:
+        for bad in ("7x", "0", "99"):
+            d = c.start("d0", env={"DUET_KV_TRANSFER_PROGRESS": bad}, wait=False)
+            rc = d.proc.wait(timeout=60)
+            log = c.log("d0")
+            print("  DUET_KV_TRANSFER_PROGRESS=%s -> exit %d" % (bad, rc))
+            expect(rc != 0, "the daemon started with DUET_KV_TRANSFER_PROGRESS=%s" % bad)
+            expect("DUET_KV_TRANSFER_PROGRESS=%s: expected auto, off or a layer count 1..5" % bad
+                   in log, "the start-up error does not name the setting: %s" % log[-400:])
+    finally:
+        c.close()
+
+
 CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed,
          prefill_restart, decode_restart, model_mismatch, sigterm_drain, decode_engine_fails,
-         prefill_engine_fails]
+         prefill_engine_fails, bad_progress_env]
 
 
 def main():
