@@ -175,6 +175,8 @@ static void duet__recv_rank_list(uint64_t mask, char *buf, size_t cap)
 
 /* ---- notifications ----------------------------------------------------------------------- */
 
+static void duet__recv_progress(duet_xfer_rank_t *r, duet__expect_t *e);
+
 static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet__msg_t *m)
 {
     const duet_kv_layout_t *l = &r->info.layout;
@@ -277,6 +279,8 @@ static void duet__recv_apply(duet_xfer_rank_t *r, duet__expect_t *e, const duet_
     duet__recv_send_ack(r, m, DUET_OK);
     if (e->reported == e->senders)
         duet__recv_end(r, e);
+    else
+        duet__recv_progress(r, e); /* all of this sender's layers landed */
 }
 
 void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
@@ -315,10 +319,29 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
         duet__recv_send_ack(r, m, DUET_ERR_NOT_FOUND);
 }
 
+/* Tell e's progress callback when the layers landed from every sender (a
+ * sender that reported: all of them) grew. */
+static void duet__recv_progress(duet_xfer_rank_t *r, duet__expect_t *e)
+{
+    int least = r->info.layout.n_layers;
+    if (e->progress == NULL || e->o.terminal)
+        return;
+    for (int k = 0; k < e->P; k++) {
+        uint64_t bit = (uint64_t)1 << k;
+        if ((e->senders & bit) && !(e->reported & bit) && e->landed[k] < least)
+            least = e->landed[k];
+    }
+    if (least <= e->told || least >= r->info.layout.n_layers)
+        return;
+    e->told = least;
+    DUET__STAT_ADD(r, progress_received, 1);
+    e->progress(e->progress_arg, e->o.transfer_id, least);
+}
+
 void duet__recv_on_progress(duet_xfer_rank_t *r, const duet__msg_t *m)
 {
     duet__expect_t *e = duet__map_get(&r->expects, m->transfer_id);
-    int s = m->src_rank, least = INT32_MAX;
+    int s = m->src_rank;
     duet_xfer_peer_t *p;
 
     if (m->dst_rank != r->index || m->to_instance != r->info.instance) {
@@ -333,18 +356,9 @@ void duet__recv_on_progress(duet_xfer_rank_t *r, const duet__msg_t *m)
         DUET__STAT_ADD(r, dropped_invalid, 1);
         return;
     }
-    if (e->o.terminal || (e->reported & ((uint64_t)1 << s)) || e->progress == NULL)
-        return;
     if ((int)m->bytes > e->landed[s])
         e->landed[s] = (int)m->bytes;
-    for (int k = 0; k < e->P; k++)
-        if ((e->senders & ((uint64_t)1 << k)) && e->landed[k] < least)
-            least = e->landed[k];
-    if (least <= e->told)
-        return;
-    e->told = least;
-    DUET__STAT_ADD(r, progress_received, 1);
-    e->progress(e->progress_arg, e->o.transfer_id, least);
+    duet__recv_progress(r, e);
 }
 
 /* Apply buffered notifications of e's id, in arrival order. */

@@ -59,6 +59,7 @@ for what in "$@"; do
             auto-old) mirror=auto; unset DUET_XFER_ARM_DEVICE
                 export GXFER_BIN=$ROOT/.devcarry/gxfer/bin/bench_gpu_transfer.old ;;
             auto-event) mirror="auto --layer-done event"; unset DUET_XFER_ARM_DEVICE ;;
+            auto-noprog) mirror="auto --progress off"; unset DUET_XFER_ARM_DEVICE ;;
             *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
             esac
             log=${OUT:-/tmp}/packed-bench-$mode${crc[0]:+-crc}.log

@@ -32,6 +32,11 @@
  *    ordering it after the pack but the done itself -- the launch signal
  *    (the last block's word, kv_done.c) must come after every block's
  *    stores;
+ *  - a queued unpack (kv_copy_queue, decode unpacking the layers that
+ *    landed while the rest is in flight): layers [0, 1) then [1, 3)
+ *    queued without a wait, the caller's list overwritten after each
+ *    call, then kv_copy with nothing to copy must wait for both: the pool
+ *    equals the host reference;
  *  - a bandwidth report (not a timed test): a Llama-3-8B-shaped rank
  *    (32 layers, 8 KV heads x 128, pages of 16), 8192 tokens packed layer
  *    by layer and unpacked in one call, next to cudaMemcpyAsync of the same
@@ -261,6 +266,51 @@ static void test_against_host(void **state)
     report(memcmp(got, host, k.bytes) == 0 && atomic_load(&wrap_runs) == 200,
            "200 queued packs of 100 copies (the ring wraps): pool equal, %d of 200 dones",
            atomic_load(&wrap_runs));
+    duet_free(got);
+    duet_free(host);
+    rank_close(&k);
+    assert_int_equal(failures, 0);
+}
+
+static void test_unpack_queue(void **state)
+{
+    (void)state;
+    DUET_TEST_NEED_GPU();
+    failures = 0;
+    duet_kv_layout_t kv = {.n_layers = 3,
+                           .n_pages = 128,
+                           .page_size = 16,
+                           .n_kv_heads = 2,
+                           .head_dim = 128,
+                           .elem_size = 2};
+    duet_test_rng_t g = {123};
+    rank_t k;
+    rank_open(&k, kv);
+    unsigned char *host = duet_malloc(k.bytes), *got = duet_malloc(k.bytes);
+    duet_kv_copy_t list[40], *arg = duet_malloc(sizeof(list));
+    assert_true(host != NULL && got != NULL && arg != NULL);
+    for (size_t i = 0; i < k.bytes; i++)
+        host[i] = (unsigned char)rnd(&g, 256);
+    assert_int_equal(OPS.upload(k.r, k.pool, host, k.bytes), DUET_OK);
+    assert_non_null(OPS.kv_copy_queue);
+    gen_list(&g, duet_kv_plane_bytes(&kv), 40, ALIGNED, 1, 9000, list);
+    int cuts[3] = {0, 1, 3};
+    for (int c = 0; c < 2; c++) {
+        memcpy(arg, list, sizeof(list));
+        assert_int_equal(OPS.kv_copy_queue(k.r, cuts[c], cuts[c + 1], arg, 40), DUET_OK);
+        memset(arg, 0x5a, sizeof(list)); /* read during the call only */
+        for (int l = cuts[c]; l < cuts[c + 1]; l++)
+            duet_kv_copy_apply_host(&kv, host, l, list, 40);
+    }
+    assert_int_equal(OPS.kv_copy(k.r, 0, 0, NULL, 0, NULL, NULL), DUET_OK);
+    assert_int_equal(OPS.download(k.r, got, k.pool, k.bytes), DUET_OK);
+    size_t bad = 0;
+    while (bad < k.bytes && got[bad] == host[bad])
+        bad++;
+    report(bad == k.bytes,
+           "queued unpack of layers [0,1) then [1,3), then a wait with nothing to copy: %s",
+           bad == k.bytes ? "pool equal to the host reference" : "pool differs");
+    duet_free(arg);
     duet_free(got);
     duet_free(host);
     rank_close(&k);
@@ -810,14 +860,21 @@ static void test_bandwidth_report(void **state)
     (void)state;
     skip();
 }
+
+static void test_unpack_queue(void **state)
+{
+    (void)state;
+    skip();
+}
 #endif
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_host),    cmocka_unit_test(test_pack_waits_for_store),
-        cmocka_unit_test(test_engine_direct),   cmocka_unit_test(test_done_order),
-        cmocka_unit_test(test_done_sees_bytes), cmocka_unit_test(test_bandwidth_report),
+        cmocka_unit_test(test_against_host),     cmocka_unit_test(test_pack_waits_for_store),
+        cmocka_unit_test(test_engine_direct),    cmocka_unit_test(test_done_order),
+        cmocka_unit_test(test_done_sees_bytes),  cmocka_unit_test(test_unpack_queue),
+        cmocka_unit_test(test_bandwidth_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
