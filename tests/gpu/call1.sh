@@ -1,6 +1,11 @@
+# One device call of the progress-messages work (issue 12): GPU unit tests,
+# then the bench with and without progress, alternating.
 set -x
 nvidia-smi --query-gpu=index,name --format=csv
-nvcc -O2 -arch=sm_90 -o /tmp/launch_probe tests/gpu/launch_probe.cu -lpthread && /tmp/launch_probe --bytes 2097152 --rounds 21 | tee $OUT/probe.log
-/tmp/launch_probe --bytes 65536 --rounds 21 | tee -a $OUT/probe.log
-BENCH_TOKENS=1024,4096 BENCH_MODES=auto tests/gpu/run_packed.sh bench 2>&1 | tail -20
-cp /tmp/packed-bench-auto.log $OUT/ 2>/dev/null; ls $OUT
+tests/gpu/run_packed.sh unit 2>&1 | tail -40
+cp /tmp/packed-unit.log $OUT/ 2>/dev/null
+BENCH_MODES="auto auto-noprog" tests/gpu/run_packed.sh bench 2>&1 | tail -40
+BENCH_IMPORT_DETAIL=1 BENCH_TOKENS=1024,8192 BENCH_ROUNDS=3 BENCH_MODES="auto" \
+    OUT=$OUT/detail tests/gpu/run_packed.sh bench > /dev/null 2>&1
+mkdir -p $OUT/detail; grep -h "import detail" $OUT/detail/*.log 2>/dev/null | sort | uniq -c | head -20
+ls $OUT
