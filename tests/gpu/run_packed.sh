@@ -32,8 +32,8 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 U=$ROOT/.devcarry/ucxcuda
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-plans=1x1,1x2,2x1
-[ "$ngpu" -ge 4 ] && plans=$plans,2x4,4x2
+plans=${BENCH_PLANS:-1x1,1x2,2x1}
+[ "$ngpu" -ge 4 ] && [ -z "${BENCH_PLANS:-}" ] && plans=$plans,2x4,4x2
 rc=0
 for what in "$@"; do
     case $what in
@@ -60,6 +60,7 @@ for what in "$@"; do
                 export GXFER_BIN=$ROOT/.devcarry/gxfer/bin/bench_gpu_transfer.old ;;
             auto-event) mirror="auto --layer-done event"; unset DUET_XFER_ARM_DEVICE ;;
             auto-noprog) mirror="auto --progress off"; unset DUET_XFER_ARM_DEVICE ;;
+            auto-prog*) mirror="auto --progress ${mode#auto-prog}"; unset DUET_XFER_ARM_DEVICE ;;
             *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
             esac
             log=${OUT:-/tmp}/packed-bench-$mode${crc[0]:+-crc}.log
