@@ -18,6 +18,7 @@
 #include "duet/v1/common.pb-c.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "transfer/xfer_pack.h"
+#include "transfer/xfer_pack.h"
 
 /* ---- links ---------------------------------------------------------------- */
 
@@ -291,6 +292,12 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     }
     req->next = dc->prefilling;
     dc->prefilling = req;
+    /* packed: announcements of landed layers, where they pay (kv_engine.h) */
+    int progress = req->stage0 >= 0 ? dc->node.ke.progress_layers : 0;
+    if (progress > 0 && dc->node.ke.progress_auto &&
+        !duet_xfer_pack_progress_pays(duet_engine_kv_layout(dc->node.ke.engine),
+                                      dc->node.ke.kv_heads, duet_dc_xfer_pages(req)))
+        progress = 0;
     for (int d = 0; d < D; d++) {
         /* (an earlier attempt's event is reused: its expectation ended
          * without a callback, by cancellation) */
@@ -312,7 +319,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             .arg = &req->rank_args[d],
             .flags = req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0,
             .dst_stage0 = req->stage0,
-            .progress = dc->node.ke.progress_layers > 0 ? duet__kv_progress_cb : NULL,
+            .progress = progress > 0 ? duet__kv_progress_cb : NULL,
             .progress_arg = &req->rank_args[d],
         };
         if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->node.ke.xfer, d), &e)) != DUET_OK) {
@@ -338,7 +345,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     pr.transfer_id = req->transfer_id;
     pr.packed = req->stage0 >= 0;
     pr.dst_stage_page = req->stage0 >= 0 ? req->stage0 : 0;
-    pr.kv_progress_layers = req->stage0 >= 0 ? (uint32_t)dc->node.ke.progress_layers : 0;
+    pr.kv_progress_layers = (uint32_t)progress;
     pr.logprobs = req->logprobs;
     pr.top_logprobs = (uint32_t)req->top_logprobs;
     pr.prompt_logprobs = req->prompt_logprobs;

@@ -104,8 +104,10 @@ static duet_status_t duet__progress_mode(duet_kv_engine_t *ke, int n_layers)
     char *end = NULL;
     long v;
 
+    ke->progress_auto = false;
     if (env == NULL || *env == '\0' || strcmp(env, "auto") == 0) {
         ke->progress_layers = (n_layers + 3) / 4;
+        ke->progress_auto = true;
         return DUET_OK;
     }
     if (strcmp(env, "off") == 0) {
@@ -286,10 +288,11 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     if (!ke->pack)
         ke->progress_layers = 0;
     DUET_LOG_INFO("kv: %d ranks, pools %s, %d pages of %d tokens, transfer path %s, packed %s "
-                  "(%d staging units, progress every %d layers), ucx %s",
+                  "(%d staging units, progress every %d layers%s), ucx %s",
                   ke->tp, duet_xfer_pool_kind(duet_xfer_rank(ke->xfer, 0)), self->n_pages,
                   opts->cluster->page_size, ke->path, ke->pack ? "on" : "off", ke->stage_units,
-                  ke->progress_layers, ke->ucx_version);
+                  ke->progress_layers, ke->progress_auto ? " from 512 MiB of KV" : "",
+                  ke->ucx_version);
     return DUET_OK;
 }
 

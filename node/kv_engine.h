@@ -16,10 +16,13 @@
  *
  * Unpacking as layers land (DUET_KV_TRANSFER_PROGRESS=auto|off|N): a decode
  * taking packed transfers asks prefill to flush and announce every N
- * layers it put (auto: a quarter of the layers, rounded up), and unpacks
- * the layers announced by all senders of a rank while the rest is in
- * flight (duet_engine_kv_copy_ranks_layers without a wait); the last chunk
- * is unpacked once the transfer completed.  off: one unpack at the end. */
+ * layers it put, and unpacks the layers announced by all senders of a rank
+ * while the rest is in flight (duet_engine_kv_copy_ranks_layers without a
+ * wait); the last chunk is unpacked once the transfer completed.  auto:
+ * every quarter of the layers (rounded up), for requests whose KV is large
+ * enough to gain (duet_xfer_pack_progress_pays: measured, it costs below
+ * that); N: every N layers, every packed request; off: one unpack at the
+ * end. */
 #ifndef DUET_NODE_KV_ENGINE_H
 #define DUET_NODE_KV_ENGINE_H
 
@@ -45,6 +48,7 @@ typedef struct {
     bool pack;            /* decode asks for packed transfers (transfer/xfer_pack.h) */
     int stage_units;      /* staging arena after each rank's pool (0: none) */
     int progress_layers;  /* packed: layers per progress message decode asks for (0: none) */
+    bool progress_auto;   /* ... only for requests large enough (duet_xfer_pack_progress_pays) */
     char ucx_version[16]; /* the UCX library loaded, "major.minor" (Info) */
     duet_kv_crc_ctx_t crc[DUET_TP_MAX]; /* the checksum hook's argument per rank (device pools) */
 } duet_kv_engine_t;

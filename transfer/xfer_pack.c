@@ -115,3 +115,10 @@ uint32_t duet_xfer_pack_crc(const duet_kv_layout_t *l, const void *base,
         }
     return crc;
 }
+
+bool duet_xfer_pack_progress_pays(const duet_kv_layout_t *l, int kv_heads, int n_pages)
+{
+    uint64_t bytes = (uint64_t)n_pages * (uint64_t)l->page_size * (uint64_t)l->head_dim *
+                     (uint64_t)l->elem_size * 2u * (uint64_t)l->n_layers * (uint64_t)kv_heads;
+    return n_pages > 0 && kv_heads > 0 && bytes >= DUET_XFER_PROGRESS_MIN_BYTES;
+}

@@ -42,6 +42,7 @@
 #ifndef DUET_TRANSFER_XFER_PACK_H
 #define DUET_TRANSFER_XFER_PACK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -99,5 +100,19 @@ int duet_xfer_pack_check_stage(const duet_kv_layout_t *l, uint64_t pool_bytes, i
 uint32_t duet_xfer_pack_crc(const duet_kv_layout_t *l, const void *base,
                             const duet_slice_run_t *runs, int n_runs, int n_pages, int32_t stage0,
                             int dst, int slot0);
+
+/* Progress messages (duet_xfer_send_t.progress_layers) pay off from this
+ * much KV per request.  Measured on 2x H200 with Llama-3-8B KV (README,
+ * "Unpacking as layers land"): a mid-transfer announcement costs ~0.2 ms
+ * at 1024-2048 tokens (128-256 MiB: e2e / cudaMemcpyPeer 0.40-0.50 ->
+ * 0.35-0.39), while from 4096 tokens (512 MiB) the early unpack gains
+ * (8192: 1.13-1.15 -> 1.33-1.47). */
+#define DUET_XFER_PROGRESS_MIN_BYTES (512ull << 20)
+
+/* Whether a packed request of n_pages pages is large enough for progress
+ * messages: its KV over every layer and all kv_heads of the model (l: a
+ * rank's layout; its n_kv_heads is not used) is at least
+ * DUET_XFER_PROGRESS_MIN_BYTES. */
+bool duet_xfer_pack_progress_pays(const duet_kv_layout_t *l, int kv_heads, int n_pages);
 
 #endif
