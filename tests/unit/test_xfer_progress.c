@@ -42,7 +42,7 @@
 #define PG_LAYERS 8    /* overrides the scenes' LAYERS: room for progress */
 #define PG_PS     16   /* tokens a page */
 #define PG_N      7    /* pages a request (100 tokens) */
-#define PG_AREA   48   /* request pages lie in [0, PG_AREA) */
+#define PG_AREA   64   /* request pages lie in [0, PG_AREA) */
 #define PG_SLOT   8    /* staging units a request */
 #define PG_SKEW   2000 /* us between one sender's release and the next's */
 
@@ -51,12 +51,14 @@ static const struct {
     int packed;   /* DUET_XFER_SEND_PACKED / DUET_XFER_EXPECT_PACKED */
     int progress; /* the sends' progress_layers */
     int callback; /* the expectations have a progress callback */
+    int cancel;   /* decode cancels after the first progress call */
 } cases[] = {
-    {1, 1, 1}, /* every layer announced */
-    {1, 3, 1}, /* every third */
-    {1, 0, 1}, /* none asked for */
-    {1, 1, 0}, /* announced to an expectation that does not listen */
-    {0, 1, 1}, /* per-page: progress_layers ignored */
+    {1, 1, 1, 0}, /* every layer announced */
+    {1, 3, 1, 0}, /* every third */
+    {1, 0, 1, 0}, /* none asked for */
+    {1, 1, 0, 0}, /* announced to an expectation that does not listen */
+    {0, 1, 1, 0}, /* per-page: progress_layers ignored */
+    {1, 1, 1, 1}, /* no call after the cancellation */
 };
 #define PG_CASES ((int)(sizeof(cases) / sizeof(cases[0])))
 
@@ -167,8 +169,10 @@ static int pg_refuse(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
 }
 
 /* Request q: begin on every sender, then per layer and sender pack and
- * release it (skewed), then end; every send must succeed. */
-static int pg_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int q)
+ * release it (skewed), then end; every send must succeed (or, when decode
+ * cancels, end cancelled: the last two layers wait for its word, so that
+ * a progress message comes after the cancellation). */
+static int pg_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int fd, int q)
 {
     for (int s = 0; s < sd->tp; s++) {
         int32_t a[PG_N], b[PG_N];
@@ -177,6 +181,9 @@ static int pg_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int q
     }
     for (int l = 0; l < PG_LAYERS; l++)
         for (int s = 0; s < sd->tp; s++) {
+            if (cases[q].cancel && l == PG_LAYERS - 2 && s == 0)
+                DUET_TESTKIT_CHECK(duet_testkit_chan_expect(fd, "cancelled", WAIT_MS) == 0,
+                                   "decode did not cancel request %d", q);
             if (cases[q].packed && pg_copy(sd, plan, s, q, 0, l, l + 1))
                 return 1;
             DUET_TESTKIT_OK(duet_xfer_send_layers(duet_xfer_rank(sd->x, s), pg_id(q), l, l + 1));
@@ -188,8 +195,11 @@ static int pg_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int q
         duet_xfer_result_t res;
         DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(sd->x, s), pg_id(q),
                                             duet_deadline_in_ms(WAIT_MS), &res));
-        DUET_TESTKIT_CHECK(res.status == DUET_OK, "prefill rank %d request %d: %s", s, q,
-                           res.detail);
+        int recv[DUET_TP_MAX]; /* a rank that sends nothing is done at once */
+        int sends = duet_slice_plan_receivers(plan, s, recv) > 0;
+        DUET_TESTKIT_CHECK(
+            cases[q].cancel && sends ? res.status == DUET_ERR_CANCELLED : res.status == DUET_OK,
+            "prefill rank %d request %d: %s (%s)", s, q, duet_status_name(res.status), res.detail);
     }
     return 0;
 }
@@ -245,9 +255,10 @@ static int pg_prefill(void *arg)
         void *msg = NULL;
         uint32_t len;
         long calls = -1;
+        int bad;
         DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "go", WAIT_MS) == 0,
                            "decode not ready for request %d", q);
-        if (pg_send(&sd, plan, q))
+        if (pg_send(&sd, plan, sp->fd_p, q))
             return 1;
         DUET_TESTKIT_CHECK(duet_testkit_chan_recv(sp->fd_p, &msg, &len, WAIT_MS) == 0,
                            "decode did not check request %d", q);
@@ -255,9 +266,11 @@ static int pg_prefill(void *arg)
             calls = -1;
         duet_free(msg);
         DUET_TESTKIT_CHECK(calls >= 0, "request %d: decode failed", q);
-        if (pg_check_sent(&sd, q, before, calls))
+        bad = pg_check_sent(&sd, q, before, calls);
+        DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_p, bad ? "failed" : "checked") == 0,
+                           "channel");
+        if (bad)
             return 1;
-        DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_p, "checked") == 0, "channel");
     }
     return scene_stop(&sd, plan);
 }
@@ -427,6 +440,29 @@ static int pg_check(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int 
     return 0;
 }
 
+/* Cancel request q on every rank once each heard a progress call. */
+static int pg_cancel(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int fd, int q,
+                     pg_rec_t *recs, long *calls_p)
+{
+    int64_t dl = duet_deadline_in_ms(WAIT_MS);
+    *calls_p = 0;
+    for (int d = 0; d < sd->tp; d++) {
+        duet_xfer_result_t res;
+        while (atomic_load(&recs[d].n_calls) == 0 && duet_now_ns() < dl)
+            usleep(200);
+        DUET_TESTKIT_OK(duet_xfer_recv_cancel(duet_xfer_rank(sd->x, d), pg_id(q)));
+        atomic_store(&recs[d].ended, 1);
+        DUET_TESTKIT_CHECK(duet_xfer_recv_wait(duet_xfer_rank(sd->x, d), pg_id(q),
+                                               duet_deadline_in_ms(10), &res) == DUET_ERR_NOT_FOUND,
+                           "decode rank %d request %d: still there after its cancellation", d, q);
+        if (pg_check_values(plan, d, q, &recs[d]))
+            return 1;
+        *calls_p += atomic_load(&recs[d].n_calls);
+    }
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(fd, "cancelled") == 0, "channel");
+    return 0;
+}
+
 /* Rank d's record of request q, its staging junk. */
 static int pg_rec_init(duet_testkit_side_t *sd, int d, int q, pg_rec_t *rc)
 {
@@ -469,12 +505,17 @@ static int pg_receive(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, in
     if (rc == 0 && duet_testkit_chan_say(fd, "go") != 0)
         rc = 1;
     if (rc == 0)
-        rc = pg_check(sd, plan, q, recs, st0, &calls);
+        rc = cases[q].cancel ? pg_cancel(sd, plan, fd, q, recs, &calls)
+                             : pg_check(sd, plan, q, recs, st0, &calls);
     snprintf(word, sizeof(word), rc == 0 ? "calls %ld" : "failed", calls);
     if (duet_testkit_chan_say(fd, word) != 0 ||
         (rc == 0 && duet_testkit_chan_expect(fd, "checked", WAIT_MS) != 0))
         rc = 1;
-    /* prefill checked its statistics meanwhile: no call came since */
+    /* prefill ended its sends and checked its statistics meanwhile (and
+     * after a cancellation its last progress messages had time to come):
+     * no call came since */
+    if (rc == 0 && cases[q].cancel)
+        usleep(50000);
     for (d = 0; d < sd->tp && rc == 0; d++)
         if (atomic_load(&recs[d].late) != 0 || atomic_load(&recs[d].overflow) != 0) {
             duet_testkit_fail("decode rank %d request %d: a progress call after the completion", d,
