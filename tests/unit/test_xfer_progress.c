@@ -7,14 +7,18 @@
  * The prefill child packs and releases one layer at a time per sender, the
  * senders skewed (sender 0's layer l, a short sleep, sender 1's layer l,
  * ...), so that a progress message sent before its data landed, or one
- * receiver told of a sender's layers before another sender's, shows.  The
+ * receiver told of a sender's layers before another sender's, shows; it
+ * releases the next layer once the sender posted the last one's puts, so
+ * every chunk is one layer.  The
  * decode child fills its pool and staging arena with junk, expects packed
  * with a progress callback that records the layers it is told of and, at
  * each call, snapshots the rank's staging.  Once a request completed:
  *  - every rank heard at least one call; the values rise strictly, lie in
  *    [k, layers) (k = progress_layers) and, from a single sender, at
  *    least k apart (the sender announces at least k layers after its last
- *    announcement; the least over several senders may rise by less);
+ *    announcement; the least over several senders may rise by less); with
+ *    chunks of one layer they are multiples of k (from a single sender
+ *    k, 2k, ... exactly) ending at the last multiple below the layers;
  *  - the snapshot at each call equals the final staging over planes
  *    [0, 2 * value) of every block the rank receives: nothing announced
  *    was still in flight;
@@ -25,7 +29,9 @@
  * Also: progress_layers = 0 sends no progress and calls nothing; an
  * expectation without a callback completes as usual against a sender with
  * progress; a per-page send ignores progress_layers (and a per-page
- * expectation its callback); progress_layers < 0 is refused at begin. */
+ * expectation its callback); a cancelled expectation hears nothing after
+ * the cancellation, though messages come; progress_layers < 0 is refused
+ * at begin. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -168,16 +174,35 @@ static int pg_refuse(duet_testkit_side_t *sd, const duet_slice_plan_t *plan)
     return 0;
 }
 
+/* Wait until prefill rank s posted `chunks` chunks (a put per run each),
+ * so that every chunk is one layer and announcements fall on multiples
+ * of progress_layers whatever the machine's load. */
+static int pg_wait_posted(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int s,
+                          uint64_t puts0, int chunks)
+{
+    const duet_slice_run_t *runs;
+    uint64_t want = (uint64_t)duet_slice_plan_src_runs(plan, s, &runs) * (uint64_t)chunks;
+    int64_t dl = duet_deadline_in_ms(WAIT_MS);
+    while (pg_stats(sd, s).puts - puts0 < want && duet_now_ns() < dl)
+        usleep(100);
+    DUET_TESTKIT_CHECK(
+        pg_stats(sd, s).puts - puts0 >= want, "prefill rank %d: %llu puts posted, expected %llu", s,
+        (unsigned long long)(pg_stats(sd, s).puts - puts0), (unsigned long long)want);
+    return 0;
+}
+
 /* Request q: begin on every sender, then per layer and sender pack and
  * release it (skewed), then end; every send must succeed (or, when decode
  * cancels, end cancelled: the last two layers wait for its word, so that
  * a progress message comes after the cancellation). */
 static int pg_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int fd, int q)
 {
+    uint64_t puts0[DUET_TP_MAX];
     for (int s = 0; s < sd->tp; s++) {
         int32_t a[PG_N], b[PG_N];
         duet_xfer_send_t x = pg_send_desc(sd, plan, s, q, a, b);
         DUET_TESTKIT_OK(duet_xfer_send_begin(duet_xfer_rank(sd->x, s), &x));
+        puts0[s] = pg_stats(sd, s).puts;
     }
     for (int l = 0; l < PG_LAYERS; l++)
         for (int s = 0; s < sd->tp; s++) {
@@ -187,6 +212,8 @@ static int pg_send(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, int f
             if (cases[q].packed && pg_copy(sd, plan, s, q, 0, l, l + 1))
                 return 1;
             DUET_TESTKIT_OK(duet_xfer_send_layers(duet_xfer_rank(sd->x, s), pg_id(q), l, l + 1));
+            if (cases[q].packed && pg_wait_posted(sd, plan, s, puts0[s], l + 1))
+                return 1;
             usleep(PG_SKEW);
         }
     for (int s = 0; s < sd->tp; s++)
@@ -336,7 +363,18 @@ static int pg_check_values(const duet_slice_plan_t *plan, int d, int q, const pg
                            "decode rank %d request %d (one sender, progress_layers %d): call %d "
                            "says %d layers, only %d after %d",
                            d, q, k, i, v, v - prev, prev);
+        /* chunks of one layer (pg_wait_posted): every sender announces
+         * k, 2k, ..., so the least over them is one of those */
+        DUET_TESTKIT_CHECK(v % k == 0 && (!single || v == (i + 1) * k),
+                           "decode rank %d request %d (progress_layers %d, %s sender): call %d "
+                           "says %d layers",
+                           d, q, k, single ? "one" : "several", i, v);
     }
+    /* each sender's last announcement came before its notification */
+    DUET_TESTKIT_CHECK(cases[q].cancel || rc->values[n - 1] == (PG_LAYERS - 1) / k * k,
+                       "decode rank %d request %d (progress_layers %d): the last call says %d "
+                       "layers, expected %d",
+                       d, q, k, rc->values[n - 1], (PG_LAYERS - 1) / k * k);
     return 0;
 }
 
