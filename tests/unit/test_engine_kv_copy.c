@@ -18,7 +18,11 @@
  *    then ended "after N of M layers".)
  *  - duet_engine_kv_crc (a transfer's checksum where the pool lives): the
  *    CRC32C of the listed bytes of each rank's pool, ranges outside the
- *    pool refused. */
+ *    pool refused;
+ *  - duet_engine_kv_copy_ranks_layers (decode unpacking the layers a
+ *    progress message announced): each rank's own list applied to exactly
+ *    layers [l0, l1), every other byte of the pools untouched, queued
+ *    (wait = false) as well as waited for; bad ranges refused. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -568,6 +572,117 @@ static void test_export_sync_waits_direct(void **state)
     duet_free(c);
 }
 
+/* ---- duet_engine_kv_copy_ranks_layers: one list per rank over a layer
+ * range (decode unpacking the layers a progress message announced) ---- */
+
+/* Rank r's list: whole pages 3 -> 20 and 7 -> 21 (page 7: rank 1 only),
+ * and half of page 9's head 1 -> page 22; plane offsets (step 0). */
+static int layers_list(const duet_kv_layout_t *l, int r, duet_kv_copy_t *out)
+{
+    uint64_t pb = duet_kv_page_bytes(l), hb = duet_kv_head_bytes(l);
+    int n = 0;
+    out[n++] = (duet_kv_copy_t){3 * pb, 20 * pb, pb, 0, 0};
+    if (r == 1)
+        out[n++] = (duet_kv_copy_t){7 * pb, 21 * pb, pb, 0, 0};
+    out[n++] = (duet_kv_copy_t){9 * pb + hb, 22 * pb + 8, hb / 2, 0, 0};
+    return n;
+}
+
+/* expect[r] gets rank r's list applied to layers [l0, l1), by hand. */
+static void layers_expect(const duet_kv_layout_t *l, unsigned char *expect[TP], int l0, int l1)
+{
+    duet_kv_copy_t list[4];
+    for (int r = 0; r < TP; r++) {
+        int n = layers_list(l, r, list);
+        for (int L = l0; L < l1; L++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int i = 0; i < n; i++) {
+                    size_t plane = duet_kv_offset(l, L, kv, 0, 0);
+                    memcpy(expect[r] + plane + list[i].dst, expect[r] + plane + list[i].src,
+                           (size_t)list[i].len);
+                }
+    }
+}
+
+static void layers_check(ctx_t *c, unsigned char *expect[TP], size_t bytes, const char *what)
+{
+    const duet_kv_layout_t *l = duet_engine_kv_layout(c->e);
+    size_t plane = duet_kv_plane_bytes(l);
+    for (int r = 0; r < TP; r++) {
+        const unsigned char *got = c->pool[r];
+        for (size_t i = 0; i < bytes; i++)
+            if (got[i] != expect[r][i])
+                fail_msg("%s: rank %d byte %zu (layer %zu, %s, page %zu) is %02x, expected %02x",
+                         what, r, i, i / plane / 2, i / plane % 2 ? "V" : "K",
+                         i % plane / duet_kv_page_bytes(l), got[i], expect[r][i]);
+    }
+}
+
+static void test_copy_ranks_layers_cpu(void **state)
+{
+    (void)state;
+    ctx_t *c = DUET_NEW(ctx_t);
+    duet_engine_t *e = open_engine(c, NULL);
+    const duet_kv_layout_t *l = duet_engine_kv_layout(e);
+    size_t bytes = duet_kv_total_bytes(l);
+    duet_kv_copy_t lists[TP][4];
+    const duet_kv_copy_t *ptrs[TP];
+    int n[TP], zero[TP] = {0};
+    unsigned char *expect[TP];
+
+    /* every byte of each rank's pool distinct from its neighbours' */
+    for (int r = 0; r < TP; r++) {
+        unsigned char *b = c->pool[r];
+        for (size_t i = 0; i < bytes; i++)
+            b[i] = (unsigned char)(i * 7u + i / 251u + (size_t)r * 13u);
+        expect[r] = duet_malloc(bytes);
+        assert_non_null(expect[r]);
+        memcpy(expect[r], b, bytes);
+        n[r] = layers_list(l, r, lists[r]);
+        ptrs[r] = lists[r];
+    }
+
+    /* layer 1 only, waiting */
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 1, 2, true), DUET_OK);
+    layers_expect(l, expect, 1, 2);
+    layers_check(c, expect, bytes, "layers [1, 2), wait");
+    /* layers [2, 3), queued: the cpu backend copies before it returns */
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 2, 3, false), DUET_OK);
+    layers_expect(l, expect, 2, 3);
+    layers_check(c, expect, bytes, "layers [2, 3), queued");
+    /* an empty range moves nothing; empty lists with wait = true return */
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 0, 0, true), DUET_OK);
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, zero, 0, LAYERS, true), DUET_OK);
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, zero, 0, LAYERS, false), DUET_OK);
+    layers_check(c, expect, bytes, "empty");
+
+    /* refused before anything moves, naming the layers */
+    duet_error_clear();
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 2, 1, true), DUET_ERR_INVALID);
+    assert_non_null(strstr(duet_error_msg(), "layers [2, 1) of 3"));
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 0, LAYERS + 1, false),
+                     DUET_ERR_INVALID);
+    assert_non_null(strstr(duet_error_msg(), "layers [0, 4) of 3"));
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, -1, 1, true), DUET_ERR_INVALID);
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, NULL, n, 0, 1, true), DUET_ERR_INVALID);
+    /* a bad entry on rank 1 refuses the call on every rank */
+    lists[1][0].len = duet_kv_plane_bytes(l);
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 0, 1, true), DUET_ERR_INVALID);
+    assert_non_null(strstr(duet_error_msg(), "rank 1: "));
+    layers_check(c, expect, bytes, "refused");
+
+    /* the last layer left, queued, then a wait with empty lists */
+    lists[1][0].len = duet_kv_page_bytes(l);
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, n, 0, 1, false), DUET_OK);
+    assert_int_equal(duet_engine_kv_copy_ranks_layers(e, ptrs, zero, 0, LAYERS, true), DUET_OK);
+    layers_expect(l, expect, 0, 1);
+    layers_check(c, expect, bytes, "layers [0, 1), queued");
+    for (int r = 0; r < TP; r++)
+        duet_free(expect[r]);
+    duet_engine_destroy(e);
+    duet_free(c);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -589,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_pack_unpack_cpu),
         cmocka_unit_test(test_kv_crc_cpu),
         cmocka_unit_test(test_export_sync_waits_direct),
+        cmocka_unit_test(test_copy_ranks_layers_cpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 /* transfer/xfer pure parts: descriptor encode/decode/validation (including
- * truncated and corrupted blobs), the notification message, CRC32C, the
- * request-id map and the put coalescing over every slice plan. */
+ * truncated and corrupted blobs), the notification message (and the
+ * progress message of packed sends), CRC32C, the request-id map and the
+ * put coalescing over every slice plan. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -253,6 +254,86 @@ static void test_msg(void **state)
     assert_non_null(strstr(duet_error_msg(), "unknown flags 0x8"));
 }
 
+/* A progress message (kind 3): the layers landed in `bytes`, packed and
+ * page-major, status 0, no checksum; anything else is refused as
+ * malformed, naming what is wrong. */
+static void test_msg_progress(void **state)
+{
+    duet__msg_t m, n;
+    uint8_t buf[DUET__MSG_BYTES];
+    (void)state;
+    memset(&m, 0, sizeof(m));
+    m.kind = DUET__MSG_PROGRESS;
+    m.transfer_id = 77;
+    m.from_instance = 5;
+    m.to_instance = 6;
+    m.src_rank = 1;
+    m.dst_rank = 3;
+    m.packed = 1;
+    m.bytes = 5;
+    duet__msg_encode(&m, buf);
+    assert_int_equal(buf[40], DUET__MSG_F_PACKED | DUET__MSG_F_PAGE_MAJOR);
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
+    assert_memory_equal(&m, &n, sizeof(m));
+    assert_int_equal(n.kind, DUET__MSG_PROGRESS);
+    assert_int_equal(n.bytes, 5);
+    m.bytes = 1; /* the least, and INT32_MAX the most, a receiver can be told */
+    duet__msg_encode(&m, buf);
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
+    m.bytes = INT32_MAX;
+    duet__msg_encode(&m, buf);
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
+
+    /* not packed: a per-page slice has no staging to announce */
+    m.bytes = 5;
+    m.packed = 0;
+    duet__msg_encode(&m, buf);
+    duet_error_clear();
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "progress message: flags 0x0, status 0, 5 layers"));
+    /* a failure status: only the final notification reports one */
+    m.packed = 1;
+    m.status = DUET_ERR_CANCELLED;
+    duet__msg_encode(&m, buf);
+    duet_error_clear();
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "progress message: flags 0x6, status"));
+    /* a checksum: only the final notification carries one */
+    m.status = DUET_OK;
+    m.has_crc = 1;
+    m.crc = 0x1234;
+    duet__msg_encode(&m, buf);
+    duet_error_clear();
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "progress message: flags 0x7, status 0"));
+    /* no layers, or more than a layer count can be */
+    m.has_crc = 0;
+    m.crc = 0;
+    m.bytes = 0;
+    duet__msg_encode(&m, buf);
+    duet_error_clear();
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "progress message: flags 0x6, status 0, 0 layers"));
+    m.bytes = (uint64_t)INT32_MAX + 1;
+    duet__msg_encode(&m, buf);
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    /* the same fields are fine on a notification (a per-page one, a zero
+     * byte count) and on an acknowledgement: the rules are progress's */
+    m.kind = DUET__MSG_NOTIFY;
+    m.packed = 0;
+    m.bytes = 0;
+    duet__msg_encode(&m, buf);
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
+    m.kind = DUET__MSG_ACK;
+    m.status = DUET_ERR_CANCELLED;
+    duet__msg_encode(&m, buf);
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_OK);
+    /* kind 4 is nobody's */
+    buf[6] = 4;
+    assert_int_equal(duet__msg_decode(buf, sizeof(buf), &n), DUET_ERR_FORMAT);
+    assert_non_null(strstr(duet_error_msg(), "kind 4 unknown"));
+}
+
 static void test_crc32c(void **state)
 {
     unsigned char buf[4099];
@@ -422,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_desc_messages),
         cmocka_unit_test(test_desc_mismatch),
         cmocka_unit_test(test_msg),
+        cmocka_unit_test(test_msg_progress),
         cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_map),
         cmocka_unit_test(test_segs_cover),
