@@ -90,12 +90,14 @@
  *              first) delivers (duet_xfer_debug_corrupt_put): the run must
  *              fail -- by the byte verification, and with --checksum by the
  *              receiver's CRC first ("checksum mismatch")
- *     --progress N|off  packed requests: prefill announces every N layers it
- *              put to a decode rank (progress_layers), and decode unpacks
- *              the layers every sender of a rank announced as they come,
- *              the rest once the transfer completed (what the decode daemon
- *              does, DUET_KV_TRANSFER_PROGRESS; default 8, the daemons'
- *              auto for 32 layers); off: one unpack at the end.  Either
+ *     --progress auto|N|off  packed requests: prefill announces every N
+ *              layers it put to a decode rank (progress_layers), and decode
+ *              unpacks the layers every sender of a rank announced as they
+ *              come, the rest once the transfer completed (what the decode
+ *              daemon does, DUET_KV_TRANSFER_PROGRESS); auto (default, the
+ *              daemons'): every 8 layers for requests of at least
+ *              DUET_XFER_PROGRESS_MIN_BYTES, none below; off: one unpack at
+ *              the end.  Either
  *              way decode learns of the end from the expectation's
  *              callback (the daemons' way), not duet_xfer_recv_wait, and
  *              import is from the end to the last unpack landed
@@ -170,9 +172,10 @@ typedef struct {
     int tokens[G_MAX_SIZES];
     int n_tokens;
     int rounds;
-    long corrupt_put; /* >= 0: corrupt that put (checks the checker) */
-    bool checksum;    /* --checksum: DUET_XFER_SEND_CRC */
-    int progress;     /* --progress: layers per progress message (0: off) */
+    long corrupt_put;   /* >= 0: corrupt that put (checks the checker) */
+    bool checksum;      /* --checksum: DUET_XFER_SEND_CRC */
+    int progress;       /* --progress: layers per progress message (0: off) */
+    bool progress_auto; /* ... only where duet_xfer_pack_progress_pays */
     const char *variant;
     int P, D;
     int pdev[G_MAX_TP], ddev[G_MAX_TP];
@@ -773,6 +776,17 @@ static int verify(gside_t *g, int r, int n, char *why, size_t why_len)
     return 0;
 }
 
+/* The progress messages a request of n pages gets (the decode daemon's
+ * rule, decode/prefill_path.c). */
+static int progress_of(const bench_t *b, int n)
+{
+    duet_kv_layout_t l = {
+        .n_layers = G_LAYERS, .page_size = G_PAGE, .head_dim = G_HEAD_DIM, .elem_size = G_ELEM};
+    if (b->progress_auto && !duet_xfer_pack_progress_pays(&l, G_HEADS, n))
+        return 0;
+    return b->progress;
+}
+
 /* A packed expectation's callbacks (progress thread): what landed, and
  * the end. */
 typedef struct {
@@ -850,7 +864,7 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
             memset(&x[d], 0, sizeof(x[d]));
             e.cb = on_exp_done;
             e.arg = &x[d];
-            e.progress = g->b->progress > 0 ? on_exp_progress : NULL;
+            e.progress = progress_of(g->b, n) > 0 ? on_exp_progress : NULL;
             e.progress_arg = &x[d];
         }
         if (g->b->packed && upload_list(g, d, plan, pages, n))
@@ -983,7 +997,7 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
                               .deadline_ns = duet_deadline_in_ms(G_TIMEOUT_MS),
                               .src_stage0 = 0,
                               .dst_stage0 = 0,
-                              .progress_layers = b->packed ? b->progress : 0};
+                              .progress_layers = b->packed ? progress_of(b, n) : 0};
         if (b->packed && upload_list(g, s, plan, pages, n))
             return 1;
         DUET_TESTKIT_OK(duet_xfer_send_begin(duet_xfer_rank(g->sd.x, s), &x));
@@ -1396,6 +1410,7 @@ int main(int argc, char **argv)
     b.rounds = 5;
     b.corrupt_put = -1;
     b.progress = 8;
+    b.progress_auto = true;
     b.n_tokens = parse_ints("512,1024,2048,4096,8192", b.tokens, G_MAX_SIZES);
     for (int i = 1; i < argc && !usage; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1421,9 +1436,10 @@ int main(int argc, char **argv)
             b.corrupt_put = atol(v);
         else if (strcmp(argv[i], "--tls") == 0)
             b.tls = v;
-        else if (strcmp(argv[i], "--progress") == 0)
-            b.progress = strcmp(v, "off") == 0 ? 0 : atoi(v);
-        else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "ucx-alloc") == 0)
+        else if (strcmp(argv[i], "--progress") == 0) {
+            b.progress_auto = strcmp(v, "auto") == 0;
+            b.progress = b.progress_auto ? 8 : strcmp(v, "off") == 0 ? 0 : atoi(v);
+        } else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "ucx-alloc") == 0)
             b.registered = b.device = false;
         else if (strcmp(argv[i], "--mirror") == 0 && strcmp(v, "registered") == 0) {
             b.registered = true;
@@ -1465,7 +1481,7 @@ int main(int argc, char **argv)
                 "usage: %s [--plans 1x1,1x2,2x1] [--tokens 512,...,8192] [--variants spread,same] "
                 "[--rounds 5] [--tls sm,self] [--mirror ucx-alloc|registered|device|packed|auto] "
                 "[--layer-done hostfn|event|signal] [--no-cuda] "
-                "[--corrupt-put N] [--checksum] [--progress N|off]\n",
+                "[--corrupt-put N] [--checksum] [--progress auto|N|off]\n",
                 argv[0]);
         return 2;
     }
@@ -1509,9 +1525,9 @@ int main(int argc, char **argv)
            "last prefill rank had queued its layers (--layer-done event)\n");
     if (b.packed || b.auto_pack) {
         if (b.progress > 0)
-            printf("# packed: progress every %d layers, decode unpacks what landed as it comes; "
+            printf("# packed: progress every %d layers%s, decode unpacks what landed as it comes; "
                    "import: the end -> the last unpack landed\n",
-                   b.progress);
+                   b.progress, b.progress_auto ? " from 512 MiB of KV (auto)" : "");
         else
             printf("# packed: progress off, decode unpacks every layer after the end\n");
     }

@@ -149,6 +149,8 @@ void duet_dc_on_kv_progress(duet_decode_t *dc, duet_dc_ev_t *ev)
                       req->unpacked, least, duet_error_msg());
         return;
     }
+    DUET_LOG_DEBUG("decode: request %s: layers [%d, %d) unpacked early", req->request_id,
+                   req->unpacked, least);
     pthread_mutex_lock(&dc->evlock);
     dc->unpacked_early += (uint64_t)(least - req->unpacked);
     pthread_mutex_unlock(&dc->evlock);

@@ -195,6 +195,9 @@ PY
     done
     grep -h "prefill_local\|prefilled locally" "$W/d.log" | head -2 | sed 's/^/  /'
     echo "  decode prefills: local $(grep -c "prefilled locally" "$W/d.log")"
+    # packed with progress messages (DUET_KV_TRANSFER_PROGRESS): chunks of
+    # layers decode unpacked while the rest of the transfer was in flight
+    echo "  early unpacks: $(grep -c "unpacked early" "$W/d.log")"
     # the prefix cache at work (debug lines of the schedulers)
     echo "  prefix cache: decode took cached pages for" \
         "$(grep "from the prefix cache" "$W/d.log" | grep -vc ": 0 of") requests," \
