@@ -61,6 +61,8 @@ for what in "$@"; do
             auto-event) mirror="auto --layer-done event"; unset DUET_XFER_ARM_DEVICE ;;
             auto-noprog) mirror="auto --progress off"; unset DUET_XFER_ARM_DEVICE ;;
             auto-prog*) mirror="auto --progress ${mode#auto-prog}"; unset DUET_XFER_ARM_DEVICE ;;
+            packed-noprog) mirror="packed --layer-done signal --progress off"; unset DUET_XFER_ARM_DEVICE ;;
+            packed-prog*) mirror="packed --layer-done signal --progress ${mode#packed-prog}"; unset DUET_XFER_ARM_DEVICE ;;
             *) mirror=$mode; unset DUET_XFER_ARM_DEVICE ;;
             esac
             log=${OUT:-/tmp}/packed-bench-$mode${crc[0]:+-crc}.log
