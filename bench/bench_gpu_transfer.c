@@ -175,7 +175,9 @@ typedef struct {
     long corrupt_put;   /* >= 0: corrupt that put (checks the checker) */
     bool checksum;      /* --checksum: DUET_XFER_SEND_CRC */
     int progress;       /* --progress: layers per progress message (0: off) */
-    bool progress_auto; /* ... only where duet_xfer_pack_progress_pays */
+    bool progress_auto; /* ... and where a decode rank shares a sender's GPU, only where
+                           duet_xfer_pack_progress_pays (the daemons' rule) */
+    bool shares_gpu;    /* a decode rank is on the GPU of a prefill rank sending to it */
     const char *variant;
     int P, D;
     int pdev[G_MAX_TP], ddev[G_MAX_TP];
@@ -777,12 +779,12 @@ static int verify(gside_t *g, int r, int n, char *why, size_t why_len)
 }
 
 /* The progress messages a request of n pages gets (the decode daemon's
- * rule, decode/prefill_path.c). */
+ * rule, decode/prefill_path.c and node/kv_engine.h). */
 static int progress_of(const bench_t *b, int n)
 {
     duet_kv_layout_t l = {
         .n_layers = G_LAYERS, .page_size = G_PAGE, .head_dim = G_HEAD_DIM, .elem_size = G_ELEM};
-    if (b->progress_auto && !duet_xfer_pack_progress_pays(&l, G_HEADS, n))
+    if (b->progress_auto && b->shares_gpu && !duet_xfer_pack_progress_pays(&l, G_HEADS, n))
         return 0;
     return b->progress;
 }
@@ -1368,13 +1370,24 @@ static int parse_ints(const char *s, int *out, int max)
 
 /* spread: prefill rank i on GPU i mod n, decode on the last D GPUs;
  * same: everything on GPU 0. */
-static void place(bench_t *b, int n_dev)
+static int place(bench_t *b, int n_dev)
 {
     bool same = strcmp(b->variant, "same") == 0;
+    duet_slice_plan_t *plan;
     for (int i = 0; i < b->P; i++)
         b->pdev[i] = same ? 0 : i % n_dev;
     for (int j = 0; j < b->D; j++)
         b->ddev[j] = same ? 0 : (((n_dev - b->D) % n_dev + n_dev) % n_dev + j) % n_dev;
+    /* as node/link.c decides it from the Bootstrap reply */
+    if (duet_slice_plan_create(b->P, b->D, G_HEADS, &plan) != DUET_OK)
+        return 1;
+    b->shares_gpu = false;
+    for (int j = 0; j < b->D; j++)
+        for (int i = 0; i < b->P; i++)
+            if ((duet_slice_plan_sender_mask(plan, j) >> i & 1u) && b->pdev[i] == b->ddev[j])
+                b->shares_gpu = true;
+    duet_slice_plan_destroy(plan);
+    return 0;
 }
 
 static int run_baseline(bench_t *b)
@@ -1531,7 +1544,10 @@ int main(int argc, char **argv)
         if (b.progress > 0)
             printf("# packed: progress every %d layers%s, decode unpacks what landed as it comes; "
                    "import: the end -> the last unpack landed\n",
-                   b.progress, b.progress_auto ? " from 512 MiB of KV (auto)" : "");
+                   b.progress,
+                   b.progress_auto ? " (auto: from 512 MiB of KV where a decode rank shares a "
+                                     "sender's GPU)"
+                                   : "");
         else
             printf("# packed: progress off, decode unpacks every layer after the end\n");
     }
@@ -1562,7 +1578,13 @@ int main(int argc, char **argv)
             }
             if (b.auto_pack)
                 b.packed = b.P != b.D;
-            place(&b, b.base.n_dev);
+            if (place(&b, b.base.n_dev))
+                return 1;
+            if (b.packed && b.progress > 0)
+                printf("# %s %dx%d: progress every %d layers%s\n", var, b.P, b.D, b.progress,
+                       !b.progress_auto || !b.shares_gpu
+                           ? ""
+                           : " from 512 MiB of KV (a decode rank shares a sender's GPU)");
             if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
                 return 1;
             b.fd_p = fds[0];

@@ -296,7 +296,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     dc->prefilling = req;
     /* packed: announcements of landed layers, where they pay (kv_engine.h) */
     int progress = req->stage0 >= 0 ? dc->node.ke.progress_layers : 0;
-    if (progress > 0 && dc->node.ke.progress_auto &&
+    if (progress > 0 && dc->node.ke.progress_auto && link->base.shares_gpu &&
         !duet_xfer_pack_progress_pays(duet_engine_kv_layout(dc->node.ke.engine),
                                       dc->node.ke.kv_heads, duet_dc_xfer_pages(req)))
         progress = 0;

@@ -70,6 +70,9 @@ typedef struct duet_backend_ops {
      * context current), for threads other than the rank's own that work on
      * its memory -- UCX's progress thread with CUDA transports. */
     duet_status_t (*thread_bind)(duet_backend_rank_t *r);
+    /* Optional: a name of r's device unique on the host and stable across
+     * processes (cuda: "GPU-" and its UUID), into buf[cap]; NULL: none. */
+    duet_status_t (*device_id)(duet_backend_rank_t *r, char *buf, size_t cap);
 
     /* Backend memory. alloc returns NULL on failure (with duet_error set). */
     void *(*alloc)(duet_backend_rank_t *r, size_t bytes);

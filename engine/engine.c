@@ -406,6 +406,14 @@ bool duet_engine_kv_mirrored(const duet_engine_t *e)
     return e->ranks[0].kv_mirror != NULL;
 }
 
+duet_status_t duet_engine_device_id(duet_engine_t *e, int rank, char *buf, size_t cap)
+{
+    if (rank < 0 || rank >= e->tp || buf == NULL || cap == 0)
+        return duet_error(DUET_ERR_INVALID, "device id: rank %d of %d", rank, e->tp);
+    buf[0] = '\0';
+    return e->ops->device_id != NULL ? e->ops->device_id(e->ranks[rank].br, buf, cap) : DUET_OK;
+}
+
 duet_status_t duet_engine_thread_bind(duet_engine_t *e, int rank)
 {
     if (rank < 0 || rank >= e->tp)

@@ -86,6 +86,10 @@ const duet_kv_layout_t *duet_engine_kv_layout(const duet_engine_t *e);
 bool duet_engine_kv_mirrored(const duet_engine_t *e);
 /* Make the calling thread use rank's device (a no-op on the cpu backend). */
 duet_status_t duet_engine_thread_bind(duet_engine_t *e, int rank);
+/* Rank's device, named uniquely on the host and the same in every process
+ * (cuda: "GPU-<uuid>"), into buf[cap]; "" where the backend has no devices
+ * (cpu).  Two daemons' ranks on one GPU have the same name. */
+duet_status_t duet_engine_device_id(duet_engine_t *e, int rank, char *buf, size_t cap);
 /* True when the pool is device memory handed to opts.kv_register: exports
  * only order the hook's done() after the layer's KV store, imports are
  * no-ops (the KV lands in the pool itself). */

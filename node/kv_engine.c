@@ -274,6 +274,13 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     }
     snprintf(ke->ucx_version, sizeof(ke->ucx_version), "%d.%d", duet_xfer_ucx_version() / 100,
              duet_xfer_ucx_version() % 100);
+    for (int r = 0; r < ke->tp; r++) {
+        if ((st = duet_engine_device_id(ke->engine, r, ke->gpu[r], sizeof(ke->gpu[r]))) !=
+            DUET_OK) {
+            duet_kv_engine_destroy(ke);
+            return st;
+        }
+    }
     if ((st = duet__pack_mode(ke)) != DUET_OK) {
         duet_kv_engine_destroy(ke);
         return st;

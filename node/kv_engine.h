@@ -19,10 +19,12 @@
  * layers it put, and unpacks the layers announced by all senders of a rank
  * while the rest is in flight (duet_engine_kv_copy_ranks_layers without a
  * wait); the last chunk is unpacked once the transfer completed.  auto:
- * every quarter of the layers (rounded up), for requests whose KV is large
- * enough to gain (duet_xfer_pack_progress_pays: measured, it costs below
- * that); N: every N layers, every packed request; off: one unpack at the
- * end. */
+ * every quarter of the layers (rounded up); where a decode rank shares its
+ * GPU with one of the prefill ranks that send to it (two processes time-
+ * slicing one GPU: the early unpacks then wait for the sender's context),
+ * only for requests whose KV is large enough to gain
+ * (duet_xfer_pack_progress_pays; measured, README).  N: every N layers,
+ * every packed request; off: one unpack at the end. */
 #ifndef DUET_NODE_KV_ENGINE_H
 #define DUET_NODE_KV_ENGINE_H
 
@@ -48,7 +50,9 @@ typedef struct {
     bool pack;            /* decode asks for packed transfers (transfer/xfer_pack.h) */
     int stage_units;      /* staging arena after each rank's pool (0: none) */
     int progress_layers;  /* packed: layers per progress message decode asks for (0: none) */
-    bool progress_auto;   /* ... only for requests large enough (duet_xfer_pack_progress_pays) */
+    bool progress_auto;   /* ... only for requests large enough (duet_xfer_pack_progress_pays)
+                             where a rank shares its GPU with a peer's (duet_node_link_t) */
+    char gpu[DUET_TP_MAX][48]; /* each rank's device (duet_engine_device_id; "" on cpu) */
     char ucx_version[16]; /* the UCX library loaded, "major.minor" (Info) */
     duet_kv_crc_ctx_t crc[DUET_TP_MAX]; /* the checksum hook's argument per rank (device pools) */
 } duet_kv_engine_t;

@@ -284,6 +284,20 @@ static duet_status_t duet__check_reply(duet_node_t *node, const char *target,
     return DUET_OK;
 }
 
+/* Whether a decode rank is on the GPU of a prefill rank it hears from. */
+static bool duet__shares_gpu(const duet_node_t *node, const duet_node_link_t *link,
+                             const Duet__V1__BootstrapResponse *m)
+{
+    if (m->n_rank_gpus != (size_t)link->remote_tp)
+        return false; /* an older prefill: none sent */
+    for (int d = 0; d < node->ke.tp; d++)
+        for (int s = 0; s < link->remote_tp; s++)
+            if (duet_node_link_peers(link, d)[s] != NULL && node->ke.gpu[d][0] != '\0' &&
+                m->rank_gpus[s] != NULL && strcmp(node->ke.gpu[d], m->rank_gpus[s]) == 0)
+                return true;
+    return false;
+}
+
 duet_status_t duet_node_link_bootstrap(duet_node_t *node, duet_node_link_t *link)
 {
     int D = node->ke.tp;
@@ -331,8 +345,13 @@ duet_status_t duet_node_link_bootstrap(duet_node_t *node, duet_node_link_t *link
              resp->prefill_name ? resp->prefill_name : "");
     if ((st = duet__connect(node, link, resp->rank_descriptors, deadline)) != DUET_OK)
         goto out;
-    DUET_LOG_INFO("decode: bootstrapped with prefill %s (%s, tp %d)", link->key, link->remote_id,
-                  link->remote_tp);
+    link->shares_gpu = duet__shares_gpu(node, link, resp);
+    DUET_LOG_INFO("decode: bootstrapped with prefill %s (%s, tp %d)%s", link->key, link->remote_id,
+                  link->remote_tp,
+                  link->shares_gpu
+                      ? "; a decode rank shares its GPU with a prefill rank sending to "
+                        "it: early unpacks only for large requests"
+                      : "");
 out:
     if (st != DUET_OK) {
         snprintf(link->error, sizeof(link->error), "%s", duet_error_msg());
@@ -383,6 +402,7 @@ static void duet__reply(duet_node_t *node, duet_rpc_call_t *call)
 {
     Duet__V1__BootstrapResponse resp = DUET__V1__BOOTSTRAP_RESPONSE__INIT;
     ProtobufCBinaryData descs[DUET_TP_MAX];
+    char *gpus[DUET_TP_MAX];
 
     for (int r = 0; r < node->ke.tp; r++)
         descs[r] = (ProtobufCBinaryData){node->desc_lens[r], node->descs[r]};
@@ -393,6 +413,10 @@ static void duet__reply(duet_node_t *node, duet_rpc_call_t *call)
     resp.kv_heads = (uint32_t)node->ke.kv_heads;
     resp.n_rank_descriptors = (size_t)node->ke.tp;
     resp.rank_descriptors = descs;
+    for (int r = 0; r < node->ke.tp; r++)
+        gpus[r] = node->ke.gpu[r];
+    resp.n_rank_gpus = (size_t)node->ke.tp;
+    resp.rank_gpus = gpus;
     duet_pb_reply(call, &resp.base);
 }
 

@@ -61,6 +61,9 @@ struct duet_node_link {
     duet_node_link_state_t state;
     int refs;
     char error[512]; /* why connecting failed */
+    /* decode: one of our ranks is on the GPU of a prefill rank that sends
+     * to it (BootstrapResponse.rank_gpus) */
+    bool shares_gpu;
     /* the page-grant key of this bootstrap (node/grant.h): made by decode,
      * received by prefill; written before the link is READY */
     uint8_t grant_key[DUET_NODE_GRANT_KEY_LEN];

@@ -193,6 +193,17 @@ static duet_status_t duet__thread_bind(duet_backend_rank_t *r)
     return DUET_OK;
 }
 
+static duet_status_t duet__device_id(duet_backend_rank_t *r, char *buf, size_t cap)
+{
+    struct cudaDeviceProp p;
+    size_t n;
+    DUET__CUDA_TRY(cudaGetDeviceProperties(&p, r->device));
+    n = (size_t)snprintf(buf, cap, "GPU-");
+    for (size_t i = 0; i < sizeof(p.uuid.bytes) && n + 2 < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%02x", (unsigned char)p.uuid.bytes[i]);
+    return DUET_OK;
+}
+
 static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
                                        duet_backend_rank_t **r_p)
 {
@@ -491,6 +502,7 @@ const duet_backend_ops_t duet_backend_cuda = {
     .kv_dtype = DUET_DTYPE_BF16,
     .rank_create = duet__rank_create,
     .thread_bind = duet__thread_bind,
+    .device_id = duet__device_id,
     .rank_destroy = duet__rank_destroy,
     .alloc = duet__alloc,
     .free = duet__free,

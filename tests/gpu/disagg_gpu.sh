@@ -198,6 +198,7 @@ PY
     # packed with progress messages (DUET_KV_TRANSFER_PROGRESS): chunks of
     # layers decode unpacked while the rest of the transfer was in flight
     echo "  early unpacks: $(grep -c "unpacked early" "$W/d.log")"
+    grep -h "bootstrapped with prefill" "$W/d.log" | head -1 | sed 's/^/  /'
     # the prefix cache at work (debug lines of the schedulers)
     echo "  prefix cache: decode took cached pages for" \
         "$(grep "from the prefix cache" "$W/d.log" | grep -vc ": 0 of") requests," \
