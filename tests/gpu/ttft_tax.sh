@@ -51,7 +51,8 @@ JSON
             t0=$(date +%s%N)
             "$BIN/duet-client" --target "127.0.0.1:$dp" --prompt-ids "$prompt" --max-tokens 1 \
                 --ignore-eos --output ids --timeout-ms 120000 > /dev/null 2> "$W/err" ||
-                { echo "P${P}xD${D} $n: client failed: $(cat "$W/err")"; break; }
+                { echo "P${P}xD${D} $n: client failed: $(cat "$W/err")"
+                  tail -n 4 "$W/p.log" "$W/d.log" | sed 's/^/#   /'; break; }
             t1=$(date +%s%N)
             [ $round -eq 0 ] && continue # warm-up
             line=$(grep "prefill replied" "$W/d.log" | tail -1)
