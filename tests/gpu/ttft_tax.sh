@@ -22,7 +22,10 @@ if [ ! -f "$M/config.json" ]; then
     "$BIN/duet" mkmodel --out "$M" --preset llama-3-8b-shape --dtype bf16 >/dev/null || exit 1
     echo "# mkmodel llama-3-8b-shape bf16: $(( $(date +%s) - t0 )) s"
 fi
-layouts="1:0:2:1,2"
+# P1xD2: on separate GPUs where there are 3 or more, else the decode's
+# rank 0 shares GPU 0 with the prefill
+layouts="1:0:2:0,1"
+[ "$ngpu" -ge 3 ] && layouts="1:0:2:1,2"
 [ "$ngpu" -ge 4 ] && layouts="$layouts 2:0,1:4:0,1,2,3"
 printf "%-6s %7s %10s %12s %12s %8s\n" "# P×D" "tokens" "ttft_ms" "compute_ms" "transfer_ms" "tax"
 for lay in $layouts; do
@@ -41,6 +44,7 @@ JSON
     dpid=$!
     for i in $(seq 1 900); do
         grep -q "serving on port" "$W/p.log" && grep -q "serving on port" "$W/d.log" && break
+        kill -0 $ppid 2>/dev/null && kill -0 $dpid 2>/dev/null || break # one exited
         sleep 0.2
     done
     grep -h "packed\|transfer path" "$W/p.log" "$W/d.log" | grep "kv:" | sed 's/^/# /'
