@@ -49,8 +49,11 @@ JSON
     done
     grep -h "packed\|transfer path" "$W/p.log" "$W/d.log" | grep "kv:" | sed 's/^/# /'
     for n in 1024 4096 8000; do
-        prompt="1 $(seq -s ' ' 1000 $((1000 + n - 2)))"
         for round in 0 1 2; do
+            # a new prompt every round: the prefix caches would otherwise
+            # hold it, and nothing would be prefilled or moved
+            s=$((1000 + round * 9000 + n))
+            prompt="1 $(seq -s ' ' $s $((s + n - 2)))"
             : > "$W/before"
             t0=$(date +%s%N)
             "$BIN/duet-client" --target "127.0.0.1:$dp" --prompt-ids "$prompt" --max-tokens 1 \
