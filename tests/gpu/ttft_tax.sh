@@ -28,15 +28,17 @@ layouts="1:0:2:0,1"
 [ "$ngpu" -ge 3 ] && layouts="1:0:2:1,2"
 [ "$ngpu" -ge 4 ] && layouts="$layouts 2:0,1:4:0,1,2,3"
 printf "%-6s %7s %10s %12s %12s %8s\n" "# P×D" "tokens" "ttft_ms" "compute_ms" "transfer_ms" "tax"
+# stage_pages: the staging arena must hold a whole 8000-token request (500
+# pages; auto is n_pages / 4 = 275), or it moves unpacked, page by page
 for lay in $layouts; do
     IFS=: read -r P pdev D ddev <<< "$lay"
     pp=$((19100 + RANDOM % 500)) dp=$((19700 + RANDOM % 500))
     cat > "$W/c.json" <<JSON
 {"model": "$M", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 60000},
  "prefill": [{"name": "p0", "address": "127.0.0.1:$pp", "tp": $P, "backend": "cuda",
-              "devices": [$pdev], "n_pages": 1100}],
+              "devices": [$pdev], "n_pages": 1100, "stage_pages": 600}],
  "decode": [{"name": "d0", "address": "127.0.0.1:$dp", "tp": $D, "backend": "cuda",
-             "devices": [$ddev], "n_pages": 1100}]}
+             "devices": [$ddev], "n_pages": 1100, "stage_pages": 600}]}
 JSON
     "$BIN/duet-prefill" --config "$W/c.json" --name p0 > "$W/p.log" 2>&1 &
     ppid=$!
