@@ -204,6 +204,7 @@ typedef struct {
     uint64_t requests_total, requests_failed;
     uint64_t prefills_local, prefills_remote; /* the prefill decisions taken */
     uint64_t unpacked_early;                  /* layers unpacked before their transfer ended */
+    uint64_t unstaged;                        /* packed requests moved unpacked (no staging) */
 
     /* scheduler-owned */
     duet_prefill_local_t local_mode; /* the instance's prefill_local */
@@ -254,6 +255,9 @@ void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req);
 /* Give back a packed request's staging units (it then moves unpacked if it
  * has not started; see sched.c). */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req);
+/* A packed request must move unpacked (no room in a staging arena): count
+ * it, warn the first time. */
+void duet_dc_unstaged(duet_decode_t *dc, duet_dc_req_t *req, const char *why);
 /* Packed: unpack layers [l0, l1) of the request's staging into its pages
  * on every rank; wait = false returns once queued (unpack_queued), wait =
  * true once everything queued landed. */

@@ -273,10 +273,12 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
      * packing would only add two copies (measured: README "Packed
      * transfers"); the first attempt decides, a retry keeps it */
     if (req->stage0 >= 0 && !req->retried &&
-        (duet_slice_plan_prefill_tp(link->base.plan) ==
-             duet_slice_plan_decode_tp(link->base.plan) ||
-         !duet__stage_fits(link, duet_dc_xfer_pages(req))))
+        duet_slice_plan_prefill_tp(link->base.plan) == duet_slice_plan_decode_tp(link->base.plan))
         duet_dc_stage_release(dc, req);
+    if (req->stage0 >= 0 && !req->retried && !duet__stage_fits(link, duet_dc_xfer_pages(req))) {
+        duet_dc_unstaged(dc, req, "a prefill rank's staging arena is smaller than the request");
+        duet_dc_stage_release(dc, req);
+    }
     /* a retry: the first attempt's early unpacks read the staging that
      * this one's puts overwrite */
     duet_dc_unpack_wait(dc, req);

@@ -155,6 +155,22 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
 
 /* Give back a packed request's staging units: once unpacked, or when its
  * pages go (nothing can write them any more then either). */
+void duet_dc_unstaged(duet_decode_t *dc, duet_dc_req_t *req, const char *why)
+{
+    pthread_mutex_lock(&dc->evlock);
+    bool first = dc->unstaged++ == 0;
+    pthread_mutex_unlock(&dc->evlock);
+    /* on GPUs the unpacked path costs one transport operation per page and
+     * head run: a hundred times slower (README "Packed transfers") */
+    if (first)
+        DUET_LOG_WARN("decode: %s moves unpacked, page by page: %s (the first such request; "
+                      "raise stage_pages on both sides if it recurs: Info "
+                      "kv_transfers_unstaged counts them)",
+                      req->request_id, why);
+    else
+        DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, why);
+}
+
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
     duet_dc_unpack_wait(dc, req);
@@ -442,7 +458,7 @@ static void duet__admit(duet_decode_t *dc)
          * stuck) */
         if (dc->node.ke.pack && duet_kv_pool_alloc_run(dc->node.stage, duet_dc_xfer_pages(req),
                                                        &req->stage0) != DUET_OK) {
-            DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, duet_error_msg());
+            duet_dc_unstaged(dc, req, duet_error_msg());
             req->stage0 = -1;
         }
         duet_dc_prefill_start(dc, req);

@@ -329,6 +329,7 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
     r.prefills_local = dc->prefills_local;
     r.prefills_remote = dc->prefills_remote;
     r.kv_unpacked_early_layers = dc->unpacked_early;
+    r.kv_transfers_unstaged = dc->unstaged;
     pthread_mutex_unlock(&dc->evlock);
     r.transfer_progress_layers = (uint32_t)dc->node.ke.progress_layers;
     r.prefill_local = dc->node.args.self->prefill_local;

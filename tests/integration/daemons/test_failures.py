@@ -322,9 +322,35 @@ def bad_progress_env():
         c.close()
 
 
+def unstaged():
+    """Packed: a request a staging arena cannot hold moves unpacked, page by
+    page, and is still right; decode counts it and warns once.  A prefill
+    arena of 2 units, then a decode arena of 2 units, for a 5-page prompt."""
+    if os.environ.get("DUET_KV_TRANSFER_PACK") != "on":
+        print("  (packed transfers off: nothing to check)")
+        return
+    prompt = (PROMPT * 7)[:80]
+    ref = reference_ids(BUILD, STORIES, prompt, 6, ignore_eos=True)
+    for side in ("prefill", "decode"):
+        small = {"stage_pages": 2}
+        c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1, small if side == "prefill" else {})],
+                    decode=[("d0", 2, small if side == "decode" else {})])
+        try:
+            c.start_all()
+            ids, _, _ = c.generate("d0", prompt, max_tokens=6, ignore_eos=True)
+            expect(ids == ref, "%s arena too small: %s, want %s" % (side, ids, ref))
+            n = c.info("d0").kv_transfers_unstaged
+            print("  %s arena of 2 units: right tokens, %d moved unpacked" % (side, n))
+            expect(n == 1, "Info kv_transfers_unstaged %d, want 1" % n)
+            expect("moves unpacked, page by page" in c.log("d0"), "no warning in the decode log")
+            baseline(c)
+        finally:
+            c.close()
+
+
 CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed,
          prefill_restart, decode_restart, model_mismatch, sigterm_drain, decode_engine_fails,
-         prefill_engine_fails, bad_progress_env]
+         prefill_engine_fails, bad_progress_env, unstaged]
 
 
 def main():
