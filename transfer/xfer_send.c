@@ -221,6 +221,19 @@ static void duet__send_notify_done(void *arg, duet_status_t st, const char *why)
     duet__send_maybe_free(r, s);
 }
 
+/* A message of kind to dst's decode rank about this send (the rest zero). */
+static void duet__send_msg_init(const duet_xfer_rank_t *r, const duet__send_dst_t *dst, int kind,
+                                duet__msg_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->kind = kind;
+    m->transfer_id = dst->s->o.transfer_id;
+    m->from_instance = r->info.instance;
+    m->to_instance = dst->peer->info.instance;
+    m->src_rank = r->index;
+    m->dst_rank = dst->d;
+}
+
 static void duet__send_notify(duet_xfer_rank_t *r, duet__send_dst_t *dst)
 {
     duet__send_t *s = dst->s;
@@ -233,13 +246,7 @@ static void duet__send_notify(duet_xfer_rank_t *r, duet__send_dst_t *dst)
                             s->o.transfer_id, dst->d);
         return;
     }
-    memset(&m, 0, sizeof(m));
-    m.kind = DUET__MSG_NOTIFY;
-    m.transfer_id = s->o.transfer_id;
-    m.from_instance = r->info.instance;
-    m.to_instance = dst->peer->info.instance;
-    m.src_rank = r->index;
-    m.dst_rank = dst->d;
+    duet__send_msg_init(r, dst, DUET__MSG_NOTIFY, &m);
     m.status = s->failing ? s->o.res.status : DUET_OK;
     m.has_crc = (s->flags & DUET_XFER_SEND_CRC) && !s->failing;
     m.packed = (s->flags & DUET_XFER_SEND_PACKED) != 0;
@@ -435,13 +442,7 @@ static void duet__send_progress(duet_xfer_rank_t *r, duet__send_t *s, duet__send
     if ((p = DUET_NEW(duet__progress_t)) == NULL)
         return; /* only an optimization lost */
     dst->told = layers;
-    memset(&m, 0, sizeof(m));
-    m.kind = DUET__MSG_PROGRESS;
-    m.transfer_id = s->o.transfer_id;
-    m.from_instance = r->info.instance;
-    m.to_instance = dst->peer->info.instance;
-    m.src_rank = r->index;
-    m.dst_rank = dst->d;
+    duet__send_msg_init(r, dst, DUET__MSG_PROGRESS, &m);
     m.packed = 1;
     m.bytes = (uint64_t)layers;
     duet__msg_encode(&m, p->msg);
