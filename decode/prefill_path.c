@@ -18,7 +18,6 @@
 #include "duet/v1/common.pb-c.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "transfer/xfer_pack.h"
-#include "transfer/xfer_pack.h"
 
 /* ---- links ---------------------------------------------------------------- */
 

@@ -153,8 +153,6 @@ static void duet__unlink(duet_decode_t *dc, duet_dc_req_t *req)
     }
 }
 
-/* Give back a packed request's staging units: once unpacked, or when its
- * pages go (nothing can write them any more then either). */
 void duet_dc_unstaged(duet_decode_t *dc, duet_dc_req_t *req, const char *why)
 {
     pthread_mutex_lock(&dc->evlock);
@@ -171,6 +169,9 @@ void duet_dc_unstaged(duet_decode_t *dc, duet_dc_req_t *req, const char *why)
         DUET_LOG_DEBUG("decode: %s moves unpacked: %s", req->request_id, why);
 }
 
+/* Give back a packed request's staging units: once unpacked, or when its
+ * pages go (nothing can write them any more then either), after the
+ * unpacks queued from them landed. */
 void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
     duet_dc_unpack_wait(dc, req);

@@ -389,9 +389,9 @@ static void duet__progress_sent(void *arg, duet_status_t st, const char *why)
     duet__send_maybe_free(s->r, s);
 }
 
-/* The flush of p's puts completed: send the message.  Returns whether it
- * is in flight (p is then the send's); else p is freed. */
-static int duet__progress_msg(duet_xfer_rank_t *r, duet__progress_t *p)
+/* The flush of p's puts completed: send the message (p is the send's while
+ * it is in flight, else freed here). */
+static void duet__progress_msg(duet_xfer_rank_t *r, duet__progress_t *p)
 {
     duet__send_dst_t *dst = p->dst;
     duet__send_t *s = dst->s;
@@ -403,12 +403,11 @@ static int duet__progress_msg(duet_xfer_rank_t *r, duet__progress_t *p)
                               &why);
     if (op == DUET_XFER_OP_PENDING) {
         s->inflight++;
-        return 1;
+        return;
     }
     if (op == DUET_XFER_OP_DONE)
         DUET__STAT_ADD(r, progress_sent, 1);
     duet_free(p);
-    return 0;
 }
 
 static void duet__progress_flushed(void *arg, duet_status_t st, const char *why)
