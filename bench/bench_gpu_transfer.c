@@ -63,6 +63,10 @@
  *              (1x1: 0 -> 1; 1x2: 0 -> 0,1; 2x1: 0,1 -> 1), as
  *              tests/gpu/disagg_gpu.sh places the daemons
  *     same     every rank of both processes on GPU 0
+ *     affine   where P != D, each rank of the side with fewer ranks on the
+ *              GPU of its first peer (4x2 on 4 GPUs: prefill 0,1,2,3 ->
+ *              decode 0,2; 2x4: prefill 0,2 -> decode 0,1,2,3), so part of
+ *              every rank's KV stays on its GPU; P == D: as spread
  *     --mirror registered  the mirror from our allocator, registered with
  *              duet_xfer_pool_register (puts are then emulated over active
  *              messages: the decode side progresses them)
@@ -1368,11 +1372,40 @@ static int parse_ints(const char *s, int *out, int max)
     return *s ? -1 : n;
 }
 
+/* affine: the GPU of rank `me`'s first peer in the plan (`peer_dev`, n_peer
+ * ranks) that no earlier rank of its own side (taken[0..me)) holds, else
+ * of its first peer; by_decode: `me` is a decode rank and its peers are
+ * its senders, else a prefill rank and its peers its receivers. */
+static int affine_gpu(const int *peer_dev, int n_peer, const int *taken, int me,
+                      const duet_slice_plan_t *plan, bool by_decode)
+{
+    int first = -1;
+    for (int k = 0; k < n_peer; k++) {
+        bool peer = by_decode ? duet_slice_plan_sender_mask(plan, me) >> k & 1u
+                              : duet_slice_plan_sender_mask(plan, k) >> me & 1u;
+        bool free = true;
+        if (!peer)
+            continue;
+        if (first < 0)
+            first = peer_dev[k];
+        for (int t = 0; t < me; t++)
+            free = free && taken[t] != peer_dev[k];
+        if (free)
+            return peer_dev[k];
+    }
+    return first;
+}
+
 /* spread: prefill rank i on GPU i mod n, decode on the last D GPUs;
- * same: everything on GPU 0. */
+ * same: everything on GPU 0;
+ * affine: where P != D, the side with more ranks as spread, and each rank of
+ * the other on the GPU of its first peer in the plan (P > D: decode rank j
+ * on its first sender's GPU; P < D: prefill rank i on its first receiver's),
+ * so a share of every rank's KV never crosses a link; where P == D, spread. */
 static int place(bench_t *b, int n_dev)
 {
     bool same = strcmp(b->variant, "same") == 0;
+    bool affine = strcmp(b->variant, "affine") == 0 && b->P != b->D;
     duet_slice_plan_t *plan;
     for (int i = 0; i < b->P; i++)
         b->pdev[i] = same ? 0 : i % n_dev;
@@ -1381,6 +1414,15 @@ static int place(bench_t *b, int n_dev)
     /* as node/link.c decides it from the Bootstrap reply */
     if (duet_slice_plan_create(b->P, b->D, G_HEADS, &plan) != DUET_OK)
         return 1;
+    if (affine && b->P > b->D) {
+        for (int j = 0; j < b->D; j++)
+            b->ddev[j] = affine_gpu(b->pdev, b->P, b->ddev, j, plan, true);
+    } else if (affine) {
+        for (int j = 0; j < b->D; j++)
+            b->ddev[j] = j % n_dev;
+        for (int i = 0; i < b->P; i++)
+            b->pdev[i] = affine_gpu(b->ddev, b->D, b->pdev, i, plan, false);
+    }
     b->shares_gpu = false;
     for (int j = 0; j < b->D; j++)
         for (int i = 0; i < b->P; i++)
@@ -1537,7 +1579,7 @@ int main(int argc, char **argv)
                "# put: one host put of the same bytes mirror -> mirror + flush; model: "
                "1/(1/min(d2h, put) + 1/h2d), the staged path with perfect overlap;\n",
                b.rounds);
-    printf("# ref: cudaMemcpyPeer GPU 0 -> 1 (spread) or device -> device on GPU 0 (same), "
+    printf("# ref: cudaMemcpyPeer GPU 0 -> 1 (spread, affine) or device -> device on GPU 0 (same), "
            "same size; every destination byte verified after every transfer; launch: when the "
            "last prefill rank had queued its layers (--layer-done event)\n");
     if (b.packed || b.auto_pack) {
@@ -1557,12 +1599,13 @@ int main(int argc, char **argv)
     for (char *vsave = NULL, *var = strtok_r(variants_buf, ",", &vsave); var != NULL;
          var = strtok_r(NULL, ",", &vsave)) {
         char plans[128];
-        if (strcmp(var, "spread") != 0 && strcmp(var, "same") != 0) {
+        if (strcmp(var, "spread") != 0 && strcmp(var, "same") != 0 &&
+            strcmp(var, "affine") != 0) {
             fprintf(stderr, "unknown variant '%s'\n", var);
             return 2;
         }
-        if (strcmp(var, "spread") == 0 && b.base.n_dev < 2) {
-            printf("# spread: skipped, %d GPU\n", b.base.n_dev);
+        if (strcmp(var, "same") != 0 && b.base.n_dev < 2) {
+            printf("# %s: skipped, %d GPU\n", var, b.base.n_dev);
             continue;
         }
         b.variant = var;

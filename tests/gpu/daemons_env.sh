@@ -7,7 +7,7 @@
 # Sets ROOT, C, BIN, NGPU and CARD (the GPU model, for the logs).
 ROOT=$PWD
 C=$ROOT/.devcarry/daemons
-BIN=$C/bin
+BIN=${DUET_BIN:-$C/bin} # DUET_BIN: another directory holding the same binaries
 export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export UCX_MODULE_DIR=$C/lib/ucx
 if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then

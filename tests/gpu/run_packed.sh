@@ -19,7 +19,9 @@
 #           auto-old: .devcarry/gxfer/bin/bench_gpu_transfer.old, an older
 #           build put there by hand, with --mirror auto; auto-event: packs
 #           release their layers by events, not launch signals);
-#           cudaMemcpyPeer as the reference
+#           cudaMemcpyPeer as the reference; BENCH_VARIANTS=spread,affine
+#           adds the placement with each decode rank on a sender's GPU
+#           (bench_gpu_transfer --variants)
 #   checksum  --mirror auto with --checksum (the CRC32C of every slice
 #           computed on the GPU on both sides): e2e against `bench` is the
 #           cost of transfer.checksum on the direct path; the corrupted-put
@@ -69,9 +71,9 @@ for what in "$@"; do
             echo "=== bench_gpu_transfer --mirror $mirror ${crc[*]} ($mode; $plans)"
             DUET_UCX_CUDA_LIB=$U BENCH_TIMEOUT=250 timeout 280 tests/gpu/run_gpu_transfer.sh --mirror $mirror \
                 --plans $plans --tokens ${BENCH_TOKENS:-512,1024,4096,8192} --rounds ${BENCH_ROUNDS:-5} \
-                --variants spread "${crc[@]}" > "$log" 2>&1 || rc=1
+                --variants ${BENCH_VARIANTS:-spread} "${crc[@]}" > "$log" 2>&1 || rc=1
             grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "$log" | \
-                grep -E "^spread|^copy|exit|corrupt|FAIL|error" | head -60
+                grep -E "^spread|^affine|^copy|exit|corrupt|FAIL|error" | head -60
             unset GXFER_BIN
         done
         unset DUET_XFER_ARM_DEVICE

@@ -1,77 +1,144 @@
 #!/bin/bash
-# The TTFT tax of disaggregation (issue 12): a Llama-3-8B-shaped bf16 model,
-# prefill and decode daemons on GPUs over the direct packed path (UCX with
-# CUDA transports: DUET_UCX_CUDA_LIB, e.g. .devcarry/ucxcuda).  Per prompt
-# length, the decode's debug line "prefill replied: ... compute C us
-# transfer T us" gives the prefill's compute time C (what a colocated
-# instance spends on the prompt too) and T, the part of the transfer left
-# after the compute (what disaggregation adds to TTFT, with the decode's
-# unpack and first-token step); tax = T / C.  The TTFT the client sees is
-# printed next to it.  Binaries: tests/gpu/build_carry_daemons.sh.
+# The TTFT tax of disaggregation (issue 12): TTFT through a router and
+# prefill + decode daemons minus the TTFT through a router and a colocated
+# decode (prefill_local "always", the prefill's TP on the prefill's GPUs:
+# the same prompt computation), divided by the prefill time, for a
+# Llama-3-8B-shaped bf16 model at 1K, 4K and 8K prompt tokens.  KV moves
+# over the direct packed path (UCX with CUDA transports: DUET_UCX_CUDA_LIB,
+# e.g. .devcarry/ucxcuda).
+#
+# Both clusters run at once (each its own router, config and daemons), so
+# one start-up serves both; `duet bench-serve` measures TTFT in one process
+# (no client start-up in the figure), one request at a time, random prompts
+# of exactly N tokens (a new seed per run: the prefix caches never hit),
+# TTFT p50 of TTFT_REQUESTS (default 8) after 2 warm-up requests per
+# length.  The prefill time is the prefill daemon's own compute time (the
+# decode's debug line "prefill replied: ... compute C us transfer T us"),
+# median over the measured requests; T, the part of the transfer left after
+# the compute, is printed as well (the transfer's share of the tax).
+# Binaries: tests/gpu/build_carry_daemons.sh.
 #
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/ttft_tax.sh
+#
+# TTFT_LAYOUTS picks layouts (p1d2, p2d4; default: p1d2, and p2d4 with 4
+# GPUs), TTFT_TOKENS the prompt lengths (default "1024 4096 8000").  A dry
+# run of the script itself on the CPU backend, without a GPU (DUET_BIN: a
+# directory with duet, duet-prefill, duet-decode and duet-router):
+#   DUET_BIN=/tmp/bin MODEL_DIR=../shared/models/stories260K TTFT_BACKEND=cpu \
+#       TTFT_TOKENS="64 200" TTFT_PAGES=64 TTFT_STAGE_PAGES=32 tests/gpu/ttft_tax.sh
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/daemons_env.sh
 W=$(mktemp -d)
-M=${MODEL_DIR:-/tmp/duet-8b}
-ngpu=$NGPU
+M=$(realpath -m "${MODEL_DIR:-/tmp/duet-8b}")
+N=${TTFT_REQUESTS:-8}
 echo "# $(date -u +%FT%TZ) $CARD x$NGPU"
 if [ ! -f "$M/config.json" ]; then
     t0=$(date +%s)
     "$BIN/duet" mkmodel --out "$M" --preset llama-3-8b-shape --dtype bf16 >/dev/null || exit 1
     echo "# mkmodel llama-3-8b-shape bf16: $(( $(date +%s) - t0 )) s"
 fi
-# P1xD2: on separate GPUs where there are 3 or more, else the decode's
-# rank 0 shares GPU 0 with the prefill
-layouts="1:0:2:0,1"
-[ "$ngpu" -ge 3 ] && layouts="1:0:2:1,2"
-[ "$ngpu" -ge 4 ] && layouts="$layouts 2:0,1:4:0,1,2,3"
-printf "%-6s %7s %10s %12s %12s %8s\n" "# P×D" "tokens" "ttft_ms" "compute_ms" "transfer_ms" "tax"
-# stage_pages: the staging arena must hold a whole 8000-token request (500
-# pages; auto is n_pages / 4 = 275), or it moves unpacked, page by page
-for lay in $layouts; do
-    IFS=: read -r P pdev D ddev <<< "$lay"
-    pp=$((19100 + RANDOM % 500)) dp=$((19700 + RANDOM % 500))
-    cat > "$W/c.json" <<JSON
-{"model": "$M", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 60000},
- "prefill": [{"name": "p0", "address": "127.0.0.1:$pp", "tp": $P, "backend": "cuda",
-              "devices": [$pdev], "n_pages": 1100, "stage_pages": 600}],
- "decode": [{"name": "d0", "address": "127.0.0.1:$dp", "tp": $D, "backend": "cuda",
-             "devices": [$ddev], "n_pages": 1100, "stage_pages": 600}]}
+# name: prefill TP : prefill devices : decode TP : decode devices.  P1xD2 on
+# two GPUs: the decode's rank 0 shares GPU 0 with the prefill (on 3 or more
+# GPUs, separate GPUs).  The colocated decode: the prefill's TP and GPUs.
+declare -A L
+L[p1d2]="1:0:2:0,1"
+[ "$NGPU" -ge 3 ] && L[p1d2]="1:0:2:1,2"
+L[p2d4]="2:0,1:4:0,1,2,3"
+order=${TTFT_LAYOUTS:-p1d2}
+[ "$NGPU" -ge 4 ] && order=${TTFT_LAYOUTS:-p1d2 p2d4}
+
+instance() { # name port tp devices [prefill_local] (the port from the caller:
+    # $RANDOM in a $(...) subshell repeats the parent's next value)
+    local dev=", \"devices\": [$4]"
+    [ "${TTFT_BACKEND:-cuda}" = cuda ] || dev=""
+    echo "{\"name\": \"$1\", \"address\": \"127.0.0.1:$2\", \"tp\": $3,
+      \"backend\": \"${TTFT_BACKEND:-cuda}\"$dev, \"n_pages\": ${TTFT_PAGES:-1100},
+      \"stage_pages\": ${TTFT_STAGE_PAGES:-600}${5:+, \"prefill_local\": \"$5\"}}"
+}
+router() { # http-port grpc-port
+    echo "\"router\": {\"http\": \"127.0.0.1:$1\", \"grpc\": \"127.0.0.1:$2\",
+      \"request_timeout_ms\": 120000, \"max_tokens_limit\": 64}"
+}
+ready() { # base-url instances (python, not curl: the GPU hosts have no curl)
+    python3 - "$1" "$2" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+base, want = sys.argv[1], int(sys.argv[2])
+urllib.request.urlopen(base + "/health", timeout=2).read()
+w = json.load(urllib.request.urlopen(base + "/workers", timeout=2))
+ws = w if isinstance(w, list) else w.get("workers", [])
+sys.exit(0 if sum(1 for x in ws if x.get("healthy")) >= want else 1)
+PY
+}
+ttft() { # base-url tokens requests seed -> TTFT p50 in ms, or nothing
+    "$BIN/duet" bench-serve --base-url "$1" --ignore-eos --dataset random \
+        --random-input-len "$2" --random-output-len 2 --range-ratio 0 --max-context 8192 \
+        --concurrency 1 --num-requests "$3" --seed "$4" --no-progress \
+        --result-json "$W/r.json" > "$W/bench.log" 2>&1 || { tail -n 5 "$W/bench.log" >&2; return; }
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["runs"][0]; print("%.1f" % r["median_ttft_ms"] if r["completed"] == r["num_requests"] else "")' "$W/r.json"
+}
+replied() { # the decode log's "prefill replied" lines after line $2: median compute, transfer (ms)
+    tail -n +"$(($2 + 1))" "$1" | grep "prefill replied" |
+        sed -n 's/.*compute \([0-9]*\) us transfer \([0-9]*\) us.*/\1 \2/p' |
+        python3 -c 'import sys, statistics as s
+v = [tuple(map(int, l.split())) for l in sys.stdin if l.strip()]
+print("%.1f %.2f" % (s.median(c for c, _ in v) / 1e3, s.median(t for _, t in v) / 1e3) if v else "0 0")'
+}
+
+printf "%-6s %6s %12s %12s %11s %11s %7s %9s\n" "# P×D" "tokens" "ttft_disagg" "ttft_coloc" \
+    "prefill_ms" "transfer_ms" "tax" "xfer_tax"
+for name in $order; do
+    IFS=: read -r P pdev D ddev <<< "${L[$name]}"
+    dh=$((18100 + RANDOM % 300)) dg=$((18400 + RANDOM % 300))
+    ch=$((18700 + RANDOM % 300)) cg=$((19000 + RANDOM % 90))
+    pp=$((19100 + RANDOM % 300)) dp=$((19400 + RANDOM % 300)) cp=$((19700 + RANDOM % 300))
+    cat > "$W/d.json" <<JSON
+{"model": "$M", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 60000}, $(router $dh $dg),
+ "prefill": [$(instance p0 $pp "$P" "$pdev")], "decode": [$(instance d0 $dp "$D" "$ddev")]}
 JSON
-    "$BIN/duet-prefill" --config "$W/c.json" --name p0 > "$W/p.log" 2>&1 &
-    ppid=$!
-    DUET_LOG_LEVEL=debug "$BIN/duet-decode" --config "$W/c.json" --name d0 > "$W/d.log" 2>&1 &
-    dpid=$!
-    for i in $(seq 1 900); do
-        grep -q "serving on port" "$W/p.log" && grep -q "serving on port" "$W/d.log" && break
-        kill -0 $ppid 2>/dev/null && kill -0 $dpid 2>/dev/null || break # one exited
-        sleep 0.2
+    cat > "$W/c.json" <<JSON
+{"model": "$M", "kv": {"page_size": 16}, $(router $ch $cg),
+ "prefill": [], "decode": [$(instance c0 $cp "$P" "$pdev" always)]}
+JSON
+    t0=$(date +%s)
+    "$BIN/duet-prefill" --config "$W/d.json" --name p0 > "$W/p0.log" 2>&1 &
+    pids=($!)
+    DUET_LOG_LEVEL=debug "$BIN/duet-decode" --config "$W/d.json" --name d0 > "$W/d0.log" 2>&1 &
+    pids+=($!)
+    "$BIN/duet-decode" --config "$W/c.json" --name c0 > "$W/c0.log" 2>&1 &
+    pids+=($!)
+    "$BIN/duet-router" --config "$W/d.json" > "$W/rd.log" 2>&1 &
+    pids+=($!)
+    "$BIN/duet-router" --config "$W/c.json" > "$W/rc.log" 2>&1 &
+    pids+=($!)
+    ok=0
+    for i in $(seq 1 1200); do
+        ready "http://127.0.0.1:$dh" 2 && ready "http://127.0.0.1:$ch" 1 && { ok=1; break; }
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || break 2; done # one exited
+        sleep 0.5
     done
-    grep -h "packed\|transfer path" "$W/p.log" "$W/d.log" | grep "kv:" | sed 's/^/# /'
-    for n in 1024 4096 8000; do
-        for round in 0 1 2; do
-            # a new prompt every round: the prefix caches would otherwise
-            # hold it, and nothing would be prefilled or moved
-            s=$((1000 + round * 9000 + n))
-            prompt="1 $(seq -s ' ' $s $((s + n - 2)))"
-            : > "$W/before"
-            t0=$(date +%s%N)
-            "$BIN/duet-client" --target "127.0.0.1:$dp" --prompt-ids "$prompt" --max-tokens 1 \
-                --ignore-eos --output ids --timeout-ms 120000 > /dev/null 2> "$W/err" ||
-                { echo "P${P}xD${D} $n: client failed: $(cat "$W/err")"
-                  tail -n 4 "$W/p.log" "$W/d.log" | sed 's/^/#   /'; break; }
-            t1=$(date +%s%N)
-            [ $round -eq 0 ] && continue # warm-up
-            line=$(grep "prefill replied" "$W/d.log" | tail -1)
-            cu=$(echo "$line" | sed -n 's/.*compute \([0-9]*\) us.*/\1/p')
-            tu=$(echo "$line" | sed -n 's/.*transfer \([0-9]*\) us.*/\1/p')
-            awk -v p="${P}x${D}" -v n=$n -v t=$(( (t1 - t0) / 1000 )) -v c="$cu" -v x="$tu" \
-                'BEGIN { printf "%-6s %7d %10.1f %12.1f %12.1f %8.3f\n", p, n, t/1e3, c/1e3, x/1e3, (c > 0 ? x/c : 0) }'
+    if [ $ok = 0 ]; then
+        echo "P${P}xD${D}: not ready after $(( $(date +%s) - t0 )) s"
+        tail -n 4 "$W"/*.log | sed 's/^/#   /'
+    else
+        echo "# P${P}xD${D}: ready after $(( $(date +%s) - t0 )) s"
+        grep -h "packed\|transfer path" "$W/p0.log" "$W/d0.log" | grep "kv:" | sed 's/^/# /'
+        seed=1
+        for n in ${TTFT_TOKENS:-1024 4096 8000}; do
+            # warm-up, then the measured requests; alternating which cluster
+            # goes first would not matter: they do not share a request
+            ttft "http://127.0.0.1:$dh" "$n" 2 $((seed++)) > /dev/null
+            ttft "http://127.0.0.1:$ch" "$n" 2 $((seed++)) > /dev/null
+            mark=$(wc -l < "$W/d0.log")
+            td=$(ttft "http://127.0.0.1:$dh" "$n" "$N" $((seed++)))
+            tc=$(ttft "http://127.0.0.1:$ch" "$n" "$N" $((seed++)))
+            read -r cu tu <<< "$(replied "$W/d0.log" "$mark")"
+            awk -v p="${P}x${D}" -v n="$n" -v d="${td:-0}" -v c="${tc:-0}" -v cu="$cu" -v tu="$tu" \
+                'BEGIN { printf "%-6s %6d %12.1f %12.1f %11.1f %11.2f %7.3f %9.4f\n", p, n, d, c, cu, tu,
+                         (cu > 0 && d > 0 && c > 0 ? (d - c) / cu : -1), (cu > 0 ? tu / cu : -1) }'
         done
-    done
-    kill -TERM $ppid $dpid 2>/dev/null
-    wait $ppid $dpid 2>/dev/null
+    fi
+    kill -TERM "${pids[@]}" 2>/dev/null
+    wait "${pids[@]}" 2>/dev/null
 done
 rm -rf "$W"
