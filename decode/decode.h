@@ -81,6 +81,10 @@ struct duet_dc_req {
     duet_rpc_call_t *call;        /* until the terminal call */
     duet_dc_state_t state;
     int64_t t_arrival, t_first, deadline_ns;
+    /* remote prefill's phases (duet_now_ns; 0: not reached), logged at
+     * debug with the first token: the Prefill call sent, every rank's KV
+     * (and the reply, with logprobs) in */
+    int64_t t_called, t_kv;
 
     int32_t *prompt;
     int n_prompt;

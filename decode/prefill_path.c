@@ -389,6 +389,7 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
     }
     req->rpc_started = true;
     req->rpc_done = false;
+    req->t_called = duet_now_ns();
     return;
 
 fail:
@@ -558,6 +559,7 @@ static void duet__kv_complete(duet_decode_t *dc, duet_dc_req_t *req)
     }
     req->next = NULL;
     req->state = DUET_DC_NEW;
+    req->t_kv = duet_now_ns();
     duet_dc_kv_ready(dc, req);
 }
 

@@ -306,7 +306,17 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     }
     /* the prefill daemon (or our local prefill) sampled output 0 */
-    if (duet_dc_emit_lp(dc, req, req->kv_first_token, req->have_first_lp ? &req->first_lp : NULL)) {
+    int64_t t_import = duet_now_ns();
+    bool ended =
+        duet_dc_emit_lp(dc, req, req->kv_first_token, req->have_first_lp ? &req->first_lp : NULL);
+    if (req->t_kv > 0)
+        DUET_LOG_DEBUG("decode: %s: first token %lld us after arrival: Prefill call +%lld us, KV "
+                       "in +%lld us, imported +%lld us",
+                       req->request_id, (long long)(duet_now_ns() - req->t_arrival) / 1000,
+                       (long long)(req->t_called - req->t_arrival) / 1000,
+                       (long long)(req->t_kv - req->t_arrival) / 1000,
+                       (long long)(t_import - req->t_arrival) / 1000);
+    if (ended) {
         duet__finished(dc, req);
         return;
     }

@@ -15,7 +15,11 @@
 # length.  The prefill time is the prefill daemon's own compute time (the
 # decode's debug line "prefill replied: ... compute C us transfer T us"),
 # median over the measured requests; T, the part of the transfer left after
-# the compute, is printed as well (the transfer's share of the tax).
+# the compute, is printed as well (the transfer's share of the tax), and
+# where the rest of the disaggregated TTFT goes on decode (medians, ms):
+# queue (prefill's queue), to_call (arrival -> the Prefill call sent),
+# transit (the call -> every rank's KV in, less prefill's queue, compute
+# and transfer) and to_first (KV in -> the first token out).
 # Binaries: tests/gpu/build_carry_daemons.sh.
 #
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/ttft_tax.sh
@@ -77,16 +81,26 @@ ttft() { # base-url tokens requests seed -> TTFT p50 in ms, or nothing
         --result-json "$W/r.json" > "$W/bench.log" 2>&1 || { tail -n 5 "$W/bench.log" >&2; return; }
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["runs"][0]; print("%.1f" % r["median_ttft_ms"] if r["completed"] == r["num_requests"] else "")' "$W/r.json"
 }
-replied() { # the decode log's "prefill replied" lines after line $2: median compute, transfer (ms)
-    tail -n +"$(($2 + 1))" "$1" | grep "prefill replied" |
-        sed -n 's/.*compute \([0-9]*\) us transfer \([0-9]*\) us.*/\1 \2/p' |
-        python3 -c 'import sys, statistics as s
-v = [tuple(map(int, l.split())) for l in sys.stdin if l.strip()]
-print("%.1f %.2f" % (s.median(c for c, _ in v) / 1e3, s.median(t for _, t in v) / 1e3) if v else "0 0")'
+replied() { # decode log after line $2 -> medians (ms): compute transfer queue call kv first
+    # ("prefill replied" and "first token" debug lines; call: arrival -> the
+    # Prefill call sent; kv: the call -> every rank's KV in, less queue,
+    # compute and transfer: the RPC's and the notifications' transit; first:
+    # KV in -> the first token out, the unpack included)
+    tail -n +"$(($2 + 1))" "$1" | python3 -c 'import re, sys, statistics as s
+rep, ph = [], []
+for l in sys.stdin:
+    m = re.search(r"queue (\d+) us compute (\d+) us transfer (\d+) us", l)
+    if m: rep.append(tuple(int(x) for x in m.groups()))
+    m = re.search(r"first token (\d+) us after arrival: Prefill call \+(\d+) us, KV in \+(\d+) us", l)
+    if m: ph.append(tuple(int(x) for x in m.groups()))
+med = lambda v: s.median(v) / 1e3 if v else 0
+q, c, t = (med([r[i] for r in rep]) for i in range(3))
+call = med([p[1] for p in ph]); kv = med([p[2] - p[1] for p in ph]); first = med([p[0] - p[2] for p in ph])
+print("%.1f %.2f %.2f %.2f %.2f %.2f" % (c, t, q, call, kv - q - c - t, first))'
 }
 
-printf "%-6s %6s %12s %12s %11s %11s %7s %9s\n" "# P×D" "tokens" "ttft_disagg" "ttft_coloc" \
-    "prefill_ms" "transfer_ms" "tax" "xfer_tax"
+printf "%-6s %6s %12s %12s %11s %11s %7s %9s %8s %8s %8s %8s\n" "# P×D" "tokens" "ttft_disagg" \
+    "ttft_coloc" "prefill_ms" "transfer_ms" "tax" "xfer_tax" "queue" "to_call" "transit" "to_first"
 for name in $order; do
     IFS=: read -r P pdev D ddev <<< "${L[$name]}"
     dh=$((18100 + RANDOM % 300)) dg=$((18400 + RANDOM % 300))
@@ -132,10 +146,12 @@ JSON
             mark=$(wc -l < "$W/d0.log")
             td=$(ttft "http://127.0.0.1:$dh" "$n" "$N" $((seed++)))
             tc=$(ttft "http://127.0.0.1:$ch" "$n" "$N" $((seed++)))
-            read -r cu tu <<< "$(replied "$W/d0.log" "$mark")"
+            read -r cu tu qu call kv first <<< "$(replied "$W/d0.log" "$mark")"
             awk -v p="${P}x${D}" -v n="$n" -v d="${td:-0}" -v c="${tc:-0}" -v cu="$cu" -v tu="$tu" \
-                'BEGIN { printf "%-6s %6d %12.1f %12.1f %11.1f %11.2f %7.3f %9.4f\n", p, n, d, c, cu, tu,
-                         (cu > 0 && d > 0 && c > 0 ? (d - c) / cu : -1), (cu > 0 ? tu / cu : -1) }'
+                -v qu="$qu" -v call="$call" -v kv="$kv" -v first="$first" \
+                'BEGIN { printf "%-6s %6d %12.1f %12.1f %11.1f %11.2f %7.3f %9.4f %8.2f %8.2f %8.2f %8.2f\n",
+                         p, n, d, c, cu, tu, (cu > 0 && d > 0 && c > 0 ? (d - c) / cu : -1),
+                         (cu > 0 ? tu / cu : -1), qu, call, kv, first }'
         done
     fi
     kill -TERM "${pids[@]}" 2>/dev/null
