@@ -17,14 +17,29 @@ static const uint32_t duet__k[64] = {
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
 };
 
-static uint32_t duet__ror(uint32_t x, int n)
+static inline uint32_t duet__ror(uint32_t x, int n)
 {
     return (x >> n) | (x << (32 - n));
 }
 
-static void duet__block(uint32_t h[8], const uint8_t *p)
+/* One round of §6.2.2 step 3 with the working variables renamed instead of
+ * moved: the caller passes them rotated by one each round, so d and h are
+ * the only ones written. */
+#define DUET__ROUND(a, b, c, d, e, f, g, h, t)                                                    \
+    do {                                                                                          \
+        uint32_t t1 = h + (duet__ror(e, 6) ^ duet__ror(e, 11) ^ duet__ror(e, 25)) +                \
+                      ((e & f) ^ (~e & g)) + duet__k[t] + w[t];                                   \
+        uint32_t t2 = (duet__ror(a, 2) ^ duet__ror(a, 13) ^ duet__ror(a, 22)) +                   \
+                      ((a & b) ^ (a & c) ^ (b & c));                                              \
+        d += t1;                                                                                  \
+        h = t1 + t2;                                                                              \
+    } while (0)
+
+static void duet__block(uint32_t hs[8], const uint8_t *p)
 {
-    uint32_t w[64], v[8];
+    uint32_t w[64];
+    uint32_t a = hs[0], b = hs[1], c = hs[2], d = hs[3], e = hs[4], f = hs[5], g = hs[6],
+             h = hs[7];
 
     for (int t = 0; t < 16; t++)
         w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 |
@@ -34,22 +49,27 @@ static void duet__block(uint32_t h[8], const uint8_t *p)
         uint32_t s1 = duet__ror(w[t - 2], 17) ^ duet__ror(w[t - 2], 19) ^ (w[t - 2] >> 10);
         w[t] = w[t - 16] + s0 + w[t - 7] + s1;
     }
-    memcpy(v, h, sizeof(v));
-    for (int t = 0; t < 64; t++) {
-        /* v = a b c d e f g h */
-        uint32_t S1 = duet__ror(v[4], 6) ^ duet__ror(v[4], 11) ^ duet__ror(v[4], 25);
-        uint32_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
-        uint32_t t1 = v[7] + S1 + ch + duet__k[t] + w[t];
-        uint32_t S0 = duet__ror(v[0], 2) ^ duet__ror(v[0], 13) ^ duet__ror(v[0], 22);
-        uint32_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
-        memmove(&v[1], &v[0], 7 * sizeof(uint32_t));
-        v[4] += t1;
-        v[0] = t1 + S0 + maj;
+    for (int t = 0; t < 64; t += 8) {
+        DUET__ROUND(a, b, c, d, e, f, g, h, t);
+        DUET__ROUND(h, a, b, c, d, e, f, g, t + 1);
+        DUET__ROUND(g, h, a, b, c, d, e, f, t + 2);
+        DUET__ROUND(f, g, h, a, b, c, d, e, t + 3);
+        DUET__ROUND(e, f, g, h, a, b, c, d, t + 4);
+        DUET__ROUND(d, e, f, g, h, a, b, c, t + 5);
+        DUET__ROUND(c, d, e, f, g, h, a, b, t + 6);
+        DUET__ROUND(b, c, d, e, f, g, h, a, t + 7);
     }
-    for (int i = 0; i < 8; i++)
-        h[i] += v[i];
+    hs[0] += a;
+    hs[1] += b;
+    hs[2] += c;
+    hs[3] += d;
+    hs[4] += e;
+    hs[5] += f;
+    hs[6] += g;
+    hs[7] += h;
+    /* the message schedule holds key material under HMAC (the working
+     * variables live in registers, as in other implementations) */
     duet_wipe(w, sizeof(w));
-    duet_wipe(v, sizeof(v));
 }
 
 void duet_sha256_init(duet_sha256_t *s)
@@ -172,7 +192,9 @@ bool duet_ct_equal(const void *a, const void *b, size_t len)
 
 void duet_wipe(void *p, size_t len)
 {
-    volatile uint8_t *v = p;
-    while (len-- > 0)
-        *v++ = 0;
+    memset(p, 0, len);
+    /* the compiler must assume the asm reads the zeros: the memset stays
+     * (a volatile byte loop did the same at a byte per store, which was
+     * half of hashing a page) */
+    __asm__ __volatile__("" : : "r"(p) : "memory");
 }

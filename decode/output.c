@@ -14,31 +14,19 @@
 
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    size_t cap = duet_detok_max_chunk(dc->tok) + 1;
-    char *scratch;
     duet_status_t st;
 
     req->out = duet_malloc((size_t)(req->max_tokens > 0 ? req->max_tokens : 1) * sizeof(int32_t));
     req->held_cap = 256;
     req->held = duet_malloc(req->held_cap);
-    scratch = duet_malloc(cap);
-    if (req->out == NULL || req->held == NULL || scratch == NULL) {
-        duet_free(scratch);
+    if (req->out == NULL || req->held == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory for the output of %s", req->request_id);
-    }
     if ((st = duet_dc_lp_init(dc, req)) != DUET_OK ||
-        (st = duet_detok_create(dc->tok, true, &req->detok)) != DUET_OK) {
-        duet_free(scratch);
+        (st = duet_detok_create(dc->tok, true, &req->detok)) != DUET_OK)
         return st;
-    }
-    /* the prompt is context only: its text is not sent */
-    for (int i = 0; i < req->n_prompt; i++) {
-        size_t n;
-        if ((st = duet_detok_push(req->detok, req->prompt[i], scratch, cap, &n)) != DUET_OK)
-            break;
-    }
-    duet_free(scratch);
-    return st;
+    /* the prompt is context only: its text is not sent (priming reads its
+     * tail, not all of it: this runs before the first token goes out) */
+    return duet_detok_prime(req->detok, req->prompt, (size_t)req->n_prompt);
 }
 
 static duet_status_t duet__held_append(duet_dc_req_t *req, const char *s, size_t n)

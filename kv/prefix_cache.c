@@ -15,31 +15,43 @@ void duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
     duet_kv_page_hash_chain_from((duet_kv_page_hash_t){0, 0}, tokens, n_pages, page_size, hashes);
 }
 
+static duet_kv_page_hash_t duet__digest_hash(const uint8_t digest[DUET_SHA256_LEN])
+{
+    duet_kv_page_hash_t h = {0, 0};
+    for (int b = 0; b < 8; b++) {
+        h.lo |= (uint64_t)digest[b] << (8 * b);
+        h.hi |= (uint64_t)digest[8 + b] << (8 * b);
+    }
+    return h;
+}
+
 void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens, int n_pages,
                                   int page_size, duet_kv_page_hash_t *hashes)
 {
+    /* per page: SHA-256 of the parent's 16 bytes, then the page's tokens as
+     * 32-bit little endian; the bytes go to the hash a buffer at a time
+     * (one update per page up to 60 tokens: the cost is the blocks) */
     for (int i = 0; i < n_pages; i++) {
         duet_sha256_t s;
-        uint8_t le[4], digest[DUET_SHA256_LEN], head[16];
+        uint8_t buf[256], digest[DUET_SHA256_LEN];
+        const int32_t *tok = tokens + (size_t)i * (size_t)page_size;
+        size_t n = 16;
         for (int b = 0; b < 8; b++) {
-            head[b] = (uint8_t)(parent.lo >> (8 * b));
-            head[8 + b] = (uint8_t)(parent.hi >> (8 * b));
+            buf[b] = (uint8_t)(parent.lo >> (8 * b));
+            buf[8 + b] = (uint8_t)(parent.hi >> (8 * b));
         }
         duet_sha256_init(&s);
-        duet_sha256_update(&s, head, sizeof(head));
         for (int t = 0; t < page_size; t++) {
-            uint32_t v = (uint32_t)tokens[(size_t)i * (size_t)page_size + (size_t)t];
             for (int b = 0; b < 4; b++)
-                le[b] = (uint8_t)(v >> (8 * b));
-            duet_sha256_update(&s, le, sizeof(le));
+                buf[n + (size_t)b] = (uint8_t)((uint32_t)tok[t] >> (8 * b));
+            if ((n += 4) == sizeof(buf)) {
+                duet_sha256_update(&s, buf, n);
+                n = 0;
+            }
         }
+        duet_sha256_update(&s, buf, n);
         duet_sha256_final(&s, digest);
-        duet_kv_page_hash_t h = {0, 0};
-        for (int b = 0; b < 8; b++) {
-            h.lo |= (uint64_t)digest[b] << (8 * b);
-            h.hi |= (uint64_t)digest[8 + b] << (8 * b);
-        }
-        hashes[i] = parent = h;
+        hashes[i] = parent = duet__digest_hash(digest);
     }
 }
 

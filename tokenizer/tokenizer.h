@@ -83,6 +83,13 @@ duet_status_t duet_tokenizer_write_synthetic(const char *path, int vocab_size);
  * case the decoder state is left as it was before the call). */
 size_t duet_detok_max_chunk(const duet_tokenizer_t *tok);
 
+/* Feed a context the stream continues (a prompt) without its text: the
+ * state afterwards is the one pushing every id would leave, at the cost of
+ * the context's tail (the held-back bytes and the start-of-text handling
+ * depend on the last few bytes only).  DUET_ERR_INVALID names an
+ * out-of-range id and leaves the state as it was. */
+duet_status_t duet_detok_prime(duet_detok_t *dt, const int32_t *ids, size_t n);
+
 /* Like duet_tokenizer_decode but without UTF-8 repair: the exact bytes the
  * tokens stand for (byte-level and byte-fallback tokens may form invalid
  * UTF-8), in a duet_malloc'd buffer of *len_p bytes plus a NUL. */

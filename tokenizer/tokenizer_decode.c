@@ -344,6 +344,51 @@ duet_status_t duet_detok_flush(duet_detok_t *dt, char *out, size_t out_cap, size
     return duet__tok_detok_out(dt, &saved, &o, out, out_cap, out_len_p);
 }
 
+/* Feed ids[from, n) into s, discarding the text (the scratch holds one
+ * id's output). */
+static void duet__tok_prime_from(const duet_detok_t *dt, duet__tok_dstate_t *s, const int32_t *ids,
+                                 size_t from, size_t n)
+{
+    for (size_t i = from; i < n; i++) {
+        duet__tok_sink_t o = {dt->scratch, 0, false, dt->tok->strip_char};
+        duet__tok_feed_id(dt->tok, dt->skip_special, s, &o, ids[i]);
+    }
+}
+
+duet_status_t duet_detok_prime(duet_detok_t *dt, const int32_t *ids, size_t n)
+{
+    const duet_tokenizer_t *tok = dt->tok;
+    duet__tok_dstate_t s = dt->s;
+    size_t from = n, bytes = 0;
+
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= tok->n_ids)
+            return duet_error(DUET_ERR_INVALID, "detok: token id %d (position %zu) out of range 0..%d",
+                              ids[i], i, tok->n_ids - 1);
+    /* A UTF-8 sequence is at most 4 bytes and the decoder resynchronises
+     * within one: from a fresh state, a tail of 2 or more ids holding 16
+     * bytes of pieces leaves the same held-back bytes as the whole context
+     * (its first id may lose a leading Metaspace there, ASCII).  The
+     * start-of-text state (first, strip_left) is the same once the tail
+     * has emitted a character; if it has not, the whole context runs. */
+    while (from > 0 && (bytes < 16 || n - from < 2)) {
+        int32_t id = ids[--from];
+        if (tok->piece_len[id] != UINT32_MAX && !(dt->skip_special && tok->special[id]))
+            bytes += tok->dec_len[id] + 1; /* + a separator (DEC_NONE) */
+    }
+    if (from > 0 && dt->s.first) {
+        duet__tok_prime_from(dt, &s, ids, from, n);
+        if (!s.first && s.strip_left == 0) {
+            dt->s = s;
+            return DUET_OK;
+        }
+        s = dt->s;
+    }
+    duet__tok_prime_from(dt, &s, ids, 0, n);
+    dt->s = s;
+    return DUET_OK;
+}
+
 static duet_status_t duet__tok_decode_any(const duet_tokenizer_t *tok, const int32_t *ids, size_t n,
                                           bool skip_special, bool raw, char **data_p, size_t *len_p)
 {

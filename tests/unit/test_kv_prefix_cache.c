@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "kv/pool.h"
+#include "common/sha256.h"
 #include "kv/prefix_cache.h"
 
 #define PS 4
@@ -61,6 +62,49 @@ static void test_hash_chain(void **state)
     assert_int_equal(duet_kv_prefix_lookup_pages(1, PS), 0);
     assert_int_equal(duet_kv_prefix_insert_pages(8, PS), 2);
     assert_int_equal(duet_kv_prefix_insert_pages(7, PS), 1);
+}
+
+/* A page id by its definition: SHA-256 of the parent id (lo, hi: 64-bit
+ * little endian) and the page's tokens (32-bit little endian), the
+ * digest's first 16 bytes as (lo, hi) little endian; page sizes up to 100
+ * (the chain buffers 256 bytes: 100 tokens cross it). */
+static duet_kv_page_hash_t ref_page_hash(duet_kv_page_hash_t parent, const int32_t *tok, int ps)
+{
+    uint8_t msg[16 + 4 * 100], d[DUET_SHA256_LEN];
+    duet_kv_page_hash_t h = {0, 0};
+    for (int b = 0; b < 8; b++) {
+        msg[b] = (uint8_t)(parent.lo >> (8 * b));
+        msg[8 + b] = (uint8_t)(parent.hi >> (8 * b));
+    }
+    for (int t = 0; t < ps; t++)
+        for (int b = 0; b < 4; b++)
+            msg[16 + 4 * t + b] = (uint8_t)((uint32_t)tok[t] >> (8 * b));
+    duet_sha256(msg, 16 + 4 * (size_t)ps, d);
+    for (int b = 0; b < 8; b++) {
+        h.lo |= (uint64_t)d[b] << (8 * b);
+        h.hi |= (uint64_t)d[8 + b] << (8 * b);
+    }
+    return h;
+}
+
+static void test_hash_chain_definition(void **state)
+{
+    (void)state;
+    static const int sizes[] = {1, 4, 16, 59, 60, 61, 100};
+    int32_t tok[3 * 100];
+    duet_kv_page_hash_t h[3];
+    for (int i = 0; i < 3 * 100; i++)
+        tok[i] = (int32_t)(i * 2654435761u) ^ (i & 1 ? -1 : 0); /* negative ids too */
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        int ps = sizes[k];
+        duet_kv_page_hash_t parent = {0, 0};
+        duet_kv_page_hash_chain(tok, 3, ps, h);
+        for (int i = 0; i < 3; i++) {
+            duet_kv_page_hash_t want = ref_page_hash(parent, tok + i * ps, ps);
+            assert_memory_equal(&h[i], &want, sizeof(want));
+            parent = want;
+        }
+    }
 }
 
 static void test_match_insert_refs(void **state)
@@ -321,7 +365,8 @@ static void test_random_churn(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hash_chain),           cmocka_unit_test(test_match_insert_refs),
+        cmocka_unit_test(test_hash_chain),           cmocka_unit_test(test_hash_chain_definition),
+        cmocka_unit_test(test_match_insert_refs),
         cmocka_unit_test(test_chain_eviction_order), cmocka_unit_test(test_lru_eviction),
         cmocka_unit_test(test_run_eviction),         cmocka_unit_test(test_random_churn),
     };

@@ -685,6 +685,94 @@ static void test_round_trip_bytes(void **state)
     }
 }
 
+/* ---- priming with a context ---- */
+
+/* The text a continuation streams after the context: primed, or with
+ * every context id pushed. */
+static void continue_text(const duet_tokenizer_t *tok, const int32_t *ctx, size_t n_ctx,
+                          const int32_t *more, size_t n_more, bool prime, char *acc, size_t cap)
+{
+    duet_detok_t *dt;
+    size_t chunk_cap = duet_detok_max_chunk(tok), len, total = 0;
+    char *chunk = malloc(chunk_cap);
+    assert_non_null(chunk);
+    assert_int_equal(duet_detok_create(tok, true, &dt), DUET_OK);
+    if (prime)
+        assert_int_equal(duet_detok_prime(dt, ctx, n_ctx), DUET_OK);
+    else
+        for (size_t i = 0; i < n_ctx; i++)
+            assert_int_equal(duet_detok_push(dt, ctx[i], chunk, chunk_cap, &len), DUET_OK);
+    for (size_t i = 0; i <= n_more; i++) {
+        assert_int_equal(i < n_more ? duet_detok_push(dt, more[i], chunk, chunk_cap, &len)
+                                    : duet_detok_flush(dt, chunk, chunk_cap, &len),
+                         DUET_OK);
+        assert_true(total + len < cap);
+        memcpy(acc + total, chunk, len);
+        total += len;
+    }
+    acc[total] = '\0';
+    duet_detok_destroy(dt);
+    free(chunk);
+}
+
+/* duet_detok_prime leaves the state pushing the whole context leaves:
+ * random contexts heavy in byte tokens (UTF-8 cut across them), special
+ * ids, short contexts (the start-of-text strip) and long ones (the tail
+ * path), each continued by random ids, on every fixture; and an
+ * out-of-range id is refused with the state kept. */
+static void test_detok_prime(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {
+        "models/stories260K/tokenizer.json",
+        "tests/data/tokenizers/bytelevel_gpt2/tokenizer.json",
+        "tests/data/tokenizers/bytelevel_llama3/tokenizer.json",
+        "tests/data/tokenizers/bytelevel_qwen2/tokenizer.json",
+    };
+    static char want[1 << 16], got[1 << 16];
+    int32_t ctx[400], more[12];
+    uint32_t seed = 7;
+    for (size_t f = 0; f < sizeof(fixtures) / sizeof(fixtures[0]); f++) {
+        duet_tokenizer_t *tok = load_rel(fixtures[f], NULL);
+        int vocab = duet_tokenizer_vocab_size(tok);
+        for (int r = 0; r < 300; r++) {
+            size_t n_ctx = (size_t)(r % 3 == 0 ? r % 7 : r % 400);
+            for (size_t i = 0; i < n_ctx + 12; i++) {
+                seed = seed * 1103515245u + 12345u;
+                uint32_t x = seed >> 8;
+                /* stories260K's byte tokens are ids 3..258, its specials
+                 * 0..2; elsewhere any id */
+                int32_t id = x % 4 == 0 ? (int32_t)(x / 4 % 3)
+                             : x % 4 == 1 ? (int32_t)(3 + x / 4 % 256)
+                                          : (int32_t)(x / 4 % (uint32_t)vocab);
+                if (i < n_ctx)
+                    ctx[i] = id;
+                else
+                    more[i - n_ctx] = id;
+            }
+            continue_text(tok, ctx, n_ctx, more, 12, false, want, sizeof(want));
+            continue_text(tok, ctx, n_ctx, more, 12, true, got, sizeof(got));
+            if (strcmp(want, got) != 0)
+                fail_msg("%s, context of %zu ids (case %d): primed \"%s\", pushed \"%s\"",
+                         fixtures[f], n_ctx, r, got, want);
+        }
+        duet_detok_t *dt;
+        char out[64];
+        size_t len;
+        int32_t bad[] = {5, vocab, 6};
+        assert_int_equal(duet_detok_create(tok, true, &dt), DUET_OK);
+        assert_int_equal(duet_detok_prime(dt, bad, 3), DUET_ERR_INVALID);
+        assert_non_null(strstr(duet_error_msg(), "position 1"));
+        /* nothing was fed: the stream starts as a fresh one */
+        int32_t one = 3 + 'A';
+        continue_text(tok, NULL, 0, &one, 1, false, want, sizeof(want));
+        assert_int_equal(duet_detok_push(dt, one, out, sizeof(out), &len), DUET_OK);
+        assert_string_equal(out, want);
+        duet_detok_destroy(dt);
+        duet_tokenizer_destroy(tok);
+    }
+}
+
 /* ---- synthetic writer ---- */
 
 static void test_synthetic(void **state)
@@ -877,6 +965,7 @@ int main(void)
         cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_round_trip_bytes),
+        cmocka_unit_test(test_detok_prime),
         cmocka_unit_test(test_synthetic),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_long_prompt),
