@@ -2,11 +2,13 @@
  * (common/sha256.h). */
 #include "common/sha256.h"
 
+#include "common/sha256_block.h"
+
 #include <string.h>
 
 /* FIPS 180-4 §4.2.2: the first 32 bits of the fractional parts of the cube
  * roots of the first 64 primes */
-static const uint32_t duet__k[64] = {
+const uint32_t duet__sha256_k[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
     0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
@@ -28,14 +30,14 @@ static inline uint32_t duet__ror(uint32_t x, int n)
 #define DUET__ROUND(a, b, c, d, e, f, g, h, t)                                                    \
     do {                                                                                          \
         uint32_t t1 = h + (duet__ror(e, 6) ^ duet__ror(e, 11) ^ duet__ror(e, 25)) +                \
-                      ((e & f) ^ (~e & g)) + duet__k[t] + w[t];                                   \
+                      ((e & f) ^ (~e & g)) + duet__sha256_k[t] + w[t];                                   \
         uint32_t t2 = (duet__ror(a, 2) ^ duet__ror(a, 13) ^ duet__ror(a, 22)) +                   \
                       ((a & b) ^ (a & c) ^ (b & c));                                              \
         d += t1;                                                                                  \
         h = t1 + t2;                                                                              \
     } while (0)
 
-static void duet__block(uint32_t hs[8], const uint8_t *p)
+void duet__sha256_block_portable(uint32_t hs[8], const uint8_t *p)
 {
     uint32_t w[64];
     uint32_t a = hs[0], b = hs[1], c = hs[2], d = hs[3], e = hs[4], f = hs[5], g = hs[6],
@@ -70,6 +72,15 @@ static void duet__block(uint32_t hs[8], const uint8_t *p)
     /* the message schedule holds key material under HMAC (the working
      * variables live in registers, as in other implementations) */
     duet_wipe(w, sizeof(w));
+}
+
+static void duet__block(uint32_t h[8], const uint8_t *p)
+{
+    /* the CPU's answer is a load of a word the runtime filled at start-up */
+    if (duet__sha256_x86_ok())
+        duet__sha256_block_x86(h, p);
+    else
+        duet__sha256_block_portable(h, p);
 }
 
 void duet_sha256_init(duet_sha256_t *s)

@@ -1,7 +1,9 @@
 /* SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), small and dependency
- * free, for the page grants (node/grant.h) and anything else that needs a
- * MAC.  Checked against the FIPS 180-2 and RFC 4231 vectors
- * (tests/unit/test_sha256.c).
+ * free, for the page grants (node/grant.h), the prefix cache's page ids
+ * (kv/prefix_cache.h) and anything else that needs a MAC or a hash.  The
+ * block function runs on x86's SHA extensions where the CPU has them
+ * (common/sha256_x86.c).  Checked against the FIPS 180-2 and RFC 4231
+ * vectors (tests/unit/test_sha256.c).
  *
  * All functions are pure (no global state) and thread-safe; a context is
  * owned by its caller and may live on the stack. */

@@ -1,5 +1,7 @@
-/* common/sha256 (FIPS 180-2 and RFC 4231 vectors), common/random and the
- * page grants of node/grant.h (every field is bound; expiry; length). */
+/* common/sha256 (FIPS 180-2 and RFC 4231 vectors, on whichever block
+ * function this CPU runs; the SHA-extensions block against the portable
+ * one), common/random and the page grants of node/grant.h (every field is
+ * bound; expiry; length). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +14,7 @@
 
 #include "common/random.h"
 #include "common/sha256.h"
+#include "common/sha256_block.h"
 #include "node/grant.h"
 
 static void duet__hex(const uint8_t *b, size_t n, char *out)
@@ -51,6 +54,30 @@ static void test_sha256_fips(void **state)
     duet__hex(d, sizeof(d), hex);
     assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     free(a);
+}
+
+/* The x86 SHA-extensions block equals the portable one on random states
+ * and blocks (skipped where the CPU lacks them: the vectors above then ran
+ * the portable one). */
+static void test_block_x86(void **state)
+{
+    (void)state;
+    uint32_t seed = 1;
+    if (!duet__sha256_x86_ok()) {
+        print_message("no SHA extensions on this CPU: the portable block only\n");
+        skip();
+    }
+    for (int r = 0; r < 2000; r++) {
+        uint32_t a[8], b[8];
+        uint8_t blk[64];
+        for (int i = 0; i < 8; i++)
+            a[i] = b[i] = seed = seed * 1664525u + 1013904223u;
+        for (int i = 0; i < 64; i++)
+            blk[i] = (uint8_t)((seed = seed * 1664525u + 1013904223u) >> 24);
+        duet__sha256_block_portable(a, blk);
+        duet__sha256_block_x86(b, blk);
+        assert_memory_equal(a, b, sizeof(a));
+    }
 }
 
 static void test_hmac_rfc4231(void **state)
@@ -187,9 +214,9 @@ static void test_grant(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sha256_fips), cmocka_unit_test(test_hmac_rfc4231),
-        cmocka_unit_test(test_ct_equal),    cmocka_unit_test(test_random_ids),
-        cmocka_unit_test(test_grant),
+        cmocka_unit_test(test_sha256_fips),  cmocka_unit_test(test_block_x86),
+        cmocka_unit_test(test_hmac_rfc4231), cmocka_unit_test(test_ct_equal),
+        cmocka_unit_test(test_random_ids),   cmocka_unit_test(test_grant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
