@@ -17,6 +17,7 @@
 #include "decode/decode.h"
 #include "duet/v1/common.pb-c.h"
 #include "duet/v1/prefill.pb-c.h"
+#include "kv/heads.h"
 #include "transfer/xfer_pack.h"
 
 /* ---- links ---------------------------------------------------------------- */
@@ -301,6 +302,9 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
         !duet_xfer_pack_progress_pays(duet_engine_kv_layout(dc->node.ke.engine),
                                       dc->node.ke.kv_heads, duet_dc_xfer_pages(req)))
         progress = 0;
+    duet_xfer_expect_t e[DUET_TP_MAX];
+    duet_xfer_rank_t *ranks[DUET_TP_MAX];
+    duet_status_t rank_st[DUET_TP_MAX];
     for (int d = 0; d < D; d++) {
         /* (an earlier attempt's event is reused: its expectation ended
          * without a callback, by cancellation) */
@@ -310,7 +314,8 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             goto fail;
         }
         req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev, 0};
-        duet_xfer_expect_t e = {
+        ranks[d] = duet_xfer_rank(dc->node.ke.xfer, d);
+        e[d] = (duet_xfer_expect_t){
             .transfer_id = req->transfer_id,
             .plan = link->base.plan,
             .peers = duet_node_link_peers(&link->base, d),
@@ -325,12 +330,22 @@ static void duet__begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *l
             .progress = progress > 0 ? duet__kv_progress_cb : NULL,
             .progress_arg = &req->rank_args[d],
         };
-        if ((st = duet_xfer_recv_expect(duet_xfer_rank(dc->node.ke.xfer, d), &e)) != DUET_OK) {
-            st = duet_error_wrap(st, "decode rank %d: ", d);
-            goto fail;
-        }
+    }
+    /* every rank registers at once: the Prefill call waits for them */
+    st = duet_xfer_recv_expect_all(ranks, e, D, rank_st);
+    for (int d = 0; d < D; d++) {
+        if (rank_st[d] != DUET_OK)
+            continue;
         req->expecting[d] = true;
         req->n_expecting++;
+    }
+    if (st != DUET_OK) {
+        for (int d = 0; d < D; d++)
+            if (rank_st[d] != DUET_OK) {
+                st = duet_error_wrap(st, "decode rank %d: ", d);
+                break;
+            }
+        goto fail;
     }
     sp.temperature = req->sampling.temperature;
     sp.top_k = req->sampling.top_k;

@@ -14,6 +14,7 @@
 #include "common/rpc_pb.h"
 #include "common/sync.h"
 #include "duet/v1/prefill.pb-c.h"
+#include "kv/heads.h"
 #include "prefill/prefill.h"
 #include "transfer/xfer_pack.h"
 
@@ -227,8 +228,12 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
     /* one count per rank, plus the scheduler's own until it has ended the
      * sends: a send can fail (deadline, peer) while the batch computes */
     atomic_store(&req->ranks_pending, P + 1);
+    duet_xfer_send_t snd[DUET_TP_MAX];
+    duet_xfer_rank_t *ranks[DUET_TP_MAX];
+    duet_status_t rank_st[DUET_TP_MAX];
     for (int s = 0; s < P; s++) {
-        duet_xfer_send_t snd = {
+        ranks[s] = duet_xfer_rank(pf->node.ke.xfer, s);
+        snd[s] = (duet_xfer_send_t){
             .transfer_id = req->transfer_id,
             .plan = req->link->plan,
             .peers = duet_node_link_peers(req->link, s),
@@ -244,18 +249,22 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
             .cb = duet__send_done,
             .arg = req,
         };
-        duet_status_t st = duet_xfer_send_begin(duet_xfer_rank(pf->node.ke.xfer, s), &snd);
-        if (st != DUET_OK) {
-            duet__req_error(req, st, duet_error_msg());
-            /* ranks < s have begun and will call back once ended; the rest
-             * never will */
-            for (int q = 0; q < s; q++)
-                duet_xfer_send_end(duet_xfer_rank(pf->node.ke.xfer, q), req->transfer_id, st,
-                                   DUET_XFER_NO_TOKEN);
-            if (atomic_fetch_sub(&req->ranks_pending, P - s + 1) == P - s + 1)
-                duet__complete(pf, req);
-            return false;
+    }
+    /* every rank begins at once (one wake-up round trip, not P in turn) */
+    duet_status_t st = duet_xfer_send_begin_all(ranks, snd, P, rank_st);
+    if (st != DUET_OK) {
+        int failed = 0;
+        duet__req_error(req, st, duet_error_msg());
+        /* the ranks that began call back once ended; the rest never will */
+        for (int q = 0; q < P; q++) {
+            if (rank_st[q] == DUET_OK)
+                duet_xfer_send_end(ranks[q], req->transfer_id, st, DUET_XFER_NO_TOKEN);
+            else
+                failed++;
         }
+        if (atomic_fetch_sub(&req->ranks_pending, failed + 1) == failed + 1)
+            duet__complete(pf, req);
+        return false;
     }
     req->begun = true;
     return true;

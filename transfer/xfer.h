@@ -337,6 +337,15 @@ enum {
  * staging units (PACKED) or unconnected senders.  Callback-safe. */
 duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *e);
 
+/* duet_xfer_recv_expect of in[i] on ranks[i] for i < n, the ranks' threads
+ * registering them at once (one wake-up round trip for all, not one per
+ * rank in turn: this sits between a request's admission and its Prefill
+ * call).  st[i] is each rank's result: the caller cancels the ones that
+ * succeeded when another failed.  Returns the first failure (its message
+ * in duet_error_msg()) or DUET_OK.  Not callback-safe. */
+duet_status_t duet_xfer_recv_expect_all(duet_xfer_rank_t *const *ranks,
+                                        const duet_xfer_expect_t *in, int n, duet_status_t *st);
+
 /* Wait for the outcome of an expectation registered without a callback and
  * release it.  Returns DUET_OK with *res_p filled (res_p->status is the
  * request's status), DUET_ERR_TIMEOUT if deadline_ns passed first (the
@@ -391,6 +400,13 @@ typedef struct {
  * (PACKED) or unconnected receivers; DUET_ERR_PEER when a receiver's
  * connection already failed.  Callback-safe. */
 duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *s);
+
+/* duet_xfer_send_begin of in[i] on ranks[i] for i < n at once, as
+ * duet_xfer_recv_expect_all: st[i] per rank (the ones that began need
+ * their duet_xfer_send_end), the first failure returned.  Not
+ * callback-safe. */
+duet_status_t duet_xfer_send_begin_all(duet_xfer_rank_t *const *ranks, const duet_xfer_send_t *in,
+                                       int n, duet_status_t *st);
 
 /* Queue the puts of layers [l0, l1) (all heads of every receiver, K and V;
  * for a packed send their staging must be packed already: the puts read it

@@ -4,6 +4,7 @@
  * xfer_progress.c runs. */
 #include "transfer/xfer_internal.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -82,6 +83,54 @@ duet_status_t duet_xfer_rank_run(duet_xfer_rank_t *r, duet_status_t (*fn)(void *
     return duet__call(r, &c, 0);
 }
 
+/* ---- one command on several ranks at once ----------------------------------------- */
+
+/* Prepares rank r's command from its input (in the caller's thread), or
+ * undoes that for a command that never reached the thread. */
+typedef struct {
+    duet_status_t (*prepare)(duet_xfer_rank_t *r, const void *in, duet__cmd_t *c);
+    void (*unprepare)(duet__cmd_t *c);
+} duet__batch_ops_t;
+
+/* ops->prepare of in[i] (elements of `size` bytes) for ranks[i], then the
+ * commands on every rank's thread at once (duet__call_all); st[i] per
+ * rank, the first failure returned as duet_error. */
+static duet_status_t duet__batch(duet_xfer_rank_t *const *ranks, const void *in, size_t size, int n,
+                                 duet_status_t *st, const duet__batch_ops_t *ops)
+{
+    size_t m = (size_t)(n > 0 ? n : 1);
+    duet__cmd_t *cmds = duet_calloc(m, sizeof(*cmds));
+    bool *skip = duet_calloc(m, sizeof(*skip));
+    duet_status_t rc = DUET_OK;
+
+    if (cmds == NULL || skip == NULL) {
+        for (int i = 0; i < n; i++)
+            st[i] = DUET_ERR_NO_MEMORY;
+        rc = duet_error(DUET_ERR_NO_MEMORY, "xfer: no memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        if ((st[i] = ops->prepare(ranks[i], (const char *)in + (size_t)i * size, &cmds[i])) ==
+            DUET_OK)
+            continue;
+        /* refused before the thread: keep its message (the next prepare
+         * overwrites duet_error_msg) */
+        snprintf(cmds[i].msg, sizeof(cmds[i].msg), "%s", duet_error_msg());
+        skip[i] = true;
+    }
+    duet__call_all(ranks, cmds, skip, n, st);
+    for (int i = 0; i < n; i++)
+        if (!skip[i] && st[i] == DUET_ERR_SHUTDOWN)
+            ops->unprepare(&cmds[i]);
+    for (int i = 0; i < n && rc == DUET_OK; i++)
+        if (st[i] != DUET_OK)
+            rc = duet_error(st[i], "%s", cmds[i].msg[0] ? cmds[i].msg : duet_status_str(st[i]));
+out:
+    duet_free(cmds);
+    duet_free(skip);
+    return rc;
+}
+
 /* ---- decode side ------------------------------------------------------------------ */
 
 duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_t *in)
@@ -98,6 +147,24 @@ duet_status_t duet_xfer_recv_expect(duet_xfer_rank_t *r, const duet_xfer_expect_
     if (st == DUET_ERR_SHUTDOWN)
         duet__recv_free(e); /* never reached the thread */
     return st;
+}
+
+static duet_status_t duet__expect_prepare(duet_xfer_rank_t *r, const void *in, duet__cmd_t *c)
+{
+    c->kind = DUET__CMD_EXPECT;
+    return duet__recv_prepare(r, in, &c->u.expect);
+}
+
+static void duet__expect_unprepare(duet__cmd_t *c)
+{
+    duet__recv_free(c->u.expect);
+}
+
+duet_status_t duet_xfer_recv_expect_all(duet_xfer_rank_t *const *ranks,
+                                        const duet_xfer_expect_t *in, int n, duet_status_t *st)
+{
+    static const duet__batch_ops_t ops = {duet__expect_prepare, duet__expect_unprepare};
+    return duet__batch(ranks, in, sizeof(*in), n, st, &ops);
 }
 
 duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t transfer_id, int64_t deadline_ns,
@@ -127,6 +194,24 @@ duet_status_t duet_xfer_send_begin(duet_xfer_rank_t *r, const duet_xfer_send_t *
     if (st == DUET_ERR_SHUTDOWN)
         duet__send_free(s); /* never reached the thread */
     return st;
+}
+
+static duet_status_t duet__begin_prepare(duet_xfer_rank_t *r, const void *in, duet__cmd_t *c)
+{
+    c->kind = DUET__CMD_SEND_BEGIN;
+    return duet__send_prepare(r, in, &c->u.send);
+}
+
+static void duet__begin_unprepare(duet__cmd_t *c)
+{
+    duet__send_free(c->u.send);
+}
+
+duet_status_t duet_xfer_send_begin_all(duet_xfer_rank_t *const *ranks, const duet_xfer_send_t *in,
+                                       int n, duet_status_t *st)
+{
+    static const duet__batch_ops_t ops = {duet__begin_prepare, duet__begin_unprepare};
+    return duet__batch(ranks, in, sizeof(*in), n, st, &ops);
 }
 
 duet_status_t duet_xfer_send_layers(duet_xfer_rank_t *r, uint64_t transfer_id, int l0, int l1)

@@ -114,6 +114,47 @@ duet_status_t duet__call(duet_xfer_rank_t *r, duet__cmd_t *c, int callback_safe)
     return duet__cmd_result(c);
 }
 
+/* duet__call (callback-safe) of cmds[i] on ranks[i] for every i with
+ * skip[i] clear, the ranks' threads running them at once: every command is
+ * queued (each thread woken) before the first wait, so n ranks cost one
+ * wake-up round trip, not n in turn.  st[i] is each call's result; the
+ * caller turns a failure into duet_error itself (from cmds[i].msg). */
+void duet__call_all(duet_xfer_rank_t *const *ranks, duet__cmd_t *cmds, const bool *skip, int n,
+                    duet_status_t *st)
+{
+    for (int i = 0; i < n; i++) {
+        duet__cmd_t *c = &cmds[i];
+        if (skip[i])
+            continue;
+        c->heap = 0;
+        c->done = 0;
+        c->status = DUET_OK;
+        c->msg[0] = '\0';
+        st[i] = DUET_OK;
+        if (duet__on_thread(ranks[i])) {
+            duet__cmd_exec(ranks[i], c);
+            c->done = 1;
+        } else if (duet__foreign_rank_check(ranks[i]) != DUET_OK) {
+            c->status = DUET_ERR_INVALID;
+            snprintf(c->msg, sizeof(c->msg), "%s", duet_error_msg());
+            c->done = 1;
+        } else if (!duet__cmd_enqueue(ranks[i], c)) {
+            c->status = DUET_ERR_SHUTDOWN;
+            snprintf(c->msg, sizeof(c->msg), "xfer rank %d: shutting down", ranks[i]->index);
+            c->done = 1;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (skip[i])
+            continue;
+        pthread_mutex_lock(&ranks[i]->mu);
+        while (!cmds[i].done)
+            pthread_cond_wait(&ranks[i]->cond, &ranks[i]->mu);
+        pthread_mutex_unlock(&ranks[i]->mu);
+        st[i] = cmds[i].status;
+    }
+}
+
 duet_status_t duet__post_async(duet_xfer_rank_t *r, duet__cmd_t *c)
 {
     c->heap = 1;

@@ -140,6 +140,33 @@ static int cancel_decode(void *arg)
         DUET_TESTKIT_CHECK(duet_xfer_recv_expect(r0, &e) == DUET_ERR_INVALID,
                            "the same id expected twice");
     }
+    {
+        /* several at once, per-rank results: 57 is registered, the second
+         * is refused before the thread (no pages), the third on it (51
+         * again); the first failure is what comes back */
+        duet_xfer_expect_t e[3];
+        duet_xfer_rank_t *rs[3] = {r0, r0, r0};
+        duet_status_t each[3];
+        req_pages(pages, NPG, 0, 7);
+        for (int k = 0; k < 3; k++)
+            e[k] = (duet_xfer_expect_t){.transfer_id = k == 0 ? 57 : k == 1 ? 58 : 51,
+                                        .plan = plan,
+                                        .peers = sd.peers[0],
+                                        .pages = k == 1 ? NULL : pages,
+                                        .n_pages = NPG,
+                                        .deadline_ns = duet_deadline_in_ms(WAIT_MS)};
+        DUET_TESTKIT_CHECK(duet_xfer_recv_expect_all(rs, e, 3, each) == DUET_ERR_INVALID,
+                           "a batch with bad entries succeeded");
+        DUET_TESTKIT_CHECK(each[0] == DUET_OK && each[1] == DUET_ERR_INVALID &&
+                               each[2] == DUET_ERR_INVALID,
+                           "per-rank results %s %s %s", duet_status_name(each[0]),
+                           duet_status_name(each[1]), duet_status_name(each[2]));
+        DUET_TESTKIT_CHECK(strstr(duet_error_msg(), "51") == NULL,
+                           "the first failure is the second entry's, not: %s", duet_error_msg());
+        DUET_TESTKIT_OK(duet_xfer_recv_cancel(r0, 57));
+        DUET_TESTKIT_CHECK(duet_xfer_recv_cancel(r0, 58) == DUET_ERR_NOT_FOUND,
+                           "a refused entry was registered");
+    }
     DUET_TESTKIT_OK(duet_xfer_recv_cancel(r0, 50));
     DUET_TESTKIT_CHECK(duet_xfer_recv_cancel(r0, 50) == DUET_ERR_NOT_FOUND, "cancelled twice");
     for (int k = 0; k < 2; k++) {

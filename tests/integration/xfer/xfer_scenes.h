@@ -159,16 +159,21 @@ static inline int expect_all(duet_testkit_side_t *sd, const duet_slice_plan_t *p
                              int req, int n, int64_t deadline)
 {
     int32_t pages[POOL_PAGES];
+    duet_xfer_expect_t e[DUET_TP_MAX];
+    duet_xfer_rank_t *ranks[DUET_TP_MAX];
+    duet_status_t st[DUET_TP_MAX];
     req_pages(pages, n, 0, req);
+    /* every rank at once, as the decode daemon registers them */
     for (int d = 0; d < sd->tp; d++) {
-        duet_xfer_expect_t e = {.transfer_id = id,
-                                .plan = plan,
-                                .peers = sd->peers[d],
-                                .pages = pages,
-                                .n_pages = n,
-                                .deadline_ns = deadline};
-        DUET_TESTKIT_OK(duet_xfer_recv_expect(duet_xfer_rank(sd->x, d), &e));
+        ranks[d] = duet_xfer_rank(sd->x, d);
+        e[d] = (duet_xfer_expect_t){.transfer_id = id,
+                                    .plan = plan,
+                                    .peers = sd->peers[d],
+                                    .pages = pages,
+                                    .n_pages = n,
+                                    .deadline_ns = deadline};
     }
+    DUET_TESTKIT_OK(duet_xfer_recv_expect_all(ranks, e, sd->tp, st));
     return 0;
 }
 
