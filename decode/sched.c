@@ -287,35 +287,43 @@ static void duet__finished(duet_decode_t *dc, duet_dc_req_t *req)
 
 void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    /* packed: from the staging pages; device pools with a mirror: from the
-     * host mirror; prefilled locally: already in the pool */
-    duet_status_t st = req->prefill_local ? DUET_OK
-                       : req->stage0 >= 0 ? duet__unpack(dc, req)
-                                          : duet_engine_kv_import(dc->node.ke.engine,
-                                                                  req->pages + req->n_cached_pages,
-                                                                  duet_dc_xfer_pages(req));
+    duet_status_t st = duet_dc_output_init(dc, req);
     if (st != DUET_OK) {
         duet_dc_fail(dc, req, st, duet_error_msg());
         return;
     }
-    duet_dc_cache_keep(dc, req);
-    req->kv_whole = true;
-    st = duet_dc_output_init(dc, req);
-    if (st != DUET_OK) {
-        duet_dc_fail(dc, req, st, duet_error_msg());
-        return;
-    }
-    /* the prefill daemon (or our local prefill) sampled output 0 */
-    int64_t t_import = duet_now_ns();
+    /* the prefill daemon (or our local prefill) sampled output 0: it goes
+     * out before the KV is unpacked or imported, which only the next
+     * decode step needs (TTFT does not wait for the copy) */
     bool ended =
         duet_dc_emit_lp(dc, req, req->kv_first_token, req->have_first_lp ? &req->first_lp : NULL);
+    int64_t t_first = duet_now_ns();
+    if (req->state == DUET_DC_ENDED)
+        return; /* failed while sending it */
+    /* packed: from the staging pages; device pools with a mirror: from the
+     * host mirror; prefilled locally: already in the pool */
+    st = req->prefill_local ? DUET_OK
+         : req->stage0 >= 0 ? duet__unpack(dc, req)
+                            : duet_engine_kv_import(dc->node.ke.engine,
+                                                    req->pages + req->n_cached_pages,
+                                                    duet_dc_xfer_pages(req));
     if (req->t_kv > 0)
         DUET_LOG_DEBUG("decode: %s: first token %lld us after arrival: Prefill call +%lld us, KV "
-                       "in +%lld us, imported +%lld us",
-                       req->request_id, (long long)(duet_now_ns() - req->t_arrival) / 1000,
+                       "in +%lld us; imported +%lld us",
+                       req->request_id, (long long)(t_first - req->t_arrival) / 1000,
                        (long long)(req->t_called - req->t_arrival) / 1000,
                        (long long)(req->t_kv - req->t_arrival) / 1000,
-                       (long long)(t_import - req->t_arrival) / 1000);
+                       (long long)(duet_now_ns() - req->t_arrival) / 1000);
+    if (st != DUET_OK && !ended) {
+        duet_dc_fail(dc, req, st, duet_error_msg());
+        return;
+    }
+    if (st != DUET_OK) /* answered already; its KV is not whole: not cached */
+        DUET_LOG_WARN("decode: %s: after its last token: %s", req->request_id, duet_error_msg());
+    else {
+        duet_dc_cache_keep(dc, req);
+        req->kv_whole = true;
+    }
     if (ended) {
         duet__finished(dc, req);
         return;
