@@ -85,7 +85,7 @@ replied() { # decode log after line $2 -> medians (ms): compute transfer queue c
     # ("prefill replied" and "first token" debug lines; call: arrival -> the
     # Prefill call sent; kv: the call -> every rank's KV in, less queue,
     # compute and transfer: the RPC's and the notifications' transit; first:
-    # KV in -> the first token out, the unpack included)
+    # KV in -> the first token out: it goes before the unpack)
     tail -n +"$(($2 + 1))" "$1" | python3 -c 'import re, sys, statistics as s
 rep, ph = [], []
 for l in sys.stdin:
