@@ -929,6 +929,9 @@ static int decode_request(gside_t *g, const duet_slice_plan_t *plan, const int32
             return 1;
         }
     }
+    if (getenv("BENCH_TIMELINE") != NULL)
+        fprintf(stderr, "timeline decode: received %lld imported %lld (us)\n",
+                (long long)(t_recv / 1000), (long long)(t1 / 1000));
     snprintf(msg, sizeof(msg), "done %lld %lld", (long long)t_recv, (long long)t1);
     DUET_TESTKIT_CHECK(duet_testkit_chan_say(fd, msg) == 0, "channel");
     return 0;
@@ -1069,11 +1072,30 @@ static int prefill_request(gside_t *g, const duet_slice_plan_t *plan, const int3
             if (gs_host_fn(&k->st, on_layer_landed, &k->post[l]))
                 return 1;
         }
-    for (int s = 0; s < g->tp; s++)
+    /* the end of every rank's send: as the prefill daemon ends them once
+     * its forward returned, every rank's layers released (with
+     * --layer-done event the joins above are that point; a stream
+     * synchronize first, which the daemons do not do, cost 0.26-0.45 ms
+     * on 4 GPUs, README "4x2"); with host functions their stream must
+     * have run them all first */
+    for (int s = 0; s < g->tp && !b->event_done; s++)
         if (gs_sync(&g->rk[s].st))
             return 1;
     for (int s = 0; s < g->tp; s++)
         DUET_TESTKIT_OK(duet_xfer_send_end(duet_xfer_rank(g->sd.x, s), id, DUET_OK, 1));
+    int64_t t_ended = duet_now_ns();
+    for (int s = 0; s < g->tp && b->event_done; s++)
+        if (gs_sync(&g->rk[s].st))
+            return 1;
+    int64_t t_synced = duet_now_ns();
+    if (getenv("BENCH_TIMELINE") != NULL) /* with DUET_LOG_LEVEL=trace: the transfer's own */
+        fprintf(stderr,
+                "timeline prefill: request %llu t0 %lld launched %lld landed %lld synced %lld "
+                "ended %lld (us)\n",
+                (unsigned long long)id, (long long)(t0 / 1000),
+                (long long)(atomic_load(&g->launched_ns) / 1000),
+                (long long)(atomic_load(&g->landed_ns) / 1000), (long long)(t_synced / 1000),
+                (long long)(t_ended / 1000));
     for (int s = 0; s < g->tp; s++) {
         duet_xfer_result_t res;
         DUET_TESTKIT_OK(duet_xfer_send_wait(duet_xfer_rank(g->sd.x, s), id,

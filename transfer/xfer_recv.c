@@ -294,6 +294,8 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
         return;
     }
     e = duet__map_get(&r->expects, m->transfer_id);
+    DUET_LOG_TRACE("xfer d%d: request %" PRIu64 ": notification from prefill rank %d at %lld",
+                   r->index, m->transfer_id, m->src_rank, (long long)(duet_now_ns() / 1000));
     if (e != NULL) {
         duet__recv_apply(r, e, m);
         return;

@@ -258,6 +258,8 @@ static void duet__send_notify(duet_xfer_rank_t *r, duet__send_dst_t *dst)
     dst->failure_notice = m.status != DUET_OK;
     duet__msg_encode(&m, dst->msg);
     dst->state = DUET__DST_NOTIFYING;
+    DUET_LOG_TRACE("xfer p%d: request %" PRIu64 " to decode rank %d: flushed, notify at %lld",
+                   r->index, s->o.transfer_id, dst->d, (long long)(duet_now_ns() / 1000));
 
     op = r->ops->msg_send(dst->peer->ctl_ep, dst->msg, DUET__MSG_BYTES, duet__send_notify_done, dst,
                           &why);
@@ -323,6 +325,10 @@ static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
         return;
     }
     dst->state = DUET__DST_FLUSHING;
+    /* the timeline of a send's end, in monotonic microseconds (trace) */
+    DUET_LOG_TRACE("xfer p%d: request %" PRIu64 " to decode rank %d: %" PRIu64 " puts posted, flush at %lld",
+                   r->index, s->o.transfer_id, dst->d, dst->puts,
+                   (long long)(duet_now_ns() / 1000));
     op = r->ops->flush(dst->peer->data_ep, duet__send_flush_done, dst, &why);
     if (op != DUET_XFER_OP_FAILED && !s->failing && s->crc_flush)
         duet__send_crc(r, dst); /* while the flush is in flight */
@@ -710,6 +716,8 @@ void duet__send_exec_layers(duet_xfer_rank_t *r, duet__cmd_t *c)
                         "(next layer is %d)",
                         s->o.transfer_id, l0, l1, r->index, s->limit);
     else {
+        DUET_LOG_TRACE("xfer p%d: request %" PRIu64 ": layers [%d, %d) released, taken at %lld",
+                       r->index, s->o.transfer_id, l0, l1, (long long)(duet_now_ns() / 1000));
         s->limit = l1;
         duet__send_advance(r, s);
     }
