@@ -76,7 +76,7 @@ void duet__sha256_block_portable(uint32_t hs[8], const uint8_t *p)
 
 static void duet__block(uint32_t h[8], const uint8_t *p)
 {
-    /* the CPU's answer is a load of a word the runtime filled at start-up */
+    /* the CPU's answer is cached after the first call (sha256_x86.c) */
     if (duet__sha256_x86_ok())
         duet__sha256_block_x86(h, p);
     else

@@ -8,11 +8,23 @@
 #include "common/sha256_block.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 
 bool duet__sha256_x86_ok(void)
 {
-    return __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+    /* CPUID (not __builtin_cpu_supports: clang's knows no "sha"): leaf 7
+     * EBX bit 29 SHA, leaf 1 ECX bits 19 SSE4.1 and 9 SSSE3; asked once */
+    static atomic_int ok = -1;
+    int v = atomic_load_explicit(&ok, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 29 & 1u) &&
+            __get_cpuid(1, &a, &b, &c, &d) && (c >> 19 & 1u) && (c >> 9 & 1u);
+        atomic_store_explicit(&ok, v, memory_order_relaxed);
+    }
+    return v != 0;
 }
 
 __attribute__((target("sha,sse4.1,ssse3"))) void duet__sha256_block_x86(uint32_t h[8],
