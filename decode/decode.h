@@ -225,6 +225,7 @@ typedef struct {
     int32_t *sampled;
     int32_t *inputs;
     long fault_step_delay_ms;     /* DUET_FAULT_DECODE_STEP_DELAY_MS (tests) */
+    bool fault_kv_copy;           /* DUET_FAULT_DECODE_KV_COPY_FAIL=1 (tests) */
     char *piece;                  /* detokenizer output, piece_cap bytes */
     size_t piece_cap;
 } duet_decode_t;

@@ -41,6 +41,10 @@ static duet_status_t duet__start(void *arg)
     /* fault injection for tests: every decode step takes at least this long */
     const char *delay = getenv("DUET_FAULT_DECODE_STEP_DELAY_MS");
     dc->fault_step_delay_ms = delay != NULL ? strtol(delay, NULL, 10) : 0;
+    /* and a remote prefill's KV copy (unpack or import) fails once the
+     * first token went out */
+    const char *copy = getenv("DUET_FAULT_DECODE_KV_COPY_FAIL");
+    dc->fault_kv_copy = copy != NULL && strcmp(copy, "1") == 0;
     return duet_dc_sched_start(dc);
 }
 

@@ -303,6 +303,8 @@ void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req)
     /* packed: from the staging pages; device pools with a mirror: from the
      * host mirror; prefilled locally: already in the pool */
     st = req->prefill_local ? DUET_OK
+         : dc->fault_kv_copy
+             ? duet_error(DUET_ERR_INTERNAL, "fault injection: the KV copy failed")
          : req->stage0 >= 0 ? duet__unpack(dc, req)
                             : duet_engine_kv_import(dc->node.ke.engine,
                                                     req->pages + req->n_cached_pages,

@@ -21,6 +21,12 @@ shows its KV pages back at baseline afterwards (no leaks).
   prefill_engine_fails   the same on a prefill (TP=2): the request fails,
                          the prefill exits 70, decode serves through
                          another prefill
+  bad_progress_env       a bad DUET_KV_TRANSFER_PROGRESS stops start-up
+  unstaged               (packed) a request larger than a staging arena
+  kv_copy_fails          decode's KV copy fails after the first token went
+                         out (fault injection): the stream ends INTERNAL
+                         after it, a 1-token request completes and caches
+                         nothing, pages back at baseline
 
 usage: test_failures.py BUILD_DIR SOURCE_DIR [case ...]
 """
@@ -348,9 +354,53 @@ def unstaged():
             c.close()
 
 
+def kv_copy_fails():
+    """Decode sends the first token before it unpacks or imports the KV;
+    when that copy fails (DUET_FAULT_DECODE_KV_COPY_FAIL=1), a request with
+    more to generate ends INTERNAL after exactly that token, one whose first
+    token was its last completes and leaves nothing in the prefix cache, and
+    every page comes back.  The control: the same decode without the fault
+    caches the prompt's pages."""
+    prompt = (PROMPT * 4)[:48]  # 3 pages of 16: 2 complete pages to cache
+    ref = reference_ids(BUILD, STORIES, prompt, 8, ignore_eos=True)
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2)])
+    try:
+        c.start("p0")
+        c.start("d0", env={"DUET_FAULT_DECODE_KV_COPY_FAIL": "1"})
+        got = []
+        try:
+            for r in c.stream("d0", prompt, max_tokens=8, ignore_eos=True):
+                if r.HasField("chunk"):
+                    got += list(r.chunk.ids)
+            raise AssertionError("the stream ended normally after %s" % got)
+        except grpc.RpcError as e:
+            print("  copy failed after token 1 -> %s: %s" % (e.code(), e.details()[:80]))
+            expect(e.code() == grpc.StatusCode.INTERNAL, "status %s" % e.code())
+            expect("fault injection: the KV copy failed" in e.details(),
+                   "message: %s" % e.details())
+        expect(got == ref[:1], "tokens before the failure: %s, want %s" % (got, ref[:1]))
+        baseline(c)
+        ids, _, fin = c.generate("d0", prompt, max_tokens=1, ignore_eos=True)
+        expect(ids == ref[:1], "a 1-token request: %s, want %s" % (ids, ref[:1]))
+        i = c.info("d0")
+        print("  1-token request: %s, %d pages cached" % (ids, i.cached_pages))
+        expect(i.cached_pages == 0, "%d pages cached from a failed copy" % i.cached_pages)
+        baseline(c)
+        c.stop("d0")
+        c.start("d0")
+        ids, _, _ = c.generate("d0", prompt, max_tokens=1, ignore_eos=True)
+        i = c.info("d0")
+        print("  control, no fault: %s, %d pages cached" % (ids, i.cached_pages))
+        expect(ids == ref[:1] and i.cached_pages > 0,
+               "without the fault: %s, %d pages cached" % (ids, i.cached_pages))
+        baseline(c)
+    finally:
+        c.close()
+
+
 CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed,
          prefill_restart, decode_restart, model_mismatch, sigterm_drain, decode_engine_fails,
-         prefill_engine_fails, bad_progress_env, unstaged]
+         prefill_engine_fails, bad_progress_env, unstaged, kv_copy_fails]
 
 
 def main():
