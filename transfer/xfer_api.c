@@ -115,6 +115,7 @@ static duet_status_t duet__batch(duet_xfer_rank_t *const *ranks, const void *in,
             continue;
         /* refused before the thread: keep its message (the next prepare
          * overwrites duet_error_msg) */
+        cmds[i].status = st[i];
         snprintf(cmds[i].msg, sizeof(cmds[i].msg), "%s", duet_error_msg());
         skip[i] = true;
     }
@@ -123,8 +124,7 @@ static duet_status_t duet__batch(duet_xfer_rank_t *const *ranks, const void *in,
         if (!skip[i] && st[i] == DUET_ERR_SHUTDOWN)
             ops->unprepare(&cmds[i]);
     for (int i = 0; i < n && rc == DUET_OK; i++)
-        if (st[i] != DUET_OK)
-            rc = duet_error(st[i], "%s", cmds[i].msg[0] ? cmds[i].msg : duet_status_str(st[i]));
+        rc = duet__cmd_result(&cmds[i]);
 out:
     duet_free(cmds);
     duet_free(skip);

@@ -250,6 +250,9 @@ duet_status_t duet__call(duet_xfer_rank_t *r, duet__cmd_t *c, int callback_safe)
 duet_status_t duet__post_async(duet_xfer_rank_t *r, duet__cmd_t *c);
 void duet__call_all(duet_xfer_rank_t *const *ranks, duet__cmd_t *cmds, const bool *skip, int n,
                     duet_status_t *st);
+/* A finished command's status as duet_error (its message, else the
+ * status's name). */
+duet_status_t duet__cmd_result(const duet__cmd_t *c);
 duet_status_t duet__wait(duet_xfer_rank_t *r, int side, uint64_t id, int64_t deadline_ns,
                          duet_xfer_result_t *res_p);
 duet_status_t duet__cancel(duet_xfer_rank_t *r, int side, uint64_t id);

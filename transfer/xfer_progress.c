@@ -82,7 +82,7 @@ static int duet__cmd_enqueue(duet_xfer_rank_t *r, duet__cmd_t *c)
     return 1;
 }
 
-static duet_status_t duet__cmd_result(duet__cmd_t *c)
+duet_status_t duet__cmd_result(const duet__cmd_t *c)
 {
     if (c->status != DUET_OK)
         return duet_error(c->status, "%s", c->msg[0] ? c->msg : duet_status_str(c->status));

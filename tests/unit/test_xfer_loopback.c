@@ -348,13 +348,8 @@ static void test_plans(void **state)
     (void)state;
     for (int t = 0; t < n_tls; t++)
         for (size_t k = 0; k < sizeof(plans) / sizeof(plans[0]); k++) {
-            spec_t sp;
-            memset(&sp, 0, sizeof(sp));
-            sp.P = plans[k][0];
-            sp.D = plans[k][1];
-            sp.H = plans[k][2];
+            spec_t sp = spec_of(plans[k][0], plans[k][1], plans[k][2], tls_list[t]);
             sp.n_tokens = 37;
-            sp.tls = tls_list[t];
             /* Memory the engine registers rather than allocates (the CUDA
              * staging path): puts into it are not one-sided. */
             sp.reg_d = k == 1 || k == 5;

@@ -518,12 +518,7 @@ static void test_plans(void **state)
     (void)state;
     for (int t = 0; t < n_tls; t++)
         for (size_t k = 0; k < sizeof(plans) / sizeof(plans[0]); k++) {
-            spec_t sp;
-            memset(&sp, 0, sizeof(sp));
-            sp.P = plans[k][0];
-            sp.D = plans[k][1];
-            sp.H = plans[k][2];
-            sp.tls = tls_list[t];
+            spec_t sp = spec_of(plans[k][0], plans[k][1], plans[k][2], tls_list[t]);
             /* registered (not transport-allocated) pools: puts not one-sided */
             sp.reg_d = k == 2 || k == 6;
             sp.reg_p = k == 3 || k == 6;
@@ -536,12 +531,7 @@ static void test_refusals(void **state)
 {
     (void)state;
     for (int t = 0; t < n_tls; t++) {
-        spec_t sp;
-        memset(&sp, 0, sizeof(sp));
-        sp.P = 1;
-        sp.D = 2;
-        sp.H = 2;
-        sp.tls = tls_list[t];
+        spec_t sp = spec_of(1, 2, 2, tls_list[t]);
         pair_channels(&sp);
         run_pair(&sp, refuse_prefill, refuse_decode, 60000);
     }

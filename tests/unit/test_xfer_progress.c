@@ -596,12 +596,7 @@ static void test_progress(void **state)
     (void)state;
     for (int t = 0; t < n_tls; t++)
         for (size_t k = 0; k < sizeof(plans) / sizeof(plans[0]); k++) {
-            spec_t sp;
-            memset(&sp, 0, sizeof(sp));
-            sp.P = plans[k][0];
-            sp.D = plans[k][1];
-            sp.H = plans[k][2];
-            sp.tls = tls_list[t];
+            spec_t sp = spec_of(plans[k][0], plans[k][1], plans[k][2], tls_list[t]);
             sp.reg_d = k == 1; /* a registered pool: puts not one-sided */
             pair_channels(&sp);
             run_pair(&sp, pg_prefill, pg_decode, 60000);

@@ -60,6 +60,13 @@ typedef struct {
     int reg_p, reg_d; /* registered (not UCX-allocated) pools on that side */
 } spec_t;
 
+/* A pair's spec: P x D ranks, H KV heads, over tls; the rest zero (the
+ * scene's defaults; channels from pair_channels). */
+static inline spec_t spec_of(int P, int D, int H, const char *tls)
+{
+    return (spec_t){.P = P, .D = D, .H = H, .tls = tls};
+}
+
 static inline void side_init(duet_testkit_side_t *sd, const spec_t *sp, duet_xfer_role_t role,
                              int page_size)
 {
