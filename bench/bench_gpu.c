@@ -8,13 +8,17 @@
  *    reported as achieved TFLOP/s (2 * params * tokens for the matrices,
  *    plus causal attention) against it.
  *
- *   bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx 16]
+ *   bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx 16,1024,4096,8192]
  *             [--decode 128] [--prompts 512,1024,2048,4096,8192] [--reps 3]
  *
- * decode: each of B sequences gets a --ctx token prompt (one batched
- * forward), 3 warm-up steps, then --decode timed steps of greedy sampling
- * (graphs as configured: DUET_CUDA_GRAPHS=0 turns them off).  prefill: one
- * sequence of P tokens, the next token sampled; median of --reps. */
+ * decode, for each context length C of --ctx (ascending) and batch B: the
+ * sequences' C-token contexts are computed once per C (one sequence per
+ * forward), then each B runs 3 warm-up steps and --decode timed steps of
+ * greedy sampling from position C on (graphs as configured:
+ * DUET_CUDA_GRAPHS=0 turns them off); the fraction of the roofline is
+ * printed per (B, C).  A (B, C) whose KV does not fit the pool the device
+ * could hold is reported as skipped.  prefill: one sequence of P tokens,
+ * the next token sampled; median of --reps. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +42,9 @@
 
 typedef struct {
     const char *model;
-    int tp, ctx, decode, reps;
+    int tp, decode, reps;
     int batches[8], n_batches;
+    int ctx[8], n_ctx;
     int prompts[16], n_prompts;
 } args_t;
 
@@ -60,7 +65,7 @@ static int parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof(*a));
     a->tp = 1;
-    a->ctx = 16;
+    a->n_ctx = parse_list("16", a->ctx, 8);
     a->decode = 128;
     a->reps = 3;
     a->n_batches = parse_list("1,16,64", a->batches, 8);
@@ -72,7 +77,7 @@ static int parse(int argc, char **argv, args_t *a)
         else if (strcmp(k, "--tp") == 0)
             a->tp = atoi(v);
         else if (strcmp(k, "--ctx") == 0)
-            a->ctx = atoi(v);
+            a->n_ctx = parse_list(v, a->ctx, 8);
         else if (strcmp(k, "--decode") == 0)
             a->decode = atoi(v);
         else if (strcmp(k, "--reps") == 0)
@@ -84,7 +89,17 @@ static int parse(int argc, char **argv, args_t *a)
         else
             return -1;
     }
-    return a->model != NULL && a->tp > 0 && a->ctx > 0 && a->decode > 0 && a->reps > 0 ? 0 : -1;
+    for (int i = 0; i < a->n_ctx; i++) /* ascending */
+        for (int j = i + 1; j < a->n_ctx; j++)
+            if (a->ctx[j] < a->ctx[i]) {
+                int t = a->ctx[i];
+                a->ctx[i] = a->ctx[j];
+                a->ctx[j] = t;
+            }
+    return a->model != NULL && a->tp > 0 && a->n_ctx > 0 && a->ctx[0] > 0 && a->decode > 0 &&
+                   a->reps > 0
+               ? 0
+               : -1;
 }
 
 static double now_s(void)
@@ -212,23 +227,32 @@ int main(int argc, char **argv)
     double bw = copy_bandwidth();
     double tf = gemm_tflops();
 
-    int max_b = 1, max_p = 1;
+    int max_b = 1, max_p = 1, max_ctx = a.ctx[a.n_ctx - 1];
     for (int i = 0; i < a.n_batches; i++)
         max_b = a.batches[i] > max_b ? a.batches[i] : max_b;
     for (int i = 0; i < a.n_prompts; i++)
         max_p = a.prompts[i] > max_p ? a.prompts[i] : max_p;
-    int ps = 16, per_seq = (a.ctx + a.decode + 8 + ps - 1) / ps;
+    int ps = 16, chunk = max_p > 8192 ? max_p : 8192;
     duet_engine_opts_t eo;
-    duet_engine_t *e;
+    duet_engine_t *e = NULL;
     duet_engine_opts_default(&eo);
     eo.model_dir = a.model;
     eo.backend = "cuda";
     eo.tp = a.tp;
     eo.page_size = ps;
-    eo.n_pages = max_b * per_seq > max_p / ps + 2 ? max_b * per_seq : max_p / ps + 2;
-    eo.max_batch_tokens = max_p > max_b * a.ctx ? max_p : max_b * a.ctx;
+    eo.max_batch_tokens = chunk > max_b ? chunk : max_b;
     eo.max_seqs = max_b;
-    if (duet_engine_create(&eo, &e) != DUET_OK) {
+    /* the pool for every batch at the longest context, or as much of it as
+     * the device holds */
+    int want = max_b * ((max_ctx + a.decode + 8 + ps - 1) / ps);
+    if (want < max_p / ps + 2)
+        want = max_p / ps + 2;
+    for (eo.n_pages = want; eo.n_pages >= max_p / ps + 2; eo.n_pages = eo.n_pages * 3 / 4) {
+        if (duet_engine_create(&eo, &e) == DUET_OK)
+            break;
+        e = NULL;
+    }
+    if (e == NULL) {
         fprintf(stderr, "engine: %s\n", duet_error_msg());
         return 1;
     }
@@ -240,12 +264,13 @@ int main(int argc, char **argv)
     double wbytes = mat_params * 2.0;
     double kv_tok = (double)cfg->n_layers * 2.0 * cfg->n_kv_heads * cfg->head_dim * 2.0;
 
-    int32_t *tokens = duet_malloc((size_t)(max_p + max_b * a.ctx) * sizeof(int32_t));
+    size_t n_tok = (size_t)(max_p > max_ctx ? max_p : max_ctx);
+    int32_t *tokens = duet_malloc(n_tok * sizeof(int32_t));
     int32_t *pages = duet_malloc((size_t)eo.n_pages * sizeof(int32_t));
     int32_t *next = duet_malloc((size_t)max_b * sizeof(int32_t));
     int32_t *cur = duet_malloc((size_t)max_b * sizeof(int32_t));
     duet_engine_seq_t *seqs = duet_calloc((size_t)max_b, sizeof(duet_engine_seq_t));
-    for (int i = 0; i < max_p + max_b * a.ctx; i++)
+    for (size_t i = 0; i < n_tok; i++)
         tokens[i] = (int32_t)(((unsigned)i * 7919u + 13u) % (unsigned)(cfg->vocab - 2));
     for (int i = 0; i < eo.n_pages; i++)
         pages[i] = i;
@@ -259,39 +284,63 @@ int main(int argc, char **argv)
            cfg->intermediate, cfg->vocab, mat_params / 1e9);
     printf("  HBM copy bandwidth      %8.0f GB/s (1 GiB D2D, read + write)\n", bw);
     printf("  cuBLASLt bf16 GEMM      %8.0f TFLOP/s (8192^3, random data)\n", tf);
+    printf("  KV pool %d pages of %d tokens (%.1f GB)%s\n", eo.n_pages, ps,
+           (double)eo.n_pages * ps * kv_tok / 1e9, eo.n_pages < want ? ", less than asked" : "");
 
-    for (int bi = 0; bi < a.n_batches; bi++) {
-        int B = a.batches[bi];
-        for (int s = 0; s < B; s++)
-            seqs[s] = (duet_engine_seq_t){.tokens = tokens + s * a.ctx,
-                                          .n_tokens = a.ctx,
-                                          .pages = pages + s * per_seq,
-                                          .n_pages = per_seq,
-                                          .sample = true,
-                                          .sampling = duet_sampling_greedy()};
-        if (duet_engine_forward(e, seqs, B, next) != DUET_OK)
-            goto fail;
-        double t0 = 0;
-        for (int step = 0; step < a.decode + 3; step++) {
-            if (step == 3)
-                t0 = now_s();
-            for (int s = 0; s < B; s++) {
-                cur[s] = next[s];
-                seqs[s].start_pos += seqs[s].n_tokens;
-                seqs[s].tokens = &cur[s];
-                seqs[s].n_tokens = 1;
-                seqs[s].sample_index++;
+    for (int ci = 0; ci < a.n_ctx; ci++) {
+        int C = a.ctx[ci], per_seq = (C + a.decode + 8 + ps - 1) / ps;
+        int fit = eo.n_pages / per_seq, filled = fit < max_b ? fit : max_b;
+        /* every sequence's context, one sequence (in chunks) per forward */
+        for (int s = 0; s < filled; s++) {
+            for (int p0 = 0; p0 < C; p0 += chunk) {
+                int n = C - p0 < chunk ? C - p0 : chunk;
+                duet_engine_seq_t q = {.tokens = tokens + p0,
+                                       .n_tokens = n,
+                                       .start_pos = p0,
+                                       .pages = pages + s * per_seq,
+                                       .n_pages = per_seq,
+                                       .sample = p0 + n == C,
+                                       .sampling = duet_sampling_greedy()};
+                if (duet_engine_forward(e, &q, 1, next + s) != DUET_OK)
+                    goto fail;
             }
-            if (duet_engine_forward(e, seqs, B, next) != DUET_OK)
-                goto fail;
         }
-        double t = now_s() - t0;
-        double avg_ctx = a.ctx + 3 + a.decode / 2.0;
-        double roof = B * bw * 1e9 / (wbytes + B * avg_ctx * kv_tok);
-        double tps = (double)B * a.decode / t;
-        printf("  decode batch %-3d        %8.1f tok/s  %7.2f ms/step  roofline %8.1f tok/s "
-               "(%.0f%%)\n",
-               B, tps, 1e3 * t / a.decode, roof, 100.0 * tps / roof);
+        for (int bi = 0; bi < a.n_batches; bi++) {
+            int B = a.batches[bi];
+            if (B > filled) {
+                printf("  decode batch %-3d ctx %-6d skipped: %d sequences of %d tokens need %d "
+                       "pages, the pool has %d\n",
+                       B, C, B, C, B * per_seq, eo.n_pages);
+                continue;
+            }
+            for (int s = 0; s < B; s++)
+                seqs[s] = (duet_engine_seq_t){.tokens = &cur[s],
+                                              .n_tokens = 1,
+                                              .start_pos = C - 1,
+                                              .pages = pages + s * per_seq,
+                                              .n_pages = per_seq,
+                                              .sample = true,
+                                              .sampling = duet_sampling_greedy()};
+            double t0 = 0;
+            for (int step = 0; step < a.decode + 3; step++) {
+                if (step == 3)
+                    t0 = now_s();
+                for (int s = 0; s < B; s++) {
+                    cur[s] = next[s];
+                    seqs[s].start_pos++;
+                    seqs[s].sample_index++;
+                }
+                if (duet_engine_forward(e, seqs, B, next) != DUET_OK)
+                    goto fail;
+            }
+            double t = now_s() - t0;
+            double avg_ctx = C + 3 + a.decode / 2.0;
+            double roof = B * bw * 1e9 / (wbytes + B * avg_ctx * kv_tok);
+            double tps = (double)B * a.decode / t;
+            printf("  decode batch %-3d ctx %-6d %8.1f tok/s  %7.2f ms/step  roofline %8.1f tok/s "
+                   "(%.2f)\n",
+                   B, C, tps, 1e3 * t / a.decode, roof, tps / roof);
+        }
     }
     for (int pi = 0; pi < a.n_prompts; pi++) {
         int P = a.prompts[pi];

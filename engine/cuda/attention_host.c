@@ -2,11 +2,16 @@
  *
  * Attention kernel: the tensor-core tiled kernel (attention_prefill.cu)
  * when some sequence of the batch brings at least DUET__PREFILL_MIN_Q new
- * tokens and head_dim is 64 or 128; otherwise the per-token kernel
- * (attention_decode.cu), whose context is split over several blocks when
- * the batch alone would not fill the GPU.  The split count depends only on
- * the batch size, never on context lengths, so recorded decode graphs stay
- * valid. */
+ * tokens and head_dim is 64 or 128; otherwise flash-decoding
+ * (attention_flash_decode.cu) for head_dim 8..256 in powers of two, and
+ * the older per-token kernel (attention_decode.cu) for other head sizes or
+ * when DUET_CUDA_DECODE_ATTN=legacy.  Both split a token's context over
+ * several blocks when the batch alone would not fill the GPU; the split
+ * count depends only on the batch size, never on context lengths, so
+ * recorded decode graphs stay valid (flash-decoding uses fewer splits for
+ * short contexts, decided on the device).  Split scratch is reserved for
+ * every batch size of the shape at once, so it never moves under a
+ * recorded graph. */
 #include <math.h>
 #include <stdio.h>
 
@@ -88,6 +93,16 @@ duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int
     return DUET_OK;
 }
 
+/* Splits of the flash-decoding kernel: enough blocks for fd_blocks_per_sm
+ * per SM. */
+static int duet__fd_splits(const duet_backend_rank_t *r, int n, int nq, int nkv)
+{
+    int blocks = duet__cuda_flash_decode_blocks(n, nq, nkv);
+    int target = r->fd_blocks_per_sm * r->sm_count;
+    int s = (target + blocks - 1) / blocks;
+    return s < 1 ? 1 : s > DUET__CUDA_FD_MAX_SPLITS ? DUET__CUDA_FD_MAX_SPLITS : s;
+}
+
 static int duet__splits(const duet_backend_rank_t *r, int n, int nkv)
 {
     int blocks = n * nkv, s = 1;
@@ -96,13 +111,28 @@ static int duet__splits(const duet_backend_rank_t *r, int n, int nkv)
     return s > DUET__CUDA_ATTN_MAX_SPLITS ? DUET__CUDA_ATTN_MAX_SPLITS : s;
 }
 
-/* Scratch for any split decode batch of this shape, so that it is
- * allocated once and never moves under a recorded graph. */
-static duet_status_t duet__part_reserve(duet_backend_rank_t *r, int nq, int nkv, int head_dim)
+/* Split scratch of the chosen kernel for batch size n. */
+static size_t duet__part_need(const duet_backend_rank_t *r, bool flash, int n, int nq, int nkv,
+                              int head_dim)
+{
+    size_t off;
+    if (flash)
+        return duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim,
+                                               duet__fd_splits(r, n, nq, nkv), &off);
+    return duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
+}
+
+/* Scratch for any split decode batch of this shape (batch sizes beyond
+ * the largest split one need none), so that it is allocated once and never
+ * moves under a recorded graph.  Zeroed: the flash kernel's counters. */
+static duet_status_t duet__part_reserve(duet_backend_rank_t *r, bool flash, int nq, int nkv,
+                                        int head_dim)
 {
     size_t need = 0;
-    for (int n = 1; n * nkv < r->sm_count; n++) {
-        size_t b = duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
+    for (int n = 1;; n++) {
+        size_t b = duet__part_need(r, flash, n, nq, nkv, head_dim);
+        if (b == 0)
+            break;
         need = b > need ? b : need;
     }
     if (need <= r->part_bytes)
@@ -115,6 +145,7 @@ static duet_status_t duet__part_reserve(duet_backend_rank_t *r, int nq, int nkv,
     r->part = NULL;
     r->part_bytes = 0;
     DUET__CUDA_TRY(cudaMalloc((void **)&r->part, need));
+    DUET__CUDA_TRY(cudaMemset(r->part, 0, need));
     r->part_bytes = need;
     return DUET_OK;
 }
@@ -132,9 +163,13 @@ duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const v
     if (r->max_q >= DUET__PREFILL_MIN_Q && duet__cuda_attention_prefill_supported(head_dim))
         return duet__cuda_attention_prefill(r->stream, out, qkv, r->bd, duet__kv(r), layer,
                                             r->n_tiles, nq, nkv, head_dim, r->attn_variant);
-    int splits = duet__splits(r, n, nkv);
-    if (splits > 1 && (st = duet__part_reserve(r, nq, nkv, head_dim)) != DUET_OK)
+    bool flash = !r->decode_legacy && duet__cuda_flash_decode_supported(nq, nkv, head_dim);
+    int splits = flash ? duet__fd_splits(r, n, nq, nkv) : duet__splits(r, n, nkv);
+    if (splits > 1 && (st = duet__part_reserve(r, flash, nq, nkv, head_dim)) != DUET_OK)
         return st;
+    if (flash)
+        return duet__cuda_flash_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
+                                       head_dim, splits, r->part);
     return duet__cuda_attention_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
                                        head_dim, splits, r->part);
 }

@@ -184,6 +184,10 @@ struct duet_backend_rank {
     int am_cap;
 
     int attn_variant; /* DUET__CUDA_ATTN_MMA or _WMMA (DUET_CUDA_ATTN) */
+    /* decode attention: the flash-decoding kernel unless DUET_CUDA_DECODE_ATTN=legacy;
+     * its split count aims at fd_blocks_per_sm blocks per SM (DUET_CUDA_FD_BLOCKS) */
+    bool decode_legacy;
+    int fd_blocks_per_sm;
 
     /* RoPE */
     float *inv_freq_d;

@@ -78,6 +78,25 @@ duet_status_t duet__cuda_attention_decode(cudaStream_t s, void *out, const void 
 size_t duet__cuda_attention_decode_scratch(int n, int nq, int head_dim, int splits);
 /* Can the decode kernel take this group size and head_dim? */
 int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
+
+/* Largest number of context splits of the flash-decoding kernel. */
+#define DUET__CUDA_FD_MAX_SPLITS 64
+/* Blocks per SM the flash-decoding split count aims at (DUET_CUDA_FD_BLOCKS). */
+#define DUET__FD_BLOCKS_PER_SM 8
+/* Flash-decoding over paged KV (attention_flash_decode.cu): tokens with one
+ * query row per head each, head_dim 8..256 (a power of two times 8), any
+ * group size.  A token uses up to `splits` blocks over its context (fewer
+ * for short contexts; chosen on the device); with splits > 1, scratch is
+ * duet__cuda_flash_decode_scratch() bytes of device memory whose counters
+ * (at *counts_off_p) are zero before the first launch -- each launch leaves
+ * them zero again. */
+int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim);
+int duet__cuda_flash_decode_blocks(int n, int nq, int nkv);
+size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim, int splits,
+                                       size_t *counts_off_p);
+duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
+                                      duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer, int n,
+                                      int nq, int nkv, int head_dim, int splits, void *scratch);
 /* Tiled tensor-core attention for many queries per sequence: one block per
  * (tile of b.tiles, query head).  head_dim 64 or 128.  variant: the
  * register-accumulator mma.sync kernel or the wmma one (O in shared

@@ -18,9 +18,9 @@ PKG_CONFIG_LIBDIR=$C/pc cmake -S "$ROOT" -B "$B" -DDUET_WERROR=ON -DDUET_CUDA=ON
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER_LAUNCHER="$ROOT/tests/gpu/nvcc_launcher.sh" \
     > /dev/null
 tests=$(cd "$ROOT/tests/unit" && ls test_cuda_*.c | sed 's/\.c$//')
-cmake --build "$B" -j2 --target duet bench_gpu $tests
+cmake --build "$B" -j2 --target duet bench_gpu bench_attention $tests
 rm -f "$C"/bin/*
-cp "$B/tools/duet" "$B/bench/bench_gpu" "$C/bin/"
+cp "$B/tools/duet" "$B/bench/bench_gpu" "$B/bench/bench_attention" "$C/bin/"
 for t in $tests; do cp "$B/tests/$t" "$C/bin/"; done
 strip "$C"/bin/*
 cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libcmocka.so.0 "$C/lib/"

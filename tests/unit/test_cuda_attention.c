@@ -3,9 +3,10 @@
  * earlier batches when a test needs one), then attention of the new tokens.
  * Covered: both tensor-core prefill kernels (head_dim 64 and 128, several
  * sequences of different lengths, 64-row tiles cut mid-sequence, chunked
- * prefill on top of cached context, GQA and MQA), the per-token kernel for
- * other head sizes, and decode (one token per sequence) with and without
- * the context split across blocks, contexts crossing pages.
+ * prefill on top of cached context, GQA and MQA), flash-decoding and the
+ * per-token kernel for other head sizes, and decode (one token per
+ * sequence) with and without the context split across blocks, contexts
+ * crossing pages, to 16K tokens.
  *
  * The GPU keeps q/k/v and the cache in bf16 and rounds the softmax weights
  * to bf16 for the P.V product (prefill kernel); the cpu keeps float32.
@@ -178,6 +179,29 @@ static void test_decode(void **state)
     int ctx1[1] = {4000};
     decode_case(8, 2, 128, 32, 1, ctx1);
 }
+
+/* Flash-decoding at serving contexts: group sizes 1 (MHA), 3 and 12 (head
+ * groups padded / two groups per KV head), 4 and 8; head dims 64 and 128;
+ * pages of 1 and 16 tokens; contexts to 16K, short and long mixed in one
+ * batch (some tokens split, some not). */
+static void test_decode_long(void **state)
+{
+    (void)state;
+    DUET_TEST_NEED_GPU();
+    int mixed[4] = {8192, 3, 1500, 129};
+    decode_case(32, 8, 128, 16, 4, mixed); /* llama-3-8b's group of 4 */
+    decode_case(64, 8, 128, 16, 4, mixed); /* 8 */
+    decode_case(8, 8, 64, 1, 4, mixed);    /* MHA, one-token pages */
+    decode_case(32, 8, 64, 1, 4, mixed);   /* llama-3.2-1b's heads */
+    decode_case(12, 4, 64, 16, 4, mixed);  /* 3: a padded group */
+    decode_case(24, 2, 128, 16, 4, mixed); /* 12: two groups per KV head */
+    int longest[2] = {16384, 9000};
+    decode_case(8, 2, 128, 16, 2, longest);
+    int many[70];
+    for (int s = 0; s < 70; s++)
+        many[s] = 1 + (s * 997) % 2500;
+    decode_case(32, 8, 128, 16, 70, many); /* more blocks than the split target */
+}
 #else
 static void test_prefill_tensor_core(void **state)
 {
@@ -196,6 +220,12 @@ static void test_decode(void **state)
     (void)state;
     skip();
 }
+
+static void test_decode_long(void **state)
+{
+    (void)state;
+    skip();
+}
 #endif
 
 int main(void)
@@ -204,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_prefill_tensor_core),
         cmocka_unit_test(test_prefill_small_head),
         cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_decode_long),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,398 @@
+/* Flash-decoding over the paged KV cache: the attention of tokens that
+ * each bring one query row per head (decode, and prefill of head sizes
+ * without a tensor-core kernel), at the speed the KV can be read.
+ *
+ * One block of DUET__FD_WARPS warps per (token t, KV head, head group,
+ * split).  A head group is the GR <= 8 query heads of one KV head that the
+ * block scores together, so every K and V row it reads serves all of them.
+ * A key row of HD bf16 is read by L = HD / 8 lanes with one 16-byte load
+ * each, so a warp reads 32 / L consecutive rows (HND pages keep a head's
+ * rows contiguous) per instruction, coalesced; every lane keeps its eight
+ * dims of the GR query rows (pre-scaled by log2(e) / sqrt(HD)) and of the
+ * GR output rows in registers.  A warp loads ROWS of its row groups (K and
+ * V together) before it uses them, so several loads are in flight.
+ *
+ * Per warp, the online softmax in base 2 over the keys it visits:
+ *   m = running max, l = sum 2^(s - m), o = sum 2^(s - m) v
+ * reduced over the warp's lanes, then over the block's warps, and -- when
+ * the context is split -- over the splits:
+ *   M = max_i m_i,  o = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i.
+ *
+ * Splits: the launch gives the most splits a token may use (chosen from
+ * the batch size only, so a recorded graph stays valid as contexts grow);
+ * each token uses ceil(keys / DUET__FD_SPLIT_KEYS) of them at most, and a
+ * token with one split writes its output directly.  Otherwise each split
+ * writes (m, l, o) to scratch, and the last of the token's splits to
+ * finish (a counter per (token, KV head, head group), reset by that block)
+ * merges them: no second launch. */
+#include <math.h>
+
+#include "engine/cuda/cuda_device.cuh"
+#include "engine/cuda/cuda_kernels.h"
+
+#define DUET__FD_WARPS      4
+#define DUET__FD_SPLIT_KEYS 128 /* fewest keys a split is given */
+#define DUET__FD_LOG2E      1.4426950408889634f
+
+/* Splits token with `keys` keys uses when the launch allows `splits`. */
+static __device__ __forceinline__ int duet__fd_used_splits(int keys, int splits)
+{
+    int need = (keys + DUET__FD_SPLIT_KEYS - 1) / DUET__FD_SPLIT_KEYS;
+    return need < splits ? need : splits;
+}
+
+static __device__ __forceinline__ void duet__fd_unpack(uint4 u, float *v)
+{
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+/* Element offset of key k's row of KV head kh inside one K or V plane. */
+static __device__ __forceinline__ size_t duet__fd_row(const int32_t *pt, int k, int ps,
+                                                      int ps_shift, int nkv, int kh, int hd)
+{
+    int pg, in;
+    if (ps_shift >= 0) {
+        pg = k >> ps_shift;
+        in = k & (ps - 1);
+    } else {
+        pg = k / ps;
+        in = k - pg * ps;
+    }
+    return (((size_t)pt[pg] * (size_t)nkv + (size_t)kh) * (size_t)ps + (size_t)in) * (size_t)hd;
+}
+
+template <int HD, int GR>
+static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
+    duet__fd_kernel(duet_bf16 *out, const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv,
+                    int layer, int nq, int nkv, int hgroups, int splits, int ps_shift, float *part,
+                    unsigned *counts, float qscale)
+{
+    constexpr int L = HD / 8;                   /* lanes per key row */
+    constexpr int KPR = 32 / L;                 /* key rows per warp load */
+    constexpr int ROWS = GR <= 4 ? 4 : 2;       /* loads in flight per lane, K and V each */
+    constexpr int KPI = KPR * ROWS;             /* keys per warp iteration */
+    constexpr int STEP = KPI * DUET__FD_WARPS;  /* keys per block iteration */
+    __shared__ float o_s[DUET__FD_WARPS][GR][HD];
+    __shared__ float m_s[DUET__FD_WARPS][GR], l_s[DUET__FD_WARPS][GR];
+    __shared__ int last_s;
+
+    const int t = blockIdx.x, kh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
+    const int sp = blockIdx.z;
+    const int G = nq / nkv, h0 = kh * G + hg * GR, gn = min(GR, G - hg * GR);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane / L, li = lane % L;
+    const int keys = b.positions[t] + 1;
+    const int ns = duet__fd_used_splits(keys, splits);
+    if (sp >= ns)
+        return;
+    const int per = (keys + ns - 1) / ns;
+    const int k_begin = sp * per, k_end = min(keys, k_begin + per);
+    const int32_t *pt = b.page_table + (size_t)b.seq_of[t] * (size_t)b.hdr[2];
+    const int ps = kv.page_size;
+    const size_t plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)ps * (size_t)HD;
+    const duet_bf16 *kc = (const duet_bf16 *)kv.base + plane * (size_t)(2 * layer) + li * 8;
+    const duet_bf16 *vc = kc + plane;
+
+    float q[GR][8], acc[GR][8], m[GR], l[GR];
+    const duet_bf16 *qrow =
+        qkv + (size_t)t * (size_t)(nq + 2 * nkv) * HD + (size_t)h0 * HD + (size_t)li * 8;
+#pragma unroll
+    for (int g = 0; g < GR; g++) {
+        if (g < gn) {
+            duet__load8(qrow + (size_t)g * HD, q[g]);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                q[g][i] *= qscale;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                q[g][i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            acc[g][i] = 0.0f;
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+
+    for (int k0 = k_begin + warp * KPI; k0 < k_end; k0 += STEP) {
+        uint4 kr[ROWS], vr[ROWS];
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {
+            int k = k0 + u * KPR + sub;
+            if (k < k_end) {
+                size_t off = duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD);
+                kr[u] = __ldg(reinterpret_cast<const uint4 *>(kc + off));
+                vr[u] = __ldg(reinterpret_cast<const uint4 *>(vc + off));
+            } else {
+                kr[u] = make_uint4(0, 0, 0, 0);
+                vr[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float s[ROWS][GR];
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {
+            float kf[8];
+            duet__fd_unpack(kr[u], kf);
+#pragma unroll
+            for (int g = 0; g < GR; g++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    a = fmaf(q[g][i], kf[i], a);
+#pragma unroll
+                for (int o = L / 2; o > 0; o >>= 1)
+                    a += __shfl_xor_sync(0xffffffffu, a, o);
+                s[u][g] = k0 + u * KPR + sub < k_end ? a : -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GR; g++) {
+            float mx = s[0][g];
+#pragma unroll
+            for (int u = 1; u < ROWS; u++)
+                mx = fmaxf(mx, s[u][g]);
+#pragma unroll
+            for (int o = L; o < 32; o <<= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            /* finite: key k0 (u 0, sub 0) is in range */
+            float mn = fmaxf(m[g], mx), alpha = exp2f(m[g] - mn);
+            m[g] = mn;
+            l[g] *= alpha;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[g][i] *= alpha;
+#pragma unroll
+            for (int u = 0; u < ROWS; u++) {
+                float p = exp2f(s[u][g] - mn); /* 0 for keys out of range */
+                s[u][g] = p;
+                l[g] += p;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {
+            float vf[8];
+            duet__fd_unpack(vr[u], vf);
+#pragma unroll
+            for (int g = 0; g < GR; g++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    acc[g][i] = fmaf(s[u][g], vf[i], acc[g][i]);
+            }
+        }
+    }
+
+    /* the warp: lanes of one sub saw the same keys; sum over the subs */
+#pragma unroll
+    for (int g = 0; g < GR; g++) {
+#pragma unroll
+        for (int o = L; o < 32; o <<= 1) {
+            l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+        }
+        if (sub == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                o_s[warp][g][li * 8 + i] = acc[g][i];
+        }
+        if (lane == 0) {
+            m_s[warp][g] = m[g];
+            l_s[warp][g] = l[g];
+        }
+    }
+    __syncthreads();
+
+    /* the block: merge the warps, thread per (head, dim) */
+    const bool split = ns > 1;
+    for (int p = threadIdx.x; p < gn * HD; p += DUET__FD_WARPS * 32) {
+        int g = p / HD, d = p % HD;
+        float M = m_s[0][g];
+#pragma unroll
+        for (int w = 1; w < DUET__FD_WARPS; w++)
+            M = fmaxf(M, m_s[w][g]);
+        float lsum = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DUET__FD_WARPS; w++) {
+            float e = exp2f(m_s[w][g] - M); /* 0 for a warp without keys */
+            lsum += e * l_s[w][g];
+            o += e * o_s[w][g][d];
+        }
+        size_t h = (size_t)t * nq + (size_t)(h0 + g);
+        if (!split) {
+            out[h * HD + d] = duet__f2bf(o / lsum);
+        } else {
+            float *po = part + (h * (size_t)splits + (size_t)sp) * (size_t)(HD + 2);
+            po[2 + d] = o;
+            if (d == 0) {
+                po[0] = M;
+                po[1] = lsum;
+            }
+        }
+    }
+    if (!split)
+        return;
+
+    /* the last split of this token to finish merges the splits */
+    unsigned *cnt = counts + ((size_t)t * nkv + kh) * hgroups + hg;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last_s = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
+    __syncthreads();
+    if (!last_s)
+        return;
+    __threadfence();
+    for (int p = threadIdx.x; p < gn * HD; p += DUET__FD_WARPS * 32) {
+        int g = p / HD, d = p % HD;
+        size_t h = (size_t)t * nq + (size_t)(h0 + g);
+        const float *ph = part + h * (size_t)splits * (size_t)(HD + 2);
+        float M = -INFINITY;
+        for (int i = 0; i < ns; i++)
+            M = fmaxf(M, __ldcg(ph + (size_t)i * (HD + 2)));
+        float lsum = 0.0f, o = 0.0f;
+        for (int i = 0; i < ns; i++) {
+            const float *pi = ph + (size_t)i * (HD + 2);
+            float e = exp2f(__ldcg(pi) - M);
+            lsum += e * __ldcg(pi + 1);
+            o += e * __ldcg(pi + 2 + d);
+        }
+        out[h * HD + d] = duet__f2bf(o / lsum);
+    }
+    if (threadIdx.x == 0)
+        *cnt = 0u;
+}
+
+/* Query heads a block scores together for group size G. */
+static int duet__fd_gr(int G)
+{
+    return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+}
+
+extern "C" int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim)
+{
+    if (nkv <= 0 || nq % nkv != 0)
+        return 0;
+    switch (head_dim) {
+    case 8: case 16: case 32: case 64: case 128: case 256:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+extern "C" int duet__cuda_flash_decode_blocks(int n, int nq, int nkv)
+{
+    int G = nq / nkv, gr = duet__fd_gr(G);
+    return n * nkv * ((G + gr - 1) / gr);
+}
+
+extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim,
+                                                  int splits, size_t *counts_off_p)
+{
+    if (splits <= 1) {
+        *counts_off_p = 0;
+        return 0;
+    }
+    size_t part = (size_t)n * (size_t)nq * (size_t)splits * (size_t)(head_dim + 2) * sizeof(float);
+    part = (part + 255) & ~(size_t)255;
+    *counts_off_p = part;
+    return part + (size_t)duet__cuda_flash_decode_blocks(n, nq, nkv) * sizeof(unsigned);
+}
+
+template <int HD, int GR>
+static void duet__fd_launch(cudaStream_t s, dim3 grid, duet_bf16 *out, const duet_bf16 *qkv,
+                            duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer, int nq, int nkv,
+                            int hgroups, int splits, int ps_shift, float *part, unsigned *counts)
+{
+    duet__fd_kernel<HD, GR><<<grid, DUET__FD_WARPS * 32, 0, s>>>(
+        out, qkv, b, kv, layer, nq, nkv, hgroups, splits, ps_shift, part, counts,
+        DUET__FD_LOG2E / sqrtf((float)HD));
+}
+
+template <int HD>
+static void duet__fd_launch_gr(int gr, cudaStream_t s, dim3 grid, duet_bf16 *out,
+                               const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv,
+                               int layer, int nq, int nkv, int hgroups, int splits, int ps_shift,
+                               float *part, unsigned *counts)
+{
+    switch (gr) {
+    case 1:
+        duet__fd_launch<HD, 1>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    case 2:
+        duet__fd_launch<HD, 2>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    case 4:
+        duet__fd_launch<HD, 4>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    default:
+        duet__fd_launch<HD, 8>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    }
+}
+
+extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
+                                                 duet__cuda_batch_t b, duet__cuda_kv_t kv,
+                                                 int layer, int n, int nq, int nkv, int head_dim,
+                                                 int splits, void *scratch)
+{
+    if (n <= 0)
+        return DUET_OK;
+    if (!duet__cuda_flash_decode_supported(nq, nkv, head_dim) || splits < 1 ||
+        splits > DUET__CUDA_FD_MAX_SPLITS || (splits > 1 && scratch == NULL))
+        return duet_error(DUET_ERR_UNSUPPORTED,
+                          "cuda flash decode: %d query heads over %d kv heads, head_dim %d, "
+                          "%d splits",
+                          nq, nkv, head_dim, splits);
+    int G = nq / nkv, gr = duet__fd_gr(G), hgroups = (G + gr - 1) / gr;
+    int ps = kv.page_size, ps_shift = -1;
+    if (ps > 0 && (ps & (ps - 1)) == 0)
+        for (ps_shift = 0; (1 << ps_shift) < ps; ps_shift++)
+            ;
+    size_t coff = 0;
+    (void)duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim, splits, &coff);
+    float *part = (float *)scratch;
+    unsigned *counts = splits > 1 ? (unsigned *)((char *)scratch + coff) : NULL;
+    dim3 grid((unsigned)n, (unsigned)(nkv * hgroups), (unsigned)splits);
+    duet_bf16 *o = (duet_bf16 *)out;
+    const duet_bf16 *x = (const duet_bf16 *)qkv;
+    switch (head_dim) {
+    case 8:
+        duet__fd_launch_gr<8>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits, ps_shift,
+                              part, counts);
+        break;
+    case 16:
+        duet__fd_launch_gr<16>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    case 32:
+        duet__fd_launch_gr<32>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    case 64:
+        duet__fd_launch_gr<64>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
+                               ps_shift, part, counts);
+        break;
+    case 128:
+        duet__fd_launch_gr<128>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
+                                ps_shift, part, counts);
+        break;
+    default:
+        duet__fd_launch_gr<256>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
+                                ps_shift, part, counts);
+        break;
+    }
+    return DUET__CUDA_LAUNCHED("flash decode attention");
+}
