@@ -3,12 +3,13 @@
  * end of a ctx-token context, for each (batch, ctx).  Reports the KV bytes
  * the step must read (K and V of every context token of every sequence)
  * divided by the kernel time, against the device-to-device copy bandwidth
- * measured in the same run -- for the flash-decoding kernel and the legacy
- * per-token kernel side by side (DUET_CUDA_DECODE_ATTN picks one per rank).
+ * measured in the same run -- for flash-decoding on tensor cores (flash) and
+ * on CUDA cores (cores) and the legacy per-token kernel side by side
+ * (DUET_CUDA_DECODE_ATTN picks one per rank).
  *
  *   bench_attention [--heads 32/8] [--head-dim 128] [--batches 1,16,64]
  *                   [--ctx 1024,4096,8192] [--page 16] [--reps 50]
- *                   [--variants flash,legacy]
+ *                   [--variants flash,cores,legacy]
  *
  * Pages of a sequence are a shuffled set of the pool (as a long-running
  * server's are); KV contents are random bf16.  Time: --reps launches queued
@@ -57,7 +58,7 @@ static int parse(int argc, char **argv, args_t *a)
     a->reps = 50;
     a->n_batches = parse_list("1,16,64", a->batches, 8);
     a->n_ctx = parse_list("1024,4096,8192", a->ctx, 8);
-    snprintf(a->variants, sizeof(a->variants), "flash,legacy");
+    snprintf(a->variants, sizeof(a->variants), "flash,cores,legacy");
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (strcmp(k, "--heads") == 0) {
@@ -233,7 +234,7 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     if (parse(argc, argv, &a) != 0) {
         fprintf(stderr, "usage: bench_attention [--heads NQ/NKV] [--head-dim D] [--batches ...] "
-                        "[--ctx ...] [--page N] [--reps N] [--variants flash,legacy]\n");
+                        "[--ctx ...] [--page N] [--reps N] [--variants flash,cores,legacy]\n");
         return 2;
     }
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {

@@ -27,19 +27,7 @@
  * merges them: no second launch. */
 #include <math.h>
 
-#include "engine/cuda/cuda_device.cuh"
-#include "engine/cuda/cuda_kernels.h"
-
-#define DUET__FD_WARPS      4
-#define DUET__FD_SPLIT_KEYS 128 /* fewest keys a split is given */
-#define DUET__FD_LOG2E      1.4426950408889634f
-
-/* Splits token with `keys` keys uses when the launch allows `splits`. */
-static __device__ __forceinline__ int duet__fd_used_splits(int keys, int splits)
-{
-    int need = (keys + DUET__FD_SPLIT_KEYS - 1) / DUET__FD_SPLIT_KEYS;
-    return need < splits ? need : splits;
-}
+#include "engine/cuda/attention_flash.cuh"
 
 static __device__ __forceinline__ void duet__fd_unpack(uint4 u, float *v)
 {
@@ -50,21 +38,6 @@ static __device__ __forceinline__ void duet__fd_unpack(uint4 u, float *v)
         v[2 * i] = f.x;
         v[2 * i + 1] = f.y;
     }
-}
-
-/* Element offset of key k's row of KV head kh inside one K or V plane. */
-static __device__ __forceinline__ size_t duet__fd_row(const int32_t *pt, int k, int ps,
-                                                      int ps_shift, int nkv, int kh, int hd)
-{
-    int pg, in;
-    if (ps_shift >= 0) {
-        pg = k >> ps_shift;
-        in = k & (ps - 1);
-    } else {
-        pg = k / ps;
-        in = k - pg * ps;
-    }
-    return (((size_t)pt[pg] * (size_t)nkv + (size_t)kh) * (size_t)ps + (size_t)in) * (size_t)hd;
 }
 
 template <int HD, int GR>
@@ -78,9 +51,7 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     constexpr int ROWS = GR <= 4 ? 4 : 2;       /* loads in flight per lane, K and V each */
     constexpr int KPI = KPR * ROWS;             /* keys per warp iteration */
     constexpr int STEP = KPI * DUET__FD_WARPS;  /* keys per block iteration */
-    __shared__ float o_s[DUET__FD_WARPS][GR][HD];
-    __shared__ float m_s[DUET__FD_WARPS][GR], l_s[DUET__FD_WARPS][GR];
-    __shared__ int last_s;
+    __shared__ duet__fd_smem<HD, GR> sm;
 
     const int t = blockIdx.x, kh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
     const int sp = blockIdx.z;
@@ -201,79 +172,29 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
         if (sub == 0) {
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                o_s[warp][g][li * 8 + i] = acc[g][i];
+                sm.o[warp][g][li * 8 + i] = acc[g][i];
         }
         if (lane == 0) {
-            m_s[warp][g] = m[g];
-            l_s[warp][g] = l[g];
+            sm.m[warp][g] = m[g];
+            sm.l[warp][g] = l[g];
         }
     }
     __syncthreads();
 
-    /* the block: merge the warps, thread per (head, dim) */
-    const bool split = ns > 1;
-    for (int p = threadIdx.x; p < gn * HD; p += DUET__FD_WARPS * 32) {
-        int g = p / HD, d = p % HD;
-        float M = m_s[0][g];
-#pragma unroll
-        for (int w = 1; w < DUET__FD_WARPS; w++)
-            M = fmaxf(M, m_s[w][g]);
-        float lsum = 0.0f, o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DUET__FD_WARPS; w++) {
-            float e = exp2f(m_s[w][g] - M); /* 0 for a warp without keys */
-            lsum += e * l_s[w][g];
-            o += e * o_s[w][g][d];
-        }
-        size_t h = (size_t)t * nq + (size_t)(h0 + g);
-        if (!split) {
-            out[h * HD + d] = duet__f2bf(o / lsum);
-        } else {
-            float *po = part + (h * (size_t)splits + (size_t)sp) * (size_t)(HD + 2);
-            po[2 + d] = o;
-            if (d == 0) {
-                po[0] = M;
-                po[1] = lsum;
-            }
-        }
-    }
-    if (!split)
-        return;
-
-    /* the last split of this token to finish merges the splits */
-    unsigned *cnt = counts + ((size_t)t * nkv + kh) * hgroups + hg;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last_s = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
-    __syncthreads();
-    if (!last_s)
-        return;
-    __threadfence();
-    for (int p = threadIdx.x; p < gn * HD; p += DUET__FD_WARPS * 32) {
-        int g = p / HD, d = p % HD;
-        size_t h = (size_t)t * nq + (size_t)(h0 + g);
-        const float *ph = part + h * (size_t)splits * (size_t)(HD + 2);
-        float M = -INFINITY;
-        for (int i = 0; i < ns; i++)
-            M = fmaxf(M, __ldcg(ph + (size_t)i * (HD + 2)));
-        float lsum = 0.0f, o = 0.0f;
-        for (int i = 0; i < ns; i++) {
-            const float *pi = ph + (size_t)i * (HD + 2);
-            float e = exp2f(__ldcg(pi) - M);
-            lsum += e * __ldcg(pi + 1);
-            o += e * __ldcg(pi + 2 + d);
-        }
-        out[h * HD + d] = duet__f2bf(o / lsum);
-    }
-    if (threadIdx.x == 0)
-        *cnt = 0u;
+    duet__fd_finish<HD, GR>(sm, out, part, counts, t, nq, nkv, kh, hgroups, hg, h0, gn, sp, ns,
+                            splits);
 }
 
-/* Query heads a block scores together for group size G. */
-static int duet__fd_gr(int G)
+/* Query heads a block scores together for group size G: all of the
+ * group up to 8 (the tensor-core kernel always takes 8 rows). */
+static int duet__fd_gr(int G, bool mma)
 {
-    return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+    return mma ? 8 : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+}
+
+static bool duet__fd_mma(int head_dim, bool tensor_cores)
+{
+    return tensor_cores && (head_dim == 64 || head_dim == 128);
 }
 
 extern "C" int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim)
@@ -288,14 +209,16 @@ extern "C" int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim)
     }
 }
 
-extern "C" int duet__cuda_flash_decode_blocks(int n, int nq, int nkv)
+extern "C" int duet__cuda_flash_decode_blocks(int n, int nq, int nkv, int head_dim,
+                                              bool tensor_cores)
 {
-    int G = nq / nkv, gr = duet__fd_gr(G);
+    int G = nq / nkv, gr = duet__fd_gr(G, duet__fd_mma(head_dim, tensor_cores));
     return n * nkv * ((G + gr - 1) / gr);
 }
 
 extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim,
-                                                  int splits, size_t *counts_off_p)
+                                                  bool tensor_cores, int splits,
+                                                  size_t *counts_off_p)
 {
     if (splits <= 1) {
         *counts_off_p = 0;
@@ -304,7 +227,8 @@ extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int he
     size_t part = (size_t)n * (size_t)nq * (size_t)splits * (size_t)(head_dim + 2) * sizeof(float);
     part = (part + 255) & ~(size_t)255;
     *counts_off_p = part;
-    return part + (size_t)duet__cuda_flash_decode_blocks(n, nq, nkv) * sizeof(unsigned);
+    return part + (size_t)duet__cuda_flash_decode_blocks(n, nq, nkv, head_dim, tensor_cores) *
+                      sizeof(unsigned);
 }
 
 template <int HD, int GR>
@@ -346,7 +270,7 @@ static void duet__fd_launch_gr(int gr, cudaStream_t s, dim3 grid, duet_bf16 *out
 extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
                                                  duet__cuda_batch_t b, duet__cuda_kv_t kv,
                                                  int layer, int n, int nq, int nkv, int head_dim,
-                                                 int splits, void *scratch)
+                                                 bool tensor_cores, int splits, void *scratch)
 {
     if (n <= 0)
         return DUET_OK;
@@ -356,18 +280,24 @@ extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, cons
                           "cuda flash decode: %d query heads over %d kv heads, head_dim %d, "
                           "%d splits",
                           nq, nkv, head_dim, splits);
-    int G = nq / nkv, gr = duet__fd_gr(G), hgroups = (G + gr - 1) / gr;
+    bool mma = duet__fd_mma(head_dim, tensor_cores);
+    int G = nq / nkv, gr = duet__fd_gr(G, mma), hgroups = (G + gr - 1) / gr;
     int ps = kv.page_size, ps_shift = -1;
     if (ps > 0 && (ps & (ps - 1)) == 0)
         for (ps_shift = 0; (1 << ps_shift) < ps; ps_shift++)
             ;
     size_t coff = 0;
-    (void)duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim, splits, &coff);
+    (void)duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim, tensor_cores, splits, &coff);
     float *part = (float *)scratch;
     unsigned *counts = splits > 1 ? (unsigned *)((char *)scratch + coff) : NULL;
     dim3 grid((unsigned)n, (unsigned)(nkv * hgroups), (unsigned)splits);
     duet_bf16 *o = (duet_bf16 *)out;
     const duet_bf16 *x = (const duet_bf16 *)qkv;
+    if (mma) {
+        duet__fd_mma_launch(s, grid, head_dim, o, x, b, kv, layer, nq, nkv, hgroups, splits,
+                            ps_shift, part, counts);
+        return DUET__CUDA_LAUNCHED("flash decode attention (tensor cores)");
+    }
     switch (head_dim) {
     case 8:
         duet__fd_launch_gr<8>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits, ps_shift,

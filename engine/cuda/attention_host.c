@@ -97,7 +97,7 @@ duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int
  * per SM. */
 static int duet__fd_splits(const duet_backend_rank_t *r, int n, int nq, int nkv)
 {
-    int blocks = duet__cuda_flash_decode_blocks(n, nq, nkv);
+    int blocks = duet__cuda_flash_decode_blocks(n, nq, nkv, r->kv.head_dim, !r->decode_cores);
     int target = r->fd_blocks_per_sm * r->sm_count;
     int s = (target + blocks - 1) / blocks;
     return s < 1 ? 1 : s > DUET__CUDA_FD_MAX_SPLITS ? DUET__CUDA_FD_MAX_SPLITS : s;
@@ -117,7 +117,7 @@ static size_t duet__part_need(const duet_backend_rank_t *r, bool flash, int n, i
 {
     size_t off;
     if (flash)
-        return duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim,
+        return duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim, !r->decode_cores,
                                                duet__fd_splits(r, n, nq, nkv), &off);
     return duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
 }
@@ -169,7 +169,7 @@ duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const v
         return st;
     if (flash)
         return duet__cuda_flash_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
-                                       head_dim, splits, r->part);
+                                       head_dim, !r->decode_cores, splits, r->part);
     return duet__cuda_attention_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
                                        head_dim, splits, r->part);
 }

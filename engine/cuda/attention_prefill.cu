@@ -219,26 +219,11 @@ static __global__ void __launch_bounds__(DUET__PF_THREADS)
  * block.  Row statistics need only the 4 lanes of a row (2 shuffles); P
  * feeds the P.V product straight from the S registers; shared memory holds
  * only Q, K and V, so more blocks fit per SM. */
-static __device__ __forceinline__ void duet__mma16816(float *c, uint32_t a0, uint32_t a1,
-                                                      uint32_t a2, uint32_t a3, uint32_t b0,
-                                                      uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 static __device__ __forceinline__ uint32_t duet__ld32(const duet_bf16 *p)
 {
     return *reinterpret_cast<const uint32_t *>(p);
 }
 
-static __device__ __forceinline__ uint32_t duet__pack2f(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 static __device__ __forceinline__ uint32_t duet__pack2h(duet_bf16 lo, duet_bf16 hi)
 {

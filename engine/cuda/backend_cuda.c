@@ -180,6 +180,7 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
         g != NULL && strcmp(g, "wmma") == 0 ? DUET__CUDA_ATTN_WMMA : DUET__CUDA_ATTN_MMA;
     g = getenv("DUET_CUDA_DECODE_ATTN");
     r->decode_legacy = g != NULL && strcmp(g, "legacy") == 0;
+    r->decode_cores = g != NULL && strcmp(g, "cores") == 0;
     g = getenv("DUET_CUDA_FD_BLOCKS");
     r->fd_blocks_per_sm = g != NULL && atoi(g) > 0 && atoi(g) <= 64 ? atoi(g) : DUET__FD_BLOCKS_PER_SM;
     DUET_LOG_INFO("cuda rank %d: device %d %s, %d SMs, %.1f GiB, graphs %s, prefill attention %s, "
@@ -188,7 +189,9 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
                   (double)prop.totalGlobalMem / (double)(1u << 30),
                   r->graphs_enabled ? "on" : "off",
                   r->attn_variant == DUET__CUDA_ATTN_WMMA ? "wmma" : "mma",
-                  r->decode_legacy ? "legacy" : "flash");
+                  r->decode_legacy  ? "legacy"
+                  : r->decode_cores ? "flash on cuda cores"
+                                    : "flash");
     return DUET_OK;
 }
 

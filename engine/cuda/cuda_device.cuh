@@ -77,4 +77,23 @@ static __host__ __device__ __forceinline__ bool duet__aligned16(const void *p)
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+/* D += A.B, mma.sync m16n8k16, bf16 in, float32 accumulate; fragments in the
+ * PTX layout: lane (g = lane/4, t = lane%4) holds A rows g, g+8 and B/C
+ * column g / columns 2t, 2t+1. */
+static __device__ __forceinline__ void duet__mma16816(float *c, uint32_t a0, uint32_t a1,
+                                                      uint32_t a2, uint32_t a3, uint32_t b0,
+                                                      uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t duet__pack2f(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
 #endif

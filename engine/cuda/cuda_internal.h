@@ -184,9 +184,11 @@ struct duet_backend_rank {
     int am_cap;
 
     int attn_variant; /* DUET__CUDA_ATTN_MMA or _WMMA (DUET_CUDA_ATTN) */
-    /* decode attention: the flash-decoding kernel unless DUET_CUDA_DECODE_ATTN=legacy;
-     * its split count aims at fd_blocks_per_sm blocks per SM (DUET_CUDA_FD_BLOCKS) */
-    bool decode_legacy;
+    /* decode attention (DUET_CUDA_DECODE_ATTN): flash-decoding on tensor cores where
+     * the head_dim has that kernel ("flash", the default), on CUDA cores ("cores"),
+     * or the per-token kernel ("legacy"); the flash split count aims at
+     * fd_blocks_per_sm blocks per SM (DUET_CUDA_FD_BLOCKS) */
+    bool decode_legacy, decode_cores;
     int fd_blocks_per_sm;
 
     /* RoPE */

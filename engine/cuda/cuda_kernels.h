@@ -8,6 +8,7 @@
 #define DUET_ENGINE_CUDA_CUDA_KERNELS_H
 
 #include <cuda_runtime.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,18 +86,20 @@ int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
 #define DUET__FD_BLOCKS_PER_SM 8
 /* Flash-decoding over paged KV (attention_flash_decode.cu): tokens with one
  * query row per head each, head_dim 8..256 (a power of two times 8), any
- * group size.  A token uses up to `splits` blocks over its context (fewer
- * for short contexts; chosen on the device); with splits > 1, scratch is
+ * group size; head_dim 64 and 128 on tensor cores when tensor_cores.  A
+ * token uses up to `splits` blocks over its context (fewer for short
+ * contexts; chosen on the device); with splits > 1, scratch is
  * duet__cuda_flash_decode_scratch() bytes of device memory whose counters
  * (at *counts_off_p) are zero before the first launch -- each launch leaves
  * them zero again. */
 int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim);
-int duet__cuda_flash_decode_blocks(int n, int nq, int nkv);
-size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim, int splits,
-                                       size_t *counts_off_p);
+int duet__cuda_flash_decode_blocks(int n, int nq, int nkv, int head_dim, bool tensor_cores);
+size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim, bool tensor_cores,
+                                       int splits, size_t *counts_off_p);
 duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
                                       duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer, int n,
-                                      int nq, int nkv, int head_dim, int splits, void *scratch);
+                                      int nq, int nkv, int head_dim, bool tensor_cores, int splits,
+                                      void *scratch);
 /* Tiled tensor-core attention for many queries per sequence: one block per
  * (tile of b.tiles, query head).  head_dim 64 or 128.  variant: the
  * register-accumulator mma.sync kernel or the wmma one (O in shared

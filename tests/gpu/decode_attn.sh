@@ -6,13 +6,15 @@
 #   unit     test_cuda_attention (flash-decoding and the other kernels vs the
 #            cpu backend, contexts to 16K) and test_cuda_engine (graphs vs
 #            eager), then compute-sanitizer memcheck on test_cuda_attention
-#   kernel   bench_attention (the kernel alone, flash-decoding and legacy)
+#   kernel   bench_attention (the kernel alone: flash-decoding on tensor cores,
+#            on CUDA cores, and the legacy per-token kernel)
 #            next to PyTorch's scaled_dot_product_attention (tests/gpu/
 #            attn_peer.py: cuDNN, flash, efficient) on the same shapes:
 #            llama-3-8b (32/8 heads, head_dim 128), llama-3.2-1b (32/8, 64)
 #   model    bench_gpu decode of both shapes at ctx 16,1024,4096,8192 x batch
 #            1,16,64: the fraction of the HBM roofline (DUET_CUDA_DECODE_ATTN
-#            =legacy too with LEGACY=1)
+#            =legacy too with LEGACY=1); models with max_position 16384 so
+#            that ctx 8192 plus the decoded tokens fit
 #
 # Every section starts with the card's name; output to stdout and $LOG_FILE
 # when set.
@@ -60,16 +62,16 @@ kernel)
         set -- $shape
         step "bench_attention heads $1 head_dim $2"
         timeout 300 "$BIN/bench_attention" --heads "$1" --head-dim "$2" --batches 1,16,64 \
-            --ctx 1024,4096,8192 --variants flash,legacy
+            --ctx 1024,4096,8192 --variants flash,cores,legacy
         step "attn_peer (PyTorch SDPA) heads $1 head_dim $2"
         PYTHONUNBUFFERED=1 timeout 300 python3 tests/gpu/attn_peer.py --heads "$1" --head-dim "$2" \
             --batches 1,16,64 --ctx 1024,4096,8192
     done
     ;;
 model)
-    mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
-    mk llama-8b --preset llama-3-8b-shape --dtype bf16
-    for m in llama-8b llama-1b; do
+    mk llama-1b-16k --preset llama-3.2-1b-shape --dtype bf16 --max-pos 16384
+    mk llama-8b-16k --preset llama-3-8b-shape --dtype bf16 --max-pos 16384
+    for m in llama-8b-16k llama-1b-16k; do
         step "bench_gpu $m decode at serving contexts"
         timeout 500 "$BIN/bench_gpu" --model "$MODELS/$m" --ctx 16,1024,4096,8192 \
             --batches 1,16,64 --decode 64 --prompts 512,8192 --reps 2

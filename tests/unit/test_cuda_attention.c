@@ -180,10 +180,11 @@ static void test_decode(void **state)
     decode_case(8, 2, 128, 32, 1, ctx1);
 }
 
-/* Flash-decoding at serving contexts: group sizes 1 (MHA), 3 and 12 (head
- * groups padded / two groups per KV head), 4 and 8; head dims 64 and 128;
- * pages of 1 and 16 tokens; contexts to 16K, short and long mixed in one
- * batch (some tokens split, some not). */
+/* Flash-decoding at serving contexts, on tensor cores (head dims 64, 128)
+ * and on CUDA cores (32 to 256): group sizes 1 (MHA), 3 and 12 (head
+ * groups padded / two groups per KV head), 4 and 8; pages of 1 and 16
+ * tokens; contexts to 16K, short and long mixed in one batch (some tokens
+ * split, some not). */
 static void test_decode_long(void **state)
 {
     (void)state;
@@ -197,6 +198,14 @@ static void test_decode_long(void **state)
     decode_case(24, 2, 128, 16, 4, mixed); /* 12: two groups per KV head */
     int longest[2] = {16384, 9000};
     decode_case(8, 2, 128, 16, 2, longest);
+    /* the same on CUDA cores (DUET_CUDA_DECODE_ATTN=cores, read when the
+     * rank starts), and the head dims only that kernel takes */
+    setenv("DUET_CUDA_DECODE_ATTN", "cores", 1);
+    decode_case(32, 8, 128, 16, 4, mixed);
+    decode_case(24, 2, 64, 1, 4, mixed);
+    decode_case(16, 4, 256, 16, 4, mixed);
+    decode_case(8, 8, 32, 16, 4, mixed);
+    unsetenv("DUET_CUDA_DECODE_ATTN");
     int many[70];
     for (int s = 0; s < 70; s++)
         many[s] = 1 + (s * 997) % 2500;

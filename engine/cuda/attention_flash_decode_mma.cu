@@ -1,0 +1,206 @@
+/* Flash-decoding on tensor cores, head_dim 64 or 128: the same blocks,
+ * splits and merge as attention_flash_decode.cu (attention_flash.cuh), with
+ * the two products of a warp's 16 keys done by mma.sync m16n8k16 straight
+ * from registers loaded from global memory -- no shared-memory staging,
+ * every load 16 bytes and every row read by consecutive lanes.
+ *
+ * Lane (g = lane/4, c = lane%4) of a warp:
+ *  - S = Q.K^T, M = query heads (g; rows 8-15 unused), N = 8 keys per tile
+ *    (two tiles: keys k0..k0+7, k0+8..k0+15), K = head_dim in steps of 16.
+ *    The dot product does not care in which order dims are summed, so the
+ *    fragment's 16 "logical" dims of step j are the actual dims
+ *    c*HD/4 + 4j + {0,1,2,3}: a lane supplies dims [c*HD/4, (c+1)*HD/4) of
+ *    key k0+g (B) and of query head g (A), loaded as HD/32 16-byte words,
+ *    and the fragments are those words in order.
+ *  - the online softmax of head g's row: the 4 lanes of a row hold its 16
+ *    scores, 2 shuffles give the row max.
+ *  - O += P.V with P from the S registers (the C layout of two key tiles
+ *    is the A layout of one 16-key step) and V (B: 16 keys x 8 dims) for
+ *    output tile t: lane (g, c) supplies keys k0 + 2c + {0, 1, 8, 9} at dim
+ *    g*HD/8 + t, so it loads dims [g*HD/8, (g+1)*HD/8) of those 4 keys and
+ *    pairs the keys' bf16 values with one byte permute per fragment.
+ *    Output element (head g, logical column n) of tile t is dim
+ *    n*HD/8 + t. */
+#include <math.h>
+
+#include "engine/cuda/attention_flash.cuh"
+
+#define DUET__FDM_GR 8 /* query heads per block: the 8 rows of a fragment a lane group owns */
+
+template <int HD>
+static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
+    duet__fdm_kernel(duet_bf16 *out, const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv,
+                     int layer, int nq, int nkv, int hgroups, int splits, int ps_shift,
+                     float *part, unsigned *counts, float qscale)
+{
+    constexpr int QW = HD / 8;    /* 32-bit words of q and of a key row per lane */
+    constexpr int KS = HD / 16;   /* k-steps of S */
+    constexpr int VW = HD / 16;   /* 32-bit words of a V row per lane */
+    constexpr int TILES = HD / 8; /* 8-dim output tiles */
+    constexpr int STEP = 16 * DUET__FD_WARPS;
+    __shared__ duet__fd_smem<HD, DUET__FDM_GR> sm;
+
+    const int t = blockIdx.x, kh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
+    const int sp = blockIdx.z;
+    const int G = nq / nkv, h0 = kh * G + hg * DUET__FDM_GR;
+    const int gn = min(DUET__FDM_GR, G - hg * DUET__FDM_GR);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int keys = b.positions[t] + 1;
+    const int ns = duet__fd_used_splits(keys, splits);
+    if (sp >= ns)
+        return;
+    const int per = (keys + ns - 1) / ns;
+    const int k_begin = sp * per, k_end = min(keys, k_begin + per);
+    const int32_t *pt = b.page_table + (size_t)b.seq_of[t] * (size_t)b.hdr[2];
+    const int ps = kv.page_size;
+    const size_t plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)ps * (size_t)HD;
+    const duet_bf16 *kc = (const duet_bf16 *)kv.base + plane * (size_t)(2 * layer);
+    const duet_bf16 *vc = kc + plane;
+
+    uint32_t qf[QW];
+    if (g < gn) {
+        const uint4 *qp = reinterpret_cast<const uint4 *>(
+            qkv + (size_t)t * (size_t)(nq + 2 * nkv) * HD + (size_t)(h0 + g) * HD + c * (HD / 4));
+#pragma unroll
+        for (int i = 0; i < QW / 4; i++) {
+            uint4 u = qp[i];
+            qf[4 * i] = u.x;
+            qf[4 * i + 1] = u.y;
+            qf[4 * i + 2] = u.z;
+            qf[4 * i + 3] = u.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < QW; i++)
+            qf[i] = 0u;
+    }
+    float acc[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+
+    for (int k0 = k_begin + warp * 16; k0 < k_end; k0 += STEP) {
+        uint32_t kw[2][QW], vw[4][VW];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            int k = k0 + 8 * tt + g;
+            if (k < k_end) {
+                const uint4 *kp = reinterpret_cast<const uint4 *>(
+                    kc + duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD) + c * (HD / 4));
+#pragma unroll
+                for (int i = 0; i < QW / 4; i++) {
+                    uint4 u = __ldg(kp + i);
+                    kw[tt][4 * i] = u.x;
+                    kw[tt][4 * i + 1] = u.y;
+                    kw[tt][4 * i + 2] = u.z;
+                    kw[tt][4 * i + 3] = u.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < QW; i++)
+                    kw[tt][i] = 0u;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int k = k0 + 2 * c + (j & 1) + 8 * (j >> 1);
+            if (k < k_end) {
+                const uint4 *vp = reinterpret_cast<const uint4 *>(
+                    vc + duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD) + g * (HD / 8));
+#pragma unroll
+                for (int i = 0; i < VW / 4; i++) {
+                    uint4 u = __ldg(vp + i);
+                    vw[j][4 * i] = u.x;
+                    vw[j][4 * i + 1] = u.y;
+                    vw[j][4 * i + 2] = u.z;
+                    vw[j][4 * i + 3] = u.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < VW; i++)
+                    vw[j][i] = 0u;
+            }
+        }
+
+        /* S: head g, keys k0 + 8tt + 2c + {0, 1} in s[tt][0..1] */
+        float s[2][4];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            s[tt][0] = s[tt][1] = s[tt][2] = s[tt][3] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KS; j++)
+                duet__mma16816(s[tt], qf[2 * j], 0u, qf[2 * j + 1], 0u, kw[tt][2 * j],
+                               kw[tt][2 * j + 1]);
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int k = k0 + 8 * tt + 2 * c + e;
+                s[tt][e] = k < k_end ? s[tt][e] * qscale : -INFINITY;
+                mx = fmaxf(mx, s[tt][e]);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        /* finite: key k0 is in range */
+        float mn = fmaxf(m, mx), alpha = exp2f(m - mn);
+        m = mn;
+        float p[2][2];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            p[tt][0] = exp2f(s[tt][0] - mn);
+            p[tt][1] = exp2f(s[tt][1] - mn);
+        }
+        l = l * alpha + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+#pragma unroll
+        for (int i = 0; i < TILES; i++) {
+            acc[i][0] *= alpha;
+            acc[i][1] *= alpha;
+        }
+
+        /* O += P.V */
+        uint32_t pa0 = duet__pack2f(p[0][0], p[0][1]), pa2 = duet__pack2f(p[1][0], p[1][1]);
+#pragma unroll
+        for (int w = 0; w < VW; w++) {
+            duet__mma16816(acc[2 * w], pa0, 0u, pa2, 0u, __byte_perm(vw[0][w], vw[1][w], 0x5410),
+                           __byte_perm(vw[2][w], vw[3][w], 0x5410));
+            duet__mma16816(acc[2 * w + 1], pa0, 0u, pa2, 0u,
+                           __byte_perm(vw[0][w], vw[1][w], 0x7632),
+                           __byte_perm(vw[2][w], vw[3][w], 0x7632));
+        }
+    }
+
+    /* the warp: a row's 4 lanes summed different keys into l */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+    for (int i = 0; i < TILES; i++) {
+        sm.o[warp][g][(2 * c) * (HD / 8) + i] = acc[i][0];
+        sm.o[warp][g][(2 * c + 1) * (HD / 8) + i] = acc[i][1];
+    }
+    if (c == 0) {
+        sm.m[warp][g] = m;
+        sm.l[warp][g] = l;
+    }
+    __syncthreads();
+    duet__fd_finish<HD, DUET__FDM_GR>(sm, out, part, counts, t, nq, nkv, kh, hgroups, hg, h0, gn,
+                                      sp, ns, splits);
+}
+
+void duet__fd_mma_launch(cudaStream_t s, dim3 grid, int head_dim, duet_bf16 *out,
+                         const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer,
+                         int nq, int nkv, int hgroups, int splits, int ps_shift, float *part,
+                         unsigned *counts)
+{
+    float qscale = DUET__FD_LOG2E / sqrtf((float)head_dim);
+    if (head_dim == 64)
+        duet__fdm_kernel<64><<<grid, DUET__FD_WARPS * 32, 0, s>>>(
+            out, qkv, b, kv, layer, nq, nkv, hgroups, splits, ps_shift, part, counts, qscale);
+    else
+        duet__fdm_kernel<128><<<grid, DUET__FD_WARPS * 32, 0, s>>>(
+            out, qkv, b, kv, layer, nq, nkv, hgroups, splits, ps_shift, part, counts, qscale);
+}
