@@ -18,11 +18,20 @@
 #define DUET__FD_SPLIT_KEYS 128 /* fewest keys a split is given */
 #define DUET__FD_LOG2E      1.4426950408889634f
 
-/* Splits a token with `keys` keys uses when the launch allows `splits`. */
-static __device__ __forceinline__ int duet__fd_used_splits(int keys, int splits)
+/* The keys [*kb, *ke) of split sp of a token with `keys` keys when the
+ * launch allows `splits`; returns the splits the token uses (a block with
+ * sp at or past it has nothing to do).  Splits start at multiples of 16, so
+ * the 16 keys a warp takes at a time sit in one page of 16 or more. */
+static __device__ __forceinline__ int duet__fd_split(int keys, int splits, int sp, int *kb,
+                                                     int *ke)
 {
-    int need = (keys + DUET__FD_SPLIT_KEYS - 1) / DUET__FD_SPLIT_KEYS;
-    return need < splits ? need : splits;
+    int ns = (keys + DUET__FD_SPLIT_KEYS - 1) / DUET__FD_SPLIT_KEYS;
+    ns = ns < splits ? ns : splits;
+    int per = ((keys + ns - 1) / ns + 15) & ~15;
+    ns = (keys + per - 1) / per;
+    *kb = sp * per;
+    *ke = min(keys, *kb + per);
+    return ns;
 }
 
 /* Element offset of key k's row of KV head kh inside one K or V plane

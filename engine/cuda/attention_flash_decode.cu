@@ -59,11 +59,10 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / L, li = lane % L;
     const int keys = b.positions[t] + 1;
-    const int ns = duet__fd_used_splits(keys, splits);
+    int k_begin, k_end;
+    const int ns = duet__fd_split(keys, splits, sp, &k_begin, &k_end);
     if (sp >= ns)
         return;
-    const int per = (keys + ns - 1) / ns;
-    const int k_begin = sp * per, k_end = min(keys, k_begin + per);
     const int32_t *pt = b.page_table + (size_t)b.seq_of[t] * (size_t)b.hdr[2];
     const int ps = kv.page_size;
     const size_t plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)ps * (size_t)HD;

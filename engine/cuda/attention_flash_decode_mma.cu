@@ -47,11 +47,10 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int keys = b.positions[t] + 1;
-    const int ns = duet__fd_used_splits(keys, splits);
+    int k_begin, k_end;
+    const int ns = duet__fd_split(keys, splits, sp, &k_begin, &k_end);
     if (sp >= ns)
         return;
-    const int per = (keys + ns - 1) / ns;
-    const int k_begin = sp * per, k_end = min(keys, k_begin + per);
     const int32_t *pt = b.page_table + (size_t)b.seq_of[t] * (size_t)b.hdr[2];
     const int ps = kv.page_size;
     const size_t plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)ps * (size_t)HD;
@@ -81,14 +80,36 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;
 
+    /* pages of 16 or more: a warp's 16 keys (from a multiple of 16) share
+     * one page, looked up once */
+    const bool one_page = ps_shift >= 4;
     for (int k0 = k_begin + warp * 16; k0 < k_end; k0 += STEP) {
         uint32_t kw[2][QW], vw[4][VW];
+        size_t pbase = 0; /* the page's row 0 for this KV head */
+        if (one_page) {
+            pbase = ((size_t)pt[k0 >> ps_shift] * (size_t)nkv + (size_t)kh) * (size_t)ps * HD -
+                    (size_t)(k0 & ~(ps - 1)) * HD;
+            /* the warp's next 16 keys into L2 while these are used */
+            int kn = k0 + STEP;
+            if (kn < k_end) {
+                size_t nb = ((size_t)pt[kn >> ps_shift] * (size_t)nkv + (size_t)kh) * (size_t)ps *
+                                HD +
+                            (size_t)(kn & (ps - 1)) * HD;
+                /* 16 rows of K and of V: 2 * 16 * HD * 2 bytes, a line per lane */
+                constexpr int LINES = 16 * HD * 2 / 128;
+                if (lane < LINES) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + nb + (size_t)lane * 64));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + nb + (size_t)lane * 64));
+                }
+            }
+        }
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             int k = k0 + 8 * tt + g;
             if (k < k_end) {
-                const uint4 *kp = reinterpret_cast<const uint4 *>(
-                    kc + duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD) + c * (HD / 4));
+                size_t row = one_page ? pbase + (size_t)k * HD
+                                      : duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD);
+                const uint4 *kp = reinterpret_cast<const uint4 *>(kc + row + c * (HD / 4));
 #pragma unroll
                 for (int i = 0; i < QW / 4; i++) {
                     uint4 u = __ldg(kp + i);
@@ -107,8 +128,9 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
         for (int j = 0; j < 4; j++) {
             int k = k0 + 2 * c + (j & 1) + 8 * (j >> 1);
             if (k < k_end) {
-                const uint4 *vp = reinterpret_cast<const uint4 *>(
-                    vc + duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD) + g * (HD / 8));
+                size_t row = one_page ? pbase + (size_t)k * HD
+                                      : duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD);
+                const uint4 *vp = reinterpret_cast<const uint4 *>(vc + row + g * (HD / 8));
 #pragma unroll
                 for (int i = 0; i < VW / 4; i++) {
                     uint4 u = __ldg(vp + i);

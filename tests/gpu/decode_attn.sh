@@ -11,6 +11,7 @@
 #            next to PyTorch's scaled_dot_product_attention (tests/gpu/
 #            attn_peer.py: cuDNN, flash, efficient) on the same shapes:
 #            llama-3-8b (32/8 heads, head_dim 128), llama-3.2-1b (32/8, 64)
+#   sweep    bench_attention (tensor cores) for split targets of 2..32 blocks/SM
 #   model    bench_gpu decode of both shapes at ctx 16,1024,4096,8192 x batch
 #            1,16,64: the fraction of the HBM roofline (DUET_CUDA_DECODE_ATTN
 #            =legacy too with LEGACY=1); models with max_position 16384 so
@@ -66,6 +67,17 @@ kernel)
         step "attn_peer (PyTorch SDPA) heads $1 head_dim $2"
         PYTHONUNBUFFERED=1 timeout 300 python3 tests/gpu/attn_peer.py --heads "$1" --head-dim "$2" \
             --batches 1,16,64 --ctx 1024,4096,8192
+    done
+    ;;
+sweep)
+    # the split target (blocks per SM) of flash-decoding, tensor cores
+    for nb in 2 4 8 16 32; do
+        for shape in "32/8 128" "32/8 64"; do
+            set -- $shape
+            step "bench_attention heads $1 head_dim $2, DUET_CUDA_FD_BLOCKS=$nb"
+            DUET_CUDA_FD_BLOCKS=$nb timeout 120 "$BIN/bench_attention" --heads "$1" --head-dim "$2" \
+                --batches 1,16,64 --ctx 1024,4096,8192 --variants flash
+        done
     done
     ;;
 model)
