@@ -54,6 +54,7 @@ static __device__ __forceinline__ size_t duet__fd_row(const int32_t *pt, int k, 
 template <int HD, int GR> struct duet__fd_smem {
     float o[DUET__FD_WARPS][GR][HD];
     float m[DUET__FD_WARPS][GR], l[DUET__FD_WARPS][GR];
+    float w[GR][DUET__CUDA_FD_MAX_SPLITS]; /* the merge: each split's weight */
     int last;
 };
 
@@ -105,21 +106,36 @@ static __device__ void duet__fd_finish(duet__fd_smem<HD, GR> &sm, duet_bf16 *out
     if (!sm.last)
         return;
     __threadfence();
+    /* each split's weight 2^(m_i - M) / L, then o = sum_i weight_i o_i */
+    for (int p = threadIdx.x; p < gn * ns; p += DUET__FD_WARPS * 32) {
+        int g = p / ns, i = p % ns;
+        sm.w[g][i] = __ldcg(part + (((size_t)t * nq + (size_t)(h0 + g)) * (size_t)splits + i) *
+                                       (size_t)(HD + 2));
+    }
+    __syncthreads();
+    if (threadIdx.x < gn) {
+        int g = threadIdx.x;
+        const float *ph = part + ((size_t)t * nq + (size_t)(h0 + g)) * (size_t)splits * (HD + 2);
+        float M = -INFINITY, L = 0.0f;
+        for (int i = 0; i < ns; i++)
+            M = fmaxf(M, sm.w[g][i]);
+        for (int i = 0; i < ns; i++) {
+            sm.w[g][i] = exp2f(sm.w[g][i] - M);
+            L += sm.w[g][i] * __ldcg(ph + (size_t)i * (HD + 2) + 1);
+        }
+        for (int i = 0; i < ns; i++)
+            sm.w[g][i] /= L;
+    }
+    __syncthreads();
     for (int p = threadIdx.x; p < gn * HD; p += DUET__FD_WARPS * 32) {
         int g = p / HD, d = p % HD;
         size_t h = (size_t)t * nq + (size_t)(h0 + g);
-        const float *ph = part + h * (size_t)splits * (size_t)(HD + 2);
-        float M = -INFINITY;
+        const float *ph = part + h * (size_t)splits * (size_t)(HD + 2) + 2 + d;
+        float o = 0.0f;
+#pragma unroll 8
         for (int i = 0; i < ns; i++)
-            M = fmaxf(M, __ldcg(ph + (size_t)i * (HD + 2)));
-        float lsum = 0.0f, o = 0.0f;
-        for (int i = 0; i < ns; i++) {
-            const float *pi = ph + (size_t)i * (HD + 2);
-            float e = exp2f(__ldcg(pi) - M);
-            lsum += e * __ldcg(pi + 1);
-            o += e * __ldcg(pi + 2 + d);
-        }
-        out[h * HD + d] = duet__f2bf(o / lsum);
+            o += sm.w[g][i] * __ldcg(ph + (size_t)i * (HD + 2));
+        out[h * HD + d] = duet__f2bf(o);
     }
     if (threadIdx.x == 0)
         *cnt = 0u;

@@ -14,13 +14,15 @@
  *    and the fragments are those words in order.
  *  - the online softmax of head g's row: the 4 lanes of a row hold its 16
  *    scores, 2 shuffles give the row max.
- *  - O += P.V with P from the S registers (the C layout of two key tiles
- *    is the A layout of one 16-key step) and V (B: 16 keys x 8 dims) for
- *    output tile t: lane (g, c) supplies keys k0 + 2c + {0, 1, 8, 9} at dim
- *    g*HD/8 + t, so it loads dims [g*HD/8, (g+1)*HD/8) of those 4 keys and
- *    pairs the keys' bf16 values with one byte permute per fragment.
- *    Output element (head g, logical column n) of tile t is dim
- *    n*HD/8 + t. */
+ *  - O^T += V^T.P^T, M = 16 dims, N = the 8 heads, K = the 16 keys: P^T
+ *    is the S registers as they are (lane (g, c) holds head g's scores of
+ *    keys 2c, 2c+1 and 8+2c, 9+2c: the B layout), and V^T (A) for tile w
+ *    is, for lane (g, c), keys k0 + 2c + {0, 1, 8, 9} at the dims
+ *    g*HD/8 + 2w (row g) and g*HD/8 + 2w + 1 (row g+8): the lane loads dims
+ *    [g*HD/8, (g+1)*HD/8) of those 4 keys and pairs the keys' bf16 values
+ *    with one byte permute per fragment register.  Its accumulators are
+ *    those dims for heads 2c, 2c+1, rescaled by those rows' factors.
+ */
 #include <math.h>
 
 #include "engine/cuda/attention_flash.cuh"
@@ -36,7 +38,6 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     constexpr int QW = HD / 8;    /* 32-bit words of q and of a key row per lane */
     constexpr int KS = HD / 16;   /* k-steps of S */
     constexpr int VW = HD / 16;   /* 32-bit words of a V row per lane */
-    constexpr int TILES = HD / 8; /* 8-dim output tiles */
     constexpr int STEP = 16 * DUET__FD_WARPS;
     __shared__ duet__fd_smem<HD, DUET__FDM_GR> sm;
 
@@ -74,9 +75,9 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
         for (int i = 0; i < QW; i++)
             qf[i] = 0u;
     }
-    float acc[TILES][4];
+    float acc[VW][4]; /* O^T tile w: dims g*HD/8 + 2w (+1), heads 2c, 2c+1 */
 #pragma unroll
-    for (int i = 0; i < TILES; i++)
+    for (int i = 0; i < VW; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     float m = -INFINITY, l = 0.0f;
 
@@ -178,21 +179,20 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
             p[tt][1] = exp2f(s[tt][1] - mn);
         }
         l = l * alpha + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
-#pragma unroll
-        for (int i = 0; i < TILES; i++) {
-            acc[i][0] *= alpha;
-            acc[i][1] *= alpha;
-        }
-
-        /* O += P.V */
-        uint32_t pa0 = duet__pack2f(p[0][0], p[0][1]), pa2 = duet__pack2f(p[1][0], p[1][1]);
+        /* O^T += V^T.P^T: this lane accumulates heads 2c, 2c+1 (their rescale
+         * factors from rows 2c, 2c+1) */
+        float a0 = __shfl_sync(0xffffffffu, alpha, 8 * c), a1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
+        uint32_t pb0 = duet__pack2f(p[0][0], p[0][1]), pb1 = duet__pack2f(p[1][0], p[1][1]);
 #pragma unroll
         for (int w = 0; w < VW; w++) {
-            duet__mma16816(acc[2 * w], pa0, 0u, pa2, 0u, __byte_perm(vw[0][w], vw[1][w], 0x5410),
-                           __byte_perm(vw[2][w], vw[3][w], 0x5410));
-            duet__mma16816(acc[2 * w + 1], pa0, 0u, pa2, 0u,
+            acc[w][0] *= a0;
+            acc[w][1] *= a1;
+            acc[w][2] *= a0;
+            acc[w][3] *= a1;
+            duet__mma16816(acc[w], __byte_perm(vw[0][w], vw[1][w], 0x5410),
                            __byte_perm(vw[0][w], vw[1][w], 0x7632),
-                           __byte_perm(vw[2][w], vw[3][w], 0x7632));
+                           __byte_perm(vw[2][w], vw[3][w], 0x5410),
+                           __byte_perm(vw[2][w], vw[3][w], 0x7632), pb0, pb1);
         }
     }
 
@@ -200,9 +200,12 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
 #pragma unroll
-    for (int i = 0; i < TILES; i++) {
-        sm.o[warp][g][(2 * c) * (HD / 8) + i] = acc[i][0];
-        sm.o[warp][g][(2 * c + 1) * (HD / 8) + i] = acc[i][1];
+    for (int w = 0; w < VW; w++) {
+        int d = g * (HD / 8) + 2 * w;
+        sm.o[warp][2 * c][d] = acc[w][0];
+        sm.o[warp][2 * c + 1][d] = acc[w][1];
+        sm.o[warp][2 * c][d + 1] = acc[w][2];
+        sm.o[warp][2 * c + 1][d + 1] = acc[w][3];
     }
     if (c == 0) {
         sm.m[warp][g] = m;

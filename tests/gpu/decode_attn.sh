@@ -71,7 +71,7 @@ kernel)
     ;;
 sweep)
     # the split target (blocks per SM) of flash-decoding, tensor cores
-    for nb in 2 4 8 16 32; do
+    for nb in ${SWEEP_BLOCKS:-1 2 3 4 8}; do
         for shape in "32/8 128" "32/8 64"; do
             set -- $shape
             step "bench_attention heads $1 head_dim $2, DUET_CUDA_FD_BLOCKS=$nb"
