@@ -10,7 +10,7 @@
 
 #include "common/alloc.h"
 #include "fuzz/fuzz.h"
-#include "router/chat_template.h"
+#include "router/chat/chat_template.h"
 
 #define DUET__FUZZ_MAX_MSGS 16
 

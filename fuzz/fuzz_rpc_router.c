@@ -14,7 +14,8 @@
 #include "common/pb_strings.h"
 #include "fuzz/fuzz.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "router/router_internal.h"
+#include "router/grpc/grpc.h"
+#include "router/job/request.h"
 
 static duet_router_t duet__fuzz_rt;
 

@@ -16,9 +16,9 @@
 
 #include "common/alloc.h"
 #include "common/cluster.h"
-#include "router/buf.h"
-#include "router/cache_index.h"
-#include "router/policy_cache.h"
+#include "router/base/buf.h"
+#include "router/fleet/cache_index.h"
+#include "router/fleet/policy_cache.h"
 #include "router/router.h"
 
 #define PS 4 /* page size of these tests */

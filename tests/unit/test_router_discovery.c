@@ -19,8 +19,8 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/cluster.h"
-#include "router/discovery.h"
-#include "router/workers.h"
+#include "router/fleet/discovery.h"
+#include "router/fleet/workers.h"
 
 static void parse_ok(const char *text, const char *host, const char *port)
 {

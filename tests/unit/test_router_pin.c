@@ -14,7 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/cluster.h"
-#include "router/workers_internal.h"
+#include "router/fleet/workers_internal.h"
 
 static const char duet__config[] =
     "{\"model\": \"x\", \"kv\": {\"page_size\": 16},"
