@@ -315,7 +315,7 @@ static bool duet__expect(duet__parser_t *ps, const char *s)
     return false;
 }
 
-static duet__node_t *duet__node(duet__parser_t *ps, duet__node_kind_t kind)
+static duet__node_t *duet__node_new(duet__parser_t *ps, duet__node_kind_t kind)
 {
     duet__node_t *n = duet__tmpl_arena_alloc(ps->arena, sizeof(*n));
     if (n == NULL) {
@@ -330,7 +330,7 @@ static duet__node_t *duet__node(duet__parser_t *ps, duet__node_kind_t kind)
 /* Decode a string literal's escapes into the arena. */
 static duet__node_t *duet__string_lit(duet__parser_t *ps, duet__tok_t tk)
 {
-    duet__node_t *n = duet__node(ps, DUET__E_STR);
+    duet__node_t *n = duet__node_new(ps, DUET__E_STR);
     char *out = n ? duet__tmpl_arena_alloc(ps->arena, tk.n) : NULL;
     size_t k = 0;
     if (out == NULL)
@@ -414,19 +414,19 @@ static duet__node_t *duet__primary(duet__parser_t *ps)
         }
         return n;
     case DUET__T_INT:
-        if ((n = duet__node(ps, DUET__E_INT)))
+        if ((n = duet__node_new(ps, DUET__E_INT)))
             n->i = tk.i;
         return n;
     case DUET__T_NAME:
         if (duet__tok_is(tk, "true") || duet__tok_is(tk, "True") || duet__tok_is(tk, "false") ||
             duet__tok_is(tk, "False")) {
-            if ((n = duet__node(ps, DUET__E_BOOL)))
+            if ((n = duet__node_new(ps, DUET__E_BOOL)))
                 n->i = tk.p[0] == 't' || tk.p[0] == 'T';
             return n;
         }
         if (duet__tok_is(tk, "none") || duet__tok_is(tk, "None"))
-            return duet__node(ps, DUET__E_NONE);
-        if ((n = duet__node(ps, DUET__E_NAME)))
+            return duet__node_new(ps, DUET__E_NONE);
+        if ((n = duet__node_new(ps, DUET__E_NAME)))
             n->s = duet__tmpl_arena_strndup(ps->arena, tk.p, tk.n);
         return n;
     case DUET__T_OP:
@@ -435,11 +435,11 @@ static duet__node_t *duet__primary(duet__parser_t *ps)
             return n && duet__expect(ps, ")") ? n : NULL;
         }
         if (duet__tok_is(tk, "[")) {
-            n = duet__node(ps, DUET__E_LIST);
+            n = duet__node_new(ps, DUET__E_LIST);
             return n && duet__args(ps, n, "]", false) ? n : NULL;
         }
         if (duet__tok_is(tk, "{")) {
-            n = duet__node(ps, DUET__E_DICT);
+            n = duet__node_new(ps, DUET__E_DICT);
             return n && duet__args(ps, n, "}", true) ? n : NULL;
         }
         break;
@@ -459,7 +459,7 @@ static duet__node_t *duet__postfix(duet__parser_t *ps)
             duet__tok_t name = duet__next(ps);
             if (name.kind != DUET__T_NAME)
                 return duet__perr(ps, DUET_ERR_FORMAT, "expected a name after '.'"), NULL;
-            if ((m = duet__node(ps, DUET__E_ATTR)) == NULL)
+            if ((m = duet__node_new(ps, DUET__E_ATTR)) == NULL)
                 return NULL;
             m->a = n;
             m->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
@@ -475,14 +475,14 @@ static duet__node_t *duet__postfix(duet__parser_t *ps)
                     return NULL;
             }
             if (!duet__expect(ps, "]") ||
-                (m = duet__node(ps, slice ? DUET__E_SLICE : DUET__E_INDEX)) == NULL)
+                (m = duet__node_new(ps, slice ? DUET__E_SLICE : DUET__E_INDEX)) == NULL)
                 return NULL;
             m->a = n;
             m->b = lo;
             m->c = hi;
             n = m;
         } else if (duet__accept(ps, "(")) {
-            if ((m = duet__node(ps, DUET__E_CALL)) == NULL || !duet__args(ps, m, ")", false))
+            if ((m = duet__node_new(ps, DUET__E_CALL)) == NULL || !duet__args(ps, m, ")", false))
                 return NULL;
             m->a = n;
             n = m;
@@ -501,7 +501,7 @@ static duet__node_t *duet__filtered(duet__parser_t *ps)
         duet__tok_t name = duet__next(ps);
         if (name.kind != DUET__T_NAME)
             return duet__perr(ps, DUET_ERR_FORMAT, "expected a filter name"), NULL;
-        if ((m = duet__node(ps, DUET__E_FILTER)) == NULL)
+        if ((m = duet__node_new(ps, DUET__E_FILTER)) == NULL)
             return NULL;
         m->a = n;
         m->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
@@ -518,7 +518,7 @@ static duet__node_t *duet__unary(duet__parser_t *ps)
     if (duet__accept(ps, "-")) {
         if (!duet__nest_in(ps))
             return NULL;
-        if ((n = duet__node(ps, DUET__E_NEG)) != NULL)
+        if ((n = duet__node_new(ps, DUET__E_NEG)) != NULL)
             n->a = duet__unary(ps);
         ps->depth--;
         return n != NULL && n->a != NULL ? n : NULL;
@@ -530,7 +530,7 @@ static duet__node_t *duet__binop(duet__parser_t *ps, duet__node_t *a, duet__op_t
                                  duet__node_t *b)
 {
     duet__node_t *n;
-    if (a == NULL || b == NULL || (n = duet__node(ps, DUET__E_BINOP)) == NULL)
+    if (a == NULL || b == NULL || (n = duet__node_new(ps, DUET__E_BINOP)) == NULL)
         return NULL;
     n->a = a;
     n->b = b;
@@ -576,7 +576,7 @@ static duet__node_t *duet__concat(duet__parser_t *ps)
     return n;
 }
 
-static duet__node_t *duet__compare(duet__parser_t *ps)
+static duet__node_t *duet__parse_compare(duet__parser_t *ps)
 {
     static const struct {
         const char *s;
@@ -597,7 +597,7 @@ static duet__node_t *duet__compare(duet__parser_t *ps)
             return n;
         }
         if (duet__accept(ps, "is")) {
-            duet__node_t *m = duet__node(ps, DUET__E_TEST);
+            duet__node_t *m = duet__node_new(ps, DUET__E_TEST);
             if (m == NULL)
                 return NULL;
             m->i = duet__accept(ps, "not");
@@ -625,19 +625,19 @@ static duet__node_t *duet__not(duet__parser_t *ps)
     if (duet__accept(ps, "not")) {
         if (!duet__nest_in(ps))
             return NULL;
-        if ((n = duet__node(ps, DUET__E_NOT)) != NULL)
+        if ((n = duet__node_new(ps, DUET__E_NOT)) != NULL)
             n->a = duet__not(ps);
         ps->depth--;
         return n != NULL && n->a != NULL ? n : NULL;
     }
-    return duet__compare(ps);
+    return duet__parse_compare(ps);
 }
 
 static duet__node_t *duet__logic(duet__parser_t *ps, bool or_level)
 {
     duet__node_t *n = or_level ? duet__logic(ps, false) : duet__not(ps), *m;
     while (n && duet__accept(ps, or_level ? "or" : "and")) {
-        if ((m = duet__node(ps, or_level ? DUET__E_OR : DUET__E_AND)) == NULL)
+        if ((m = duet__node_new(ps, or_level ? DUET__E_OR : DUET__E_AND)) == NULL)
             return NULL;
         m->a = n;
         if ((m->b = or_level ? duet__logic(ps, false) : duet__not(ps)) == NULL)
@@ -652,7 +652,7 @@ static duet__node_t *duet__cond(duet__parser_t *ps)
 {
     duet__node_t *n = duet__logic(ps, true), *m;
     if (n && duet__accept(ps, "if")) {
-        if ((m = duet__node(ps, DUET__E_COND)) == NULL)
+        if ((m = duet__node_new(ps, DUET__E_COND)) == NULL)
             return NULL;
         m->b = n;
         if ((m->a = duet__logic(ps, true)) == NULL)
@@ -698,17 +698,18 @@ static duet__tok_t duet__stmt_word(duet__parser_t *ps, const duet__seg_t *s)
     return duet__peek(ps);
 }
 
-static duet__node_t *duet__body(duet__parser_t *ps, const char *const *ends, duet__tok_t *end_p);
+static duet__node_t *duet__parse_body(duet__parser_t *ps, const char *const *ends,
+                                      duet__tok_t *end_p);
 
 static duet__node_t *duet__if(duet__parser_t *ps)
 {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
-    duet__node_t *n = duet__node(ps, DUET__N_IF);
+    duet__node_t *n = duet__node_new(ps, DUET__N_IF);
     duet__tok_t end;
 
     if (n == NULL || (n->a = duet__expr(ps)) == NULL || !duet__tag_done(ps))
         return NULL;
-    n->body = duet__body(ps, ends, &end);
+    n->body = duet__parse_body(ps, ends, &end);
     if (ps->err)
         return NULL;
     if (duet__tok_is(end, "elif")) {
@@ -718,7 +719,7 @@ static duet__node_t *duet__if(duet__parser_t *ps)
         static const char *const endif[] = {"endif", NULL};
         if (!duet__tag_done(ps))
             return NULL;
-        n->orelse = duet__body(ps, endif, &end);
+        n->orelse = duet__parse_body(ps, endif, &end);
         if (ps->err || !duet__tag_done(ps))
             return NULL;
     } else if (!duet__tag_done(ps)) {
@@ -730,7 +731,7 @@ static duet__node_t *duet__if(duet__parser_t *ps)
 static duet__node_t *duet__for(duet__parser_t *ps)
 {
     static const char *const ends[] = {"else", "endfor", NULL};
-    duet__node_t *n = duet__node(ps, DUET__N_FOR);
+    duet__node_t *n = duet__node_new(ps, DUET__N_FOR);
     duet__tok_t name = duet__next(ps), end;
 
     if (n == NULL || name.kind != DUET__T_NAME)
@@ -750,12 +751,12 @@ static duet__node_t *duet__for(duet__parser_t *ps)
         return duet__perr(ps, DUET_ERR_UNSUPPORTED, "recursive loops are not supported"), NULL;
     if (!duet__tag_done(ps))
         return NULL;
-    n->body = duet__body(ps, ends, &end);
+    n->body = duet__parse_body(ps, ends, &end);
     if (ps->err || !duet__tag_done(ps))
         return NULL;
     if (duet__tok_is(end, "else")) {
         static const char *const endfor[] = {"endfor", NULL};
-        n->orelse = duet__body(ps, endfor, &end);
+        n->orelse = duet__parse_body(ps, endfor, &end);
         if (ps->err || !duet__tag_done(ps))
             return NULL;
     }
@@ -764,7 +765,7 @@ static duet__node_t *duet__for(duet__parser_t *ps)
 
 static duet__node_t *duet__set(duet__parser_t *ps)
 {
-    duet__node_t *n = duet__node(ps, DUET__N_SET);
+    duet__node_t *n = duet__node_new(ps, DUET__N_SET);
     duet__tok_t name = duet__next(ps);
 
     if (n == NULL || name.kind != DUET__T_NAME)
@@ -793,14 +794,14 @@ static duet__node_t *duet__body_in(duet__parser_t *ps, const char *const *ends, 
     while (ps->pos < ps->nsegs && !ps->err) {
         const duet__seg_t *s = &ps->segs[ps->pos++];
         if (s->kind == DUET__SEG_TEXT) {
-            if ((n = duet__node(ps, DUET__N_TEXT)) == NULL)
+            if ((n = duet__node_new(ps, DUET__N_TEXT)) == NULL)
                 return NULL;
             n->s = s->p;
             n->slen = s->n;
         } else if (s->kind == DUET__SEG_EXPR) {
             duet__tag_begin(ps, s);
-            if ((n = duet__node(ps, DUET__N_OUTPUT)) == NULL || (n->a = duet__expr(ps)) == NULL ||
-                !duet__tag_done(ps))
+            if ((n = duet__node_new(ps, DUET__N_OUTPUT)) == NULL ||
+                (n->a = duet__expr(ps)) == NULL || !duet__tag_done(ps))
                 return NULL;
         } else {
             duet__tok_t w = duet__stmt_word(ps, s);
@@ -847,7 +848,8 @@ static duet__node_t *duet__body_in(duet__parser_t *ps, const char *const *ends, 
     return head;
 }
 
-static duet__node_t *duet__body(duet__parser_t *ps, const char *const *ends, duet__tok_t *end_p)
+static duet__node_t *duet__parse_body(duet__parser_t *ps, const char *const *ends,
+                                      duet__tok_t *end_p)
 {
     if (!duet__nest_in(ps))
         return NULL;
@@ -873,7 +875,7 @@ duet_status_t duet_router_chat_tmpl_compile(const char *src, duet_router_chat_tm
         duet_router_chat_tmpl_destroy(t);
         return st;
     }
-    t->root = duet__body(&ps, NULL, NULL);
+    t->root = duet__parse_body(&ps, NULL, NULL);
     if (ps.err) {
         duet_status_t st = ps.err;
         duet_router_chat_tmpl_destroy(t);

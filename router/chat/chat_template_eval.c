@@ -212,7 +212,7 @@ static duet__val_t *duet__lookup(duet__rs_t *rs, const char *name)
     return &duet__tmpl_undef;
 }
 
-static bool duet__bind(duet__rs_t *rs, const char *name, duet__val_t *v)
+static bool duet__rs_bind(duet__rs_t *rs, const char *name, duet__val_t *v)
 {
     duet__frame_t *f = rs->env;
     for (size_t i = 0; i < f->n; i++) {
@@ -576,7 +576,7 @@ static duet_status_t duet__exec_for(duet__rs_t *rs, const duet__node_t *n)
     rs->env = &frame;
     for (size_t i = 0; i < seq->n; i++) {
         frame.n = 0;
-        if (!duet__bind(rs, n->s, seq->items[i]))
+        if (!duet__rs_bind(rs, n->s, seq->items[i]))
             break;
         duet__val_t *keep = n->b ? duet__tmpl_eval(rs, n->b) : NULL;
         if (rs->err)
@@ -598,16 +598,17 @@ static duet_status_t duet__exec_for(duet__rs_t *rs, const duet__node_t *n)
             !duet__tmpl_dict_set(rs, loop, "last",
                                  duet__tmpl_int(rs, DUET__V_BOOL, k == len - 1)) ||
             !duet__tmpl_dict_set(rs, loop, "length", duet__tmpl_int(rs, DUET__V_INT, len)) ||
-            !duet__bind(rs, "loop", loop))
+            !duet__rs_bind(rs, "loop", loop))
             break;
         if (n->s2) { /* for k, v in pairs */
             if (item->kind != DUET__V_LIST || item->n != 2) {
                 duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "cannot unpack a loop item");
                 break;
             }
-            if (!duet__bind(rs, n->s, item->items[0]) || !duet__bind(rs, n->s2, item->items[1]))
+            if (!duet__rs_bind(rs, n->s, item->items[0]) ||
+                !duet__rs_bind(rs, n->s2, item->items[1]))
                 break;
-        } else if (!duet__bind(rs, n->s, item)) {
+        } else if (!duet__rs_bind(rs, n->s, item)) {
             break;
         }
         if (duet__exec(rs, n->body) != DUET_OK)
@@ -655,7 +656,7 @@ static duet_status_t duet__exec(duet__rs_t *rs, const duet__node_t *n)
                 else
                     duet__tmpl_dict_set(rs, ns, n->s2, v);
             } else {
-                duet__bind(rs, n->s, v);
+                duet__rs_bind(rs, n->s, v);
             }
             break;
         default:
@@ -696,15 +697,15 @@ duet_status_t duet_router_chat_tmpl_render(const duet_router_chat_tmpl_t *tmpl,
             !duet__tmpl_push(&rs, msgs, m, NULL))
             goto out;
     }
-    duet__bind(&rs, "messages", msgs);
-    duet__bind(&rs, "bos_token",
-               duet__tmpl_str(&rs, vars->bos_token, strlen(vars->bos_token), false));
-    duet__bind(&rs, "eos_token",
-               duet__tmpl_str(&rs, vars->eos_token, strlen(vars->eos_token), false));
-    duet__bind(&rs, "add_generation_prompt",
-               duet__tmpl_int(&rs, DUET__V_BOOL, vars->add_generation_prompt));
-    duet__bind(&rs, "raise_exception", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_RAISE));
-    duet__bind(&rs, "namespace", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_NAMESPACE));
+    duet__rs_bind(&rs, "messages", msgs);
+    duet__rs_bind(&rs, "bos_token",
+                  duet__tmpl_str(&rs, vars->bos_token, strlen(vars->bos_token), false));
+    duet__rs_bind(&rs, "eos_token",
+                  duet__tmpl_str(&rs, vars->eos_token, strlen(vars->eos_token), false));
+    duet__rs_bind(&rs, "add_generation_prompt",
+                  duet__tmpl_int(&rs, DUET__V_BOOL, vars->add_generation_prompt));
+    duet__rs_bind(&rs, "raise_exception", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_RAISE));
+    duet__rs_bind(&rs, "namespace", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_NAMESPACE));
     if (rs.err == DUET_OK)
         duet__exec(&rs, tmpl->root);
 out:

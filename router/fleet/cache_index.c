@@ -96,16 +96,16 @@ void duet_router_cache_index_clear(duet_router_cache_index_t *ci)
         memset(ci->buckets, 0xff, (size_t)ci->n_buckets * sizeof(*ci->buckets));
 }
 
-static uint32_t duet__bucket(const duet_router_cache_index_t *ci, uint64_t key)
+static uint32_t duet__ci_bucket(const duet_router_cache_index_t *ci, uint64_t key)
 {
     return (uint32_t)(key ^ (key >> 32)) & (ci->n_buckets - 1);
 }
 
-static uint32_t duet__find(const duet_router_cache_index_t *ci, uint64_t key)
+static uint32_t duet__ci_find(const duet_router_cache_index_t *ci, uint64_t key)
 {
     if (ci->n_buckets == 0)
         return DUET__NIL;
-    for (uint32_t i = ci->buckets[duet__bucket(ci, key)]; i != DUET__NIL; i = ci->nodes[i].hnext)
+    for (uint32_t i = ci->buckets[duet__ci_bucket(ci, key)]; i != DUET__NIL; i = ci->nodes[i].hnext)
         if (ci->nodes[i].key == key)
             return i;
     return DUET__NIL;
@@ -115,7 +115,7 @@ size_t duet_router_cache_index_match(const duet_router_cache_index_t *ci, const 
                                      size_t n)
 {
     size_t k = 0;
-    while (k < n && duet__find(ci, keys[k]) != DUET__NIL)
+    while (k < n && duet__ci_find(ci, keys[k]) != DUET__NIL)
         k++;
     return k;
 }
@@ -133,7 +133,7 @@ static void duet__lru_unlink(duet_router_cache_index_t *ci, uint32_t i)
         ci->tail = x->prev;
 }
 
-static void duet__lru_push(duet_router_cache_index_t *ci, uint32_t i)
+static void duet__ci_lru_push(duet_router_cache_index_t *ci, uint32_t i)
 {
     duet__ci_node_t *x = &ci->nodes[i];
     x->prev = DUET__NIL;
@@ -152,7 +152,7 @@ static void duet__evict(duet_router_cache_index_t *ci)
     if (i == DUET__NIL)
         return;
     duet__lru_unlink(ci, i);
-    for (p = &ci->buckets[duet__bucket(ci, ci->nodes[i].key)]; *p != i; p = &ci->nodes[*p].hnext)
+    for (p = &ci->buckets[duet__ci_bucket(ci, ci->nodes[i].key)]; *p != i; p = &ci->nodes[*p].hnext)
         ;
     *p = ci->nodes[i].hnext;
     ci->nodes[i].next = ci->free;
@@ -163,7 +163,7 @@ static void duet__evict(duet_router_cache_index_t *ci)
 
 /* Double the nodes (up to max_pages) and rebuild the buckets; false when
  * memory does not allow it (nothing changes then). */
-static bool duet__grow(duet_router_cache_index_t *ci)
+static bool duet__ci_grow(duet_router_cache_index_t *ci)
 {
     size_t cap = ci->cap ? (size_t)ci->cap * 2 : 64, nb = 1;
     duet__ci_node_t *nodes;
@@ -188,7 +188,7 @@ static bool duet__grow(duet_router_cache_index_t *ci)
     ci->buckets = buckets;
     ci->n_buckets = (uint32_t)nb;
     for (uint32_t i = ci->head; i != DUET__NIL; i = ci->nodes[i].next) {
-        uint32_t b = duet__bucket(ci, ci->nodes[i].key);
+        uint32_t b = duet__ci_bucket(ci, ci->nodes[i].key);
         ci->nodes[i].hnext = ci->buckets[b];
         ci->buckets[b] = i;
     }
@@ -197,12 +197,12 @@ static bool duet__grow(duet_router_cache_index_t *ci)
 
 /* A node for a new key: a free one, an untouched one, a new one, or the
  * least recent key's; DUET__NIL when there is none at all. */
-static uint32_t duet__node(duet_router_cache_index_t *ci)
+static uint32_t duet__ci_node_alloc(duet_router_cache_index_t *ci)
 {
     uint32_t i;
     if (ci->pages >= ci->max_pages)
         duet__evict(ci);
-    if (ci->free == DUET__NIL && ci->used == ci->cap && !duet__grow(ci))
+    if (ci->free == DUET__NIL && ci->used == ci->cap && !duet__ci_grow(ci))
         duet__evict(ci);
     if (ci->free != DUET__NIL) {
         i = ci->free;
@@ -217,19 +217,19 @@ void duet_router_cache_index_insert(duet_router_cache_index_t *ci, const uint64_
     if (n > ci->max_pages)
         n = ci->max_pages;
     for (size_t k = n; k-- > 0;) {
-        uint32_t i = duet__find(ci, keys[k]);
+        uint32_t i = duet__ci_find(ci, keys[k]);
         if (i != DUET__NIL) {
             duet__lru_unlink(ci, i);
-            duet__lru_push(ci, i);
+            duet__ci_lru_push(ci, i);
             continue;
         }
-        if ((i = duet__node(ci)) == DUET__NIL)
+        if ((i = duet__ci_node_alloc(ci)) == DUET__NIL)
             return;
         ci->nodes[i].key = keys[k];
-        uint32_t b = duet__bucket(ci, keys[k]);
+        uint32_t b = duet__ci_bucket(ci, keys[k]);
         ci->nodes[i].hnext = ci->buckets[b];
         ci->buckets[b] = i;
-        duet__lru_push(ci, i);
+        duet__ci_lru_push(ci, i);
         ci->pages++;
     }
 }

@@ -19,7 +19,7 @@ void duet__workers_info_cache(duet__worker_t *wk, const Duet__V1__InfoResponse *
     };
 }
 
-static double duet__field(const duet_router_cache_stats_t *c, int f)
+static double duet__cache_stat(const duet_router_cache_stats_t *c, int f)
 {
     switch (f) {
     case 0:
@@ -67,7 +67,7 @@ void duet_router_cache_metrics_render(duet_router_workers_t *w, duet_router_buf_
                     continue;
                 duet_router_buf_printf(b, "duet_prefix_cache_%s{role=\"%s\",name=\"%s\"} %g\n",
                                        fields[f][0], duet_role_name(role), wi.name,
-                                       duet__field(&wi.cache, (int)f));
+                                       duet__cache_stat(&wi.cache, (int)f));
             }
         }
     }

@@ -334,7 +334,7 @@ void duet_router_disc_lookup_release(duet_router_disc_lookup_t *lk)
 /* ---- reconciliation ---- */
 
 /* Index of addr in the sorted set, or -1. */
-static long duet__find(const duet_router_disc_addr_t *want, size_t n, const char *addr)
+static long duet__disc_find_addr(const duet_router_disc_addr_t *want, size_t n, const char *addr)
 {
     size_t lo = 0, hi = n;
     while (lo < hi) {
@@ -361,7 +361,7 @@ void duet_router_disc_reconcile(const duet_router_disc_member_t *m, size_t n_m,
         for (size_t i = 0; i < n_m; i++) {
             if (m[i].active != (pass == 0))
                 continue;
-            long j = duet__find(want, n_want, m[i].addr);
+            long j = duet__disc_find_addr(want, n_want, m[i].addr);
             bool take = j >= 0 && add[j];
             if (take)
                 add[j] = false;

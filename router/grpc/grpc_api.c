@@ -35,7 +35,7 @@ void duet_router_update_health(duet_router_t *rt)
     duet_rpc_health_set(rt->health, "duet.v1.Generate", s);
 }
 
-static grpc_status_code duet__check(duet_rpc_call_t *call, void *arg, const char **msg_p)
+static grpc_status_code duet__grpc_check_auth(duet_rpc_call_t *call, void *arg, const char **msg_p)
 {
     duet_router_t *rt = arg;
     size_t len = 0;
@@ -153,7 +153,8 @@ err:
     return false;
 }
 
-static void duet__generate(duet_rpc_call_t *call, const uint8_t *req, size_t req_len, void *arg)
+static void duet__grpc_generate(duet_rpc_call_t *call, const uint8_t *req, size_t req_len,
+                                void *arg)
 {
     duet_router_t *rt = arg;
     Duet__V1__GenerateRequest *in = duet__v1__generate_request__unpack(NULL, req_len, req);
@@ -204,7 +205,7 @@ duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int th
     cfg.stream_queue_limit = 8192;
     cfg.shutdown_grace_ms = 1000;
     cfg.max_message_bytes = duet_limit_router_message_bytes(rt->cfg);
-    cfg.check = duet__check;
+    cfg.check = duet__grpc_check_auth;
     cfg.check_arg = rt;
     cfg.auth = rt->auth;
     if ((st = duet_rpc_server_create(&cfg, &rt->grpc)) != DUET_OK)
@@ -212,7 +213,8 @@ duet_status_t duet_router_grpc_start(duet_router_t *rt, const char *addr, int th
     if ((st = duet_rpc_health_create(rt->grpc, DUET_RPC_HEALTH_NOT_SERVING, &rt->health)) !=
             DUET_OK ||
         (st = duet_rpc_server_add_method(rt->grpc, "/duet.v1.Generate/Generate",
-                                         DUET_RPC_SERVER_STREAMING, duet__generate, rt)) != DUET_OK)
+                                         DUET_RPC_SERVER_STREAMING, duet__grpc_generate, rt)) !=
+            DUET_OK)
         return st;
     duet_router_update_health(rt);
     return duet_rpc_server_start(rt->grpc);

@@ -70,8 +70,8 @@ static bool duet__write(duet__gcall_t *g, const Duet__V1__GenerateResponse *resp
     return ok;
 }
 
-static bool duet__sink_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const uint8_t *raw,
-                             size_t len)
+static bool duet__gchoice_on_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const uint8_t *raw,
+                                   size_t len)
 {
     duet__gchoice_t *c = arg;
     duet__gcall_t *g = c->g;
@@ -108,7 +108,7 @@ static void duet__write_finished(duet__gchoice_t *c, const uint8_t *raw, size_t 
         duet__v1__generate_response__free_unpacked(resp, NULL);
 }
 
-static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
+static void duet__gchoice_on_end(void *arg, const duet_router_job_end_t *end)
 {
     duet__gchoice_t *c = arg;
     duet__gcall_t *g = c->g;
@@ -150,9 +150,9 @@ static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
     duet__gcall_unref(g); /* the sink's */
 }
 
-static const duet_router_sink_t duet__sink = {duet__sink_chunk, duet__sink_end};
+static const duet_router_sink_t duet__gchoice_sink = {duet__gchoice_on_chunk, duet__gchoice_on_end};
 
-static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
+static void duet__gcall_on_cancel(duet_rpc_call_t *call, void *arg)
 {
     duet__gcall_t *g = arg;
 
@@ -162,14 +162,6 @@ static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
     for (uint32_t i = 0; i < g->n; i++)
         duet_router_job_cancel(g->ch[i].job);
     duet__gcall_unref(g);
-}
-
-static grpc_status_code duet__start_code(duet_status_t st)
-{
-    return st == DUET_ERR_EXHAUSTED                         ? GRPC_STATUS_RESOURCE_EXHAUSTED
-           : st == DUET_ERR_CANCELLED                       ? GRPC_STATUS_CANCELLED
-           : st == DUET_ERR_PEER || st == DUET_ERR_SHUTDOWN ? GRPC_STATUS_UNAVAILABLE
-                                                            : GRPC_STATUS_INTERNAL;
 }
 
 void duet_router_grpc_run(duet_router_t *rt, duet_rpc_call_t *call,
@@ -194,11 +186,11 @@ void duet_router_grpc_run(duet_router_t *rt, duet_rpc_call_t *call,
         g->ch[i].g = g;
         g->ch[i].index = i;
         st = duet_router_job_create_choice(rt, in, in->request_id, (int)i, (int)n, deadline_ns,
-                                           &duet__sink, &g->ch[i], &g->ch[i].job);
+                                           &duet__gchoice_sink, &g->ch[i], &g->ch[i].job);
     }
     if (st != DUET_OK)
         goto fail_call;
-    if (duet_rpc_call_on_cancel(call, duet__on_cancel, g) != DUET_OK) {
+    if (duet_rpc_call_on_cancel(call, duet__gcall_on_cancel, g) != DUET_OK) {
         code = GRPC_STATUS_CANCELLED;
         msg = "cancelled";
         goto fail_call;
@@ -213,7 +205,7 @@ void duet_router_grpc_run(duet_router_t *rt, duet_rpc_call_t *call,
         }
     }
     if (st != DUET_OK) {
-        code = duet__start_code(st);
+        code = duet_router_job_start_code(st);
         msg = duet_error_msg();
         if (started == 0) /* nothing runs: answer now */
             goto fail_call;
@@ -221,7 +213,7 @@ void duet_router_grpc_run(duet_router_t *rt, duet_rpc_call_t *call,
         duet_router_job_end_t end = {.ok = false, .code = code, .message = msg};
         for (uint32_t i = started; i < n; i++) {
             atomic_fetch_add(&g->refs, 1);
-            duet__sink_end(&g->ch[i], &end);
+            duet__gchoice_on_end(&g->ch[i], &end);
         }
     }
     duet__gcall_unref(g); /* the handler's */

@@ -94,7 +94,7 @@ static enum MHD_Result duet__respond_buf(duet__hreq_t *r, unsigned status, const
 
 /* ---- small endpoints ---- */
 
-static enum MHD_Result duet__health(duet__hreq_t *r)
+static enum MHD_Result duet__http_health(duet__hreq_t *r)
 {
     duet_router_t *rt = r->http->rt;
     duet_router_workers_t *w = rt->workers;
@@ -340,7 +340,7 @@ static duet__hreq_t *duet__hreq_new(duet_router_http_t *http, struct MHD_Connect
 }
 
 /* First call for a request: route, method, auth, declared body size. */
-static enum MHD_Result duet__begin(duet__hreq_t *r, const char *url, const char *method)
+static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const char *method)
 {
     duet_router_t *rt = r->http->rt;
     duet_router_oai_error_t err;
@@ -373,7 +373,7 @@ static enum MHD_Result duet__begin(duet__hreq_t *r, const char *url, const char 
     }
     switch (r->route) {
     case DUET_ROUTER_ROUTE_HEALTH:
-        return duet__health(r);
+        return duet__http_health(r);
     case DUET_ROUTER_ROUTE_METRICS:
         return duet__metrics(r);
     case DUET_ROUTER_ROUTE_WORKERS:
@@ -409,7 +409,7 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
             return MHD_NO;
         *con_cls = r;
         r->route = duet__route(url);
-        return duet__begin(r, url, method);
+        return duet__hreq_begin(r, url, method);
     }
     if (r->responded)
         return MHD_YES; /* discarding the rest of an upload we already answered */

@@ -66,8 +66,8 @@ static void duet__lp_from_pb(const Duet__V1__TokenLogprob *m, duet_router_oai_lp
 
 /* The chunk's logprobs in order (with echo, the first chunk's start with
  * the prompt's); *lps_p is duet_malloc'd (NULL when none). */
-static bool duet__chunk_lps(const duet__choice_t *c, const Duet__V1__TokenChunk *chunk, bool first,
-                            duet_router_oai_lp_t **lps_p, size_t *n_p)
+static bool duet__choice_chunk_lps(const duet__choice_t *c, const Duet__V1__TokenChunk *chunk,
+                                   bool first, duet_router_oai_lp_t **lps_p, size_t *n_p)
 {
     const duet__hreq_t *r = c->r;
     bool echo = first && r->echo;
@@ -92,14 +92,6 @@ static bool duet__chunk_lps(const duet__choice_t *c, const Duet__V1__TokenChunk 
     return true;
 }
 
-static void duet__meta(const duet__hreq_t *r, duet_router_oai_meta_t *m)
-{
-    m->api = r->api;
-    m->id = r->id;
-    m->created = r->created;
-    m->model = r->http->rt->model_name;
-}
-
 /* Stream one event of choice c (lock held). */
 static void duet__stream_event(duet__choice_t *c, const char *echo, size_t echo_len,
                                const char *text, size_t len, const duet_router_oai_lp_t *lps,
@@ -109,7 +101,7 @@ static void duet__stream_event(duet__choice_t *c, const char *echo, size_t echo_
     duet_router_oai_meta_t m;
     duet_router_buf_t lp, t;
 
-    duet__meta(r, &m);
+    duet__http_meta(r, &m);
     duet_router_buf_init(&lp);
     duet_router_buf_init(&t);
     if (n_lps > 0)
@@ -127,8 +119,8 @@ static void duet__stream_event(duet__choice_t *c, const char *echo, size_t echo_
     duet_router_buf_cleanup(&t);
 }
 
-static bool duet__sink_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const uint8_t *raw,
-                             size_t len)
+static bool duet__choice_on_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const uint8_t *raw,
+                                  size_t len)
 {
     duet__choice_t *c = arg;
     duet__hreq_t *r = c->r;
@@ -146,7 +138,7 @@ static bool duet__sink_chunk(void *arg, const Duet__V1__TokenChunk *chunk, const
     first = !c->got_chunk;
     c->got_chunk = true;
     r->end_started = true;
-    if (!duet__chunk_lps(c, chunk, first, &lps, &n_lps)) {
+    if (!duet__choice_chunk_lps(c, chunk, first, &lps, &n_lps)) {
         pthread_mutex_unlock(&r->lock);
         return false;
     }
@@ -175,7 +167,7 @@ static void duet__stream_end(duet__hreq_t *r)
 {
     duet_router_oai_meta_t m;
 
-    duet__meta(r, &m);
+    duet__http_meta(r, &m);
     if (!r->failed) {
         duet_router_oai_usage_t u = {r->end_prompt, r->end_completion};
         if (r->include_usage)
@@ -184,7 +176,7 @@ static void duet__stream_end(duet__hreq_t *r)
     }
 }
 
-static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
+static void duet__choice_on_end(void *arg, const duet_router_job_end_t *end)
 {
     duet__choice_t *c = arg;
     duet__hreq_t *r = c->r;
@@ -237,4 +229,4 @@ static void duet__sink_end(void *arg, const duet_router_job_end_t *end)
     duet__http_hreq_unref(r); /* the sink's reference */
 }
 
-const duet_router_sink_t duet__http_choice_sink = {duet__sink_chunk, duet__sink_end};
+const duet_router_sink_t duet__http_choice_sink = {duet__choice_on_chunk, duet__choice_on_end};

@@ -58,7 +58,7 @@ void duet_router_error_from_grpc(grpc_status_code code, const char *msg, bool st
     }
 }
 
-static void duet__meta(const duet__hreq_t *r, duet_router_oai_meta_t *m)
+void duet__http_meta(const duet__hreq_t *r, duet_router_oai_meta_t *m)
 {
     m->api = r->api;
     m->id = r->id;
@@ -331,7 +331,7 @@ static bool duet__render_all(duet__hreq_t *r, duet_router_buf_t *b)
     duet_router_oai_usage_t u = {r->end_prompt, r->end_completion};
     duet_router_buf_t lp;
 
-    duet__meta(r, &m);
+    duet__http_meta(r, &m);
     duet_router_oai_render_response_head(b, &m);
     duet_router_buf_init(&lp);
     for (int i = 0; i < r->n_choices; i++) {

@@ -129,6 +129,8 @@ bool duet__http_framing_bad(duet__hreq_t *r, enum MHD_Result *ret_p);
 /* http_limits.c: the upload passed router.max_body_bytes: 413 now, close. */
 enum MHD_Result duet__http_upload_too_large(duet__hreq_t *r);
 
+/* http_gen.c: the response's id, model and timestamps for the renderers. */
+void duet__http_meta(const duet__hreq_t *r, duet_router_oai_meta_t *m);
 /* http_gen.c: map a job failure to an HTTP error. */
 void duet_router_error_from_grpc(grpc_status_code code, const char *msg, bool started,
                                  duet_router_oai_error_t *err);

@@ -137,7 +137,7 @@ static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *t
     return out;
 }
 
-static void duet__on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg);
+static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg);
 
 /* Count the route a launch took: a whole request to a decode (colocated),
  * or a decode with a prefill for it to use (disaggregated, or conditional:
@@ -149,7 +149,8 @@ static void duet__count_route(duet_router_t *rt, bool colocated)
                               1, memory_order_relaxed);
 }
 
-static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg, void *arg);
+static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
+                              void *arg);
 
 /* Pick a pair (avoiding the previous one where possible) and open the
  * stream.  The job is RUNNING and holds no worker.  DUET_ERR_PEER when no
@@ -230,7 +231,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     st = duet_rpc_client_stream(rt->cli,
                                 duet_router_workers_address(rt->workers, DUET_ROLE_DECODE, d),
                                 "/duet.v1.Decode/Generate", msg, len, job->deadline_ns,
-                                duet__on_message, duet__on_done, job, &stream);
+                                duet__job_on_message, duet__job_on_done, job, &stream);
     duet_free(msg);
     if (st != DUET_OK) {
         atomic_fetch_sub(&job->refs, 1);
@@ -290,7 +291,7 @@ static void duet__active_remove(duet_router_t *rt, duet_router_job_t *job)
     job->anext = job->aprev = NULL;
 }
 
-static void duet__end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running);
+static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running);
 
 /* A running slot was freed: start queued jobs while slots are free. */
 static void duet__admit_next(duet_router_t *rt)
@@ -319,13 +320,13 @@ static void duet__admit_next(duet_router_t *rt)
                                          .code = st == DUET_ERR_PEER ? GRPC_STATUS_UNAVAILABLE
                                                                      : GRPC_STATUS_INTERNAL,
                                          .message = duet_error_msg()};
-            duet__end(job, &end, true);
+            duet__job_end(job, &end, true);
         }
     }
 }
 
 /* The job is over: tell the sink, free its slot, admit the next one. */
-static void duet__end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running)
+static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running)
 {
     duet_router_t *rt = job->rt;
 
@@ -464,7 +465,7 @@ void duet_router_job_cancel(duet_router_job_t *job)
     if (dequeued) {
         duet_router_job_end_t end = {
             .ok = false, .code = GRPC_STATUS_CANCELLED, .message = "cancelled while queued"};
-        duet__end(job, &end, false);
+        duet__job_end(job, &end, false);
     } else if (waited) {
         duet_router_job_end_t end = {.ok = false,
                                      .code = GRPC_STATUS_CANCELLED,
@@ -495,7 +496,7 @@ void duet_router_jobs_expire(duet_router_t *rt)
         duet_router_job_end_t end = {.ok = false,
                                      .code = GRPC_STATUS_DEADLINE_EXCEEDED,
                                      .message = "the request timed out in the router's queue"};
-        duet__end(job, &end, false);
+        duet__job_end(job, &end, false);
     }
 }
 
@@ -524,7 +525,7 @@ void duet_router_jobs_cancel_all(duet_router_t *rt)
 
 /* ---- the Decode.Generate stream ---- */
 
-static void duet__on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg)
+static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg)
 {
     duet_router_job_t *job = arg;
     duet_router_t *rt = job->rt;
@@ -602,7 +603,8 @@ static bool duet__retryable(grpc_status_code code)
     }
 }
 
-static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg, void *arg)
+static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
+                              void *arg)
 {
     duet_router_job_t *job = arg;
     duet_router_t *rt = job->rt;
@@ -665,6 +667,6 @@ static void duet__on_done(duet_rpc_stream_t *s, grpc_status_code code, const cha
      * cancelled after output); the prefill never saw the output */
     if (started && (end.ok || cancelled || overflow))
         duet_router_workers_cache_record_output(rt->workers, DUET_ROLE_DECODE, d, &job->toks);
-    duet__end(job, &end, true);
+    duet__job_end(job, &end, true);
     duet__job_unref(job); /* the stream's reference */
 }

@@ -65,6 +65,9 @@ void duet_router_job_cancel(duet_router_job_t *job);
 /* Another reference (returns job). */
 duet_router_job_t *duet_router_job_ref(duet_router_job_t *job);
 void duet_router_job_release(duet_router_job_t *job);
+/* The status of a job that could not start (duet_router_job_start's
+ * result st): RESOURCE_EXHAUSTED, CANCELLED, UNAVAILABLE or INTERNAL. */
+grpc_status_code duet_router_job_start_code(duet_status_t st);
 /* End queued jobs whose deadline passed (ticker). */
 void duet_router_jobs_expire(duet_router_t *rt);
 /* Cancel every admitted job (end of drain). */

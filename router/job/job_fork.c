@@ -20,7 +20,7 @@ static bool duet__fork_worth(const duet_router_job_t *job)
            job->n_prompt > (uint32_t)cfg->page_size;
 }
 
-static grpc_status_code duet__start_code(duet_status_t st)
+grpc_status_code duet_router_job_start_code(duet_status_t st)
 {
     return st == DUET_ERR_EXHAUSTED                         ? GRPC_STATUS_RESOURCE_EXHAUSTED
            : st == DUET_ERR_CANCELLED                       ? GRPC_STATUS_CANCELLED
@@ -66,7 +66,7 @@ void duet__job_fork(duet_router_job_t *job, bool pinned)
         duet_status_t st = duet__job_start(f, true);
         if (st != DUET_OK) {
             duet_router_job_end_t end = {
-                .ok = false, .code = duet__start_code(st), .message = duet_error_msg()};
+                .ok = false, .code = duet_router_job_start_code(st), .message = duet_error_msg()};
             f->sink->on_end(f->sink_arg, &end);
             duet__job_fork(f, false);
         }

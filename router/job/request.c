@@ -206,9 +206,9 @@ void duet_router_gen_choice(duet_router_gen_t *out, const Duet__V1__GenerateRequ
 
 duet_status_t duet_router_job_create_choice(duet_router_t *rt,
                                             const Duet__V1__GenerateRequest *base,
-                                            const char *base_id, int i, int n,
-                                            int64_t deadline_ns, const duet_router_sink_t *sink,
-                                            void *sink_arg, duet_router_job_t **job_p)
+                                            const char *base_id, int i, int n, int64_t deadline_ns,
+                                            const duet_router_sink_t *sink, void *sink_arg,
+                                            duet_router_job_t **job_p)
 {
     duet_router_gen_t gen;
 

@@ -1,4 +1,5 @@
 #include "router/openai/openai.h"
+#include "router/openai/openai_internal.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -60,21 +61,21 @@ void duet_router_oai_req_cleanup(duet_router_oai_req_t *req)
     memset(req, 0, sizeof(*req));
 }
 
-static bool duet__is_int(const cJSON *v, double lo, double hi)
+bool duet__oai_int_in(const cJSON *v, double lo, double hi)
 {
     return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= lo &&
            v->valuedouble <= hi;
 }
 
 /* Absent and JSON null both mean "not given". */
-static const cJSON *duet__field(const cJSON *root, const char *key)
+const cJSON *duet__oai_field(const cJSON *root, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsNull(v) ? NULL : v;
 }
 
-static duet_status_t duet__parse_ids(const cJSON *arr, const char *param, int vocab,
-                                     int32_t **ids_p, size_t *n_p, duet_router_oai_error_t *err)
+static duet_status_t duet__oai_parse_ids(const cJSON *arr, const char *param, int vocab,
+                                         int32_t **ids_p, size_t *n_p, duet_router_oai_error_t *err)
 {
     size_t n = (size_t)cJSON_GetArraySize(arr), i = 0;
     const cJSON *v;
@@ -87,7 +88,7 @@ static duet_status_t duet__parse_ids(const cJSON *arr, const char *param, int vo
         return DUET__OOM(err);
     cJSON_ArrayForEach(v, arr)
     {
-        if (!duet__is_int(v, 0, 2147483647.0)) {
+        if (!duet__oai_int_in(v, 0, 2147483647.0)) {
             duet_free(ids);
             return duet_router_oai_fail(
                 err, 400, param, NULL, "%s[%zu] must be a non-negative integer token id", param, i);
@@ -121,7 +122,7 @@ static duet_status_t duet__parse_one_prompt(const cJSON *p, const duet_router_oa
         return DUET_OK;
     }
     if (cJSON_IsArray(p))
-        return duet__parse_ids(p, "prompt", lim->vocab_size, &out->ids, &out->n_ids, err);
+        return duet__oai_parse_ids(p, "prompt", lim->vocab_size, &out->ids, &out->n_ids, err);
     return duet_router_oai_fail(err, 400, "prompt", NULL,
                                 "prompt must be a string or an array of token ids");
 }
@@ -290,7 +291,7 @@ static duet_status_t duet__parse_stop(const cJSON *s, duet_router_oai_req_t *req
 static duet_status_t duet__parse_bool(const cJSON *root, const char *key, bool *out,
                                       duet_router_oai_error_t *err)
 {
-    const cJSON *v = duet__field(root, key);
+    const cJSON *v = duet__oai_field(root, key);
     if (v == NULL)
         return DUET_OK;
     if (!cJSON_IsBool(v))
@@ -302,7 +303,7 @@ static duet_status_t duet__parse_bool(const cJSON *root, const char *key, bool *
 static duet_status_t duet__parse_number(const cJSON *root, const char *key, double lo, double hi,
                                         bool lo_open, double *out, duet_router_oai_error_t *err)
 {
-    const cJSON *v = duet__field(root, key);
+    const cJSON *v = duet__oai_field(root, key);
     if (v == NULL)
         return DUET_OK;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
@@ -321,18 +322,19 @@ static duet_status_t duet__parse_unsupported(const cJSON *root, duet_router_oai_
     const cJSON *v;
 
     /* n, best_of, echo, logprobs, top_logprobs: openai_choices.c */
-    if ((v = duet__field(root, "suffix")) != NULL &&
+    if ((v = duet__oai_field(root, "suffix")) != NULL &&
         !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return duet_router_oai_fail(err, 400, "suffix", NULL, "suffix is not supported");
     /* null and {} change nothing: accepted; any bias is refused */
-    if ((v = duet__field(root, "logit_bias")) != NULL && !(cJSON_IsObject(v) && v->child == NULL))
+    if ((v = duet__oai_field(root, "logit_bias")) != NULL &&
+        !(cJSON_IsObject(v) && v->child == NULL))
         return duet_router_oai_fail(err, 400, "logit_bias", NULL,
                                     "logit_bias is not supported (only {} or null)");
-    if ((v = duet__field(root, "tools")) != NULL && cJSON_GetArraySize(v) > 0)
+    if ((v = duet__oai_field(root, "tools")) != NULL && cJSON_GetArraySize(v) > 0)
         return duet_router_oai_fail(err, 400, "tools", NULL, "tools are not supported");
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
     for (size_t i = 0; i < 2; i++) {
-        v = duet__field(root, penalties[i]);
+        v = duet__oai_field(root, penalties[i]);
         if (v != NULL && !(cJSON_IsNumber(v) && v->valuedouble == 0.0))
             return duet_router_oai_fail(err, 400, penalties[i], NULL, "%s is not supported",
                                         penalties[i]);
@@ -347,13 +349,13 @@ static duet_status_t duet__parse_sampling(const cJSON *root, const duet_router_o
     const char *mt_key = "max_tokens";
     duet_status_t st;
 
-    v = duet__field(root, "max_tokens");
+    v = duet__oai_field(root, "max_tokens");
     if (v == NULL && req->api == DUET_ROUTER_API_CHAT) {
         mt_key = "max_completion_tokens";
-        v = duet__field(root, mt_key);
+        v = duet__oai_field(root, mt_key);
     }
     if (v != NULL) {
-        if (!duet__is_int(v, -9.0e15, 9.0e15))
+        if (!duet__oai_int_in(v, -9.0e15, 9.0e15))
             return duet_router_oai_fail(err, 400, mt_key, NULL, "%s must be an integer", mt_key);
         if (v->valuedouble < 1)
             return duet_router_oai_fail(err, 400, mt_key, NULL, "%s must be at least 1, got %.0f",
@@ -370,29 +372,29 @@ static duet_status_t duet__parse_sampling(const cJSON *root, const duet_router_o
     if ((st = duet__parse_number(root, "temperature", 0, 1e6, false, &req->temperature, err)) ||
         (st = duet__parse_number(root, "top_p", 0, 1, true, &req->top_p, err)))
         return st;
-    if ((v = duet__field(root, "top_k")) != NULL) {
-        if (!duet__is_int(v, -1, 2147483647.0))
+    if ((v = duet__oai_field(root, "top_k")) != NULL) {
+        if (!duet__oai_int_in(v, -1, 2147483647.0))
             return duet_router_oai_fail(err, 400, "top_k", NULL,
                                         "top_k must be an integer >= -1 (-1 or 0 = off)");
         req->top_k = v->valuedouble < 0 ? 0 : (int)v->valuedouble;
     }
-    if ((v = duet__field(root, "seed")) != NULL) {
-        if (!duet__is_int(v, -9.2e18, 1.8e19))
+    if ((v = duet__oai_field(root, "seed")) != NULL) {
+        if (!duet__oai_int_in(v, -9.2e18, 1.8e19))
             return duet_router_oai_fail(err, 400, "seed", NULL, "seed must be an integer");
         req->has_seed = true;
         req->seed =
             v->valuedouble < 0 ? (uint64_t)(int64_t)v->valuedouble : (uint64_t)v->valuedouble;
     }
-    if ((st = duet__parse_stop(duet__field(root, "stop"), req, err)) != DUET_OK)
+    if ((st = duet__parse_stop(duet__oai_field(root, "stop"), req, err)) != DUET_OK)
         return st;
-    if ((v = duet__field(root, "stop_token_ids")) != NULL) {
+    if ((v = duet__oai_field(root, "stop_token_ids")) != NULL) {
         if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > DUET__OAI_MAX_STOP_IDS)
             return duet_router_oai_fail(err, 400, "stop_token_ids", NULL,
                                         "stop_token_ids must be an array of at most %d ids",
                                         DUET__OAI_MAX_STOP_IDS);
         if (cJSON_GetArraySize(v) > 0 &&
-            (st = duet__parse_ids(v, "stop_token_ids", lim->vocab_size, &req->stop_ids,
-                                  &req->n_stop_ids, err)) != DUET_OK)
+            (st = duet__oai_parse_ids(v, "stop_token_ids", lim->vocab_size, &req->stop_ids,
+                                      &req->n_stop_ids, err)) != DUET_OK)
             return st;
     }
     return duet__parse_bool(root, "ignore_eos", &req->ignore_eos, err);
@@ -431,7 +433,7 @@ duet_status_t duet_router_oai_parse(const char *body, size_t len, duet_router_ap
         st = duet_router_oai_fail(err, 400, NULL, NULL, "the request body must be a JSON object");
         goto err;
     }
-    if ((v = duet__field(root, "model")) != NULL) {
+    if ((v = duet__oai_field(root, "model")) != NULL) {
         if (!cJSON_IsString(v)) {
             st = duet_router_oai_fail(err, 400, "model", NULL, "model must be a string");
             goto err;
@@ -442,18 +444,18 @@ duet_status_t duet_router_oai_parse(const char *body, size_t len, duet_router_ap
         }
     }
     if (api == DUET_ROUTER_API_CHAT) {
-        st = duet__parse_messages(duet__field(root, "messages"), req, err);
+        st = duet__parse_messages(duet__oai_field(root, "messages"), req, err);
         if (st == DUET_OK)
             st = duet__parse_bool(root, "add_generation_prompt", &req->add_generation_prompt, err);
     } else {
-        st = duet__parse_prompt(duet__field(root, "prompt"), limits, req, err);
+        st = duet__parse_prompt(duet__oai_field(root, "prompt"), limits, req, err);
     }
     if (st != DUET_OK || (st = duet__parse_unsupported(root, err)) != DUET_OK ||
         (st = duet_router_oai_parse_choices(root, req, err)) != DUET_OK ||
         (st = duet__parse_sampling(root, limits, req, err)) != DUET_OK ||
         (st = duet__parse_bool(root, "stream", &req->stream, err)) != DUET_OK)
         goto err;
-    if ((v = duet__field(root, "stream_options")) != NULL) {
+    if ((v = duet__oai_field(root, "stream_options")) != NULL) {
         if (!cJSON_IsObject(v)) {
             st = duet_router_oai_fail(err, 400, "stream_options", NULL,
                                       "stream_options must be an object");
@@ -497,7 +499,7 @@ static void duet__meta_head(duet_router_buf_t *b, const duet_router_oai_meta_t *
     duet_router_buf_json_str(b, m->model, strlen(m->model));
 }
 
-static void duet__usage(duet_router_buf_t *b, const duet_router_oai_usage_t *u)
+static void duet__oai_usage(duet_router_buf_t *b, const duet_router_oai_usage_t *u)
 {
     duet_router_buf_printf(b,
                            "\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
@@ -526,7 +528,7 @@ bool duet_router_oai_render_response_tail(duet_router_buf_t *b,
                                           const duet_router_oai_usage_t *usage)
 {
     duet_router_buf_puts(b, "],");
-    duet__usage(b, usage);
+    duet__oai_usage(b, usage);
     duet_router_buf_puts(b, "}");
     return !b->oom;
 }
@@ -588,7 +590,7 @@ bool duet_router_oai_render_usage_chunk(duet_router_buf_t *b, const duet_router_
     duet_router_buf_puts(b, "data: ");
     duet__meta_head(b, m, chat ? "chat.completion.chunk" : "text_completion");
     duet_router_buf_puts(b, ",\"choices\":[],");
-    duet__usage(b, usage);
+    duet__oai_usage(b, usage);
     duet_router_buf_puts(b, "}\n\n");
     return !b->oom;
 }

@@ -7,27 +7,17 @@
 #include <math.h>
 
 #include "router/openai/openai.h"
-
-static const cJSON *duet__get(const cJSON *root, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    return cJSON_IsNull(v) ? NULL : v;
-}
-
-static bool duet__int_in(const cJSON *v, double lo, double hi)
-{
-    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= lo &&
-           v->valuedouble <= hi;
-}
+#include "router/openai/openai_internal.h"
 
 static duet_status_t duet__parse_logprobs(const cJSON *root, duet_router_oai_req_t *req,
                                           duet_router_oai_error_t *err)
 {
-    const cJSON *lp = duet__get(root, "logprobs"), *top = duet__get(root, "top_logprobs");
+    const cJSON *lp = duet__oai_field(root, "logprobs"),
+                *top = duet__oai_field(root, "top_logprobs");
 
     if (req->api == DUET_ROUTER_API_COMPLETIONS) {
         if (lp != NULL && !cJSON_IsFalse(lp)) {
-            if (!duet__int_in(lp, 0, DUET_ROUTER_OAI_TOP_MAX_COMPLETIONS))
+            if (!duet__oai_int_in(lp, 0, DUET_ROUTER_OAI_TOP_MAX_COMPLETIONS))
                 return duet_router_oai_fail(
                     err, 400, "logprobs", NULL,
                     "logprobs must be an integer 0..%d (the number of most likely tokens to "
@@ -36,7 +26,7 @@ static duet_status_t duet__parse_logprobs(const cJSON *root, duet_router_oai_req
             req->logprobs = true;
             req->top_logprobs = (int)lp->valuedouble;
         }
-        if (top != NULL && !duet__int_in(top, 0, 0))
+        if (top != NULL && !duet__oai_int_in(top, 0, 0))
             return duet_router_oai_fail(err, 400, "top_logprobs", NULL,
                                         "top_logprobs is a chat field: completions take the "
                                         "number of alternatives in logprobs (0..%d)",
@@ -49,7 +39,7 @@ static duet_status_t duet__parse_logprobs(const cJSON *root, duet_router_oai_req
                                     "of alternatives goes in top_logprobs)");
     req->logprobs = lp != NULL && cJSON_IsTrue(lp);
     if (top != NULL) {
-        if (!duet__int_in(top, 0, DUET_ROUTER_OAI_TOP_MAX_CHAT))
+        if (!duet__oai_int_in(top, 0, DUET_ROUTER_OAI_TOP_MAX_CHAT))
             return duet_router_oai_fail(err, 400, "top_logprobs", NULL,
                                         "top_logprobs must be an integer 0..%d",
                                         DUET_ROUTER_OAI_TOP_MAX_CHAT);
@@ -68,13 +58,13 @@ duet_status_t duet_router_oai_parse_choices(const void *root_json, duet_router_o
     duet_status_t st;
 
     req->n = 1;
-    if ((v = duet__get(root, "n")) != NULL) {
-        if (!duet__int_in(v, 1, DUET_ROUTER_OAI_N_MAX))
+    if ((v = duet__oai_field(root, "n")) != NULL) {
+        if (!duet__oai_int_in(v, 1, DUET_ROUTER_OAI_N_MAX))
             return duet_router_oai_fail(err, 400, "n", NULL, "n must be an integer 1..%d",
                                         DUET_ROUTER_OAI_N_MAX);
         req->n = (int)v->valuedouble;
     }
-    if ((v = duet__get(root, "best_of")) != NULL && !duet__int_in(v, req->n, req->n))
+    if ((v = duet__oai_field(root, "best_of")) != NULL && !duet__oai_int_in(v, req->n, req->n))
         return duet_router_oai_fail(err, 400, "best_of", NULL,
                                     "best_of must equal n (%d): choosing the best of more "
                                     "samples is not supported",
@@ -86,7 +76,7 @@ duet_status_t duet_router_oai_parse_choices(const void *root_json, duet_router_o
             req->n, duet_router_oai_n_prompts(req), choices, DUET_ROUTER_OAI_CHOICES_MAX);
     if ((st = duet__parse_logprobs(root, req, err)) != DUET_OK)
         return st;
-    if ((v = duet__get(root, "echo")) != NULL) {
+    if ((v = duet__oai_field(root, "echo")) != NULL) {
         if (!cJSON_IsBool(v))
             return duet_router_oai_fail(err, 400, "echo", NULL, "echo must be a boolean");
         if (cJSON_IsTrue(v) && req->api == DUET_ROUTER_API_CHAT)
