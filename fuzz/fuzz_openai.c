@@ -1,10 +1,10 @@
 /* The HTTP request path: a POST body for /v1/completions or
  * /v1/chat/completions -> OpenAI JSON parsing and validation
- * (router/openai.h) -> the chat template or the tokenizer
+ * (router/openai/openai.h) -> the chat template or the tokenizer
  * (duet_router_chat_prompt, duet_router_prompt_ids) -> the
  * duet.v1.GenerateRequest that goes to decode, packed and unpacked as on
  * the wire.  The steps and their order are those of the router's submit
- * (router/http_gen.c, duet__submit), on a router context holding what it
+ * (router/http/http_gen.c, duet__submit), on a router context holding what it
  * needs for them: the Qwen2-style byte-level tokenizer fixture with its
  * ChatML template, a 512-token context and the default limits.
  *

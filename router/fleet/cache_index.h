@@ -12,7 +12,7 @@
  * is the most recent and eviction takes the deepest pages first (as a radix
  * tree drops leaves), keeping matches prefix-closed.
  *
- * Not thread-safe: the owner serialises calls (router/policy_cache.h). */
+ * Not thread-safe: the owner serialises calls (router/fleet/policy_cache.h). */
 #ifndef DUET_ROUTER_FLEET_CACHE_INDEX_H
 #define DUET_ROUTER_FLEET_CACHE_INDEX_H
 

@@ -180,7 +180,7 @@ void duet_router_workers_cache_record_output(duet_router_workers_t *w, duet_role
  * policies). */
 void duet_router_workers_cache_render(duet_router_workers_t *w, duet_router_buf_t *b);
 /* The duet_prefix_cache_* metrics (Prometheus text) of every worker, per
- * instance, and their sums per role (router/cache_metrics.c). */
+ * instance, and their sums per role (router/fleet/cache_metrics.c). */
 void duet_router_cache_metrics_render(duet_router_workers_t *w, duet_router_buf_t *b);
 
 /* ---- pinned picks: the choices of an n > 1 request (workers_pin.c) ---- */

@@ -1,4 +1,4 @@
-/* Worker discovery's pure parts (router/discovery.h): "name:port" parsing,
+/* Worker discovery's pure parts (router/fleet/discovery.h): "name:port" parsing,
  * address formatting, the reconciliation of a group's members with a
  * resolved set across scale-up, scale-down and restarts, the lookup-failure
  * grace period, and the config validation that --check-config runs.  The
