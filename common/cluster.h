@@ -83,7 +83,7 @@ typedef struct {
     char *name;
     char *http;         /* host:port, "" = off */
     char *grpc;         /* host:port, "" = off */
-    char *policy;       /* a router policy name (router/policy.h checks it) */
+    char *policy;       /* a router policy name (router/fleet/policy.h checks it) */
     int max_concurrent; /* requests in flight before queueing */
     int queue_limit;    /* queued before 429 */
     char *api_key;      /* "" = no auth */

@@ -1,4 +1,4 @@
-/* The chat-template interpreter (router/chat_template.h) with arbitrary
+/* The chat-template interpreter (router/chat/chat_template.h) with arbitrary
  * templates and messages: compile, then render.
  *
  * Input: byte 0: bit 0 add_generation_prompt; the rest, cut at \x1e
@@ -10,7 +10,7 @@
 
 #include "common/alloc.h"
 #include "fuzz/fuzz.h"
-#include "router/chat_template.h"
+#include "router/chat/chat_template.h"
 
 #define DUET__FUZZ_MAX_MSGS 16
 

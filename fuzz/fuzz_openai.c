@@ -1,10 +1,10 @@
 /* The HTTP request path: a POST body for /v1/completions or
  * /v1/chat/completions -> OpenAI JSON parsing and validation
- * (router/openai.h) -> the chat template or the tokenizer
+ * (router/openai/openai.h) -> the chat template or the tokenizer
  * (duet_router_chat_prompt, duet_router_prompt_ids) -> the
  * duet.v1.GenerateRequest that goes to decode, packed and unpacked as on
  * the wire.  The steps and their order are those of the router's submit
- * (router/http_gen.c, duet__submit), on a router context holding what it
+ * (router/http/http_gen.c, duet__submit), on a router context holding what it
  * needs for them: the Qwen2-style byte-level tokenizer fixture with its
  * ChatML template, a 512-token context and the default limits.
  *
@@ -21,7 +21,7 @@
 #include "common/alloc.h"
 #include "common/rpc_pb.h"
 #include "fuzz/fuzz.h"
-#include "router/router_internal.h"
+#include "router/job/request.h"
 
 static duet_router_t duet__fuzz_rt;
 
@@ -103,33 +103,19 @@ static void duet__fuzz_error(const duet_router_oai_error_t *err)
     duet_router_buf_cleanup(&b);
 }
 
-/* The request decode gets, as duet__submit builds it; packed, unpacked and
+/* The request decode gets, as the HTTP front end builds it
+ * (duet_router_gen_from_oai, router/job/request.c); packed, unpacked and
  * compared. */
 static void duet__fuzz_generate(const duet_router_oai_req_t *req, int32_t *ids, size_t n_ids)
 {
-    Duet__V1__GenerateRequest g = DUET__V1__GENERATE_REQUEST__INIT;
-    Duet__V1__SamplingParams sp = DUET__V1__SAMPLING_PARAMS__INIT;
-    Duet__V1__TokenIds tids = DUET__V1__TOKEN_IDS__INIT;
+    duet_router_gen_t gen;
+    Duet__V1__GenerateRequest g;
     uint8_t *buf = NULL;
     size_t len = 0;
 
-    tids.n_ids = n_ids;
-    tids.ids = ids;
-    sp.temperature = (float)req->temperature;
-    sp.top_k = req->top_k;
-    sp.top_p = req->top_p >= 1.0 ? 0.0f : (float)req->top_p;
-    sp.seed = req->seed;
-    sp.has_seed = req->has_seed;
-    g.request_id = "cmpl-fuzz";
-    g.prompt_case = DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
-    g.token_ids = &tids;
-    g.sampling = &sp;
-    g.max_tokens = duet_router_max_tokens(&duet__fuzz_rt, n_ids, req->max_tokens);
-    g.n_stop = req->n_stop;
-    g.stop = req->stop;
-    g.n_stop_token_ids = req->n_stop_ids;
-    g.stop_token_ids = req->stop_ids;
-    g.ignore_eos = req->ignore_eos;
+    duet_router_gen_from_oai(&gen, &duet__fuzz_rt, req, ids, n_ids);
+    gen.g.request_id = (char *)"cmpl-fuzz";
+    g = gen.g;
     if (g.max_tokens < 1 || g.max_tokens > duet__fuzz_rt.max_tokens_limit)
         abort();
     if (duet_pb_pack(&g.base, &buf, &len) != DUET_OK)

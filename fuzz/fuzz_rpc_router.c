@@ -1,6 +1,6 @@
 /* The router's gRPC handler duet.v1.Generate/Generate: protobuf-c's
  * unpack of a client's GenerateRequest and the validation the handler runs
- * before it makes a job (duet_router_grpc_prepare, router/grpc_api.c), on
+ * before it makes a job (duet_router_grpc_prepare, router/grpc/grpc_api.c), on
  * a router context like fuzz_openai's (Qwen2-style tokenizer fixture,
  * 512-token context, default limits).  Also the grpc.health.v1 request.
  *
@@ -14,7 +14,8 @@
 #include "common/pb_strings.h"
 #include "fuzz/fuzz.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "router/router_internal.h"
+#include "router/grpc/grpc.h"
+#include "router/job/request.h"
 
 static duet_router_t duet__fuzz_rt;
 

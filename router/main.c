@@ -18,7 +18,7 @@
 
 #include "common/cluster.h"
 #include "common/log.h"
-#include "router/policy.h"
+#include "router/fleet/policy.h"
 #include "router/router.h"
 
 static void duet__usage(FILE *f)

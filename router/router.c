@@ -1,13 +1,13 @@
 /* duet-router context: configuration, model facts (tokenizer, context
- * length, chat template), request preparation shared by the HTTP and gRPC
- * front ends, the ticker thread and the lifecycle. */
+ * length, chat template), the ticker thread and the lifecycle.  The daemon
+ * sits above its rooms: it assembles the fleet, the front ends and the
+ * jobs between them (router/README.md "Rooms"). */
 #include "router/router.h"
 
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -16,11 +16,13 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "common/random.h"
 #include "common/rpc_auth.h"
 #include "common/sync.h"
 #include "model/model_config.h"
-#include "router/router_internal.h"
+#include "router/grpc/grpc.h"
+#include "router/http/http.h"
+#include "router/job/ctx.h"
+#include "router/job/job.h"
 
 void duet_router_options_init(duet_router_options_t *opt)
 {
@@ -223,123 +225,6 @@ err:
     return st;
 }
 
-/* ---- request preparation ---- */
-
-duet_status_t duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap)
-{
-    /* 128 bits from the CSPRNG, no counter: one id tells nothing about
-     * another (docs/security.md), and collisions are out of reach */
-    char hex[DUET_RANDOM_ID_LEN + 1];
-    duet_status_t st = duet_random_id(hex);
-    (void)rt;
-    if (st != DUET_OK)
-        return st;
-    snprintf(buf, cap, "%s-%s", prefix, hex);
-    return DUET_OK;
-}
-
-bool duet_router_auth_ok(const duet_router_t *rt, const char *header, size_t len)
-{
-    static const char bearer[] = "Bearer ";
-    size_t klen;
-    unsigned char diff = 0;
-
-    if (rt->api_key == NULL)
-        return true;
-    if (header == NULL || len < sizeof(bearer) - 1 ||
-        strncasecmp(header, bearer, sizeof(bearer) - 1) != 0)
-        return false;
-    header += sizeof(bearer) - 1;
-    len -= sizeof(bearer) - 1;
-    while (len > 0 && header[0] == ' ')
-        header++, len--;
-    while (len > 0 && (header[len - 1] == ' ' || header[len - 1] == '\r'))
-        len--;
-    klen = strlen(rt->api_key);
-    /* constant time in the key's length */
-    for (size_t i = 0; i < klen; i++)
-        diff |= (unsigned char)(rt->api_key[i] ^ (i < len ? header[i] : 0));
-    return diff == 0 && len == klen;
-}
-
-duet_status_t duet_router_prompt_ids(duet_router_t *rt, const char *text, size_t len,
-                                     bool add_special, const int32_t *ids, size_t n,
-                                     const char *param, int32_t **ids_p, size_t *n_p,
-                                     duet_router_oai_error_t *err)
-{
-    int32_t *out = NULL;
-    size_t n_out = 0;
-
-    if (text != NULL) {
-        if (duet_tokenizer_encode(rt->tok, text, len, add_special, &out, &n_out) != DUET_OK)
-            return duet_router_oai_fail(err, 500, NULL, "tokenizer_error",
-                                        "could not tokenize the prompt: %s", duet_error_msg());
-    } else {
-        for (size_t i = 0; i < n; i++)
-            if (ids[i] < 0 || ids[i] >= rt->vocab)
-                return duet_router_oai_fail(err, 400, param, NULL,
-                                            "%s[%zu]: token id %d is out of range 0..%d", param, i,
-                                            ids[i], rt->vocab - 1);
-        out = duet_malloc((n ? n : 1) * sizeof(*out));
-        if (out == NULL)
-            return duet_router_oai_fail(err, 500, NULL, "out_of_memory", "out of memory");
-        memcpy(out, ids, n * sizeof(*out));
-        n_out = n;
-    }
-    if (n_out == 0) {
-        duet_free(out);
-        return duet_router_oai_fail(err, 400, param, NULL, "the prompt is empty");
-    }
-    if (n_out > (size_t)rt->prompt_limit) {
-        duet_free(out);
-        if (rt->prompt_limit < rt->context_len)
-            return duet_router_oai_fail(err, 400, param, "context_length_exceeded",
-                                        "the prompt has %zu tokens; this server accepts at "
-                                        "most %d (max_prompt_tokens)",
-                                        n_out, rt->prompt_limit);
-        return duet_router_oai_fail(err, 400, param, "context_length_exceeded",
-                                    "this model's maximum context length is %d tokens, and the "
-                                    "prompt has %zu tokens",
-                                    rt->context_len, n_out);
-    }
-    *ids_p = out;
-    *n_p = n_out;
-    return DUET_OK;
-}
-
-uint32_t duet_router_max_tokens(const duet_router_t *rt, size_t n_prompt, int64_t requested)
-{
-    int64_t room = (int64_t)rt->context_len - (int64_t)n_prompt + 1;
-    int64_t want = requested > 0 ? requested : rt->default_max_tokens;
-    if (want > rt->max_tokens_limit)
-        want = rt->max_tokens_limit;
-    if (want > room)
-        want = room;
-    return want < 1 ? 1 : (uint32_t)want;
-}
-
-duet_status_t duet_router_chat_prompt(duet_router_t *rt, const duet_router_oai_req_t *req,
-                                      char **text_p, size_t *len_p, duet_router_oai_error_t *err)
-{
-    duet_router_chat_vars_t vars = {.msgs = req->msgs,
-                                    .n_msgs = req->n_msgs,
-                                    .bos_token = rt->bos_str,
-                                    .eos_token = rt->eos_str,
-                                    .add_generation_prompt = req->add_generation_prompt};
-    duet_status_t st;
-
-    if (rt->chat == NULL)
-        return duet_router_oai_fail(err, 400, "messages", "chat_template_unavailable", "%s",
-                                    rt->chat_unavailable);
-    st = duet_router_chat_tmpl_render(rt->chat, &vars, text_p, len_p);
-    if (st == DUET_ERR_NO_MEMORY)
-        return duet_router_oai_fail(err, 500, NULL, "out_of_memory", "out of memory");
-    if (st != DUET_OK)
-        return duet_router_oai_fail(err, 400, "messages", NULL, "chat template: %s",
-                                    duet_error_msg());
-    return DUET_OK;
-}
-
 /* ---- lifecycle ---- */
 
 static void duet__on_workers_change(void *arg)
@@ -510,16 +395,4 @@ void duet_router_destroy(duet_router_t *rt)
     pthread_cond_destroy(&rt->adm_cond);
     pthread_mutex_destroy(&rt->adm_lock);
     duet_free(rt);
-}
-
-uint64_t duet_router_choice_seed(uint64_t seed, int i)
-{
-    uint64_t z;
-
-    if (i == 0)
-        return seed;
-    z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }

@@ -170,7 +170,7 @@ static void test_integers_print_as_integers(void **state)
     assert_int_equal(duet_alloc_live(), live);
 }
 
-/* The router's policy names live with the router (router/policy.h): the
+/* The router's policy names live with the router (router/fleet/policy.h): the
  * cluster config keeps router.policy as given, duet-router rejects an
  * unknown one at start-up (tests/unit/test_router_policy.c). */
 static void test_policy_is_the_routers(void **state)

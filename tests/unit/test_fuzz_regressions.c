@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "common/alloc.h"
-#include "router/chat_template.h"
+#include "router/chat/chat_template.h"
 
 /* fuzz_chat_template: an integer literal past INT64_MAX overflowed while
  * being read (signed overflow); now a compile error naming it. */

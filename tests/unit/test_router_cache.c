@@ -1,5 +1,5 @@
-/* The cache_aware policy (router/policy_cache.h) and its index
- * (router/cache_index.h): page keys, longest match, LRU eviction under the
+/* The cache_aware policy (router/fleet/policy_cache.h) and its index
+ * (router/fleet/cache_index.h): page keys, longest match, LRU eviction under the
  * cap, the choice (prefix, balance override, min_match_ratio), a slot's new
  * instance, concurrent use, and router.cache_aware in the cluster config. */
 #include <pthread.h>
@@ -16,9 +16,9 @@
 
 #include "common/alloc.h"
 #include "common/cluster.h"
-#include "router/buf.h"
-#include "router/cache_index.h"
-#include "router/policy_cache.h"
+#include "router/base/buf.h"
+#include "router/fleet/cache_index.h"
+#include "router/fleet/policy_cache.h"
 #include "router/router.h"
 
 #define PS 4 /* page size of these tests */

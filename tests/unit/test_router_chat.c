@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "common/alloc.h"
-#include "router/chat_template.h"
+#include "router/chat/chat_template.h"
 
 static duet_router_chat_msg_t msgs4[] = {
     {"system", "Be brief."},

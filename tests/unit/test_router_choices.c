@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "common/alloc.h"
-#include "router/openai.h"
+#include "router/openai/openai.h"
 
 static const duet_router_oai_limits_t lim = {
     .max_tokens_limit = 1000, .vocab_size = 512, .default_max_tokens = 16};

@@ -1,4 +1,4 @@
-/* Worker discovery's pure parts (router/discovery.h): "name:port" parsing,
+/* Worker discovery's pure parts (router/fleet/discovery.h): "name:port" parsing,
  * address formatting, the reconciliation of a group's members with a
  * resolved set across scale-up, scale-down and restarts, the lookup-failure
  * grace period, and the config validation that --check-config runs.  The
@@ -19,8 +19,8 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/cluster.h"
-#include "router/discovery.h"
-#include "router/workers.h"
+#include "router/fleet/discovery.h"
+#include "router/fleet/workers.h"
 
 static void parse_ok(const char *text, const char *host, const char *port)
 {

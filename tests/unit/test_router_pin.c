@@ -1,4 +1,4 @@
-/* Pinned picks (router/workers_pin.c; docs/api-logprobs.md "Fork-style
+/* Pinned picks (router/fleet/workers_pin.c; docs/api-logprobs.md "Fork-style
  * sharing"): the choices 1..n-1 of a request take choice 0's worker only
  * while it is the same instance, in rotation, a local prefiller when
  * colocated, and not overloaded; never a slot that left the table.  A
@@ -14,7 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/cluster.h"
-#include "router/workers_internal.h"
+#include "router/fleet/workers_internal.h"
 
 static const char duet__config[] =
     "{\"model\": \"x\", \"kv\": {\"page_size\": 16},"

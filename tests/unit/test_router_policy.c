@@ -13,8 +13,8 @@
 #include <cmocka.h>
 
 #include "common/alloc.h"
-#include "router/metrics.h"
-#include "router/policy.h"
+#include "router/base/metrics.h"
+#include "router/fleet/policy.h"
 #include "router/router.h"
 
 static void test_parse(void **state)

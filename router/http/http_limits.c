@@ -1,0 +1,124 @@
+/* Request framing and body-size checks of the router's HTTP server
+ * (docs/security.md, "Input limits"):
+ *  - two Content-Length headers that differ, or Content-Length together
+ *    with Transfer-Encoding, are refused with 400 and the connection is
+ *    closed: a proxy in front could frame the request differently and
+ *    smuggle a second one in its body (libmicrohttpd 0.9.75 takes the
+ *    first Content-Length, or the chunked encoding, without a word);
+ *  - an upload (chunked, or one whose Content-Length lied) that passes
+ *    router.max_body_bytes is answered 413 at once and the connection
+ *    closed, not read to its end.  libmicrohttpd refuses to queue a
+ *    response while a body is arriving, so the 413 is written to the socket
+ *    here (plain HTTP; over TLS the connection is just closed). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include "common/log.h"
+#include "router/http/http_internal.h"
+
+typedef struct {
+    int n_length;
+    bool lengths_differ;
+    const char *first_length;
+    bool transfer_encoding;
+} duet__framing_t;
+
+static enum MHD_Result duet__framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                            const char *value)
+{
+    duet__framing_t *f = cls;
+
+    (void)kind;
+    if (key == NULL)
+        return MHD_YES;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (f->n_length++ == 0)
+            f->first_length = value ? value : "";
+        else if (strcmp(f->first_length, value ? value : "") != 0)
+            f->lengths_differ = true;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        f->transfer_encoding = true;
+    }
+    return MHD_YES;
+}
+
+/* A complete error response that closes the connection after it. */
+static enum MHD_Result duet__respond_close(duet__hreq_t *r, const duet_router_oai_error_t *err)
+{
+    duet_router_buf_t b;
+    struct MHD_Response *resp = NULL;
+    enum MHD_Result ret = MHD_NO;
+
+    duet_router_buf_init(&b);
+    duet_router_oai_render_error(&b, err);
+    if (!b.oom)
+        resp = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
+    if (resp != NULL) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+        ret = MHD_queue_response(r->conn, (unsigned)err->status, resp);
+        MHD_destroy_response(resp);
+    }
+    duet_router_buf_cleanup(&b);
+    r->responded = true;
+    duet_router_metrics_http(&r->http->rt->metrics, r->route, err->status);
+    return ret;
+}
+
+bool duet__http_framing_bad(duet__hreq_t *r, enum MHD_Result *ret_p)
+{
+    duet__framing_t f = {0};
+    duet_router_oai_error_t err;
+
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, duet__framing_header, &f);
+    if (f.lengths_differ)
+        duet_router_oai_fail(&err, 400, NULL, "bad_framing",
+                             "the request has Content-Length headers that differ: send one");
+    else if (f.n_length > 0 && f.transfer_encoding)
+        duet_router_oai_fail(&err, 400, NULL, "bad_framing",
+                             "the request has both Content-Length and Transfer-Encoding: send "
+                             "one of them");
+    else
+        return false;
+    DUET_LOG_INFO("http: refused a request with ambiguous framing: %s", err.message);
+    *ret_p = duet__respond_close(r, &err);
+    return true;
+}
+
+enum MHD_Result duet__http_upload_too_large(duet__hreq_t *r)
+{
+    duet_router_t *rt = r->http->rt;
+    const union MHD_ConnectionInfo *tls =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    duet_router_oai_error_t err;
+    duet_router_buf_t b;
+
+    r->too_large = true;
+    r->responded = true;
+    duet_router_buf_cleanup(&r->body);
+    duet_router_oai_fail(&err, 413, NULL, "request_too_large",
+                         "the request body is larger than %d bytes (router.max_body_bytes)",
+                         rt->cfg->router.max_body_bytes);
+    duet_router_metrics_http(&rt->metrics, r->route, 413);
+    if (r->fd < 0 || (tls != NULL && tls->tls_session != NULL))
+        return MHD_NO; /* MHD closes the connection */
+    duet_router_buf_init(&b);
+    duet_router_oai_render_error(&b, &err);
+    if (!b.oom) {
+        char head[192];
+        int n = snprintf(head, sizeof(head),
+                         "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+                         "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+                         b.len);
+        /* a few hundred bytes into an idle socket's buffer: best effort,
+         * the connection is closed either way */
+        if (send(r->fd, head, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n &&
+            send(r->fd, b.data, b.len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)b.len)
+            shutdown(r->fd, SHUT_WR);
+    }
+    duet_router_buf_cleanup(&b);
+    return MHD_NO; /* MHD closes the connection */
+}

@@ -1,0 +1,85 @@
+/* The job object shared by job.c (admission, streams, retries) and
+ * job_fork.c (fork-style n).  Router-internal. */
+#ifndef DUET_ROUTER_JOB_JOB_INTERNAL_H
+#define DUET_ROUTER_JOB_JOB_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "router/fleet/cache_index.h"
+#include "router/job/job.h"
+
+typedef enum {
+    DUET__JOB_NEW,
+    DUET__JOB_QUEUED,
+    DUET__JOB_RUNNING,
+    DUET__JOB_ENDED,
+    DUET__JOB_WAITING, /* a follower waiting for its leader's first token */
+} duet__job_state_t;
+
+/* The pair a follower is pinned to (on: its leader's first token came). */
+typedef struct {
+    bool on;
+    duet_router_pin_t prefill, decode;
+} duet__pins_t;
+
+struct duet_router_job {
+    duet_router_t *rt;
+    atomic_int refs;
+    const duet_router_sink_t *sink;
+    void *sink_arg;
+    uint8_t *req; /* packed GenerateRequest */
+    size_t req_len;
+    uint64_t *keys; /* cache_aware: the prompt's page keys (cache_index.h) */
+    duet_router_ca_key_t key;
+    /* cache_aware: prompt + output ids (under lock), recorded on the decode
+     * when the job ends with output (docs/kv-aware-routing.md) */
+    duet_router_ca_tokens_t toks;
+    char *request_id;
+    int64_t deadline_ns;
+    int64_t t_create, t_admit;
+    uint32_t n_prompt;    /* the prompt's tokens */
+    bool prompt_logprobs; /* skips the prefix cache */
+    duet__pins_t pins;    /* set before start; the first launch prefers it */
+
+    /* under rt->adm_lock */
+    duet__job_state_t state;
+    duet_router_job_t *qnext;
+    duet_router_job_t *anext, *aprev; /* rt->active */
+    duet_router_job_t *leader;        /* WAITING: whose first token it waits for */
+    duet_router_job_t *followers;     /* waiting for this job's first token */
+    duet_router_job_t *fnext;
+    bool forked; /* followers were released; fork_pins is what later ones get */
+    duet__pins_t fork_pins;
+
+    pthread_mutex_t lock; /* the fields below */
+    bool cancelled;
+    bool overflow;    /* the sink could not keep up */
+    bool bad_message; /* decode sent something unparsable */
+    bool started;
+    int64_t t_last;
+    int attempts;            /* streams opened */
+    int done_attempts;       /* streams whose on_done ran */
+    int prefill, decode;     /* current pair (-1 = none); after a failure, the pair to avoid */
+    bool prefill_held;       /* counted in flight on the prefill worker */
+    bool decode_held;        /* counted in flight on the decode worker */
+    uint64_t inst_p, inst_d; /* the instances the pair's slots held at the pick */
+    duet_rpc_stream_t *stream;
+    uint8_t *fin_raw; /* the finished message, once it came */
+    size_t fin_len;
+    int fin_reason;
+    uint32_t fin_prompt, fin_completion;
+    bool have_fin;
+};
+
+/* Drop a reference; the last frees the job. */
+void duet__job_unref(duet_router_job_t *job);
+/* duet_router_job_start; a follower (part of a request admitted before a
+ * drain began) starts while draining too. */
+duet_status_t duet__job_start(duet_router_job_t *job, bool follower);
+/* Release job's waiting followers, once (job_fork.c). */
+void duet__job_fork(duet_router_job_t *job, bool pinned);
+/* Take a waiting follower off its leader's list (adm_lock held); false
+ * when it is not waiting (job_fork.c). */
+bool duet__job_unwait_locked(duet_router_job_t *job);
+
+#endif
