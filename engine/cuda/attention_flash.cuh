@@ -147,5 +147,7 @@ void duet__fd_mma_launch(cudaStream_t s, dim3 grid, int head_dim, duet_bf16 *out
                          const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer,
                          int nq, int nkv, int hgroups, int splits, int ps_shift, float *part,
                          unsigned *counts);
+/* Its blocks resident per SM (the occupancy calculator; 0 on error). */
+int duet__fd_mma_resident(int head_dim);
 
 #endif

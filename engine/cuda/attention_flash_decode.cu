@@ -230,6 +230,36 @@ extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int he
                       sizeof(unsigned);
 }
 
+template <int HD> static int duet__fd_resident_gr(int gr)
+{
+    int b = 0;
+    const void *f = gr == 1   ? (const void *)duet__fd_kernel<HD, 1>
+                    : gr == 2 ? (const void *)duet__fd_kernel<HD, 2>
+                    : gr == 4 ? (const void *)duet__fd_kernel<HD, 4>
+                              : (const void *)duet__fd_kernel<HD, 8>;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, DUET__FD_WARPS * 32, 0);
+    return b;
+}
+
+extern "C" int duet__cuda_flash_decode_resident(int nq, int nkv, int head_dim, bool tensor_cores)
+{
+    bool mma = duet__fd_mma(head_dim, tensor_cores);
+    int gr = duet__fd_gr(nq / nkv, mma), b;
+    if (mma)
+        b = duet__fd_mma_resident(head_dim);
+    else
+        switch (head_dim) {
+        case 8: b = duet__fd_resident_gr<8>(gr); break;
+        case 16: b = duet__fd_resident_gr<16>(gr); break;
+        case 32: b = duet__fd_resident_gr<32>(gr); break;
+        case 64: b = duet__fd_resident_gr<64>(gr); break;
+        case 128: b = duet__fd_resident_gr<128>(gr); break;
+        default: b = duet__fd_resident_gr<256>(gr); break;
+        }
+    cudaGetLastError();
+    return b > 0 ? b : 1;
+}
+
 template <int HD, int GR>
 static void duet__fd_launch(cudaStream_t s, dim3 grid, duet_bf16 *out, const duet_bf16 *qkv,
                             duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer, int nq, int nkv,

@@ -229,3 +229,15 @@ void duet__fd_mma_launch(cudaStream_t s, dim3 grid, int head_dim, duet_bf16 *out
         duet__fdm_kernel<128><<<grid, DUET__FD_WARPS * 32, 0, s>>>(
             out, qkv, b, kv, layer, nq, nkv, hgroups, splits, ps_shift, part, counts, qscale);
 }
+
+int duet__fd_mma_resident(int head_dim)
+{
+    int b = 0;
+    if (head_dim == 64)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, duet__fdm_kernel<64>,
+                                                      DUET__FD_WARPS * 32, 0);
+    else
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, duet__fdm_kernel<128>,
+                                                      DUET__FD_WARPS * 32, 0);
+    return b;
+}

@@ -93,14 +93,42 @@ duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int
     return DUET_OK;
 }
 
-/* Splits of the flash-decoding kernel: enough blocks for fd_blocks_per_sm
- * per SM. */
-static int duet__fd_splits(const duet_backend_rank_t *r, int n, int nq, int nkv)
+/* Fixed cost of a flash-decoding block (start, merge, its split's state),
+ * as a fraction of one block that reads a whole context: a split count is
+ * worth it when it fills the GPU's resident slots in whole waves
+ * (measured on H200 with bench_attention's sweep: docs/performance.md). */
+#define DUET__FD_BLOCK_COST 0.1
+
+/* Splits of the flash-decoding kernel for n tokens: the count s whose
+ * waves of blocks, ceil(blocks * s / slots) * (1/s + cost), take least
+ * time; or enough blocks for fd_blocks_per_sm per SM when that is set. */
+static int duet__fd_splits(duet_backend_rank_t *r, int n, int nq, int nkv)
 {
-    int blocks = duet__cuda_flash_decode_blocks(n, nq, nkv, r->kv.head_dim, !r->decode_cores);
-    int target = r->fd_blocks_per_sm * r->sm_count;
-    int s = (target + blocks - 1) / blocks;
-    return s < 1 ? 1 : s > DUET__CUDA_FD_MAX_SPLITS ? DUET__CUDA_FD_MAX_SPLITS : s;
+    int hd = r->kv.head_dim, blocks, best = 1;
+    double best_t = 1e300;
+
+    blocks = duet__cuda_flash_decode_blocks(n, nq, nkv, hd, !r->decode_cores);
+    if (r->fd_blocks_per_sm > 0) {
+        int s = (r->fd_blocks_per_sm * r->sm_count + blocks - 1) / blocks;
+        return s < 1 ? 1 : s > DUET__CUDA_FD_MAX_SPLITS ? DUET__CUDA_FD_MAX_SPLITS : s;
+    }
+    if (r->fd_resident == 0 || r->fd_shape[0] != nq || r->fd_shape[1] != nkv ||
+        r->fd_shape[2] != hd) {
+        r->fd_resident = duet__cuda_flash_decode_resident(nq, nkv, hd, !r->decode_cores);
+        r->fd_shape[0] = nq;
+        r->fd_shape[1] = nkv;
+        r->fd_shape[2] = hd;
+    }
+    long slots = (long)r->fd_resident * r->sm_count;
+    for (int s = 1; s <= DUET__CUDA_FD_MAX_SPLITS; s++) {
+        long waves = ((long)blocks * s + slots - 1) / slots;
+        double t = (double)waves * (1.0 / s + DUET__FD_BLOCK_COST);
+        if (t < best_t * (1.0 - 1e-9)) {
+            best_t = t;
+            best = s;
+        }
+    }
+    return best;
 }
 
 static int duet__splits(const duet_backend_rank_t *r, int n, int nkv)
@@ -112,7 +140,7 @@ static int duet__splits(const duet_backend_rank_t *r, int n, int nkv)
 }
 
 /* Split scratch of the chosen kernel for batch size n. */
-static size_t duet__part_need(const duet_backend_rank_t *r, bool flash, int n, int nq, int nkv,
+static size_t duet__part_need(duet_backend_rank_t *r, bool flash, int n, int nq, int nkv,
                               int head_dim)
 {
     size_t off;
@@ -122,31 +150,35 @@ static size_t duet__part_need(const duet_backend_rank_t *r, bool flash, int n, i
     return duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
 }
 
-/* Scratch for any split decode batch of this shape (batch sizes beyond
- * the largest split one need none), so that it is allocated once and never
- * moves under a recorded graph.  Zeroed: the flash kernel's counters. */
-static duet_status_t duet__part_reserve(duet_backend_rank_t *r, bool flash, int nq, int nkv,
+/* Scratch for every split batch size up to n (and every size a graph is
+ * recorded for), reserved when a batch first needs more, so that it never
+ * moves under a recorded graph (a size is recorded only after it ran
+ * without one).  Zeroed: the flash kernel's counters. */
+static duet_status_t duet__part_reserve(duet_backend_rank_t *r, bool flash, int n, int nq, int nkv,
                                         int head_dim)
 {
     size_t need = 0;
-    for (int n = 1;; n++) {
-        size_t b = duet__part_need(r, flash, n, nq, nkv, head_dim);
-        if (b == 0)
-            break;
+    if (n <= r->part_covered && flash == r->part_flash)
+        return DUET_OK;
+    int top = n > DUET__CUDA_GRAPH_MAX_N ? n : DUET__CUDA_GRAPH_MAX_N;
+    for (int i = 1; i <= top; i++) {
+        size_t b = duet__part_need(r, flash, i, nq, nkv, head_dim);
         need = b > need ? b : need;
     }
-    if (need <= r->part_bytes)
-        return DUET_OK;
-    if (r->capturing)
-        return duet_error(DUET_ERR_INTERNAL, "cuda attention: scratch grows while recording");
-    DUET__CUDA_TRY(cudaStreamSynchronize(r->stream));
-    duet__cuda_graphs_reset(r);
-    cudaFree(r->part);
-    r->part = NULL;
-    r->part_bytes = 0;
-    DUET__CUDA_TRY(cudaMalloc((void **)&r->part, need));
-    DUET__CUDA_TRY(cudaMemset(r->part, 0, need));
-    r->part_bytes = need;
+    if (need > r->part_bytes) {
+        if (r->capturing)
+            return duet_error(DUET_ERR_INTERNAL, "cuda attention: scratch grows while recording");
+        DUET__CUDA_TRY(cudaStreamSynchronize(r->stream));
+        duet__cuda_graphs_reset(r);
+        cudaFree(r->part);
+        r->part = NULL;
+        r->part_bytes = 0;
+        DUET__CUDA_TRY(cudaMalloc((void **)&r->part, need));
+        DUET__CUDA_TRY(cudaMemset(r->part, 0, need));
+        r->part_bytes = need;
+    }
+    r->part_covered = top;
+    r->part_flash = flash;
     return DUET_OK;
 }
 
@@ -165,7 +197,7 @@ duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const v
                                             r->n_tiles, nq, nkv, head_dim, r->attn_variant);
     bool flash = !r->decode_legacy && duet__cuda_flash_decode_supported(nq, nkv, head_dim);
     int splits = flash ? duet__fd_splits(r, n, nq, nkv) : duet__splits(r, n, nkv);
-    if (splits > 1 && (st = duet__part_reserve(r, flash, nq, nkv, head_dim)) != DUET_OK)
+    if (splits > 1 && (st = duet__part_reserve(r, flash, n, nq, nkv, head_dim)) != DUET_OK)
         return st;
     if (flash)
         return duet__cuda_flash_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,

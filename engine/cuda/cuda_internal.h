@@ -178,6 +178,8 @@ struct duet_backend_rank {
     /* attention split scratch */
     float *part;
     size_t part_bytes;
+    int part_covered; /* batch sizes 1..part_covered have their scratch */
+    bool part_flash;  /* ... for the flash kernel (else the legacy one) */
     /* argmax results (device) */
     float *am_val;
     int32_t *am_idx;
@@ -186,10 +188,12 @@ struct duet_backend_rank {
     int attn_variant; /* DUET__CUDA_ATTN_MMA or _WMMA (DUET_CUDA_ATTN) */
     /* decode attention (DUET_CUDA_DECODE_ATTN): flash-decoding on tensor cores where
      * the head_dim has that kernel ("flash", the default), on CUDA cores ("cores"),
-     * or the per-token kernel ("legacy"); the flash split count aims at
-     * fd_blocks_per_sm blocks per SM (DUET_CUDA_FD_BLOCKS) */
+     * or the per-token kernel ("legacy"); the flash split count fills whole
+     * waves of fd_resident blocks per SM (for the shape fd_shape: nq, nkv,
+     * head_dim), or aims at fd_blocks_per_sm per SM when DUET_CUDA_FD_BLOCKS
+     * sets it (a benchmark's sweep) */
     bool decode_legacy, decode_cores;
-    int fd_blocks_per_sm;
+    int fd_blocks_per_sm, fd_resident, fd_shape[3];
 
     /* RoPE */
     float *inv_freq_d;

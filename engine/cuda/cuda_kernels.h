@@ -82,8 +82,6 @@ int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
 
 /* Largest number of context splits of the flash-decoding kernel. */
 #define DUET__CUDA_FD_MAX_SPLITS 64
-/* Blocks per SM the flash-decoding split count aims at (DUET_CUDA_FD_BLOCKS). */
-#define DUET__FD_BLOCKS_PER_SM 8
 /* Flash-decoding over paged KV (attention_flash_decode.cu): tokens with one
  * query row per head each, head_dim 8..256 (a power of two times 8), any
  * group size; head_dim 64 and 128 on tensor cores when tensor_cores.  A
@@ -94,6 +92,8 @@ int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
  * them zero again. */
 int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim);
 int duet__cuda_flash_decode_blocks(int n, int nq, int nkv, int head_dim, bool tensor_cores);
+/* Blocks of that kernel resident per SM (occupancy calculator). */
+int duet__cuda_flash_decode_resident(int nq, int nkv, int head_dim, bool tensor_cores);
 size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim, bool tensor_cores,
                                        int splits, size_t *counts_off_p);
 duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
