@@ -1173,7 +1173,7 @@ static int bench_prefill(void *arg)
     DUET_TESTKIT_OK(duet_slice_plan_create(b->P, b->D, G_HEADS, &plan));
     pages = seq_pages(g->max_pages);
     DUET_TESTKIT_CHECK(pages != NULL, "out of memory");
-    duet_xfer_debug_corrupt_put(duet_xfer_rank(g->sd.x, 0), b->corrupt_put);
+    DUET_TESTKIT_OK(duet_xfer_debug_corrupt_put(duet_xfer_rank(g->sd.x, 0), b->corrupt_put));
     for (int i = 0; i < b->n_tokens; i++) {
         double t[T_N][G_MAX_ROUNDS], med[T_N], r[T_N];
         int n = (b->tokens[i] + G_PAGE - 1) / G_PAGE;

@@ -7,7 +7,7 @@
  * Every rank also publishes (op, size); a mismatch is reported instead of
  * computed on (DESIGN §3 rule 1).
  *
- * Fault injection (tests only): DUET_FAULT_COMM_FAIL_AFTER=N makes the last
+ * Fault injection (tests only, common/fault.h): comm.fail_after=N makes the last
  * rank of every group fail its collective number N+1 (counted from 1 on
  * that rank), as a rank error does: it aborts the group, so every rank's
  * collective returns DUET_ERR_INTERNAL naming the injected fault. */
@@ -24,6 +24,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/sync.h"
 
@@ -46,7 +47,7 @@ struct duet_comm_host_group {
     atomic_int count;
     _Atomic uint64_t gen;
     atomic_int aborted;          /* duet_status_t, 0 when healthy */
-    long fault_after;            /* DUET_FAULT_COMM_FAIL_AFTER, -1 when unset */
+    long fault_after;            /* fault comm.fail_after, -1 when unset */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     char abort_msg[256];
@@ -145,12 +146,12 @@ static duet_status_t duet__enter(duet__host_comm_t *c, const char *op, size_t si
 
     g->slots[c->base.rank] = (duet__slot_t){op, size, buf};
     c->n_ops++;
-    if (g->fault_after >= 0 && c->base.rank == g->size - 1 &&
+    if (DUET_FAULT_INJECTION && g->fault_after >= 0 && c->base.rank == g->size - 1 &&
         c->n_ops > (uint64_t)g->fault_after) {
         char msg[160];
         snprintf(msg, sizeof(msg),
                  "rank %d failed its collective %llu (fault injection: "
-                 "DUET_FAULT_COMM_FAIL_AFTER=%ld)",
+                 "comm.fail_after=%ld)",
                  c->base.rank, (unsigned long long)c->n_ops, g->fault_after);
         duet__abort(g, DUET_ERR_INTERNAL, msg);
         return duet__aborted_error(c, op);
@@ -290,8 +291,7 @@ duet_status_t duet_comm_host_group_create(int size, size_t scratch_bytes, int ti
     g->timeout_ms = timeout_ms;
     g->scratch_bytes = scratch_bytes;
     g->spin = false;
-    const char *fault = getenv("DUET_FAULT_COMM_FAIL_AFTER");
-    g->fault_after = fault != NULL && *fault != '\0' ? strtol(fault, NULL, 10) : -1;
+    g->fault_after = duet_fault_value("comm.fail_after", -1);
     if (g->fault_after >= 0)
         DUET_LOG_WARN("comm: fault injection: rank %d fails its collective %ld",
                       size - 1, g->fault_after + 1);

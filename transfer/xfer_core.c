@@ -96,7 +96,7 @@ static duet_status_t duet__rank_create(duet_xfer_t *x, int index, duet_xfer_rank
     r->index = index;
     r->evfd = r->epfd = -1;
     r->next_deadline_ns = INT64_MAX;
-    atomic_store(&r->corrupt_at, -1);
+    duet_fault_count_init(&r->corrupt, "xfer.corrupt_put");
     r->info.role = x->cfg.role;
     r->info.rank = index;
     r->info.tp = x->cfg.tp;

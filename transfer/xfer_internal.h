@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/fault.h"
 #include "transfer/transport.h"
 #include "transfer/xfer.h"
 #include "transfer/xfer_map.h"
@@ -209,7 +210,7 @@ struct duet_xfer_rank {
     int closed;                       /* under mu: STOP queued, no more commands */
 
     duet__stats_t stats;
-    atomic_long corrupt_at;
+    duet_fault_count_t corrupt; /* fault xfer.corrupt_put; duet_xfer_debug_corrupt_put */
 
     /* ---- progress thread ---- */
     duet_xfer_peer_t *peers;

@@ -530,7 +530,6 @@ static void duet__send_seg(const duet_xfer_rank_t *r, const duet__send_t *s,
  * spent.  Returns the puts issued. */
 static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *bytes)
 {
-    long corrupt = atomic_load_explicit(&r->corrupt_at, memory_order_relaxed);
     uint64_t put_bytes = 0;
     int n = 0;
 
@@ -553,17 +552,14 @@ static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, si
         src = r->base + seg.src_off;
         if ((s->flags & DUET_XFER_SEND_CRC) && !s->crc_flush)
             dst->crc = duet__crc32c(dst->crc, src, seg.len);
-        corrupt_now = 0;
-        if (corrupt >= 0) {
-            /* test hook (duet_xfer_debug_corrupt_put): after the checksum,
-             * or by a put after this one where the source must stay intact */
-            corrupt_now = atomic_fetch_sub_explicit(&r->corrupt_at, 1, memory_order_relaxed) == 0;
-            corrupt--;
-            if (corrupt_now && r->crc_fn == NULL && !r->info.pool_device &&
-                !(s->flags & DUET_XFER_SEND_PACKED)) {
-                src[seg.len / 2] ^= 0x5a;
-                corrupt_now = 0;
-            }
+        /* fault point (duet_xfer_debug_corrupt_put; a constant false where
+         * fault injection is compiled out): after the checksum, or by a put
+         * after this one where the source must stay intact */
+        corrupt_now = duet_fault_count_hit(&r->corrupt);
+        if (corrupt_now && r->crc_fn == NULL && !r->info.pool_device &&
+            !(s->flags & DUET_XFER_SEND_PACKED)) {
+            src[seg.len / 2] ^= 0x5a;
+            corrupt_now = 0;
         }
         op = r->ops->put(dst->peer->data_ep, r->mem, src, seg.len,
                          dst->peer->remote_base + seg.dst_off, dst->peer->rkey, duet__send_put_done,
