@@ -78,8 +78,8 @@ static int duet__fault_parse(const char *spec, duet__fault_entry_t *out)
         }
         point = duet__fault_find(p, name_len);
         if (point < 0) {
-            duet_error(DUET_ERR_INVALID, "DUET_FAULTS: unknown fault point \"%.*s\"",
-                       (int)name_len, p);
+            duet_error(DUET_ERR_INVALID, "DUET_FAULTS: unknown fault point \"%.*s\"", (int)name_len,
+                       p);
             return -1;
         }
         if (eq != NULL) {

@@ -117,7 +117,9 @@ static inline duet_status_t duet_fault_disarm(const char *name)
 
 duet_status_t duet_fault_load(const char *spec);
 
-static inline void duet_fault_reset(void) {}
+static inline void duet_fault_reset(void)
+{
+}
 
 duet_status_t duet_fault_init_from_env(void);
 

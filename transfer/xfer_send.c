@@ -24,8 +24,13 @@
  *
  * Any state can jump to DONE with an error (peer failure, deadline).  The
  * state is freed when its outcome was delivered (or it was cancelled) and no
- * transport operation points at it any more. */
-#include "transfer/xfer_internal.h"
+ * transport operation points at it any more.
+ *
+ * The files: this one (the state's life: bookkeeping, commands, events,
+ * preparation), xfer_send_post.c (the put loop), xfer_send_notify.c (a
+ * pair's flush, checksum and notification; progress messages); the state
+ * is in xfer_send_state.h. */
+#include "transfer/xfer_send_state.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -39,63 +44,6 @@
 #include "transfer/xfer_crc32c.h"
 #include "transfer/xfer_pack.h"
 #include "transfer/xfer_segs.h"
-
-enum {
-    DUET__DST_POSTING,
-    DUET__DST_FLUSHING,
-    DUET__DST_NOTIFYING,
-    DUET__DST_ACK_WAIT,
-    DUET__DST_DONE
-};
-
-typedef struct {
-    duet__send_t *s;
-    int d;                        /* decode engine rank */
-    duet_xfer_peer_t *peer;       /* NULL once the peer is gone */
-    const duet_slice_run_t *runs; /* into s->runs, dst_head order */
-    int n_runs;
-    uint32_t crc;
-    uint64_t bytes, puts;
-    int slot0; /* packed: the first run's slot in the sender's staging */
-    int state;
-    int next_page;      /* in the current plane: first page index not yet posted */
-    int failure_notice; /* the notification reports a failure */
-    int told;           /* packed: the layers a progress message announced so far */
-    uint8_t msg[DUET__MSG_BYTES];
-} duet__send_dst_t;
-
-struct duet__send {
-    duet__outcome_t o; /* first: outcome pointers are send pointers */
-    duet_xfer_rank_t *r;
-    duet__send_t *next, *prev;           /* r->send_list */
-    duet__send_t *post_next, *post_prev; /* r->posting */
-    int in_posting, in_table, detached;
-    int n_dst;
-    duet__send_dst_t *dst;
-    duet_slice_run_t *runs;
-    int32_t *pages; /* [2][n_pages]: source ids, then destination ids */
-    int n_pages;
-    unsigned flags;
-    int32_t src_stage0, dst_stage0; /* DUET_XFER_SEND_PACKED */
-    int n_layers;
-    int limit;                               /* layers [0, limit) may be posted */
-    int c_layer, c_kv, c_page, c_dst, c_run; /* the posting cursor */
-    int c_end;                               /* packed: the chunk is layers [c_layer, c_end) */
-    int stop_posting, failing, ended;
-    int timed_out;       /* the deadline passed: failing, waiting for puts in flight */
-    int progress_layers; /* packed: announce landed layers at least this far apart (0: never) */
-    int64_t first_token;
-    long inflight; /* transport operations with a dst of this state as argument */
-    int crc_hook;  /* DUET_XFER_SEND_CRC through the rank's hook (xfer_checksum.c) */
-    int crc_flush; /* the pair's CRC taken at flush (hook, or packed: posting order is
-                      by chunk, not the checksum order); else inline, put by put */
-};
-
-/* After a deadline, how long the outcome waits for puts already in flight:
- * the outcome tells the caller nothing writes the destination any more (the
- * decode daemon then reuses those pages), so it is not given while a put
- * could still land -- unless the puts are stuck past this grace too. */
-#define DUET__SEND_DRAIN_GRACE_NS (5 * DUET_NS_PER_S)
 
 /* ---- bookkeeping ---------------------------------------------------------------- */
 
@@ -114,7 +62,7 @@ void duet__send_free(duet__send_t *s)
     duet_free(s);
 }
 
-static void duet__send_posting_remove(duet_xfer_rank_t *r, duet__send_t *s)
+void duet__send_posting_remove(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (!s->in_posting)
         return;
@@ -128,7 +76,7 @@ static void duet__send_posting_remove(duet_xfer_rank_t *r, duet__send_t *s)
     s->in_posting = 0;
 }
 
-static void duet__send_posting_add(duet_xfer_rank_t *r, duet__send_t *s)
+void duet__send_posting_add(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (s->in_posting)
         return;
@@ -140,7 +88,7 @@ static void duet__send_posting_add(duet_xfer_rank_t *r, duet__send_t *s)
     s->in_posting = 1;
 }
 
-static void duet__send_maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
+void duet__send_maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
 {
     (void)r;
     if (s->in_table || s->in_posting || s->inflight > 0 || !s->o.terminal || s->o.in_callback ||
@@ -149,7 +97,7 @@ static void duet__send_maybe_free(duet_xfer_rank_t *r, duet__send_t *s)
     duet__send_free(s);
 }
 
-static void duet__send_check_done(duet_xfer_rank_t *r, duet__send_t *s)
+void duet__send_check_done(duet_xfer_rank_t *r, duet__send_t *s)
 {
     if (s->o.terminal)
         return;
@@ -175,11 +123,8 @@ static void duet__send_check_done(duet_xfer_rank_t *r, duet__send_t *s)
         duet__due(r, &s->o);
 }
 
-static void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
-                                const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
-                                const char *fmt, ...)
+void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
+                         const char *fmt, ...)
 {
     char detail[DUET_XFER_DETAIL_MAX];
     va_list ap;
@@ -193,157 +138,8 @@ static void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet
     duet__outcome_fail(&dst->s->o, st, "%s", detail);
 }
 
-/* ---- flush, notify ----------------------------------------------------------------- */
-
-static void duet__send_advance(duet_xfer_rank_t *r, duet__send_t *s);
-
-static void duet__send_notified(duet_xfer_rank_t *r, duet__send_dst_t *dst)
-{
-    DUET__STAT_ADD(r, notify_sent, 1);
-    if (dst->state != DUET__DST_NOTIFYING)
-        return; /* acknowledged already, or failed meanwhile */
-    dst->state = dst->failure_notice ? DUET__DST_DONE : DUET__DST_ACK_WAIT;
-}
-
-static void duet__send_notify_done(void *arg, duet_status_t st, const char *why)
-{
-    duet__send_dst_t *dst = arg;
-    duet__send_t *s = dst->s;
-    duet_xfer_rank_t *r = s->r;
-    s->inflight--;
-    if (st != DUET_OK)
-        duet__send_dst_fail(r, dst, DUET_ERR_PEER,
-                            "request %" PRIu64 ": notifying decode rank %d: %s", s->o.transfer_id,
-                            dst->d, why);
-    else
-        duet__send_notified(r, dst);
-    duet__send_check_done(r, s);
-    duet__send_maybe_free(r, s);
-}
-
-/* A message of kind to dst's decode rank about this send (the rest zero). */
-static void duet__send_msg_init(const duet_xfer_rank_t *r, const duet__send_dst_t *dst, int kind,
-                                duet__msg_t *m)
-{
-    memset(m, 0, sizeof(*m));
-    m->kind = kind;
-    m->transfer_id = dst->s->o.transfer_id;
-    m->from_instance = r->info.instance;
-    m->to_instance = dst->peer->info.instance;
-    m->src_rank = r->index;
-    m->dst_rank = dst->d;
-}
-
-static void duet__send_notify(duet_xfer_rank_t *r, duet__send_dst_t *dst)
-{
-    duet__send_t *s = dst->s;
-    const char *why = NULL;
-    duet_xfer_op_t op;
-    duet__msg_t m;
-
-    if (dst->peer == NULL) {
-        duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone",
-                            s->o.transfer_id, dst->d);
-        return;
-    }
-    duet__send_msg_init(r, dst, DUET__MSG_NOTIFY, &m);
-    m.status = s->failing ? s->o.res.status : DUET_OK;
-    m.has_crc = (s->flags & DUET_XFER_SEND_CRC) && !s->failing;
-    m.packed = (s->flags & DUET_XFER_SEND_PACKED) != 0;
-    m.crc = dst->crc;
-    m.bytes = dst->bytes;
-    m.first_token = s->first_token;
-    if (m.status == DUET_OK && s->failing)
-        m.status = DUET_ERR_INTERNAL;
-    dst->failure_notice = m.status != DUET_OK;
-    duet__msg_encode(&m, dst->msg);
-    dst->state = DUET__DST_NOTIFYING;
-    DUET_LOG_TRACE("xfer p%d: request %" PRIu64 " to decode rank %d: flushed, notify at %lld",
-                   r->index, s->o.transfer_id, dst->d, (long long)(duet_now_ns() / 1000));
-
-    op = r->ops->msg_send(dst->peer->ctl_ep, dst->msg, DUET__MSG_BYTES, duet__send_notify_done, dst,
-                          &why);
-    if (op == DUET_XFER_OP_DONE)
-        duet__send_notified(r, dst);
-    else if (op == DUET_XFER_OP_FAILED)
-        duet__send_dst_fail(r, dst, DUET_ERR_PEER,
-                            "request %" PRIu64 ": notifying decode rank %d: %s", s->o.transfer_id,
-                            dst->d, why);
-    else
-        s->inflight++;
-}
-
-static void duet__send_flush_done(void *arg, duet_status_t st, const char *why)
-{
-    duet__send_dst_t *dst = arg;
-    duet__send_t *s = dst->s;
-    duet_xfer_rank_t *r = s->r;
-    s->inflight--;
-    if (dst->state == DUET__DST_FLUSHING) {
-        if (st != DUET_OK)
-            duet__send_dst_fail(r, dst, DUET_ERR_PEER,
-                                "request %" PRIu64 ": flush to decode rank %d: %s",
-                                s->o.transfer_id, dst->d, why);
-        else
-            duet__send_notify(r, dst);
-    }
-    duet__send_check_done(r, s);
-    duet__send_maybe_free(r, s);
-}
-
-/* The pair's checksum through the rank's hook once all its puts are posted
- * (the source stays as it is until the send ended); a failing hook fails
- * the send: this notification and the later ones report it. */
-static void duet__send_crc(duet_xfer_rank_t *r, duet__send_dst_t *dst)
-{
-    duet__send_t *s = dst->s;
-    duet_status_t st;
-    if (!s->crc_hook) { /* packed on a host pool: the CPU reads the staging */
-        dst->crc = duet_xfer_pack_crc(&r->info.layout, r->base, dst->runs, dst->n_runs, s->n_pages,
-                                      s->src_stage0, 0, dst->slot0);
-        return;
-    }
-    st = duet__crc_hook(r, dst->runs, dst->n_runs,
-                        (s->flags & DUET_XFER_SEND_PACKED) ? NULL : s->pages, s->n_pages,
-                        s->src_stage0, 0, dst->slot0, &dst->crc);
-    if (st != DUET_OK) {
-        duet__outcome_fail(&s->o, st, "request %" PRIu64 ": decode rank %d's slice: %s",
-                           s->o.transfer_id, dst->d, duet_error_msg());
-        s->stop_posting = s->failing = 1;
-    }
-}
-
-static void duet__send_flush(duet_xfer_rank_t *r, duet__send_dst_t *dst)
-{
-    duet__send_t *s = dst->s;
-    const char *why = NULL;
-    duet_xfer_op_t op;
-
-    if (dst->peer == NULL) {
-        duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": decode rank %d is gone",
-                            s->o.transfer_id, dst->d);
-        return;
-    }
-    dst->state = DUET__DST_FLUSHING;
-    /* the timeline of a send's end, in monotonic microseconds (trace) */
-    DUET_LOG_TRACE("xfer p%d: request %" PRIu64 " to decode rank %d: %" PRIu64 " puts posted, flush at %lld",
-                   r->index, s->o.transfer_id, dst->d, dst->puts,
-                   (long long)(duet_now_ns() / 1000));
-    op = r->ops->flush(dst->peer->data_ep, duet__send_flush_done, dst, &why);
-    if (op != DUET_XFER_OP_FAILED && !s->failing && s->crc_flush)
-        duet__send_crc(r, dst); /* while the flush is in flight */
-    if (op == DUET_XFER_OP_DONE)
-        duet__send_notify(r, dst);
-    else if (op == DUET_XFER_OP_FAILED)
-        duet__send_dst_fail(r, dst, DUET_ERR_PEER,
-                            "request %" PRIu64 ": flush to decode rank %d: %s", s->o.transfer_id,
-                            dst->d, why);
-    else
-        s->inflight++;
-}
-
 /* Move on once posting is over: flush and notify every dst still posting. */
-static void duet__send_advance(duet_xfer_rank_t *r, duet__send_t *s)
+void duet__send_advance(duet_xfer_rank_t *r, duet__send_t *s)
 {
     int posted_all = s->stop_posting || s->c_layer >= s->n_layers;
     if (!s->stop_posting && s->c_layer < s->limit)
@@ -373,246 +169,6 @@ static void duet__send_fail(duet_xfer_rank_t *r, duet__send_t *s, duet_status_t 
     s->stop_posting = 1;
     s->failing = 1;
     duet__send_advance(r, s);
-}
-
-/* ---- progress (packed) ------------------------------------------------------------ */
-
-typedef struct {
-    duet__send_dst_t *dst;
-    uint8_t msg[DUET__MSG_BYTES];
-} duet__progress_t;
-
-static void duet__progress_sent(void *arg, duet_status_t st, const char *why)
-{
-    duet__progress_t *p = arg;
-    duet__send_t *s = p->dst->s;
-    (void)why;
-    s->inflight--;
-    if (st == DUET_OK)
-        DUET__STAT_ADD(s->r, progress_sent, 1);
-    duet_free(p);
-    duet__send_check_done(s->r, s);
-    duet__send_maybe_free(s->r, s);
-}
-
-/* The flush of p's puts completed: send the message (p is the send's while
- * it is in flight, else freed here). */
-static void duet__progress_msg(duet_xfer_rank_t *r, duet__progress_t *p)
-{
-    duet__send_dst_t *dst = p->dst;
-    duet__send_t *s = dst->s;
-    const char *why = NULL;
-    duet_xfer_op_t op = DUET_XFER_OP_FAILED;
-    /* a failed flush fails the pair's own flush too, which reports it */
-    if (dst->peer != NULL && !s->failing && dst->state != DUET__DST_DONE)
-        op = r->ops->msg_send(dst->peer->ctl_ep, p->msg, DUET__MSG_BYTES, duet__progress_sent, p,
-                              &why);
-    if (op == DUET_XFER_OP_PENDING) {
-        s->inflight++;
-        return;
-    }
-    if (op == DUET_XFER_OP_DONE)
-        DUET__STAT_ADD(r, progress_sent, 1);
-    duet_free(p);
-}
-
-static void duet__progress_flushed(void *arg, duet_status_t st, const char *why)
-{
-    duet__progress_t *p = arg;
-    duet__send_t *s = p->dst->s;
-    duet_xfer_rank_t *r = s->r;
-    (void)why;
-    s->inflight--;
-    if (st == DUET_OK)
-        duet__progress_msg(r, p);
-    else
-        duet_free(p);
-    duet__send_check_done(r, s);
-    duet__send_maybe_free(r, s);
-}
-
-/* dst's puts of layers [0, layers) are posted: announce them once flushed,
- * if they are far enough from the last announcement and not the end. */
-static void duet__send_progress(duet_xfer_rank_t *r, duet__send_t *s, duet__send_dst_t *dst,
-                                int layers)
-{
-    const char *why = NULL;
-    duet__progress_t *p;
-    duet__msg_t m;
-    duet_xfer_op_t op;
-
-    if (s->progress_layers <= 0 || layers >= s->n_layers ||
-        layers - dst->told < s->progress_layers || dst->peer == NULL || s->failing)
-        return;
-    if ((p = DUET_NEW(duet__progress_t)) == NULL)
-        return; /* only an optimization lost */
-    dst->told = layers;
-    duet__send_msg_init(r, dst, DUET__MSG_PROGRESS, &m);
-    m.packed = 1;
-    m.bytes = (uint64_t)layers;
-    duet__msg_encode(&m, p->msg);
-    p->dst = dst;
-    op = r->ops->flush(dst->peer->data_ep, duet__progress_flushed, p, &why);
-    if (op == DUET_XFER_OP_PENDING)
-        s->inflight++;
-    else if (op == DUET_XFER_OP_DONE)
-        duet__progress_msg(r, p);
-    else
-        duet_free(p);
-}
-
-/* ---- posting ---------------------------------------------------------------------- */
-
-static void duet__send_put_done(void *arg, duet_status_t st, const char *why)
-{
-    duet__send_dst_t *dst = arg;
-    duet__send_t *s = dst->s;
-    duet_xfer_rank_t *r = s->r;
-    s->inflight--;
-    r->put_reqs--;
-    if (st != DUET_OK)
-        duet__send_dst_fail(r, dst, DUET_ERR_PEER, "request %" PRIu64 ": put to decode rank %d: %s",
-                            s->o.transfer_id, dst->d, why);
-    duet__send_check_done(r, s);
-    duet__send_maybe_free(r, s);
-}
-
-/* Move the cursor to the next receiver at this page, or the next page, or
- * the next plane (packed: a receiver's puts span every page). */
-static void duet__send_cursor_next(duet__send_t *s)
-{
-    s->c_run = 0;
-    if (++s->c_dst < s->n_dst)
-        return;
-    s->c_dst = 0;
-    if (s->flags & DUET_XFER_SEND_PACKED) {
-        for (int k = 0; k < s->n_dst; k++)
-            s->dst[k].next_page = 0;
-        s->c_layer = s->c_end;
-        return;
-    }
-    if (!(s->flags & DUET_XFER_SEND_PACKED) && ++s->c_page < s->n_pages)
-        return;
-    s->c_page = 0;
-    for (int k = 0; k < s->n_dst; k++)
-        s->dst[k].next_page = 0;
-    if (++s->c_kv == 2) {
-        s->c_kv = 0;
-        s->c_layer++;
-    }
-}
-
-/* The put at the cursor: the run's slice of a page (or of consecutive
- * pages), or for a packed send its staged block over the chunk's planes. */
-static void duet__send_seg(const duet_xfer_rank_t *r, const duet__send_t *s,
-                           const duet__send_dst_t *dst, duet__seg_t *seg_p)
-{
-    const duet_kv_layout_t *src = &r->info.layout, *dl = &dst->peer->info.layout;
-    const duet_slice_run_t *run = &dst->runs[s->c_run];
-    if (s->flags & DUET_XFER_SEND_PACKED) {
-        duet_xfer_pack_put_t put;
-        int slot = dst->slot0;
-        for (int k = 0; k < s->c_run; k++)
-            slot += dst->runs[k].n_heads;
-        duet_xfer_pack_put(src, dl, s->n_pages, s->src_stage0, slot, s->dst_stage0, run,
-                           2 * s->c_layer, 2 * (s->c_end - s->c_layer), &put);
-        seg_p->src_off = put.src_off;
-        seg_p->dst_off = put.dst_off;
-        seg_p->len = put.len;
-        seg_p->n_pages = s->n_pages;
-        return;
-    }
-    duet__seg_at(src, dl, run, s->c_layer, s->c_kv, s->pages, s->pages + s->n_pages, s->n_pages,
-                 s->c_page, seg_p);
-}
-
-/* Issue puts of s until its released layers are posted or the budget is
- * spent.  Returns the puts issued. */
-static int duet__send_post(duet_xfer_rank_t *r, duet__send_t *s, int *budget, size_t *bytes)
-{
-    uint64_t put_bytes = 0;
-    int n = 0;
-
-    while (*budget > 0 && *bytes > 0 && s->c_layer < s->limit && !s->stop_posting &&
-           r->put_reqs < DUET__PUT_INFLIGHT) {
-        duet__send_dst_t *dst = &s->dst[s->c_dst];
-        const char *why = NULL;
-        duet_xfer_op_t op;
-        duet__seg_t seg;
-        unsigned char *src;
-        int corrupt_now;
-
-        if ((s->flags & DUET_XFER_SEND_PACKED) && s->c_dst == 0 && s->c_run == 0)
-            s->c_end = s->limit; /* a chunk starts: every layer released so far */
-        if (dst->state != DUET__DST_POSTING || dst->peer == NULL || dst->next_page != s->c_page) {
-            duet__send_cursor_next(s); /* failed, or this page went out in a longer put */
-            continue;
-        }
-        duet__send_seg(r, s, dst, &seg);
-        src = r->base + seg.src_off;
-        if ((s->flags & DUET_XFER_SEND_CRC) && !s->crc_flush)
-            dst->crc = duet__crc32c(dst->crc, src, seg.len);
-        /* fault point (duet_xfer_debug_corrupt_put; a constant false where
-         * fault injection is compiled out): after the checksum, or by a put
-         * after this one where the source must stay intact */
-        corrupt_now = duet_fault_count_hit(&r->corrupt);
-        if (corrupt_now && r->crc_fn == NULL && !r->info.pool_device &&
-            !(s->flags & DUET_XFER_SEND_PACKED)) {
-            src[seg.len / 2] ^= 0x5a;
-            corrupt_now = 0;
-        }
-        op = r->ops->put(dst->peer->data_ep, r->mem, src, seg.len,
-                         dst->peer->remote_base + seg.dst_off, dst->peer->rkey, duet__send_put_done,
-                         dst, &why);
-        if (op == DUET_XFER_OP_FAILED) {
-            duet__send_dst_fail(r, dst, DUET_ERR_PEER,
-                                "request %" PRIu64 ": put to decode rank %d: %s", s->o.transfer_id,
-                                dst->d, why);
-            duet__send_cursor_next(s);
-            continue;
-        }
-        if (op == DUET_XFER_OP_PENDING) {
-            s->inflight++;
-            r->put_reqs++;
-        }
-        if (corrupt_now && duet__corrupt_put(r, dst->peer, src, &seg, duet__send_put_done, dst) ==
-                               DUET_XFER_OP_PENDING) {
-            s->inflight++;
-            r->put_reqs++;
-        }
-        dst->bytes += seg.len;
-        dst->puts++;
-        put_bytes += seg.len;
-        n++;
-        (*budget)--;
-        *bytes = seg.len >= *bytes ? 0 : *bytes - seg.len;
-        if (++s->c_run >= dst->n_runs) {
-            dst->next_page = s->c_page + seg.n_pages;
-            if (s->flags & DUET_XFER_SEND_PACKED)
-                duet__send_progress(r, s, dst, s->c_end);
-            duet__send_cursor_next(s);
-        }
-    }
-    DUET__STAT_ADD(r, puts, (uint64_t)n);
-    DUET__STAT_ADD(r, put_bytes, put_bytes);
-    return n;
-}
-
-int duet__send_post_some(duet_xfer_rank_t *r)
-{
-    int budget = DUET__PUT_BUDGET, n = 0;
-    size_t bytes = DUET__PUT_BYTES;
-    duet__send_t *s = r->posting, *next;
-    for (; s != NULL && budget > 0 && bytes > 0; s = next) {
-        next = s->post_next;
-        n += duet__send_post(r, s, &budget, &bytes);
-        if (s->c_layer >= s->limit || s->stop_posting) {
-            duet__send_posting_remove(r, s);
-            duet__send_advance(r, s);
-            duet__send_maybe_free(r, s);
-        }
-    }
-    return n > 0;
 }
 
 /* ---- commands ----------------------------------------------------------------------- */
