@@ -83,7 +83,7 @@ static void duet__abort(duet_comm_host_group_t *g, duet_status_t st, const char 
     pthread_mutex_unlock(&g->lock);
 }
 
-static duet_status_t duet__barrier(duet__host_comm_t *c, const char *op)
+static duet_status_t duet__host_barrier(duet__host_comm_t *c, const char *op)
 {
     duet_comm_host_group_t *g = c->grp;
     int rank = c->base.rank;
@@ -156,7 +156,7 @@ static duet_status_t duet__enter(duet__host_comm_t *c, const char *op, size_t si
         duet__abort(g, DUET_ERR_INTERNAL, msg);
         return duet__aborted_error(c, op);
     }
-    st = duet__barrier(c, op);
+    st = duet__host_barrier(c, op);
     if (st != DUET_OK)
         return st;
     for (int r = 0; r < g->size; r++) {
@@ -172,8 +172,8 @@ static duet_status_t duet__enter(duet__host_comm_t *c, const char *op, size_t si
     return DUET_OK;
 }
 
-static duet_status_t duet__all_reduce_sum(duet_comm_t *base, void *buf, size_t count,
-                                          duet_dtype_t dtype)
+static duet_status_t duet__host_all_reduce_sum(duet_comm_t *base, void *buf, size_t count,
+                                               duet_dtype_t dtype)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     duet_comm_host_group_t *g = c->grp;
@@ -201,15 +201,15 @@ static duet_status_t duet__all_reduce_sum(duet_comm_t *base, void *buf, size_t c
                 g->scratch[i] += sr[i];
         }
     }
-    st = duet__barrier(c, "all_reduce");
+    st = duet__host_barrier(c, "all_reduce");
     if (st != DUET_OK)
         return st;
     memcpy(buf, g->scratch, count * sizeof(float));
     return DUET_OK;
 }
 
-static duet_status_t duet__all_gather(duet_comm_t *base, const void *send, void *recv,
-                                      size_t bytes)
+static duet_status_t duet__host_all_gather(duet_comm_t *base, const void *send, void *recv,
+                                           size_t bytes)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     duet_comm_host_group_t *g = c->grp;
@@ -218,10 +218,10 @@ static duet_status_t duet__all_gather(duet_comm_t *base, const void *send, void 
         return st;
     for (int r = 0; r < g->size; r++)
         memcpy((char *)recv + (size_t)r * bytes, g->slots[r].buf, bytes);
-    return duet__barrier(c, "all_gather");
+    return duet__host_barrier(c, "all_gather");
 }
 
-static duet_status_t duet__broadcast(duet_comm_t *base, void *buf, size_t bytes, int root)
+static duet_status_t duet__host_broadcast(duet_comm_t *base, void *buf, size_t bytes, int root)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     duet_comm_host_group_t *g = c->grp;
@@ -230,7 +230,7 @@ static duet_status_t duet__broadcast(duet_comm_t *base, void *buf, size_t bytes,
         return st;
     if (base->rank != root)
         memcpy(buf, g->slots[root].buf, bytes);
-    return duet__barrier(c, "broadcast");
+    return duet__host_barrier(c, "broadcast");
 }
 
 static duet_status_t duet__barrier_op(duet_comm_t *base)
@@ -239,10 +239,10 @@ static duet_status_t duet__barrier_op(duet_comm_t *base)
     /* the second meeting keeps a fast rank from republishing its slot
      * while a slow one still checks this one */
     duet_status_t st = duet__enter(c, "barrier", 0, NULL);
-    return st != DUET_OK ? st : duet__barrier(c, "barrier");
+    return st != DUET_OK ? st : duet__host_barrier(c, "barrier");
 }
 
-static void duet__abort_op(duet_comm_t *base, duet_status_t st, const char *why)
+static void duet__host_abort_op(duet_comm_t *base, duet_status_t st, const char *why)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     char msg[256];
@@ -250,19 +250,19 @@ static void duet__abort_op(duet_comm_t *base, duet_status_t st, const char *why)
     duet__abort(c->grp, st, msg);
 }
 
-static void duet__destroy(duet_comm_t *base)
+static void duet__host_destroy(duet_comm_t *base)
 {
     duet_free(base);
 }
 
 static const duet_comm_ops_t duet__host_ops = {
     .name = "host",
-    .all_reduce_sum = duet__all_reduce_sum,
-    .all_gather = duet__all_gather,
-    .broadcast = duet__broadcast,
+    .all_reduce_sum = duet__host_all_reduce_sum,
+    .all_gather = duet__host_all_gather,
+    .broadcast = duet__host_broadcast,
     .barrier = duet__barrier_op,
-    .abort = duet__abort_op,
-    .destroy = duet__destroy,
+    .abort = duet__host_abort_op,
+    .destroy = duet__host_destroy,
 };
 
 duet_status_t duet_comm_host_group_create(int size, size_t scratch_bytes, int timeout_ms,
