@@ -1,12 +1,14 @@
 /* The prefill side's send state, shared by the files that drive it
- * (private to transfer/):
+ * (private to transfer/).  Each file calls only the ones below it:
  *
- *   xfer_send.c         the state's life: bookkeeping, commands from the
- *                       caller, events (acks, deadlines, peers gone), the
- *                       plan -> state preparation
  *   xfer_send_post.c    the put loop: the posting cursor and the puts
+ *   xfer_send.c         the state's course: commands from the caller,
+ *                       events (acks, deadlines, peers gone), the plan ->
+ *                       state preparation, the move from posting to flushing
  *   xfer_send_notify.c  a pair's end (flush, checksum, notification) and a
  *                       packed send's progress messages
+ *   xfer_send_state.c   bookkeeping: the rank's lists, a pair's failure, the
+ *                       outcome, the state's end
  *
  * The state machine is described in xfer_send.c. */
 #ifndef DUET_TRANSFER_XFER_SEND_STATE_H
@@ -72,15 +74,6 @@ struct duet__send {
 #define DUET__SEND_DRAIN_GRACE_NS (5 * DUET_NS_PER_S)
 
 /* xfer_send.c */
-void duet__send_posting_add(duet_xfer_rank_t *r, duet__send_t *s);
-void duet__send_posting_remove(duet_xfer_rank_t *r, duet__send_t *s);
-/* Free s once nothing refers to it any more. */
-void duet__send_maybe_free(duet_xfer_rank_t *r, duet__send_t *s);
-/* Deliver the outcome once every dst is done. */
-void duet__send_check_done(duet_xfer_rank_t *r, duet__send_t *s);
-/* dst is done with an error (the send's outcome keeps the first). */
-void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
-                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Move on once posting is over: flush and notify every dst still posting. */
 void duet__send_advance(duet_xfer_rank_t *r, duet__send_t *s);
 
@@ -94,5 +87,16 @@ void duet__send_msg_init(const duet_xfer_rank_t *r, const duet__send_dst_t *dst,
  * flushed, if they are far enough from the last announcement and not the
  * end. */
 void duet__send_progress(duet_xfer_rank_t *r, duet__send_t *s, duet__send_dst_t *dst, int layers);
+
+/* xfer_send_state.c */
+void duet__send_posting_add(duet_xfer_rank_t *r, duet__send_t *s);
+void duet__send_posting_remove(duet_xfer_rank_t *r, duet__send_t *s);
+/* Free s once nothing refers to it any more. */
+void duet__send_maybe_free(duet_xfer_rank_t *r, duet__send_t *s);
+/* Deliver the outcome once every dst is done. */
+void duet__send_check_done(duet_xfer_rank_t *r, duet__send_t *s);
+/* dst is done with an error (the send's outcome keeps the first). */
+void duet__send_dst_fail(duet_xfer_rank_t *r, duet__send_dst_t *dst, duet_status_t st,
+                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 #endif
