@@ -91,16 +91,6 @@ void duet_rpc_client_config_init(duet_rpc_client_config_t *cfg)
     cfg->n_threads = 1;
 }
 
-static grpc_arg duet__int_arg(const char *key, int value)
-{
-    grpc_arg a;
-    memset(&a, 0, sizeof(a));
-    a.type = GRPC_ARG_INTEGER;
-    a.key = (char *)key;
-    a.value.integer = value;
-    return a;
-}
-
 static int duet__clamp_ms(int64_t ms)
 {
     return ms > INT_MAX ? INT_MAX : (int)ms;
@@ -719,24 +709,25 @@ duet_status_t duet_rpc_client_create(const duet_rpc_client_config_t *cfg, duet_r
     }
 
     cli->args[n++] =
-        duet__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
-    cli->args[n++] = duet__int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+        duet__rpc_int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    cli->args[n++] =
+        duet__rpc_int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
     /* Own subchannels per client: forget() really reconnects, and clients in
      * one process (tests, router) do not share connections. */
-    cli->args[n++] = duet__int_arg(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    cli->args[n++] = duet__int_arg(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    cli->args[n++] = duet__int_arg(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    cli->args[n++] =
-        duet__int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, duet__clamp_ms(cfg->reconnect_backoff_ms));
+    cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                                       duet__clamp_ms(cfg->reconnect_backoff_ms));
     if (cfg->keepalive_ms > 0) {
         cli->args[n++] =
-            duet__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, duet__clamp_ms(cfg->keepalive_ms));
-        cli->args[n++] =
-            duet__int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, duet__clamp_ms(cfg->keepalive_timeout_ms));
-        cli->args[n++] = duet__int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+            duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, duet__clamp_ms(cfg->keepalive_ms));
+        cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                                           duet__clamp_ms(cfg->keepalive_timeout_ms));
+        cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
         /* Otherwise core stops pinging after 2 pings without data, and a
          * quiet stream (health Watch) to a vanished peer is never noticed. */
-        cli->args[n++] = duet__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+        cli->args[n++] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     }
     if (server_name) {
         /* certificates name the cluster, not each pod's address */

@@ -97,6 +97,8 @@ duet_status_t duet__rpc_bb_flatten(grpc_byte_buffer *bb, uint8_t **data_p, size_
 grpc_byte_buffer *duet__rpc_bb_from(const void *data, size_t len);
 int64_t duet__rpc_deadline_from_gpr(gpr_timespec t);
 gpr_timespec duet__rpc_deadline_to_gpr(int64_t deadline_ns);
+/* An integer channel argument (key is not copied: a GRPC_ARG_* constant). */
+grpc_arg duet__rpc_int_arg(const char *key, int value);
 /* Mark the calling thread as a CQ thread of `owner` (NULL to clear) and ask
  * whether it is one: blocking waits are refused there. */
 void duet__rpc_cq_thread_set(const void *owner);

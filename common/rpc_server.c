@@ -116,16 +116,6 @@ int duet_rpc_server_port(const duet_rpc_server_t *srv)
     return srv->port;
 }
 
-static grpc_arg duet__int_arg(const char *key, int value)
-{
-    grpc_arg a;
-    memset(&a, 0, sizeof(a));
-    a.type = GRPC_ARG_INTEGER;
-    a.key = (char *)key;
-    a.value.integer = value;
-    return a;
-}
-
 /* Post (or re-post) a request slot; false when the server refused. */
 static bool duet__slot_post(duet__request_slot_t *slot)
 {
@@ -338,16 +328,16 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
     duet_cond_init_monotonic(&srv->cond);
     duet__rpc_grpc_acquire();
 
-    args[0] = duet__int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
-    args[1] = duet__int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    args[0] = duet__rpc_int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
+    args[1] = duet__rpc_int_arg(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
     /* Two daemons configured with one port must not silently share it. */
-    args[2] = duet__int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    args[2] = duet__rpc_int_arg(GRPC_ARG_ALLOW_REUSEPORT, 0);
     /* Notice clients that vanished without closing (node loss) so that their
      * streams get cancelled, and accept client keepalives down to 5 s. */
-    args[3] = duet__int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
-    args[4] = duet__int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
-    args[5] = duet__int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-    args[6] = duet__int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    args[3] = duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+    args[4] = duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    args[5] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+    args[6] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     chargs.num_args = sizeof(args) / sizeof(args[0]);
     chargs.args = args;
     srv->server = grpc_server_create(&chargs, NULL);

@@ -201,3 +201,13 @@ void duet__rpc_grpc_release(void)
 {
     grpc_shutdown();
 }
+
+grpc_arg duet__rpc_int_arg(const char *key, int value)
+{
+    grpc_arg a;
+    memset(&a, 0, sizeof(a));
+    a.type = GRPC_ARG_INTEGER;
+    a.key = (char *)key;
+    a.value.integer = value;
+    return a;
+}

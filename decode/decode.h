@@ -224,8 +224,8 @@ typedef struct {
     duet_engine_seq_t *seqs;      /* [max_seqs] */
     int32_t *sampled;
     int32_t *inputs;
-    long fault_step_delay_ms;     /* DUET_FAULT_DECODE_STEP_DELAY_MS (tests) */
-    bool fault_kv_copy;           /* DUET_FAULT_DECODE_KV_COPY_FAIL=1 (tests) */
+    long fault_step_delay_ms;     /* fault decode.step_delay_ms (tests) */
+    bool fault_kv_copy;           /* fault decode.kv_copy_fail (tests) */
     char *piece;                  /* detokenizer output, piece_cap bytes */
     size_t piece_cap;
 } duet_decode_t;

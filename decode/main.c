@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/sync.h"
 #include "decode/decode.h"
@@ -38,13 +39,11 @@ static duet_status_t duet__start(void *arg)
                       dc->node.args.self->prefill_local,
                       dc->node.args.self->prefill_local_max_tokens,
                       dc->node.args.self->prefill_local_max_running);
-    /* fault injection for tests: every decode step takes at least this long */
-    const char *delay = getenv("DUET_FAULT_DECODE_STEP_DELAY_MS");
-    dc->fault_step_delay_ms = delay != NULL ? strtol(delay, NULL, 10) : 0;
-    /* and a remote prefill's KV copy (unpack or import) fails once the
-     * first token went out */
-    const char *copy = getenv("DUET_FAULT_DECODE_KV_COPY_FAIL");
-    dc->fault_kv_copy = copy != NULL && strcmp(copy, "1") == 0;
+    /* fault injection for tests (common/fault.h): every decode step takes
+     * at least this long; a remote prefill's KV copy (unpack or import)
+     * fails once the first token went out */
+    dc->fault_step_delay_ms = duet_fault_value("decode.step_delay_ms", 0);
+    dc->fault_kv_copy = duet_fault("decode.kv_copy_fail");
     return duet_dc_sched_start(dc);
 }
 

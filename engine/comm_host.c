@@ -7,7 +7,7 @@
  * Every rank also publishes (op, size); a mismatch is reported instead of
  * computed on (DESIGN §3 rule 1).
  *
- * Fault injection (tests only): DUET_FAULT_COMM_FAIL_AFTER=N makes the last
+ * Fault injection (tests only, common/fault.h): comm.fail_after=N makes the last
  * rank of every group fail its collective number N+1 (counted from 1 on
  * that rank), as a rank error does: it aborts the group, so every rank's
  * collective returns DUET_ERR_INTERNAL naming the injected fault. */
@@ -24,6 +24,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/sync.h"
 
@@ -46,7 +47,7 @@ struct duet_comm_host_group {
     atomic_int count;
     _Atomic uint64_t gen;
     atomic_int aborted;          /* duet_status_t, 0 when healthy */
-    long fault_after;            /* DUET_FAULT_COMM_FAIL_AFTER, -1 when unset */
+    long fault_after;            /* fault comm.fail_after, -1 when unset */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     char abort_msg[256];
@@ -82,7 +83,7 @@ static void duet__abort(duet_comm_host_group_t *g, duet_status_t st, const char 
     pthread_mutex_unlock(&g->lock);
 }
 
-static duet_status_t duet__barrier(duet__host_comm_t *c, const char *op)
+static duet_status_t duet__host_barrier(duet__host_comm_t *c, const char *op)
 {
     duet_comm_host_group_t *g = c->grp;
     int rank = c->base.rank;
@@ -145,17 +146,17 @@ static duet_status_t duet__enter(duet__host_comm_t *c, const char *op, size_t si
 
     g->slots[c->base.rank] = (duet__slot_t){op, size, buf};
     c->n_ops++;
-    if (g->fault_after >= 0 && c->base.rank == g->size - 1 &&
+    if (DUET_FAULT_INJECTION && g->fault_after >= 0 && c->base.rank == g->size - 1 &&
         c->n_ops > (uint64_t)g->fault_after) {
         char msg[160];
         snprintf(msg, sizeof(msg),
                  "rank %d failed its collective %llu (fault injection: "
-                 "DUET_FAULT_COMM_FAIL_AFTER=%ld)",
+                 "comm.fail_after=%ld)",
                  c->base.rank, (unsigned long long)c->n_ops, g->fault_after);
         duet__abort(g, DUET_ERR_INTERNAL, msg);
         return duet__aborted_error(c, op);
     }
-    st = duet__barrier(c, op);
+    st = duet__host_barrier(c, op);
     if (st != DUET_OK)
         return st;
     for (int r = 0; r < g->size; r++) {
@@ -171,8 +172,8 @@ static duet_status_t duet__enter(duet__host_comm_t *c, const char *op, size_t si
     return DUET_OK;
 }
 
-static duet_status_t duet__all_reduce_sum(duet_comm_t *base, void *buf, size_t count,
-                                          duet_dtype_t dtype)
+static duet_status_t duet__host_all_reduce_sum(duet_comm_t *base, void *buf, size_t count,
+                                               duet_dtype_t dtype)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     duet_comm_host_group_t *g = c->grp;
@@ -200,15 +201,15 @@ static duet_status_t duet__all_reduce_sum(duet_comm_t *base, void *buf, size_t c
                 g->scratch[i] += sr[i];
         }
     }
-    st = duet__barrier(c, "all_reduce");
+    st = duet__host_barrier(c, "all_reduce");
     if (st != DUET_OK)
         return st;
     memcpy(buf, g->scratch, count * sizeof(float));
     return DUET_OK;
 }
 
-static duet_status_t duet__all_gather(duet_comm_t *base, const void *send, void *recv,
-                                      size_t bytes)
+static duet_status_t duet__host_all_gather(duet_comm_t *base, const void *send, void *recv,
+                                           size_t bytes)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     duet_comm_host_group_t *g = c->grp;
@@ -217,10 +218,10 @@ static duet_status_t duet__all_gather(duet_comm_t *base, const void *send, void 
         return st;
     for (int r = 0; r < g->size; r++)
         memcpy((char *)recv + (size_t)r * bytes, g->slots[r].buf, bytes);
-    return duet__barrier(c, "all_gather");
+    return duet__host_barrier(c, "all_gather");
 }
 
-static duet_status_t duet__broadcast(duet_comm_t *base, void *buf, size_t bytes, int root)
+static duet_status_t duet__host_broadcast(duet_comm_t *base, void *buf, size_t bytes, int root)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     duet_comm_host_group_t *g = c->grp;
@@ -229,7 +230,7 @@ static duet_status_t duet__broadcast(duet_comm_t *base, void *buf, size_t bytes,
         return st;
     if (base->rank != root)
         memcpy(buf, g->slots[root].buf, bytes);
-    return duet__barrier(c, "broadcast");
+    return duet__host_barrier(c, "broadcast");
 }
 
 static duet_status_t duet__barrier_op(duet_comm_t *base)
@@ -238,10 +239,10 @@ static duet_status_t duet__barrier_op(duet_comm_t *base)
     /* the second meeting keeps a fast rank from republishing its slot
      * while a slow one still checks this one */
     duet_status_t st = duet__enter(c, "barrier", 0, NULL);
-    return st != DUET_OK ? st : duet__barrier(c, "barrier");
+    return st != DUET_OK ? st : duet__host_barrier(c, "barrier");
 }
 
-static void duet__abort_op(duet_comm_t *base, duet_status_t st, const char *why)
+static void duet__host_abort_op(duet_comm_t *base, duet_status_t st, const char *why)
 {
     duet__host_comm_t *c = (duet__host_comm_t *)base;
     char msg[256];
@@ -249,19 +250,19 @@ static void duet__abort_op(duet_comm_t *base, duet_status_t st, const char *why)
     duet__abort(c->grp, st, msg);
 }
 
-static void duet__destroy(duet_comm_t *base)
+static void duet__host_destroy(duet_comm_t *base)
 {
     duet_free(base);
 }
 
 static const duet_comm_ops_t duet__host_ops = {
     .name = "host",
-    .all_reduce_sum = duet__all_reduce_sum,
-    .all_gather = duet__all_gather,
-    .broadcast = duet__broadcast,
+    .all_reduce_sum = duet__host_all_reduce_sum,
+    .all_gather = duet__host_all_gather,
+    .broadcast = duet__host_broadcast,
     .barrier = duet__barrier_op,
-    .abort = duet__abort_op,
-    .destroy = duet__destroy,
+    .abort = duet__host_abort_op,
+    .destroy = duet__host_destroy,
 };
 
 duet_status_t duet_comm_host_group_create(int size, size_t scratch_bytes, int timeout_ms,
@@ -290,8 +291,7 @@ duet_status_t duet_comm_host_group_create(int size, size_t scratch_bytes, int ti
     g->timeout_ms = timeout_ms;
     g->scratch_bytes = scratch_bytes;
     g->spin = false;
-    const char *fault = getenv("DUET_FAULT_COMM_FAIL_AFTER");
-    g->fault_after = fault != NULL && *fault != '\0' ? strtol(fault, NULL, 10) : -1;
+    g->fault_after = duet_fault_value("comm.fail_after", -1);
     if (g->fault_after >= 0)
         DUET_LOG_WARN("comm: fault injection: rank %d fails its collective %ld",
                       size - 1, g->fault_after + 1);

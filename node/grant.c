@@ -4,7 +4,7 @@
 #include <string.h>
 #include <time.h>
 
-static void duet__put_u64(duet_hmac_sha256_t *h, uint64_t v)
+static void duet__grant_put_u64(duet_hmac_sha256_t *h, uint64_t v)
 {
     uint8_t b[8];
     for (int i = 0; i < 8; i++)
@@ -12,7 +12,7 @@ static void duet__put_u64(duet_hmac_sha256_t *h, uint64_t v)
     duet_hmac_sha256_update(h, b, sizeof(b));
 }
 
-static void duet__put_u32(duet_hmac_sha256_t *h, uint32_t v)
+static void duet__grant_put_u32(duet_hmac_sha256_t *h, uint32_t v)
 {
     uint8_t b[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16), (uint8_t)(v >> 8), (uint8_t)v};
     duet_hmac_sha256_update(h, b, sizeof(b));
@@ -29,15 +29,15 @@ void duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN], const duet
 
     duet_hmac_sha256_init(&h, key, DUET_NODE_GRANT_KEY_LEN);
     duet_hmac_sha256_update(&h, tag, sizeof(tag));
-    duet__put_u64(&h, g->transfer_id);
-    duet__put_u32(&h, (uint32_t)id_len);
+    duet__grant_put_u64(&h, g->transfer_id);
+    duet__grant_put_u32(&h, (uint32_t)id_len);
     duet_hmac_sha256_update(&h, g->decode_id != NULL ? g->decode_id : "", id_len);
-    duet__put_u32(&h, g->packed ? 1u : 0u);
-    duet__put_u32(&h, g->packed ? (uint32_t)g->stage0 : 0u);
-    duet__put_u64(&h, g->expiry_ms);
-    duet__put_u64(&h, (uint64_t)g->n_pages);
+    duet__grant_put_u32(&h, g->packed ? 1u : 0u);
+    duet__grant_put_u32(&h, g->packed ? (uint32_t)g->stage0 : 0u);
+    duet__grant_put_u64(&h, g->expiry_ms);
+    duet__grant_put_u64(&h, (uint64_t)g->n_pages);
     for (size_t i = 0; i < g->n_pages; i++)
-        duet__put_u32(&h, (uint32_t)g->pages[i]);
+        duet__grant_put_u32(&h, (uint32_t)g->pages[i]);
     duet_hmac_sha256_final(&h, mac);
 }
 

@@ -41,8 +41,8 @@ typedef struct {
 /* The transfer's checksum hook on a device pool: the CRC where the pool
  * lives (duet_engine_kv_crc: a GPU kernel), on the rank's progress thread
  * (bound to the rank's GPU below). */
-static duet_status_t duet__kv_crc(void *ctx, const duet_crc32c_range_t *ranges, int n,
-                                  uint32_t *crc_p)
+static duet_status_t duet__ke_crc_hook(void *ctx, const duet_crc32c_range_t *ranges, int n,
+                                       uint32_t *crc_p)
 {
     const duet_kv_crc_ctx_t *c = ctx;
     return duet_engine_kv_crc(c->engine, c->rank, ranges, n, crc_p);
@@ -64,7 +64,7 @@ static duet_status_t duet__bind(void *arg)
  *   direct          direct whenever UCX can at all (start-up error if not)
  *   staged          always the mirror
  * Checksums work on either path: through the mirror the CPU reads what it
- * checks; on the direct path the GPU computes them (duet__kv_crc).
+ * checks; on the direct path the GPU computes them (duet__ke_crc_hook).
  * Returns 1 for direct, 0 for staged (*why says why), -1 for a bad value
  * or a forced direct path this UCX cannot run (duet_error set). */
 static int duet__device_path(const duet_kv_engine_opts_t *opts, duet_xfer_t *xfer, const char **why)
@@ -254,7 +254,8 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
             }
             /* transfer.checksum: the GPU computes the CRC of its pool */
             ke->crc[r] = (duet_kv_crc_ctx_t){ke->engine, r};
-            duet_xfer_rank_set_checksum(duet_xfer_rank(ke->xfer, r), duet__kv_crc, &ke->crc[r]);
+            duet_xfer_rank_set_checksum(duet_xfer_rank(ke->xfer, r), duet__ke_crc_hook,
+                                        &ke->crc[r]);
         }
         ke->path = "ucx-cuda-direct";
         DUET_LOG_INFO("kv: pools in %s device memory; transfer path %s (%s; puts between device "

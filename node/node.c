@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/fault.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/rpc_auth.h"
@@ -184,6 +185,12 @@ int duet_node_main(duet_node_t *node, const duet_node_ops_t *ops, void *ud, int 
     node->role = duet_role_name(ops->role);
     duet_log_init_from_env();
     duet_log_set_component(node->role);
+    /* a malformed DUET_FAULTS (tests) stops the daemon: a test arming a
+     * misspelt fault point would otherwise test nothing */
+    if (duet_fault_init_from_env() != DUET_OK) {
+        fprintf(stderr, "duet-%s: %s\n", node->role, duet_error_msg());
+        return 2;
+    }
     duet_daemon_signals_block();
     st = duet_daemon_args_parse(argc, argv, ops->role, &node->args);
     if (st == DUET_ERR_CANCELLED)

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/rpc_pb.h"
 #include "common/sync.h"
@@ -411,8 +412,7 @@ static void *duet__sched_main(void *arg)
     int max = pf->node.args.self->max_seqs;
     /* fault injection for the failure tests: hold every batch this long
      * before computing it, so a test can kill a peer mid-request */
-    const char *delay_env = getenv("DUET_FAULT_PREFILL_DELAY_MS");
-    long delay_ms = delay_env != NULL ? strtol(delay_env, NULL, 10) : 0;
+    long delay_ms = duet_fault_value("prefill.delay_ms", 0);
     duet_pf_req_t **batch = DUET_NEW_ARRAY(duet_pf_req_t *, (size_t)max);
 
     duet_thread_set_name("pf-sched");

@@ -457,7 +457,9 @@ duet_status_t duet_xfer_debug_put(duet_xfer_peer_t *peer, size_t src_off, size_t
  * real one on the same endpoint, after a transport fence: up to 64 bytes
  * of the source shifted by one byte, written over the middle of the
  * destination (a window of constant bytes would come out unchanged; KV
- * data is not constant). */
-void duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n);
+ * data is not constant).  A fault point (common/fault.h; DUET_FAULTS
+ * xfer.corrupt_put=n arms every rank made after): DUET_ERR_UNSUPPORTED,
+ * nothing armed, where fault injection is compiled out. */
+duet_status_t duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n);
 
 #endif

@@ -1,7 +1,7 @@
 /* Checksums through the rank's hook (duet_xfer_rank_set_checksum): the
  * slice's byte ranges in checksum order, handed to whoever can read the
  * pool (a GPU kernel for device pools).  The inline path -- the CPU reading
- * a host pool -- is in xfer_send.c (as puts are posted) and xfer_recv.c. */
+ * a host pool -- is in xfer_send_post.c (as puts are posted) and xfer_recv.c. */
 #include "transfer/xfer_internal.h"
 
 #include <inttypes.h>

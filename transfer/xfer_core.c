@@ -22,7 +22,7 @@
 
 /* ---- ranks -------------------------------------------------------------------- */
 
-static void duet__rank_destroy(duet_xfer_rank_t *r)
+static void duet__xfer_rank_destroy(duet_xfer_rank_t *r)
 {
     if (r == NULL)
         return;
@@ -82,7 +82,7 @@ static duet_status_t duet__rank_wakeup_init(duet_xfer_rank_t *r)
     return DUET_OK;
 }
 
-static duet_status_t duet__rank_create(duet_xfer_t *x, int index, duet_xfer_rank_t **rank_p)
+static duet_status_t duet__xfer_rank_create(duet_xfer_t *x, int index, duet_xfer_rank_t **rank_p)
 {
     duet_xfer_rank_t *r;
     duet_status_t st;
@@ -96,7 +96,7 @@ static duet_status_t duet__rank_create(duet_xfer_t *x, int index, duet_xfer_rank
     r->index = index;
     r->evfd = r->epfd = -1;
     r->next_deadline_ns = INT64_MAX;
-    atomic_store(&r->corrupt_at, -1);
+    duet_fault_count_init(&r->corrupt, "xfer.corrupt_put");
     r->info.role = x->cfg.role;
     r->info.rank = index;
     r->info.tp = x->cfg.tp;
@@ -141,7 +141,7 @@ static duet_status_t duet__rank_create(duet_xfer_t *x, int index, duet_xfer_rank
     return DUET_OK;
 
 err_destroy:
-    duet__rank_destroy(r);
+    duet__xfer_rank_destroy(r);
     return st;
 }
 
@@ -217,7 +217,7 @@ duet_status_t duet_xfer_create(const duet_xfer_config_t *cfg, duet_xfer_t **xfer
         goto err_destroy;
     }
     for (int i = 0; i < cfg->tp; i++) {
-        st = duet__rank_create(x, i, &x->ranks[i]);
+        st = duet__xfer_rank_create(x, i, &x->ranks[i]);
         if (st != DUET_OK)
             goto err_destroy;
         x->n_ranks++;
@@ -242,7 +242,7 @@ void duet_xfer_destroy(duet_xfer_t *x)
     if (x == NULL)
         return;
     for (int i = 0; i < x->n_ranks; i++)
-        duet__rank_destroy(x->ranks[i]);
+        duet__xfer_rank_destroy(x->ranks[i]);
     duet_free(x->ranks);
     x->ops->destroy(x->transport);
     duet_free(x->tls);

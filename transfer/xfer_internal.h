@@ -4,7 +4,8 @@
  *   xfer_api.c       public entry points that post commands
  *   xfer_core.c      context, ranks, capabilities
  *   xfer_progress.c  the progress thread: command queue, loop, delivery
- *   xfer_send.c      prefill: planning puts per receiver, flush, notify, acks
+ *   xfer_send*.c     prefill: planning puts per receiver, flush, notify, acks
+ *                    (post, course, notify, state: xfer_send_state.h)
  *   xfer_recv.c      decode: expectations, notifications, acknowledgements
  *   xfer_peer.c      connections to remote ranks and their failures
  *   xfer_outcome.c   completing commands and outcomes (rank bookkeeping)
@@ -27,6 +28,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/fault.h"
 #include "transfer/transport.h"
 #include "transfer/xfer.h"
 #include "transfer/xfer_map.h"
@@ -209,7 +211,7 @@ struct duet_xfer_rank {
     int closed;                       /* under mu: STOP queued, no more commands */
 
     duet__stats_t stats;
-    atomic_long corrupt_at;
+    duet_fault_count_t corrupt; /* fault xfer.corrupt_put; duet_xfer_debug_corrupt_put */
 
     /* ---- progress thread ---- */
     duet_xfer_peer_t *peers;
@@ -259,7 +261,7 @@ duet_status_t duet__cancel(duet_xfer_rank_t *r, int side, uint64_t id);
 void duet__rank_on_msg(void *arg, const void *msg, size_t len);
 void *duet__rank_main(void *arg);
 
-/* xfer_send.c */
+/* xfer_send*.c (xfer_send_state.h) */
 duet_status_t duet__send_prepare(duet_xfer_rank_t *r, const duet_xfer_send_t *in,
                                  duet__send_t **s_p);
 void duet__send_free(duet__send_t *s);

@@ -117,7 +117,7 @@ void duet_xfer_rank_stats(const duet_xfer_rank_t *r, duet_xfer_stats_t *s)
 #undef DUET__STAT_COPY
 }
 
-void duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n)
+duet_status_t duet_xfer_debug_corrupt_put(duet_xfer_rank_t *r, long n)
 {
-    atomic_store(&r->corrupt_at, n);
+    return duet_fault_count_arm(&r->corrupt, n);
 }

@@ -15,13 +15,13 @@ static void duet__put_u16(uint8_t *p, uint16_t v)
     p[1] = (uint8_t)(v >> 8);
 }
 
-static void duet__put_u32(uint8_t *p, uint32_t v)
+static void duet__wire_put_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void duet__put_u64(uint8_t *p, uint64_t v)
+static void duet__wire_put_u64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
@@ -124,31 +124,31 @@ duet_status_t duet__desc_encode(const duet__desc_t *d, void **blob_p, size_t *le
     b = duet_malloc(len);
     if (b == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "descriptor: %zu bytes", len);
-    duet__put_u32(b + 0, DUET__DESC_MAGIC);
+    duet__wire_put_u32(b + 0, DUET__DESC_MAGIC);
     duet__put_u16(b + 4, DUET_XFER_DESC_VERSION);
     duet__put_u16(b + 6, in->pool_device ? DUET__DESC_F_DEVICE : 0); /* flags */
-    duet__put_u32(b + 8, (uint32_t)len);
+    duet__wire_put_u32(b + 8, (uint32_t)len);
     b[12] = (uint8_t)in->role;
     b[13] = (uint8_t)in->dtype;
     duet__put_u16(b + 14, (uint16_t)in->rank);
     duet__put_u16(b + 16, (uint16_t)in->tp);
     duet__put_u16(b + 18, (uint16_t)in->kv_heads);
-    duet__put_u32(b + 20, (uint32_t)l->n_layers);
-    duet__put_u32(b + 24, (uint32_t)l->n_pages);
-    duet__put_u32(b + 28, (uint32_t)l->page_size);
-    duet__put_u32(b + 32, (uint32_t)l->n_kv_heads);
-    duet__put_u32(b + 36, (uint32_t)l->head_dim);
-    duet__put_u32(b + 40, (uint32_t)l->elem_size);
-    duet__put_u64(b + 44, in->model_fingerprint);
-    duet__put_u64(b + 52, in->instance);
-    duet__put_u64(b + 60, in->host_id);
-    duet__put_u64(b + 68, d->pool_base);
-    duet__put_u64(b + 76, in->pool_bytes);
-    duet__put_u32(b + 84, d->rkey_len);
-    duet__put_u32(b + 88, d->addr_len);
+    duet__wire_put_u32(b + 20, (uint32_t)l->n_layers);
+    duet__wire_put_u32(b + 24, (uint32_t)l->n_pages);
+    duet__wire_put_u32(b + 28, (uint32_t)l->page_size);
+    duet__wire_put_u32(b + 32, (uint32_t)l->n_kv_heads);
+    duet__wire_put_u32(b + 36, (uint32_t)l->head_dim);
+    duet__wire_put_u32(b + 40, (uint32_t)l->elem_size);
+    duet__wire_put_u64(b + 44, in->model_fingerprint);
+    duet__wire_put_u64(b + 52, in->instance);
+    duet__wire_put_u64(b + 60, in->host_id);
+    duet__wire_put_u64(b + 68, d->pool_base);
+    duet__wire_put_u64(b + 76, in->pool_bytes);
+    duet__wire_put_u32(b + 84, d->rkey_len);
+    duet__wire_put_u32(b + 88, d->addr_len);
     memcpy(b + DUET__DESC_FIXED, d->rkey, d->rkey_len);
     memcpy(b + DUET__DESC_FIXED + d->rkey_len, d->addr, d->addr_len);
-    duet__put_u32(b + len - 4, duet__crc32c(0, b, len - 4));
+    duet__wire_put_u32(b + len - 4, duet__crc32c(0, b, len - 4));
     *blob_p = b;
     *len_p = len;
     return DUET_OK;
@@ -277,20 +277,21 @@ duet_status_t duet__desc_check_peer(const duet_xfer_desc_info_t *local,
 
 void duet__msg_encode(const duet__msg_t *m, uint8_t out[DUET__MSG_BYTES])
 {
-    duet__put_u32(out + 0, DUET__MSG_MAGIC);
+    duet__wire_put_u32(out + 0, DUET__MSG_MAGIC);
     duet__put_u16(out + 4, 1);
     duet__put_u16(out + 6, (uint16_t)m->kind);
-    duet__put_u64(out + 8, m->transfer_id);
-    duet__put_u64(out + 16, m->from_instance);
-    duet__put_u64(out + 24, m->to_instance);
+    duet__wire_put_u64(out + 8, m->transfer_id);
+    duet__wire_put_u64(out + 16, m->from_instance);
+    duet__wire_put_u64(out + 24, m->to_instance);
     duet__put_u16(out + 32, (uint16_t)m->src_rank);
     duet__put_u16(out + 34, (uint16_t)m->dst_rank);
-    duet__put_u32(out + 36, (uint32_t)(int32_t)m->status);
-    duet__put_u32(out + 40, (m->has_crc ? DUET__MSG_F_CRC : 0u) |
-                                (m->packed ? DUET__MSG_F_PACKED | DUET__MSG_F_PAGE_MAJOR : 0u));
-    duet__put_u32(out + 44, m->crc);
-    duet__put_u64(out + 48, m->bytes);
-    duet__put_u64(out + 56, (uint64_t)m->first_token);
+    duet__wire_put_u32(out + 36, (uint32_t)(int32_t)m->status);
+    duet__wire_put_u32(out + 40,
+                       (m->has_crc ? DUET__MSG_F_CRC : 0u) |
+                           (m->packed ? DUET__MSG_F_PACKED | DUET__MSG_F_PAGE_MAJOR : 0u));
+    duet__wire_put_u32(out + 44, m->crc);
+    duet__wire_put_u64(out + 48, m->bytes);
+    duet__wire_put_u64(out + 56, (uint64_t)m->first_token);
 }
 
 duet_status_t duet__msg_decode(const void *buf, size_t len, duet__msg_t *m_p)

@@ -4,7 +4,7 @@
 #   docker build -f deploy/docker/cpu.Dockerfile -t duet-cpu:0.1.0 .
 #
 # The build stage runs the scripts CI runs (scripts/install-deps.sh,
-# scripts/build.sh); the final stage is Debian 12 slim plus the
+# scripts/build.sh: a release build, fault injection compiled out); the final stage is Debian 12 slim plus the
 # packages of the shared libraries the binaries load, found by
 # deploy/docker/runtime-packages.sh in the build stage.
 

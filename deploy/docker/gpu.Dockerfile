@@ -4,7 +4,8 @@
 #   docker build -f deploy/docker/gpu.Dockerfile -t duet-gpu:0.1.0 .
 #
 # The build stage runs the scripts CI runs (scripts/install-deps.sh,
-# scripts/build.sh); the final stage is CUDA's runtime image plus the
+# scripts/build.sh: a release build, fault injection compiled out); the
+# final stage is CUDA's runtime image plus the
 # packages of the shared libraries the binaries load, found by
 # deploy/docker/runtime-packages.sh in the build stage.
 #

@@ -10,8 +10,8 @@
 #include "common/alloc.h"
 #include "common/crc32c.h"
 
-static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
-                                       duet_backend_rank_t **r_p)
+static duet_status_t duet__cpu_op_rank_create(const duet_backend_rank_opts_t *opts,
+                                              duet_backend_rank_t **r_p)
 {
     duet_backend_rank_t *r = DUET_NEW(duet_backend_rank_t);
     char name[16];
@@ -37,7 +37,7 @@ static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
     return DUET_OK;
 }
 
-static void duet__rank_destroy(duet_backend_rank_t *r)
+static void duet__cpu_op_rank_destroy(duet_backend_rank_t *r)
 {
     if (r == NULL)
         return;
@@ -55,7 +55,7 @@ void duet__cpu_rank_set_isa(duet_backend_rank_t *r, duet__mm_isa_t isa)
     r->isa = isa > duet__mm_isa_detect() ? duet__mm_isa_detect() : isa;
 }
 
-static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
+static void *duet__cpu_op_alloc(duet_backend_rank_t *r, size_t bytes)
 {
     void *p = duet_aligned_alloc(64, bytes);
     if (p == NULL)
@@ -64,23 +64,24 @@ static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
     return p;
 }
 
-static void duet__free(duet_backend_rank_t *r, void *p)
+static void duet__cpu_op_free(duet_backend_rank_t *r, void *p)
 {
     duet_aligned_free(p);
 }
 
-static duet_status_t duet__copy(duet_backend_rank_t *r, void *dst, const void *src, size_t bytes)
+static duet_status_t duet__cpu_op_copy(duet_backend_rank_t *r, void *dst, const void *src,
+                                       size_t bytes)
 {
     memcpy(dst, src, bytes);
     return DUET_OK;
 }
 
-static duet_status_t duet__sync(duet_backend_rank_t *r)
+static duet_status_t duet__cpu_op_sync(duet_backend_rank_t *r)
 {
     return DUET_OK;
 }
 
-static void duet__kv_attach(duet_backend_rank_t *r, void *kv_base)
+static void duet__cpu_op_kv_attach(duet_backend_rank_t *r, void *kv_base)
 {
     r->kv_base = kv_base;
 }
@@ -88,8 +89,9 @@ static void duet__kv_attach(duet_backend_rank_t *r, void *kv_base)
 /* Stacking several sources: pack each, then concatenate the packed rows.
  * Packed layouts are row-blocked, so stack by packing a temporary source
  * that holds the stacked rows in the source dtype. */
-static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weight_src_t *src,
-                                         int n_src, duet_weight_t **w_p)
+static duet_status_t duet__cpu_op_weight_create(duet_backend_rank_t *r,
+                                                const duet_weight_src_t *src, int n_src,
+                                                duet_weight_t **w_p)
 {
     duet_weight_t *w = DUET_NEW(duet_weight_t);
     duet_status_t st;
@@ -140,7 +142,7 @@ static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weig
     return DUET_OK;
 }
 
-static void duet__weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
+static void duet__cpu_op_weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
 {
     if (w == NULL)
         return;
@@ -149,8 +151,8 @@ static void duet__weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
     duet_free(w);
 }
 
-static duet_status_t duet__vector_create(duet_backend_rank_t *r, const void *src,
-                                         duet_dtype_t dtype, int offset, int n, void **vec_p)
+static duet_status_t duet__cpu_op_vector_create(duet_backend_rank_t *r, const void *src,
+                                                duet_dtype_t dtype, int offset, int n, void **vec_p)
 {
     float *v = duet_aligned_alloc(64, (size_t)n * sizeof(float));
     if (v == NULL)
@@ -161,9 +163,9 @@ static duet_status_t duet__vector_create(duet_backend_rank_t *r, const void *src
     return DUET_OK;
 }
 
-static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *src,
-                                            duet_dtype_t dtype, int vocab, int hidden,
-                                            duet_weight_t **w_p)
+static duet_status_t duet__cpu_op_embedding_create(duet_backend_rank_t *r, const void *src,
+                                                   duet_dtype_t dtype, int vocab, int hidden,
+                                                   duet_weight_t **w_p)
 {
     duet_weight_t *w = DUET_NEW(duet_weight_t);
     if (w == NULL)
@@ -177,7 +179,7 @@ static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *
     return DUET_OK;
 }
 
-static duet_status_t duet__batch_prepare(duet_backend_rank_t *r, const duet_batch_desc_t *b)
+static duet_status_t duet__cpu_op_batch_prepare(duet_backend_rank_t *r, const duet_batch_desc_t *b)
 {
     if (b->n_tokens > r->rope_cap) {
         size_t bytes = (size_t)b->n_tokens * (size_t)(r->kv.head_dim / 2) * sizeof(float) + 64;
@@ -236,8 +238,8 @@ static void duet__embed_job(void *arg, int ti, int nt)
     }
 }
 
-static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_weight_t *table,
-                                 int n, int hidden)
+static duet_status_t duet__cpu_op_embed(duet_backend_rank_t *r, void *out,
+                                        const duet_weight_t *table, int n, int hidden)
 {
     for (int t = 0; t < n; t++) {
         if (r->batch->tokens[t] < 0 || r->batch->tokens[t] >= table->vocab)
@@ -264,16 +266,16 @@ static void duet__rmsnorm_job(void *arg, int ti, int nt)
                            j->w, j->d, j->eps);
 }
 
-static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in, const void *w,
-                                   int n, int d, float eps)
+static duet_status_t duet__cpu_op_rmsnorm(duet_backend_rank_t *r, void *out, const void *in,
+                                          const void *w, int n, int d, float eps)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = in, .w = w, .n = n, .d = d, .eps = eps};
     duet__cpu_run(r, (size_t)n * (size_t)d, duet__rmsnorm_job, &j);
     return DUET_OK;
 }
 
-static duet_status_t duet__matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
-                                  const duet_weight_t *w, const void *bias)
+static duet_status_t duet__cpu_op_matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
+                                         const duet_weight_t *w, const void *bias)
 {
     duet__cpu_matmul_isa(r->isa, r->pool, y, (size_t)w->mat.rows, x, (size_t)w->mat.cols, n,
                          &w->mat, bias);
@@ -291,7 +293,8 @@ static void duet__silu_mul_job(void *arg, int ti, int nt)
     }
 }
 
-static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n, int m)
+static duet_status_t duet__cpu_op_silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n,
+                                           int m)
 {
     duet__rows_job_t j = {.r = r, .out = out, .in = gu, .n = n, .d = m};
     duet__cpu_run(r, (size_t)n * (size_t)m, duet__silu_mul_job, &j);
@@ -310,7 +313,7 @@ static void duet__add_job(void *arg, int ti, int nt)
         j->r->ops->add(j->out + b, j->in + b, (size_t)(e - b));
 }
 
-static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
+static duet_status_t duet__cpu_op_add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
 {
     if (count < DUET__CPU_INLINE_ELEMS || count > (size_t)INT32_MAX) {
         r->ops->add(x, y, count);
@@ -330,15 +333,16 @@ static void duet__add_bias_job(void *arg, int ti, int nt)
         j->r->ops->add(j->out + (size_t)t * (size_t)j->d, j->w, (size_t)j->d);
 }
 
-static duet_status_t duet__add_bias(duet_backend_rank_t *r, void *x, const void *bias, int n, int d)
+static duet_status_t duet__cpu_op_add_bias(duet_backend_rank_t *r, void *x, const void *bias, int n,
+                                           int d)
 {
     duet__rows_job_t j = {.r = r, .out = x, .w = bias, .n = n, .d = d};
     duet__cpu_run(r, (size_t)n * (size_t)d, duet__add_bias_job, &j);
     return DUET_OK;
 }
 
-static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
-                                       const void *src, int n, int d, size_t src_ld)
+static duet_status_t duet__cpu_op_argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
+                                              const void *src, int n, int d, size_t src_ld)
 {
     for (int i = 0; i < n; i++) {
         const float *x = (const float *)src + (size_t)i * src_ld;
@@ -352,8 +356,8 @@ static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int
     return DUET_OK;
 }
 
-static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const void *in,
-                                       const int32_t *rows, int n_rows, int d)
+static duet_status_t duet__cpu_op_gather_rows(duet_backend_rank_t *r, void *out, const void *in,
+                                              const int32_t *rows, int n_rows, int d)
 {
     for (int i = 0; i < n_rows; i++)
         memcpy((float *)out + (size_t)i * (size_t)d,
@@ -361,8 +365,8 @@ static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const 
     return DUET_OK;
 }
 
-static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, const void *src,
-                                            int n, int d, size_t src_ld)
+static duet_status_t duet__cpu_op_rows_to_host_f32(duet_backend_rank_t *r, float *dst,
+                                                   const void *src, int n, int d, size_t src_ld)
 {
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * (size_t)d, (const float *)src + (size_t)i * src_ld,
@@ -395,9 +399,9 @@ static void duet__kv_copy_job(void *arg, int ti, int nt)
 /* The pool is host memory and every op is synchronous: the copies run now
  * (what duet_kv_copy_apply_host does, split over the workers when large),
  * after the layer's KV store, and done runs before returning. */
-static duet_status_t duet__kv_copy(duet_backend_rank_t *r, int l0, int l1,
-                                   const duet_kv_copy_t *copies, int n, void (*done)(void *arg),
-                                   void *arg)
+static duet_status_t duet__cpu_op_kv_copy(duet_backend_rank_t *r, int l0, int l1,
+                                          const duet_kv_copy_t *copies, int n,
+                                          void (*done)(void *arg), void *arg)
 {
     size_t bytes = 0;
     if (r->kv_base == NULL)
@@ -417,8 +421,8 @@ static duet_status_t duet__kv_copy(duet_backend_rank_t *r, int l0, int l1,
 
 /* The pool is host memory: the byte-serial CRC (SSE4.2), on the calling
  * thread (the rank's workers belong to its thread). */
-static duet_status_t duet__kv_crc(duet_backend_rank_t *r, const duet_crc32c_range_t *ranges, int n,
-                                  uint32_t *crc_p)
+static duet_status_t duet__cpu_op_kv_crc(duet_backend_rank_t *r, const duet_crc32c_range_t *ranges,
+                                         int n, uint32_t *crc_p)
 {
     if (r->kv_base == NULL)
         return duet_error(DUET_ERR_INTERNAL, "cpu kv_crc: no kv pool attached");
@@ -430,30 +434,30 @@ const duet_backend_ops_t duet_backend_cpu = {
     .name = "cpu",
     .act_dtype = DUET_DTYPE_F32,
     .kv_dtype = DUET_DTYPE_F32,
-    .rank_create = duet__rank_create,
-    .rank_destroy = duet__rank_destroy,
-    .alloc = duet__alloc,
-    .free = duet__free,
-    .upload = duet__copy,
-    .download = duet__copy,
-    .sync = duet__sync,
-    .kv_attach = duet__kv_attach,
-    .weight_create = duet__weight_create,
-    .weight_destroy = duet__weight_destroy,
-    .vector_create = duet__vector_create,
-    .embedding_create = duet__embedding_create,
-    .batch_prepare = duet__batch_prepare,
-    .embed = duet__embed,
-    .rmsnorm = duet__rmsnorm,
-    .matmul = duet__matmul,
+    .rank_create = duet__cpu_op_rank_create,
+    .rank_destroy = duet__cpu_op_rank_destroy,
+    .alloc = duet__cpu_op_alloc,
+    .free = duet__cpu_op_free,
+    .upload = duet__cpu_op_copy,
+    .download = duet__cpu_op_copy,
+    .sync = duet__cpu_op_sync,
+    .kv_attach = duet__cpu_op_kv_attach,
+    .weight_create = duet__cpu_op_weight_create,
+    .weight_destroy = duet__cpu_op_weight_destroy,
+    .vector_create = duet__cpu_op_vector_create,
+    .embedding_create = duet__cpu_op_embedding_create,
+    .batch_prepare = duet__cpu_op_batch_prepare,
+    .embed = duet__cpu_op_embed,
+    .rmsnorm = duet__cpu_op_rmsnorm,
+    .matmul = duet__cpu_op_matmul,
     .rope_kv_store = duet__cpu_rope_kv_store,
     .attention = duet__cpu_attention,
-    .silu_mul = duet__silu_mul,
-    .add = duet__add,
-    .add_bias = duet__add_bias,
-    .gather_rows = duet__gather_rows,
-    .rows_to_host_f32 = duet__rows_to_host_f32,
-    .argmax_rows = duet__argmax_rows,
-    .kv_copy = duet__kv_copy,
-    .kv_crc = duet__kv_crc,
+    .silu_mul = duet__cpu_op_silu_mul,
+    .add = duet__cpu_op_add,
+    .add_bias = duet__cpu_op_add_bias,
+    .gather_rows = duet__cpu_op_gather_rows,
+    .rows_to_host_f32 = duet__cpu_op_rows_to_host_f32,
+    .argmax_rows = duet__cpu_op_argmax_rows,
+    .kv_copy = duet__cpu_op_kv_copy,
+    .kv_crc = duet__cpu_op_kv_crc,
 };

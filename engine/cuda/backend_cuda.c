@@ -93,7 +93,7 @@ duet_status_t duet__cuda_pinned(duet_backend_rank_t *r, size_t bytes, void **p)
     return DUET_OK;
 }
 
-static void duet__rank_destroy(duet_backend_rank_t *r)
+static void duet__cuda_op_rank_destroy(duet_backend_rank_t *r)
 {
     if (r == NULL)
         return;
@@ -195,14 +195,14 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     return DUET_OK;
 }
 
-static duet_status_t duet__thread_bind(duet_backend_rank_t *r)
+static duet_status_t duet__cuda_op_thread_bind(duet_backend_rank_t *r)
 {
     DUET__CUDA_TRY(cudaSetDevice(r->device));
     DUET__CUDA_TRY(cudaFree(NULL)); /* the primary context exists and is current */
     return DUET_OK;
 }
 
-static duet_status_t duet__device_id(duet_backend_rank_t *r, char *buf, size_t cap)
+static duet_status_t duet__cuda_op_device_id(duet_backend_rank_t *r, char *buf, size_t cap)
 {
     struct cudaDeviceProp p;
     size_t n;
@@ -213,8 +213,8 @@ static duet_status_t duet__device_id(duet_backend_rank_t *r, char *buf, size_t c
     return DUET_OK;
 }
 
-static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
-                                       duet_backend_rank_t **r_p)
+static duet_status_t duet__cuda_op_rank_create(const duet_backend_rank_opts_t *opts,
+                                               duet_backend_rank_t **r_p)
 {
     duet_backend_rank_t *r;
     duet_status_t st;
@@ -231,14 +231,14 @@ static duet_status_t duet__rank_create(const duet_backend_rank_opts_t *opts,
     r->device = opts->device;
     r->kv = opts->kv_layout;
     if ((st = duet__rank_setup(r)) != DUET_OK) {
-        duet__rank_destroy(r);
+        duet__cuda_op_rank_destroy(r);
         return st;
     }
     *r_p = r;
     return DUET_OK;
 }
 
-static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
+static void *duet__cuda_op_alloc(duet_backend_rank_t *r, size_t bytes)
 {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
@@ -251,32 +251,33 @@ static void *duet__alloc(duet_backend_rank_t *r, size_t bytes)
     return p;
 }
 
-static void duet__free(duet_backend_rank_t *r, void *p)
+static void duet__cuda_op_free(duet_backend_rank_t *r, void *p)
 {
     if (p != NULL && cudaFree(p) != cudaSuccess)
         DUET_LOG_WARN("cuda rank %d: cudaFree: %s", r->rank,
                       cudaGetErrorString(cudaGetLastError()));
 }
 
-static duet_status_t duet__upload(duet_backend_rank_t *r, void *dst, const void *src, size_t bytes)
+static duet_status_t duet__cuda_op_upload(duet_backend_rank_t *r, void *dst, const void *src,
+                                          size_t bytes)
 {
     DUET__CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r->stream));
     return duet__cuda_wait(r, "upload");
 }
 
-static duet_status_t duet__download(duet_backend_rank_t *r, void *dst, const void *src,
-                                    size_t bytes)
+static duet_status_t duet__cuda_op_download(duet_backend_rank_t *r, void *dst, const void *src,
+                                            size_t bytes)
 {
     DUET__CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, r->stream));
     return duet__cuda_wait(r, "download");
 }
 
-static duet_status_t duet__sync(duet_backend_rank_t *r)
+static duet_status_t duet__cuda_op_sync(duet_backend_rank_t *r)
 {
     return duet__cuda_wait(r, "sync");
 }
 
-static void duet__kv_attach(duet_backend_rank_t *r, void *kv_base)
+static void duet__cuda_op_kv_attach(duet_backend_rank_t *r, void *kv_base)
 {
     r->kv_base = kv_base;
 }
@@ -303,8 +304,9 @@ static bool duet__float_dtype(duet_dtype_t dt)
 }
 
 /* Rows of the stacked sources, converted in pinned chunks and copied. */
-static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weight_src_t *src,
-                                         int n_src, duet_weight_t **w_p)
+static duet_status_t duet__cuda_op_weight_create(duet_backend_rank_t *r,
+                                                 const duet_weight_src_t *src, int n_src,
+                                                 duet_weight_t **w_p)
 {
     int rows = 0, cols = n_src > 0 ? src[0].cols : 0;
     size_t row_bytes = (size_t)cols * 2, done = 0;
@@ -324,7 +326,7 @@ static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weig
         return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory for a weight");
     w->rows = rows;
     w->cols = cols;
-    w->d = duet__alloc(r, (size_t)rows * row_bytes);
+    w->d = duet__cuda_op_alloc(r, (size_t)rows * row_bytes);
     if (w->d == NULL) {
         st = DUET_ERR_NO_MEMORY;
         goto err_free;
@@ -344,36 +346,37 @@ static duet_status_t duet__weight_create(duet_backend_rank_t *r, const duet_weig
             duet__to_bf16(src[i].dtype, s, (uint16_t *)((char *)stage + in_stage * row_bytes),
                           (size_t)cols);
             if (++in_stage == chunk_rows) {
-                if ((st = duet__upload(r, (char *)w->d + done * row_bytes, stage,
-                                       in_stage * row_bytes)) != DUET_OK)
+                if ((st = duet__cuda_op_upload(r, (char *)w->d + done * row_bytes, stage,
+                                               in_stage * row_bytes)) != DUET_OK)
                     goto err_free;
                 done += in_stage;
                 in_stage = 0;
             }
         }
     }
-    if (in_stage > 0 && (st = duet__upload(r, (char *)w->d + done * row_bytes, stage,
-                                           in_stage * row_bytes)) != DUET_OK)
+    if (in_stage > 0 && (st = duet__cuda_op_upload(r, (char *)w->d + done * row_bytes, stage,
+                                                   in_stage * row_bytes)) != DUET_OK)
         goto err_free;
     *w_p = w;
     return DUET_OK;
 
 err_free:
-    duet__free(r, w->d);
+    duet__cuda_op_free(r, w->d);
     duet_free(w);
     return st;
 }
 
-static void duet__weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
+static void duet__cuda_op_weight_destroy(duet_backend_rank_t *r, duet_weight_t *w)
 {
     if (w == NULL)
         return;
-    duet__free(r, w->d);
+    duet__cuda_op_free(r, w->d);
     duet_free(w);
 }
 
-static duet_status_t duet__vector_create(duet_backend_rank_t *r, const void *src,
-                                         duet_dtype_t dtype, int offset, int n, void **vec_p)
+static duet_status_t duet__cuda_op_vector_create(duet_backend_rank_t *r, const void *src,
+                                                 duet_dtype_t dtype, int offset, int n,
+                                                 void **vec_p)
 {
     void *stage, *d;
     duet_status_t st;
@@ -385,22 +388,22 @@ static duet_status_t duet__vector_create(duet_backend_rank_t *r, const void *src
         return st;
     duet__to_bf16(dtype, (const char *)src + (size_t)offset * duet__cuda_dtype_size(dtype), stage,
                   (size_t)n);
-    if ((d = duet__alloc(r, (size_t)n * 2)) == NULL)
+    if ((d = duet__cuda_op_alloc(r, (size_t)n * 2)) == NULL)
         return DUET_ERR_NO_MEMORY;
-    if ((st = duet__upload(r, d, stage, (size_t)n * 2)) != DUET_OK) {
-        duet__free(r, d);
+    if ((st = duet__cuda_op_upload(r, d, stage, (size_t)n * 2)) != DUET_OK) {
+        duet__cuda_op_free(r, d);
         return st;
     }
     *vec_p = d;
     return DUET_OK;
 }
 
-static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *src,
-                                            duet_dtype_t dtype, int vocab, int hidden,
-                                            duet_weight_t **w_p)
+static duet_status_t duet__cuda_op_embedding_create(duet_backend_rank_t *r, const void *src,
+                                                    duet_dtype_t dtype, int vocab, int hidden,
+                                                    duet_weight_t **w_p)
 {
     duet_weight_src_t ws = {src, dtype, hidden, 0, vocab, 0, hidden};
-    duet_status_t st = duet__weight_create(r, &ws, 1, w_p);
+    duet_status_t st = duet__cuda_op_weight_create(r, &ws, 1, w_p);
     if (st == DUET_OK) {
         r->vocab = vocab;
         r->hidden = hidden;
@@ -408,8 +411,8 @@ static duet_status_t duet__embedding_create(duet_backend_rank_t *r, const void *
     return st;
 }
 
-static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_weight_t *table,
-                                 int n, int hidden)
+static duet_status_t duet__cuda_op_embed(duet_backend_rank_t *r, void *out,
+                                         const duet_weight_t *table, int n, int hidden)
 {
     if (n != r->n_tokens || hidden != table->cols)
         return duet_error(DUET_ERR_INTERNAL, "cuda embed: %d tokens x %d, batch %d x %d", n, hidden,
@@ -417,41 +420,43 @@ static duet_status_t duet__embed(duet_backend_rank_t *r, void *out, const duet_w
     return duet__cuda_embed(r->stream, out, table->d, table->rows, r->bd, n, hidden);
 }
 
-static duet_status_t duet__rmsnorm(duet_backend_rank_t *r, void *out, const void *in, const void *w,
-                                   int n, int d, float eps)
+static duet_status_t duet__cuda_op_rmsnorm(duet_backend_rank_t *r, void *out, const void *in,
+                                           const void *w, int n, int d, float eps)
 {
     return duet__cuda_rmsnorm(r->stream, out, in, w, n, d, eps);
 }
 
-static duet_status_t duet__matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
-                                  const duet_weight_t *w, const void *bias)
+static duet_status_t duet__cuda_op_matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
+                                          const duet_weight_t *w, const void *bias)
 {
     return duet__cuda_gemm(r, y, x, n, w, bias);
 }
 
-static duet_status_t duet__silu_mul(duet_backend_rank_t *r, void *out, const void *gu, int n, int m)
+static duet_status_t duet__cuda_op_silu_mul(duet_backend_rank_t *r, void *out, const void *gu,
+                                            int n, int m)
 {
     return duet__cuda_silu_mul(r->stream, out, gu, n, m);
 }
 
-static duet_status_t duet__add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
+static duet_status_t duet__cuda_op_add(duet_backend_rank_t *r, void *x, const void *y, size_t count)
 {
     return duet__cuda_add(r->stream, x, y, count);
 }
 
-static duet_status_t duet__add_bias(duet_backend_rank_t *r, void *x, const void *bias, int n, int d)
+static duet_status_t duet__cuda_op_add_bias(duet_backend_rank_t *r, void *x, const void *bias,
+                                            int n, int d)
 {
     return duet__cuda_add_bias(r->stream, x, bias, n, d);
 }
 
-static duet_status_t duet__gather_rows(duet_backend_rank_t *r, void *out, const void *in,
-                                       const int32_t *rows, int n_rows, int d)
+static duet_status_t duet__cuda_op_gather_rows(duet_backend_rank_t *r, void *out, const void *in,
+                                               const int32_t *rows, int n_rows, int d)
 {
     return duet__cuda_gather_rows(r->stream, out, in, rows, n_rows, d);
 }
 
-static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, const void *src,
-                                            int n, int d, size_t src_ld)
+static duet_status_t duet__cuda_op_rows_to_host_f32(duet_backend_rank_t *r, float *dst,
+                                                    const void *src, int n, int d, size_t src_ld)
 {
     size_t row = (size_t)d * 2;
     void *stage;
@@ -471,8 +476,8 @@ static duet_status_t duet__rows_to_host_f32(duet_backend_rank_t *r, float *dst, 
     return DUET_OK;
 }
 
-static duet_status_t duet__argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
-                                       const void *src, int n, int d, size_t src_ld)
+static duet_status_t duet__cuda_op_argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
+                                               const void *src, int n, int d, size_t src_ld)
 {
     void *stage;
     duet_status_t st;
@@ -509,34 +514,34 @@ const duet_backend_ops_t duet_backend_cuda = {
     .name = "cuda",
     .act_dtype = DUET_DTYPE_BF16,
     .kv_dtype = DUET_DTYPE_BF16,
-    .rank_create = duet__rank_create,
-    .thread_bind = duet__thread_bind,
-    .device_id = duet__device_id,
-    .rank_destroy = duet__rank_destroy,
-    .alloc = duet__alloc,
-    .free = duet__free,
-    .upload = duet__upload,
-    .download = duet__download,
-    .sync = duet__sync,
-    .kv_attach = duet__kv_attach,
-    .weight_create = duet__weight_create,
-    .weight_destroy = duet__weight_destroy,
-    .vector_create = duet__vector_create,
-    .embedding_create = duet__embedding_create,
+    .rank_create = duet__cuda_op_rank_create,
+    .thread_bind = duet__cuda_op_thread_bind,
+    .device_id = duet__cuda_op_device_id,
+    .rank_destroy = duet__cuda_op_rank_destroy,
+    .alloc = duet__cuda_op_alloc,
+    .free = duet__cuda_op_free,
+    .upload = duet__cuda_op_upload,
+    .download = duet__cuda_op_download,
+    .sync = duet__cuda_op_sync,
+    .kv_attach = duet__cuda_op_kv_attach,
+    .weight_create = duet__cuda_op_weight_create,
+    .weight_destroy = duet__cuda_op_weight_destroy,
+    .vector_create = duet__cuda_op_vector_create,
+    .embedding_create = duet__cuda_op_embedding_create,
     .batch_prepare = duet__cuda_op_batch_prepare,
-    .embed = duet__embed,
-    .rmsnorm = duet__rmsnorm,
-    .matmul = duet__matmul,
+    .embed = duet__cuda_op_embed,
+    .rmsnorm = duet__cuda_op_rmsnorm,
+    .matmul = duet__cuda_op_matmul,
     .rope_kv_store = duet__cuda_op_rope_kv_store,
     .attention = duet__cuda_op_attention,
-    .silu_mul = duet__silu_mul,
-    .add = duet__add,
-    .add_bias = duet__add_bias,
-    .gather_rows = duet__gather_rows,
-    .rows_to_host_f32 = duet__rows_to_host_f32,
+    .silu_mul = duet__cuda_op_silu_mul,
+    .add = duet__cuda_op_add,
+    .add_bias = duet__cuda_op_add_bias,
+    .gather_rows = duet__cuda_op_gather_rows,
+    .rows_to_host_f32 = duet__cuda_op_rows_to_host_f32,
     .step_begin = duet__cuda_op_step_begin,
     .step_end = duet__cuda_op_step_end,
-    .argmax_rows = duet__argmax_rows,
+    .argmax_rows = duet__cuda_op_argmax_rows,
     .host_register = duet__cuda_host_register,
     .host_unregister = duet__cuda_host_unregister,
     .kv_export_layer = duet__cuda_kv_export_layer,

@@ -191,8 +191,8 @@ static duet_status_t duet__check_live(duet__nccl_comm_t *c, const char *op)
     return DUET_OK;
 }
 
-static duet_status_t duet__all_reduce_sum(duet_comm_t *base, void *buf, size_t count,
-                                          duet_dtype_t dtype)
+static duet_status_t duet__nccl_all_reduce_sum(duet_comm_t *base, void *buf, size_t count,
+                                               duet_dtype_t dtype)
 {
     duet__nccl_comm_t *c = (duet__nccl_comm_t *)base;
     ncclDataType_t t;
@@ -217,7 +217,8 @@ static duet_status_t duet__all_reduce_sum(duet_comm_t *base, void *buf, size_t c
                           "all_reduce", count);
 }
 
-static duet_status_t duet__all_gather(duet_comm_t *base, const void *send, void *recv, size_t bytes)
+static duet_status_t duet__nccl_all_gather(duet_comm_t *base, const void *send, void *recv,
+                                           size_t bytes)
 {
     duet__nccl_comm_t *c = (duet__nccl_comm_t *)base;
     duet_status_t st = duet__check_live(c, "all_gather");
@@ -237,7 +238,7 @@ static bool duet__is_device(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-static duet_status_t duet__broadcast(duet_comm_t *base, void *buf, size_t bytes, int root)
+static duet_status_t duet__nccl_broadcast(duet_comm_t *base, void *buf, size_t bytes, int root)
 {
     duet__nccl_comm_t *c = (duet__nccl_comm_t *)base;
     duet_status_t st = duet__check_live(c, "broadcast");
@@ -279,7 +280,7 @@ static duet_status_t duet__broadcast(duet_comm_t *base, void *buf, size_t bytes,
     return DUET_OK;
 }
 
-static duet_status_t duet__barrier(duet_comm_t *base)
+static duet_status_t duet__nccl_barrier(duet_comm_t *base)
 {
     duet__nccl_comm_t *c = (duet__nccl_comm_t *)base;
     duet_status_t st = duet__check_live(c, "barrier");
@@ -291,7 +292,7 @@ static duet_status_t duet__barrier(duet_comm_t *base)
     return st != DUET_OK ? st : duet__cuda_wait(c->br, "barrier");
 }
 
-static void duet__abort_op(duet_comm_t *base, duet_status_t st, const char *why)
+static void duet__nccl_abort_op(duet_comm_t *base, duet_status_t st, const char *why)
 {
     duet__nccl_comm_t *c = (duet__nccl_comm_t *)base;
     char msg[256];
@@ -300,7 +301,7 @@ static void duet__abort_op(duet_comm_t *base, duet_status_t st, const char *why)
     duet__abort_comm(c);
 }
 
-static void duet__destroy(duet_comm_t *base)
+static void duet__nccl_destroy(duet_comm_t *base)
 {
     duet__nccl_comm_t *c = (duet__nccl_comm_t *)base;
     if (c == NULL)
@@ -327,12 +328,12 @@ static void duet__destroy(duet_comm_t *base)
 
 static const duet_comm_ops_t duet__nccl_ops = {
     .name = "nccl",
-    .all_reduce_sum = duet__all_reduce_sum,
-    .all_gather = duet__all_gather,
-    .broadcast = duet__broadcast,
-    .barrier = duet__barrier,
-    .abort = duet__abort_op,
-    .destroy = duet__destroy,
+    .all_reduce_sum = duet__nccl_all_reduce_sum,
+    .all_gather = duet__nccl_all_gather,
+    .broadcast = duet__nccl_broadcast,
+    .barrier = duet__nccl_barrier,
+    .abort = duet__nccl_abort_op,
+    .destroy = duet__nccl_destroy,
 };
 
 duet_status_t duet_comm_nccl_group_create(int size, int timeout_ms, duet_comm_nccl_group_t **grp_p)
@@ -422,6 +423,6 @@ err_free:
     c->br = NULL;
     duet__abort_comm(c);
     c->comm = NULL;
-    duet__destroy(&c->base);
+    duet__nccl_destroy(&c->base);
     return st;
 }

@@ -58,7 +58,7 @@ def wait_for(what, pred, timeout=10):
 def colocated(build, src):
     always = {"prefill_local": "always"}
     cl = Cluster(build, src, prefill=[], decode=[("d1", 1, always), ("d2", 2, always)],
-                 env={"DUET_FAULT_DECODE_STEP_DELAY_MS": "10"})
+                 env={"DUET_FAULTS": "decode.step_delay_ms=10"})
     try:
         exp = expected(cl, build, [SHORT, LONG])
         cl.start_workers()

@@ -329,7 +329,7 @@ def test(build, src):
     # decode-1 steps no faster than every 8 ms, so its long streams outlast
     # the DNS changes below on any machine
     db = Pod(cl, "decode", "decode", "127.0.0.3", port_d, 2, "decode-1",
-             dict(nss, DUET_FAULT_DECODE_STEP_DELAY_MS="8"))
+             dict(nss, DUET_FAULTS="decode.step_delay_ms=8"))
     pods = [pa, pb, da, db]
     try:
         exp = {}

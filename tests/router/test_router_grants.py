@@ -93,7 +93,7 @@ def test(build, src):
     failed = []
     try:
         cl.start("p0")
-        cl.start("d0", env={"DUET_FAULT_DECODE_STEP_DELAY_MS": str(STEP_DELAY_MS)})
+        cl.start("d0", env={"DUET_FAULTS": "decode.step_delay_ms=%d" % STEP_DELAY_MS})
         cl.wait_worker("p0")
         cl.wait_worker("d0")
         cl.start_router()

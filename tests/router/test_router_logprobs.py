@@ -350,7 +350,7 @@ def test(build, src):
     # a slow decode step (5 ms) keeps the disconnect case's stream going
     cl = Cluster(build, src, prefill=[("p1", 1)],
                  decode=[("d2", 2), ("dl", 1, {"prefill_local": "always"})],
-                 env={"DUET_FAULT_DECODE_STEP_DELAY_MS": "5"})
+                 env={"DUET_FAULTS": "decode.step_delay_ms=5"})
     try:
         ref = Ref(cl.model)
         cl.start_workers()

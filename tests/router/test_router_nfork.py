@@ -281,8 +281,7 @@ def test(build, src):
     # a held prefill batch (150 ms) leaves time to cancel while choices wait;
     # a slow decode step (5 ms) keeps the mid-stream cancel's stream going
     cl = Cluster(build, src, prefill=[("p1", 1)], decode=[("d1", 1), ("d2", 1)],
-                 env={"DUET_FAULT_PREFILL_DELAY_MS": "150",
-                      "DUET_FAULT_DECODE_STEP_DELAY_MS": "5"})
+                 env={"DUET_FAULTS": "prefill.delay_ms=150,decode.step_delay_ms=5"})
     try:
         cl.start_workers()
         cl.start_router(args=["--policy", "round_robin"])

@@ -1,6 +1,7 @@
 /* The host comm backend: sums are correct and bitwise identical on every
  * rank, gathers and broadcasts land, a missing rank becomes a deadline error
- * naming it, and mismatched collectives are reported instead of computed. */
+ * naming it, mismatched collectives are reported instead of computed, and
+ * the comm.fail_after fault point fails the group. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <pthread.h>
 
 #include "common/alloc.h"
+#include "common/fault.h"
 #include "engine/comm.h"
 
 #define N 1000
@@ -129,12 +131,32 @@ static void test_mismatch_is_reported(void **state)
     }
 }
 
+/* The fault point comm.fail_after=N: the last rank fails its collective
+ * N+1, which aborts the group: every rank's collective fails, naming it. */
+static void test_fault_fails_the_group(void **state)
+{
+    (void)state;
+    static rank_arg_t args[4];
+    if (duet_fault_arm("comm.fail_after", 0) != DUET_OK)
+        skip(); /* fault injection compiled out */
+    run_group(4, 0, 5000, args);
+    duet_fault_disarm("comm.fail_after");
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(args[r].st, DUET_ERR_INTERNAL);
+        assert_non_null(strstr(args[r].msg, "comm.fail_after=0"));
+    }
+    run_group(4, 0, 5000, args); /* disarmed: groups made after are healthy */
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(args[r].st, DUET_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_missing_rank_times_out),
         cmocka_unit_test(test_mismatch_is_reported),
+        cmocka_unit_test(test_fault_fails_the_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

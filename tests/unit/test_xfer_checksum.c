@@ -186,7 +186,7 @@ static int ck_prefill(void *arg)
         DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0,
                            "%s: decode not ready", k->name);
         atomic_store(&hooks[0].mode, k->p_mode);
-        duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), k->corrupt);
+        DUET_TESTKIT_OK(duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), k->corrupt));
         for (int s = 0; s < sp->P; s++) {
             duet_xfer_send_t x = {.transfer_id = id,
                                   .plan = plan,

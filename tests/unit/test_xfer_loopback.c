@@ -228,7 +228,7 @@ static int crc_prefill(void *arg)
         return 1;
     DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "ready", WAIT_MS) == 0,
                        "decode not ready");
-    duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 5);
+    DUET_TESTKIT_OK(duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 5));
     if (send_one(&sd, plan, 0, 40, 0, DUET_XFER_SEND_CRC) || send_result(&sd, 0, 40, &res))
         return 1;
     DUET_TESTKIT_CHECK(res.status == DUET_ERR_MISMATCH && strstr(res.detail, "refused") != NULL,

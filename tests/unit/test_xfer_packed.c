@@ -436,7 +436,7 @@ static int refuse_prefill(void *arg)
         if (pk_copy(&sd, plan, 0, k, RF_N, 0, 0, LAYERS))
             return 1;
         if (k == 0)
-            duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 1);
+            DUET_TESTKIT_OK(duet_xfer_debug_corrupt_put(duet_xfer_rank(sd.x, 0), 1));
         DUET_TESTKIT_OK(duet_xfer_send_post(duet_xfer_rank(sd.x, 0), &x, TOKEN));
         if (send_result(&sd, 0, 3002 + (uint64_t)k, &res))
             return 1;

@@ -205,7 +205,7 @@ def cancel_local():
 
 def drain_local():
     c = Cluster(BUILD, SRC, STORIES, prefill=[], decode=[("d0", 1, ALWAYS)],
-                env={"DUET_FAULT_DECODE_STEP_DELAY_MS": "20"})
+                env={"DUET_FAULTS": "decode.step_delay_ms=20"})
     try:
         c.start_all()
         it = c.stream("d0", [1, 5, 6, 7], max_tokens=60, ignore_eos=True)

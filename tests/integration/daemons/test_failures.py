@@ -83,7 +83,7 @@ def cancel_mid_stream():
 def cancel_during_prefill():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2)], decode=[("d0", 1)])
     try:
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "1500"})
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=1500"})
         c.start("d0")
         it = c.stream("d0", PROMPT, max_tokens=8)
         t = threading.Timer(0.4, it.cancel)
@@ -105,7 +105,7 @@ def prefill_killed():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1), ("p1", 2)], decode=[("d0", 2)],
                 transfer_timeout_ms=TRANSFER_TIMEOUT_MS)
     try:
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "5000"})
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=5000"})
         c.start("p1")
         c.start("d0")
         # bootstrap first so the kill hits a request waiting for its KV
@@ -135,7 +135,7 @@ def decode_killed():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2)], decode=[("d0", 2), ("d1", 1)],
                 transfer_timeout_ms=TRANSFER_TIMEOUT_MS)
     try:
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "1000"})
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=1000"})
         c.start("d0")
         c.start("d1")
         it = c.stream("d0", PROMPT, max_tokens=8, prefill="p0")
@@ -272,7 +272,7 @@ def decode_engine_fails():
     ref = reference_ids(BUILD, STORIES, PROMPT, 8)
     try:
         c.start("p0")
-        c.start("d0", env={"DUET_FAULT_COMM_FAIL_AFTER": "40"})
+        c.start("d0", env={"DUET_FAULTS": "comm.fail_after=40"})
         try:
             c.generate("d0", PROMPT, max_tokens=64, ignore_eos=True, timeout=30)
             raise AssertionError("the request succeeded on a failed engine")
@@ -294,7 +294,7 @@ def prefill_engine_fails():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2), ("p1", 1)], decode=[("d0", 1)])
     ref = reference_ids(BUILD, STORIES, PROMPT, 8)
     try:
-        c.start("p0", env={"DUET_FAULT_COMM_FAIL_AFTER": "3"})
+        c.start("p0", env={"DUET_FAULTS": "comm.fail_after=3"})
         c.start("p1")
         c.start("d0")
         try:
@@ -356,7 +356,7 @@ def unstaged():
 
 def kv_copy_fails():
     """Decode sends the first token before it unpacks or imports the KV;
-    when that copy fails (DUET_FAULT_DECODE_KV_COPY_FAIL=1), a request with
+    when that copy fails (DUET_FAULTS=decode.kv_copy_fail=1), a request with
     more to generate ends INTERNAL after exactly that token, one whose first
     token was its last completes and leaves nothing in the prefix cache, and
     every page comes back.  The control: the same decode without the fault
@@ -366,7 +366,7 @@ def kv_copy_fails():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)], decode=[("d0", 2)])
     try:
         c.start("p0")
-        c.start("d0", env={"DUET_FAULT_DECODE_KV_COPY_FAIL": "1"})
+        c.start("d0", env={"DUET_FAULTS": "decode.kv_copy_fail=1"})
         got = []
         try:
             for r in c.stream("d0", prompt, max_tokens=8, ignore_eos=True):

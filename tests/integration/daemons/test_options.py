@@ -127,7 +127,7 @@ def main():
         # each request reserves 10 of the 24 pages, so two run at a time;
         # the prefill holds each batch 1.5 s; the decode queues at most 2 more
         c.kill("p0")
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "1500"})
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=1500"})
         codes = []
         lock = threading.Lock()
 

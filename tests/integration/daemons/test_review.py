@@ -155,7 +155,7 @@ def stale_prefill_write():
     victim = [1] + [40 + i for i in range(19)]   # 20 tokens
     stale = [1] + [200 + i for i in range(39)]   # 40 tokens
     try:
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": str(HOLD), "DUET_LOG_LEVEL": "debug"})
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=%d" % HOLD, "DUET_LOG_LEVEL": "debug"})
         c.start("p1")
         c.start("d0")
         # time the decode: the victim must still be decoding when p0 writes,
@@ -255,7 +255,7 @@ def stop_without_spinning():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1)],
                 decode=[("d0", 1, {"drain_timeout_ms": 200})])
     try:
-        c.start("p0", env={"DUET_FAULT_PREFILL_DELAY_MS": "4000"})
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=4000"})
         c.start("d0")
         it = c.stream("d0", PROMPT, max_tokens=4, timeout=20)
         threading.Thread(target=consume, args=(it,), daemon=True).start()
