@@ -24,6 +24,7 @@ typedef struct {
     size_t n_rates;
     const char *result_json, *plot_dir;
     bool api_key_given; /* --api-key, not $OPENAI_API_KEY */
+    bool reuse_prompts; /* every rate of a sweep sends the same prompts */
 } duet__opts_t;
 
 static int duet__bad(const char *flag, const char *value, const char *why)
@@ -125,6 +126,11 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
          .help = "no new requests after SEC seconds"},
         {"seed", DUET_FLAG_INT64, &seed, 0, 9007199254740992.0, .arg = "N",
          .help = "workload and arrivals (default 1)"},
+        {"reuse-prompts", DUET_FLAG_TRUE, &o->reuse_prompts,
+         .help = "send every rate of a sweep the same prompts; by default each\n"
+                 "rate gets its own (same lengths, shared prefixes and trace\n"
+                 "blocks, other tokens), so a prefix cache does not carry\n"
+                 "hits from one rate to the next"},
         {.type = DUET_FLAG_HEADING, .help = "workload"},
         {"dataset", DUET_FLAG_CHOICE, &dataset, .choices = duet__datasets,
          .arg = "random|shared-prefix|trace", .help = "(default random)"},
@@ -147,8 +153,8 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
                  "output_length, hash_ids)"},
         {"trace-len-scale", DUET_FLAG_DOUBLE, &o->wl.trace_len_scale, 1e-6, 1e6, .arg = "X",
          .help = "multiplies input lengths (default 1)"},
-        {"trace-output-scale", DUET_FLAG_DOUBLE, &o->wl.trace_output_scale, 1e-6, 1e6,
-         .arg = "X", .help = "multiplies output lengths (default: the len scale)"},
+        {"trace-output-scale", DUET_FLAG_DOUBLE, &o->wl.trace_output_scale, 1e-6, 1e6, .arg = "X",
+         .help = "multiplies output lengths (default: the len scale)"},
         {"trace-block-size", DUET_FLAG_INT, &o->wl.trace_block_size, 1, 1000000, .arg = "N",
          .help = "tokens per hash id (default: 512 x len scale)"},
         {"trace-time-scale", DUET_FLAG_DOUBLE, &o->wl.trace_time_scale, 0, 1e6, .arg = "X",
@@ -232,6 +238,7 @@ static cJSON *duet__config_json(const duet__opts_t *o, char **argv, int argc)
     cJSON_AddNumberToObject(c, "seed", (double)o->wl.seed);
     cJSON_AddNumberToObject(c, "max_concurrency", o->run.concurrency);
     cJSON_AddBoolToObject(c, "trace_times", o->run.use_trace_times);
+    cJSON_AddBoolToObject(c, "reuse_prompts", o->reuse_prompts);
     cJSON_AddNumberToObject(c, "slo_ttft_ms", o->slo.slo_ttft_ms);
     cJSON_AddNumberToObject(c, "slo_tpot_ms", o->slo.slo_tpot_ms);
     cJSON_AddItemToObject(c, "argv", cmd = cJSON_CreateArray());
@@ -309,6 +316,15 @@ int duet_bs_main(int argc, char **argv)
     jruns = cJSON_AddArrayToObject(root, "runs");
     for (done = 0; done < o.n_rates; done++) {
         duet_bs_run_config_t rcfg = o.run;
+        if (done > 0 && !o.reuse_prompts) {
+            /* the same workload with other tokens: what a rate sends is new to the server */
+            duet_bs_workload_free(&wl);
+            o.wl.salt = done;
+            if (duet_bs_workload_build(&o.wl, &wl) != DUET_OK) {
+                fprintf(stderr, "duet bench-serve: %s\n", duet_error_msg());
+                goto release_all;
+            }
+        }
         rcfg.request_rate = o.rates[done];
         if (o.run.use_trace_times)
             snprintf(labels[done], sizeof(labels[done]), "trace times x%g", o.wl.trace_time_scale);
