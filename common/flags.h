@@ -70,8 +70,8 @@ typedef duet_status_t (*duet_flags_other_fn)(void *ud, const char *name, const c
 /* Parse argv[1 .. argc) against flags[n].  other (may be NULL: every flag
  * not in the table is unknown) takes the flags not in the table.  Stops at
  * the first error (DUET_ERR_CONFIG, or what a FUNC / other returned) or at
- * a STOP flag (DUET_OK).  Not thread-safe only as far as the destinations
- * are shared. */
+ * a STOP flag (DUET_OK).  The error message is per thread (duet_error);
+ * the parse touches nothing but the destinations. */
 duet_status_t duet_flags_parse(const duet_flag_t *flags, size_t n, int argc, char *const *argv,
                                duet_flags_other_fn other, void *ud);
 
