@@ -11,21 +11,51 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/log.h"
 
-static void duet__usage(const char *prog, duet_role_t role)
+static void duet__usage(const char *prog, duet_role_t role, const duet_flag_t *flags, size_t n)
 {
-    printf("usage: %s --config FILE --name NAME [--KEY VALUE ...]\n"
-           "  --config FILE      the cluster config (JSON)\n"
-           "  --name NAME        this %s instance's entry in the config\n"
-           "  --model DIR        override the config's model directory\n"
-           "  --check-config     validate the config and exit\n"
-           "  --log-level LEVEL  error, warn, info, debug or trace\n"
-           "  --auth-KEY VALUE   override an auth key (--auth-ca, --auth-cert, --auth-key,\n"
-           "                     --auth-secret-file, --auth-server-name)\n"
-           "  --KEY VALUE        override an instance key (e.g. --tp 2, --n-pages 512)\n\n",
-           prog, duet_role_name(role));
+    printf("usage: %s --config FILE --name NAME [--KEY VALUE ...]   (a %s daemon)\n", prog,
+           duet_role_name(role));
+    duet_flags_help(stdout, flags, n);
+    printf("  --auth-KEY VALUE      override an auth key (--auth-ca, --auth-cert, --auth-key,\n"
+           "                        --auth-secret-file, --auth-server-name)\n"
+           "  --KEY VALUE           override an instance key (e.g. --tp 2, --n-pages 512)\n"
+           "Flags take --KEY VALUE or --KEY=VALUE.\n\n");
     duet_cluster_describe(stdout);
+}
+
+/* The first pass takes every flag: the config is not loaded yet. */
+static duet_status_t duet__daemon_defer(void *ud, const char *name, const char *value)
+{
+    (void)ud;
+    (void)name;
+    (void)value;
+    return DUET_OK;
+}
+
+/* --auth-KEY / --KEY (with '-' or '_') on the loaded config. */
+static duet_status_t duet__daemon_override(void *ud, const char *name, const char *value)
+{
+    duet_daemon_args_t *a = ud;
+    bool auth = strncmp(name, "auth-", 5) == 0;
+    char key[64];
+    duet_status_t st;
+
+    snprintf(key, sizeof(key), "%s", auth ? name + 5 : name);
+    for (char *p = key; *p; p++) {
+        if (*p == '-')
+            *p = '_';
+    }
+    st = auth ? duet_cluster_auth_set(a->cluster, key, value)
+              : duet_cluster_instance_set(a->self, key, value);
+    if (st == DUET_ERR_NOT_FOUND)
+        return duet_error(DUET_ERR_CONFIG, "--%s: unknown flag (not an %s key)", name,
+                          auth ? "auth" : "instance");
+    if (st != DUET_OK && !auth)
+        return duet_error_wrap(st, "--%s: ", name);
+    return st;
 }
 
 uint64_t duet_random_u64(void)
@@ -40,40 +70,32 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
                                      duet_daemon_args_t *args_p)
 {
     const char *config = NULL, *name = NULL, *model = NULL;
+    bool help = false;
     duet_daemon_args_t a;
     duet_status_t st;
     duet_role_t found_role;
 
     memset(&a, 0, sizeof(a));
-    /* first pass: the flags that are not instance keys */
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
-            duet__usage(argv[0], role);
-            return DUET_ERR_CANCELLED;
-        }
-        if (strcmp(f, "--check-config") == 0) {
-            a.check_config = true;
-            continue;
-        }
-        if (strncmp(f, "--", 2) != 0)
-            return duet_error(DUET_ERR_CONFIG, "unexpected argument '%s'", f);
-        if (i + 1 >= argc)
-            return duet_error(DUET_ERR_CONFIG, "%s: needs a value", f);
-        if (strcmp(f, "--config") == 0)
-            config = argv[i + 1];
-        else if (strcmp(f, "--name") == 0)
-            name = argv[i + 1];
-        else if (strcmp(f, "--model") == 0)
-            model = argv[i + 1];
-        else if (strcmp(f, "--log-level") == 0) {
-            int lvl = duet_log_level_parse(argv[i + 1]);
-            if (lvl < 0)
-                return duet_error(DUET_ERR_CONFIG, "--log-level: '%s' is not error, warn, "
-                                                   "info, debug or trace", argv[i + 1]);
-            duet_log_set_level((duet_log_level_t)lvl);
-        }
-        i++;
+    /* the flags every daemon has; the others are instance or auth keys
+     * (duet__daemon_override) */
+    const duet_flag_t flags[] = {
+        {"config", DUET_FLAG_STRING, &config, .arg = "FILE", .help = "the cluster config (JSON)"},
+        {"name", DUET_FLAG_STRING, &name, .arg = "NAME",
+         .help = "this instance's entry in the config"},
+        {"model", DUET_FLAG_STRING, &model, .arg = "DIR",
+         .help = "override the config's model directory"},
+        {"check-config", DUET_FLAG_TRUE, &a.check_config, .help = "validate the config and exit"},
+        {"log-level", DUET_FLAG_FUNC, NULL, .fn = duet_flag_log_level, .arg = "LEVEL",
+         .help = "error, warn, info, debug or trace"},
+        {"help", DUET_FLAG_STOP, &help, .help = "this help (also -h)"},
+    };
+    /* first pass: the daemon's own flags; the others need the loaded config */
+    st = duet_flags_parse(flags, DUET_FLAGS_N(flags), argc, argv, duet__daemon_defer, NULL);
+    if (st != DUET_OK)
+        return st;
+    if (help) {
+        duet__usage(argv[0], role, flags, DUET_FLAGS_N(flags));
+        return DUET_ERR_CANCELLED;
     }
     if (config == NULL)
         return duet_error(DUET_ERR_CONFIG, "--config: required (the cluster config file)");
@@ -98,51 +120,11 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
         duet_free(a.cluster->model);
         a.cluster->model = m;
     }
-    /* second pass: instance overrides */
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        char key[64];
-        if (strcmp(f, "--check-config") == 0)
-            continue;
-        if (strncmp(f, "--auth-", 7) == 0) {
-            snprintf(key, sizeof(key), "%s", f + 7);
-            for (char *p = key; *p; p++) {
-                if (*p == '-')
-                    *p = '_';
-            }
-            st = duet_cluster_auth_set(a.cluster, key, argv[i + 1]);
-            if (st == DUET_ERR_NOT_FOUND)
-                st = duet_error(DUET_ERR_CONFIG, "%s: unknown flag (not an auth key)", f);
-            if (st != DUET_OK)
-                goto err;
-            i++;
-            continue;
-        }
-        if (strcmp(f, "--config") == 0 || strcmp(f, "--name") == 0 ||
-            strcmp(f, "--model") == 0 || strcmp(f, "--log-level") == 0) {
-            i++;
-            continue;
-        }
-        snprintf(key, sizeof(key), "%s", f + 2);
-        for (char *p = key; *p; p++) {
-            if (*p == '-')
-                *p = '_';
-        }
-        if (strcmp(key, "name") == 0) {
-            st = duet_error(DUET_ERR_CONFIG, "%s: cannot be overridden", f);
-            goto err;
-        }
-        st = duet_cluster_instance_set(a.self, key, argv[i + 1]);
-        if (st == DUET_ERR_NOT_FOUND) {
-            st = duet_error(DUET_ERR_CONFIG, "%s: unknown flag (not an instance key)", f);
-            goto err;
-        }
-        if (st != DUET_OK) {
-            st = duet_error_wrap(st, "%s: ", f);
-            goto err;
-        }
-        i++;
-    }
+    /* second pass: the instance and auth overrides, in order (the daemon's
+     * own flags are set again to the same values) */
+    st = duet_flags_parse(flags, DUET_FLAGS_N(flags), argc, argv, duet__daemon_override, &a);
+    if (st != DUET_OK)
+        goto err;
     {
         char path[160];
         snprintf(path, sizeof(path), "%s[%s]", duet_role_name(role), name);

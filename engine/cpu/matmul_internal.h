@@ -1,5 +1,6 @@
 /* Internals of the CPU matmul shared by matmul.c and the per-ISA kernel
- * files (matmul_avx512.c, matmul_avx2.c, matmul_generic.c).
+ * files (matmul_avx512.c and matmul_avx2.c, which instantiate
+ * matmul_simd.inc, and matmul_generic.c).
  *
  * Packed weight layout: the m output rows are cut into panels of NR = 32
  * rows (the last one zero-padded); panel p holds W[p*NR + j][kk] at

@@ -3,8 +3,10 @@
  * same DUET_CPU_ISA override).
  *
  * Every kernel is written once, in ops_simd.inc, against a small set of
- * vector helpers that ops_avx512.c (16 lanes), ops_avx2.c (8 lanes) and
- * ops_generic.c (1 lane, plain C) define before including it.
+ * vector helpers: ops_avx512.c (16 lanes) and ops_avx2.c (8 lanes) take
+ * them from simd_avx512.inc / simd_avx2.inc (shared with the matmul
+ * kernels), ops_generic.c (1 lane, plain C) defines its own, and each then
+ * includes the template.
  *
  * Determinism: a kernel's result for one row (one token, or one query row
  * of attention) depends only on that row's inputs and the ISA, never on the

@@ -2,7 +2,8 @@
 """duet bench-serve's Mooncake trace replay: bad lines fail with the file,
 the line number and the field; a good trace is scaled (lengths, block
 size, time) and its hash ids become shared prompt blocks, checked on what
-the scripted server (fake_openai.py) received.
+the scripted server (fake_openai.py) received; every rate of a sweep sends
+its own prompts unless --reuse-prompts.
 
     test_bench_serve_trace.py BUILD_DIR SOURCE_DIR
 """
@@ -50,6 +51,60 @@ def bad(name, lines, *want):
     for w in want:
         check(w in p.stderr, "%s: %r not in the error: %s" % (name, w, p.stderr))
     check("connect" not in p.stderr, "%s: got as far as connecting: %s" % (name, p.stderr))
+
+
+def blocks(prompts, n=8):
+    """Every aligned n-token block of the prompts."""
+    return {tuple(x[i:i + n]) for x in prompts for i in range(0, len(x) - n + 1, n)}
+
+
+def sweep(srv, cmd, n):
+    """Run a two-rate sweep; the prompts the server got from each rate."""
+    srv.reset()
+    p = subprocess.run(cmd + ["--request-rate", "1000,2000"], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 0, p.stdout + p.stderr)
+    reqs = srv.bench_requests()  # in arrival order: the second rate starts after the first
+    check(len(reqs) == 2 * n, "%d requests in a sweep of 2 x %d" % (len(reqs), n))
+    return [r[1]["prompt"] for r in reqs[:n]], [r[1]["prompt"] for r in reqs[n:]]
+
+
+def sweeps_get_their_own_prompts(srv, port, trace, prompts):
+    """Each rate of a sweep sends its own prompts (a prefix cache warmed by
+    one rate must not serve the next): the same lengths and the same
+    sharing within the rate, no block in common with another rate;
+    --reuse-prompts sends the same ones."""
+    url = ["--base-url", "http://127.0.0.1:%d" % port, "--no-progress"]
+    tcmd = [DUET, "bench-serve", "--dataset", "trace", "--trace", trace, "--trace-len-scale",
+            "0.25", "--trace-block-size", "8", "--max-context", "512"] + url
+    first, second = sweep(srv, tcmd, 4)
+    check(sorted(map(tuple, first)) == sorted(map(tuple, prompts)),
+          "the first rate's prompts are not the trace's usual ones")
+    check(sorted(map(len, first)) == sorted(map(len, second)), "lengths differ between rates")
+    check(not blocks(first) & blocks(second), "two rates share prompt blocks")
+    by_len = {len(x): x for x in second}
+    a, b, c = by_len[24], by_len[16], by_len[20]
+    check(a[:16] == b and a[:8] == c[:8] and a[8:16] != c[8:16],
+          "the second rate lost the trace's shared blocks")
+    first, second = sweep(srv, tcmd + ["--reuse-prompts"], 4)
+    check(sorted(first) == sorted(second), "--reuse-prompts: the rates' prompts differ")
+
+    scmd = [DUET, "bench-serve", "--dataset", "shared-prefix", "--prefix-len", "16",
+            "--suffix-len", "8", "--num-prefixes", "2", "--output-len", "2", "--num-requests",
+            "4"] + url
+    first, second = sweep(srv, scmd, 4)
+    check(not blocks(first) & blocks(second), "shared-prefix: two rates share prompt blocks")
+    for rate in (first, second):
+        heads = sorted(tuple(x[:16]) for x in rate)
+        check(heads[0] == heads[1] and heads[2] == heads[3] and heads[1] != heads[2],
+              "shared-prefix: not 2 prefixes of 2 requests each")
+    rcmd = [DUET, "bench-serve", "--dataset", "random", "--random-input-len", "24",
+            "--random-output-len", "2", "--num-requests", "3"] + url
+    first, second = sweep(srv, rcmd, 3)
+    check(not blocks(first) & blocks(second), "random: two rates share prompt blocks")
+    first, second = sweep(srv, rcmd + ["--reuse-prompts"], 3)
+    check(sorted(first) == sorted(second), "random --reuse-prompts: the rates' prompts differ")
+    print("sweeps: every rate its own prompts; --reuse-prompts the same", flush=True)
 
 
 def main():
@@ -122,6 +177,7 @@ def main():
         check(p.returncode == 0, p.stderr)
         check(sorted(map(tuple, (r[1]["prompt"] for r in srv.bench_requests()))) ==
               sorted(map(tuple, prompts)), "prompts differ between two replays")
+        sweeps_get_their_own_prompts(srv, port, trace, prompts)
     finally:
         srv.close()
     print("ok")

@@ -57,6 +57,9 @@ typedef struct {
     double trace_output_scale; /* multiplies output_length (< 0: trace_len_scale) */
     int trace_block_size;      /* tokens per hash id after scaling (0: 512 * len scale) */
     double trace_time_scale;   /* multiplies timestamps */
+    /* mixed into every block of prompt content: the same lengths, prefix
+     * structure and arrivals with other tokens (0: the unsalted content) */
+    uint64_t salt;
 } duet_bs_workload_config_t;
 
 /* Build the workload.  Trace errors name the file, the line and the field. */

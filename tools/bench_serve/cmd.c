@@ -1,6 +1,5 @@
 /* `duet bench-serve`: the command line.  See docs/bench-serve.md. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 #include <curl/curl.h>
 
 #include "common/alloc.h"
+#include "common/flags.h"
 #include "tools/bench_serve/bench_serve.h"
 
 #define DUET__MAX_RATES 32
@@ -24,48 +24,8 @@ typedef struct {
     size_t n_rates;
     const char *result_json, *plot_dir;
     bool api_key_given; /* --api-key, not $OPENAI_API_KEY */
+    bool reuse_prompts; /* every rate of a sweep sends the same prompts */
 } duet__opts_t;
-
-static void duet__usage(FILE *f)
-{
-    fprintf(
-        f,
-        "usage: duet bench-serve [options]\n"
-        "server\n"
-        "  --backend openai|openai-chat|grpc   /v1/completions (default), /v1/chat/completions,\n"
-        "                      or duet.v1.Generate (duet-router's gRPC port)\n"
-        "  --base-url URL      OpenAI server (default http://127.0.0.1:8000; https works)\n"
-        "  --grpc-target H:P   gRPC server (--backend grpc)\n"
-        "  --model NAME        model name (default: the first of GET /v1/models)\n"
-        "  --api-key KEY       Bearer key (default: $OPENAI_API_KEY; HTTP only)\n"
-        "  --prompt-format ids|text   token-id prompts (default; chat always sends text)\n"
-        "  --ignore-eos        send ignore_eos: true (vLLM, SGLang, duet) for exact lengths\n"
-        "  --no-usage          do not send stream_options.include_usage\n"
-        "  --temperature X     (default 0)   --extra-body JSON   merged into each body\n"
-        "  --timeout-ms N      per request (default 600000)\n"
-        "load\n"
-        "  --concurrency N     closed loop with N in flight; with --request-rate, a cap\n"
-        "  --request-rate R    open loop, Poisson arrivals at R req/s; 'inf' all at once;\n"
-        "                      a list 1,2,4 runs a sweep; 'trace' uses the trace's times\n"
-        "  --num-requests N    (default: 100; trace: every line)\n"
-        "  --duration SEC      no new requests after SEC seconds\n"
-        "  --seed N            workload and arrivals (default 1)\n"
-        "workload\n"
-        "  --dataset random|shared-prefix|trace   (default random)\n"
-        "  --random-input-len N (128)  --random-output-len N (32)  --range-ratio R (0, < 1)\n"
-        "  --prefix-len N (64)  --suffix-len N (16)  --num-prefixes N (1)  --output-len N (32)\n"
-        "  --trace FILE        Mooncake FAST'25 JSONL (timestamp, input_length,\n"
-        "                      output_length, hash_ids)\n"
-        "  --trace-len-scale X    multiplies input lengths (default 1)\n"
-        "  --trace-output-scale X multiplies output lengths (default: the len scale)\n"
-        "  --trace-block-size N   tokens per hash id (default: 512 x len scale)\n"
-        "  --trace-time-scale X   multiplies timestamps (0.5: twice as fast; default 1)\n"
-        "  --max-context N     cut inputs so input + output <= N (0: no limit)\n"
-        "  --vocab-size N (512) --first-token-id N (3)   prompt ids in [first, vocab)\n"
-        "results\n"
-        "  --slo-ttft-ms X  --slo-tpot-ms X   goodput: requests/s that met both\n"
-        "  --result-json FILE  --plot DIR (PNG via gnuplot)  --no-progress\n");
-}
 
 static int duet__bad(const char *flag, const char *value, const char *why)
 {
@@ -73,244 +33,167 @@ static int duet__bad(const char *flag, const char *value, const char *why)
     return 2;
 }
 
-static int duet__num(const char *flag, const char *s, double lo, double hi, double *out)
+/* --request-rate: a list of rates, 'inf', or 'trace' (dest: the options). */
+static duet_status_t duet__rates(void *dest, const char *flag, const char *s)
 {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !(v >= lo) || !(v <= hi)) {
-        char why[96];
-        snprintf(why, sizeof(why), "expected a number in [%g, %g]", lo, hi);
-        return duet__bad(flag, s, why);
-    }
-    *out = v;
-    return 0;
-}
-
-static int duet__int(const char *flag, const char *s, long lo, long hi, long *out)
-{
-    double v;
-    if (duet__num(flag, s, (double)lo, (double)hi, &v) != 0)
-        return 2;
-    if (v != floor(v))
-        return duet__bad(flag, s, "expected an integer");
-    *out = (long)v;
-    return 0;
-}
-
-static int duet__rates(duet__opts_t *o, const char *s)
-{
+    duet__opts_t *o = dest;
     char buf[512], *save = NULL;
     if (strcmp(s, "trace") == 0) {
         o->run.use_trace_times = true;
-        return 0;
+        return DUET_OK;
     }
     snprintf(buf, sizeof(buf), "%s", s);
     for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        char *end = NULL;
+        double v;
         if (o->n_rates == DUET__MAX_RATES)
-            return duet__bad("--request-rate", s, "at most 32 rates");
+            return duet_error(DUET_ERR_CONFIG, "%s %s: at most 32 rates", flag, s);
         if (strcmp(t, "inf") == 0) {
             o->rates[o->n_rates++] = INFINITY;
             continue;
         }
-        if (duet__num("--request-rate", t, 1e-6, 1e9, &o->rates[o->n_rates]) != 0)
-            return 2;
-        o->n_rates++;
+        errno = 0;
+        v = strtod(t, &end);
+        if (errno != 0 || end == t || *end != '\0' || !(v >= 1e-6) || !(v <= 1e9))
+            return duet_error(DUET_ERR_CONFIG, "%s %s: expected a number in [%g, %g]", flag, t,
+                              1e-6, 1e9);
+        o->rates[o->n_rates++] = v;
     }
-    return o->n_rates ? 0 : duet__bad("--request-rate", s, "no rate");
+    if (o->n_rates == 0)
+        return duet_error(DUET_ERR_CONFIG, "%s %s: no rate", flag, s);
+    return DUET_OK;
 }
 
+/* --extra-body: a JSON object, kept as text (dest: the backend's field). */
+static duet_status_t duet__extra_body(void *dest, const char *flag, const char *s)
+{
+    cJSON *e = cJSON_Parse(s);
+    bool ok = cJSON_IsObject(e);
+    cJSON_Delete(e);
+    if (!ok)
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a JSON object", flag, s);
+    *(const char **)dest = s;
+    return DUET_OK;
+}
+
+static const char *const duet__backends[] = {"openai", "openai-chat", "grpc", NULL};
+static const char *const duet__datasets[] = {"random", "shared-prefix", "trace", NULL};
+static const char *const duet__formats[] = {"ids", "text", NULL};
+
+/* Returns 0 (run), 1 (--help printed: exit 0) or 2 (bad command line). */
 static int duet__parse(duet__opts_t *o, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"backend", 1, 0, 'b'},
-        {"base-url", 1, 0, 'u'},
-        {"grpc-target", 1, 0, 'g'},
-        {"model", 1, 0, 'm'},
-        {"api-key", 1, 0, 'k'},
-        {"prompt-format", 1, 0, 'F'},
-        {"ignore-eos", 0, 0, 'e'},
-        {"no-usage", 0, 0, 'U'},
-        {"temperature", 1, 0, 'T'},
-        {"extra-body", 1, 0, 'x'},
-        {"timeout-ms", 1, 0, 't'},
-        {"concurrency", 1, 0, 'c'},
-        {"request-rate", 1, 0, 'r'},
-        {"num-requests", 1, 0, 'n'},
-        {"duration", 1, 0, 'd'},
-        {"seed", 1, 0, 's'},
-        {"dataset", 1, 0, 'D'},
-        {"random-input-len", 1, 0, 'I'},
-        {"random-output-len", 1, 0, 'O'},
-        {"range-ratio", 1, 0, 'R'},
-        {"prefix-len", 1, 0, 'P'},
-        {"suffix-len", 1, 0, 'S'},
-        {"num-prefixes", 1, 0, 'G'},
-        {"output-len", 1, 0, 'o'},
-        {"trace", 1, 0, 'f'},
-        {"trace-len-scale", 1, 0, 'L'},
-        {"trace-output-scale", 1, 0, 'Q'},
-        {"trace-block-size", 1, 0, 'B'},
-        {"trace-time-scale", 1, 0, 'Z'},
-        {"max-context", 1, 0, 'C'},
-        {"vocab-size", 1, 0, 'V'},
-        {"first-token-id", 1, 0, 'W'},
-        {"slo-ttft-ms", 1, 0, '1'},
-        {"slo-tpot-ms", 1, 0, '2'},
-        {"result-json", 1, 0, 'j'},
-        {"plot", 1, 0, 'p'},
-        {"no-progress", 0, 0, 'N'},
-        {"help", 0, 0, 'h'},
-        {0, 0, 0, 0},
+    int backend = (int)o->be.kind, dataset = (int)o->wl.dataset, format = o->be.text_prompts;
+    int output_len = -1, timeout_ms = (int)o->be.timeout_ms;
+    int64_t num_requests = (int64_t)o->wl.num_requests, seed = (int64_t)o->wl.seed;
+    const char *api_key = NULL;
+    bool help = false;
+    const duet_flag_t flags[] = {
+        {.type = DUET_FLAG_HEADING, .help = "server"},
+        {"backend", DUET_FLAG_CHOICE, &backend, .choices = duet__backends,
+         .arg = "openai|openai-chat|grpc",
+         .help = "/v1/completions (default), /v1/chat/completions,\n"
+                 "or duet.v1.Generate (duet-router's gRPC port)"},
+        {"base-url", DUET_FLAG_STRING, &o->be.base_url, .arg = "URL",
+         .help = "OpenAI server (default http://127.0.0.1:8000; https works)"},
+        {"grpc-target", DUET_FLAG_STRING, &o->be.target, .arg = "H:P",
+         .help = "gRPC server (--backend grpc)"},
+        {"model", DUET_FLAG_STRING, &o->be.model, .arg = "NAME",
+         .help = "model name (default: the first of GET /v1/models)"},
+        {"api-key", DUET_FLAG_STRING, &api_key, .arg = "KEY",
+         .help = "Bearer key (default: $OPENAI_API_KEY; HTTP only)"},
+        {"prompt-format", DUET_FLAG_CHOICE, &format, .choices = duet__formats, .arg = "ids|text",
+         .help = "token-id prompts (default; chat always sends text)"},
+        {"ignore-eos", DUET_FLAG_TRUE, &o->be.ignore_eos,
+         .help = "send ignore_eos: true (vLLM, SGLang, duet) for exact lengths"},
+        {"no-usage", DUET_FLAG_FALSE, &o->be.usage,
+         .help = "do not send stream_options.include_usage"},
+        {"temperature", DUET_FLAG_DOUBLE, &o->be.temperature, 0, 100, .arg = "X",
+         .help = "(default 0)"},
+        {"extra-body", DUET_FLAG_FUNC, &o->be.extra_body, .fn = duet__extra_body, .arg = "JSON",
+         .help = "merged into each body"},
+        {"timeout-ms", DUET_FLAG_INT, &timeout_ms, 1, 86400000, .arg = "N",
+         .help = "per request (default 600000)"},
+        {.type = DUET_FLAG_HEADING, .help = "load"},
+        {"concurrency", DUET_FLAG_INT, &o->run.concurrency, 1, 100000, .arg = "N",
+         .help = "closed loop with N in flight; with --request-rate, a cap"},
+        {"request-rate", DUET_FLAG_FUNC, o, .fn = duet__rates, .arg = "R",
+         .help = "open loop, Poisson arrivals at R req/s; 'inf' all at once;\n"
+                 "a list 1,2,4 runs a sweep; 'trace' uses the trace's times"},
+        {"num-requests", DUET_FLAG_INT64, &num_requests, 1, 100000000, .arg = "N",
+         .help = "(default: 100; trace: every line)"},
+        {"duration", DUET_FLAG_DOUBLE, &o->run.duration_s, 0.001, 1e7, .arg = "SEC",
+         .help = "no new requests after SEC seconds"},
+        {"seed", DUET_FLAG_INT64, &seed, 0, 9007199254740992.0, .arg = "N",
+         .help = "workload and arrivals (default 1)"},
+        {"reuse-prompts", DUET_FLAG_TRUE, &o->reuse_prompts,
+         .help = "send every rate of a sweep the same prompts; by default each\n"
+                 "rate gets its own (same lengths, shared prefixes and trace\n"
+                 "blocks, other tokens), so a prefix cache does not carry\n"
+                 "hits from one rate to the next"},
+        {.type = DUET_FLAG_HEADING, .help = "workload"},
+        {"dataset", DUET_FLAG_CHOICE, &dataset, .choices = duet__datasets,
+         .arg = "random|shared-prefix|trace", .help = "(default random)"},
+        {"random-input-len", DUET_FLAG_INT, &o->wl.input_len, 1, 10000000, .arg = "N",
+         .help = "(default 128)"},
+        {"random-output-len", DUET_FLAG_INT, &o->wl.output_len, 1, 10000000, .arg = "N",
+         .help = "(default 32)"},
+        {"range-ratio", DUET_FLAG_DOUBLE, &o->wl.range_ratio, 0, 0.999, .arg = "R",
+         .help = "lengths uniform in len x [1 - R, 1 + R] (default 0)"},
+        {"prefix-len", DUET_FLAG_INT, &o->wl.prefix_len, 0, 10000000, .arg = "N",
+         .help = "shared-prefix: (default 64)"},
+        {"suffix-len", DUET_FLAG_INT, &o->wl.suffix_len, 0, 10000000, .arg = "N",
+         .help = "shared-prefix: (default 16)"},
+        {"num-prefixes", DUET_FLAG_INT, &o->wl.num_prefixes, 1, 1000000, .arg = "N",
+         .help = "shared-prefix: (default 1)"},
+        {"output-len", DUET_FLAG_INT, &output_len, 1, 10000000, .arg = "N",
+         .help = "shared-prefix: (default 32)"},
+        {"trace", DUET_FLAG_STRING, &o->wl.trace_path, .arg = "FILE",
+         .help = "Mooncake FAST'25 JSONL (timestamp, input_length,\n"
+                 "output_length, hash_ids)"},
+        {"trace-len-scale", DUET_FLAG_DOUBLE, &o->wl.trace_len_scale, 1e-6, 1e6, .arg = "X",
+         .help = "multiplies input lengths (default 1)"},
+        {"trace-output-scale", DUET_FLAG_DOUBLE, &o->wl.trace_output_scale, 1e-6, 1e6, .arg = "X",
+         .help = "multiplies output lengths (default: the len scale)"},
+        {"trace-block-size", DUET_FLAG_INT, &o->wl.trace_block_size, 1, 1000000, .arg = "N",
+         .help = "tokens per hash id (default: 512 x len scale)"},
+        {"trace-time-scale", DUET_FLAG_DOUBLE, &o->wl.trace_time_scale, 0, 1e6, .arg = "X",
+         .help = "multiplies timestamps (0.5: twice as fast; default 1)"},
+        {"max-context", DUET_FLAG_INT, &o->wl.max_context, 0, 100000000, .arg = "N",
+         .help = "cut inputs so input + output <= N (0: no limit)"},
+        {"vocab-size", DUET_FLAG_INT, &o->wl.vocab_size, 2, 100000000, .arg = "N",
+         .help = "prompt ids in [first, vocab) (default 512)"},
+        {"first-token-id", DUET_FLAG_INT, &o->wl.first_token_id, 0, 100000000, .arg = "N",
+         .help = "(default 3)"},
+        {.type = DUET_FLAG_HEADING, .help = "results"},
+        {"slo-ttft-ms", DUET_FLAG_DOUBLE, &o->slo.slo_ttft_ms, 1e-3, 1e9, .arg = "X",
+         .help = "goodput: requests/s that met both SLOs"},
+        {"slo-tpot-ms", DUET_FLAG_DOUBLE, &o->slo.slo_tpot_ms, 1e-3, 1e9, .arg = "X"},
+        {"result-json", DUET_FLAG_STRING, &o->result_json, .arg = "FILE"},
+        {"plot", DUET_FLAG_STRING, &o->plot_dir, .arg = "DIR", .help = "PNG via gnuplot"},
+        {"no-progress", DUET_FLAG_FALSE, &o->run.progress, .help = "no progress bar"},
+        {"help", DUET_FLAG_STOP, &help, .help = "this help"},
     };
-    long v;
-    int c, rc = 0;
-    int output_len = -1;
-    optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'b':
-            if (strcmp(optarg, "openai") == 0)
-                o->be.kind = DUET_BS_OPENAI;
-            else if (strcmp(optarg, "openai-chat") == 0)
-                o->be.kind = DUET_BS_OPENAI_CHAT;
-            else if (strcmp(optarg, "grpc") == 0)
-                o->be.kind = DUET_BS_GRPC;
-            else
-                rc = duet__bad("--backend", optarg, "expected openai, openai-chat or grpc");
-            break;
-        case 'u':
-            o->be.base_url = optarg;
-            break;
-        case 'g':
-            o->be.target = optarg;
-            break;
-        case 'm':
-            o->be.model = optarg;
-            break;
-        case 'k':
-            o->be.api_key = optarg;
-            o->api_key_given = true;
-            break;
-        case 'F':
-            if (strcmp(optarg, "ids") != 0 && strcmp(optarg, "text") != 0)
-                rc = duet__bad("--prompt-format", optarg, "expected ids or text");
-            o->be.text_prompts = strcmp(optarg, "text") == 0;
-            break;
-        case 'e':
-            o->be.ignore_eos = true;
-            break;
-        case 'U':
-            o->be.usage = false;
-            break;
-        case 'T':
-            rc = duet__num("--temperature", optarg, 0, 100, &o->be.temperature);
-            break;
-        case 'x': {
-            cJSON *e = cJSON_Parse(optarg);
-            if (!cJSON_IsObject(e))
-                rc = duet__bad("--extra-body", optarg, "expected a JSON object");
-            cJSON_Delete(e);
-            o->be.extra_body = optarg;
-            break;
-        }
-        case 't':
-            rc = duet__int("--timeout-ms", optarg, 1, 86400000, &o->be.timeout_ms);
-            break;
-        case 'c':
-            if ((rc = duet__int("--concurrency", optarg, 1, 100000, &v)) == 0)
-                o->run.concurrency = (int)v;
-            break;
-        case 'r':
-            rc = duet__rates(o, optarg);
-            break;
-        case 'n':
-            if ((rc = duet__int("--num-requests", optarg, 1, 100000000, &v)) == 0)
-                o->wl.num_requests = (size_t)v;
-            break;
-        case 'd':
-            rc = duet__num("--duration", optarg, 0.001, 1e7, &o->run.duration_s);
-            break;
-        case 's':
-            if ((rc = duet__int("--seed", optarg, 0, 1L << 53, &v)) == 0)
-                o->wl.seed = o->run.seed = (uint64_t)v;
-            break;
-        case 'D':
-            if (strcmp(optarg, "random") == 0)
-                o->wl.dataset = DUET_BS_RANDOM;
-            else if (strcmp(optarg, "shared-prefix") == 0)
-                o->wl.dataset = DUET_BS_SHARED_PREFIX;
-            else if (strcmp(optarg, "trace") == 0)
-                o->wl.dataset = DUET_BS_TRACE;
-            else
-                rc = duet__bad("--dataset", optarg, "expected random, shared-prefix or trace");
-            break;
-#define DUET__INTO(flag, lo, hi, field)                                                            \
-    if ((rc = duet__int(flag, optarg, lo, hi, &v)) == 0)                                           \
-        field = (int)v;                                                                            \
-    break
-        case 'I':
-            DUET__INTO("--random-input-len", 1, 10000000, o->wl.input_len);
-        case 'O':
-            DUET__INTO("--random-output-len", 1, 10000000, o->wl.output_len);
-        case 'P':
-            DUET__INTO("--prefix-len", 0, 10000000, o->wl.prefix_len);
-        case 'S':
-            DUET__INTO("--suffix-len", 0, 10000000, o->wl.suffix_len);
-        case 'G':
-            DUET__INTO("--num-prefixes", 1, 1000000, o->wl.num_prefixes);
-        case 'o':
-            DUET__INTO("--output-len", 1, 10000000, output_len);
-        case 'B':
-            DUET__INTO("--trace-block-size", 1, 1000000, o->wl.trace_block_size);
-        case 'C':
-            DUET__INTO("--max-context", 0, 100000000, o->wl.max_context);
-        case 'V':
-            DUET__INTO("--vocab-size", 2, 100000000, o->wl.vocab_size);
-        case 'W':
-            DUET__INTO("--first-token-id", 0, 100000000, o->wl.first_token_id);
-#undef DUET__INTO
-        case 'R':
-            rc = duet__num("--range-ratio", optarg, 0, 0.999, &o->wl.range_ratio);
-            break;
-        case 'f':
-            o->wl.trace_path = optarg;
-            break;
-        case 'L':
-            rc = duet__num("--trace-len-scale", optarg, 1e-6, 1e6, &o->wl.trace_len_scale);
-            break;
-        case 'Q':
-            rc = duet__num("--trace-output-scale", optarg, 1e-6, 1e6, &o->wl.trace_output_scale);
-            break;
-        case 'Z':
-            rc = duet__num("--trace-time-scale", optarg, 0, 1e6, &o->wl.trace_time_scale);
-            break;
-        case '1':
-            rc = duet__num("--slo-ttft-ms", optarg, 1e-3, 1e9, &o->slo.slo_ttft_ms);
-            break;
-        case '2':
-            rc = duet__num("--slo-tpot-ms", optarg, 1e-3, 1e9, &o->slo.slo_tpot_ms);
-            break;
-        case 'j':
-            o->result_json = optarg;
-            break;
-        case 'p':
-            o->plot_dir = optarg;
-            break;
-        case 'N':
-            o->run.progress = false;
-            break;
-        case 'h':
-            duet__usage(stdout);
-            return 1;
-        default:
-            return 2;
-        }
+
+    if (duet_flags_parse(flags, DUET_FLAGS_N(flags), argc, argv, NULL, NULL) != DUET_OK) {
+        fprintf(stderr, "duet bench-serve: %s\n", duet_error_msg());
+        return 2;
     }
-    if (rc != 0)
-        return rc;
-    if (optind < argc)
-        return duet__bad("unexpected argument", argv[optind], "(--help for usage)");
+    if (help) {
+        printf("usage: duet bench-serve [options]   (flags: --KEY VALUE or --KEY=VALUE)\n");
+        duet_flags_help(stdout, flags, DUET_FLAGS_N(flags));
+        return 1;
+    }
+    o->be.kind = (duet_bs_backend_kind_t)backend;
+    o->wl.dataset = (duet_bs_dataset_t)dataset;
+    o->be.text_prompts = format == 1;
+    o->be.timeout_ms = timeout_ms;
+    o->wl.num_requests = (size_t)num_requests;
+    o->wl.seed = o->run.seed = (uint64_t)seed;
+    if (api_key != NULL) {
+        o->be.api_key = api_key;
+        o->api_key_given = true;
+    }
     if (o->wl.dataset == DUET_BS_SHARED_PREFIX && output_len < 0)
         output_len = 32;
     if (output_len > 0)
@@ -323,7 +206,7 @@ static int duet__parse(duet__opts_t *o, int argc, char **argv)
         return duet__bad("--prefix-len", NULL, "prefix plus suffix must be at least 1 token");
     if (o->be.kind == DUET_BS_GRPC && o->be.target == NULL)
         return duet__bad("--backend grpc", NULL, "needs --grpc-target HOST:PORT");
-    if (o->be.kind == DUET_BS_GRPC && o->be.api_key != getenv("OPENAI_API_KEY"))
+    if (o->be.kind == DUET_BS_GRPC && o->api_key_given)
         return duet__bad("--api-key", NULL, "is for HTTP; the gRPC client sends no metadata");
     /* no rate and no concurrency: a trace replays its own times, else one at a time */
     if (o->n_rates == 0 && !o->run.use_trace_times && o->run.concurrency == 0) {
@@ -355,6 +238,7 @@ static cJSON *duet__config_json(const duet__opts_t *o, char **argv, int argc)
     cJSON_AddNumberToObject(c, "seed", (double)o->wl.seed);
     cJSON_AddNumberToObject(c, "max_concurrency", o->run.concurrency);
     cJSON_AddBoolToObject(c, "trace_times", o->run.use_trace_times);
+    cJSON_AddBoolToObject(c, "reuse_prompts", o->reuse_prompts);
     cJSON_AddNumberToObject(c, "slo_ttft_ms", o->slo.slo_ttft_ms);
     cJSON_AddNumberToObject(c, "slo_tpot_ms", o->slo.slo_tpot_ms);
     cJSON_AddItemToObject(c, "argv", cmd = cJSON_CreateArray());
@@ -432,6 +316,15 @@ int duet_bs_main(int argc, char **argv)
     jruns = cJSON_AddArrayToObject(root, "runs");
     for (done = 0; done < o.n_rates; done++) {
         duet_bs_run_config_t rcfg = o.run;
+        if (done > 0 && !o.reuse_prompts) {
+            /* the same workload with other tokens: what a rate sends is new to the server */
+            duet_bs_workload_free(&wl);
+            o.wl.salt = done;
+            if (duet_bs_workload_build(&o.wl, &wl) != DUET_OK) {
+                fprintf(stderr, "duet bench-serve: %s\n", duet_error_msg());
+                goto release_all;
+            }
+        }
         rcfg.request_rate = o.rates[done];
         if (o.run.use_trace_times)
             snprintf(labels[done], sizeof(labels[done]), "trace times x%g", o.wl.trace_time_scale);

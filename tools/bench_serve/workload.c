@@ -26,17 +26,29 @@ void duet_bs_workload_free(duet_bs_workload_t *wl)
     memset(wl, 0, sizeof(*wl));
 }
 
-static uint64_t duet__unique_block(uint64_t seed, size_t i)
+/* Block b of the workload with its salt: b itself for salt 0, else another
+ * block of the same namespace, the same for equal (b, salt), so blocks
+ * shared within the workload stay shared and none is shared with a
+ * workload of another salt. */
+static uint64_t duet__salted(const duet_bs_workload_config_t *cfg, uint64_t b)
 {
-    uint64_t s = seed ^ ((uint64_t)i * 0xd6e8feb86659fd93ULL);
-    return DUET__NS_UNIQUE | (duet_bs_rand(&s) >> 4);
+    if (cfg->salt == 0)
+        return b;
+    uint64_t s = b ^ (cfg->salt * 0xa0761d6478bd642fULL);
+    return (b & (0xfULL << 60)) | (duet_bs_rand(&s) >> 4);
+}
+
+static uint64_t duet__unique_block(const duet_bs_workload_config_t *cfg, size_t i)
+{
+    uint64_t s = cfg->seed ^ ((uint64_t)i * 0xd6e8feb86659fd93ULL);
+    return duet__salted(cfg, DUET__NS_UNIQUE | (duet_bs_rand(&s) >> 4));
 }
 
 /* Fill ids[from, n) with a request-unique stream. */
 static void duet__fill_unique(const duet_bs_workload_config_t *cfg, int32_t *ids, size_t from,
                               size_t n, size_t i)
 {
-    uint64_t b = duet__unique_block(cfg->seed, i);
+    uint64_t b = duet__unique_block(cfg, i);
     for (size_t j = from; j < n; j++)
         ids[j] = duet_bs_prompt_token(b, j, cfg->first_token_id, cfg->vocab_size);
 }
@@ -87,7 +99,7 @@ static duet_status_t duet__synthetic(const duet_bs_workload_config_t *cfg, duet_
         r->n_ids = in;
         size_t shared = 0;
         if (cfg->dataset == DUET_BS_SHARED_PREFIX) {
-            uint64_t b = DUET__NS_PREFIX | (i % (size_t)cfg->num_prefixes);
+            uint64_t b = duet__salted(cfg, DUET__NS_PREFIX | (i % (size_t)cfg->num_prefixes));
             shared = (size_t)cfg->prefix_len < in ? (size_t)cfg->prefix_len : in;
             for (size_t j = 0; j < shared; j++)
                 r->ids[j] = duet_bs_prompt_token(b, j, cfg->first_token_id, cfg->vocab_size);
@@ -183,8 +195,9 @@ static duet_status_t duet__trace_line(const duet_bs_workload_config_t *cfg, cons
     }
     size_t from = n_hash * (size_t)block < n_in ? n_hash * (size_t)block : n_in;
     for (size_t p = 0; p < from; p++)
-        r->ids[p] = duet_bs_prompt_token(DUET__NS_TRACE | hash[p / (size_t)block],
-                                         p % (size_t)block, cfg->first_token_id, cfg->vocab_size);
+        r->ids[p] =
+            duet_bs_prompt_token(duet__salted(cfg, DUET__NS_TRACE | hash[p / (size_t)block]),
+                                 p % (size_t)block, cfg->first_token_id, cfg->vocab_size);
     duet__fill_unique(cfg, r->ids, from, n_in, idx);
     duet_free(hash);
 delete_json:
