@@ -6,7 +6,7 @@
  * Scheduler thread only (it decides; the ranks follow its page tables). */
 #include "common/alloc.h"
 #include "common/log.h"
-#include "decode/decode.h"
+#include "decode/cache.h"
 
 duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req)
 {

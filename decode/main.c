@@ -12,7 +12,10 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/sync.h"
-#include "decode/decode.h"
+#include "decode/events.h"
+#include "decode/prefill_path.h"
+#include "decode/sched.h"
+#include "decode/service.h"
 
 static duet_status_t duet__register(void *arg)
 {

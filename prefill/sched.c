@@ -15,6 +15,7 @@
 #include "common/sync.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "kv/heads.h"
+#include "node/deadline.h"
 #include "prefill/prefill.h"
 #include "transfer/xfer_pack.h"
 
@@ -204,17 +205,12 @@ static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
 {
     int P = pf->node.ke.tp;
     int64_t now = duet_now_ns();
-    int64_t deadline = now + (int64_t)pf->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
-    int64_t call_dl = duet_rpc_call_deadline_ns(req->call);
-    int64_t rpc_ns = (int64_t)pf->node.args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    /* decode reuses the pages once its Prefill call ended: nothing is
+     * written after its transfer deadline (node/deadline.h) */
+    int64_t deadline =
+        duet_node_deadline_send(pf->node.args.cluster, now, duet_rpc_call_deadline_ns(req->call));
     duet_status_t st0;
 
-    /* Decode reuses the pages once its Prefill call ended, also by its own
-     * deadline (transfer + rpc timeout after it registered what it
-     * expects).  Write nothing after its transfer deadline: it has given
-     * up by then, and its call ends one rpc timeout later. */
-    if (call_dl != INT64_MAX && call_dl - rpc_ns < deadline)
-        deadline = call_dl - rpc_ns;
     if (req->aborted || deadline <= now) {
         duet__fail_unsent(pf, req, req->aborted ? DUET_ERR_CANCELLED : DUET_ERR_TIMEOUT,
                           req->aborted ? "aborted before it ran"
