@@ -75,7 +75,7 @@ static bool duet__is_stop_id(const duet_dc_req_t *req, int32_t t)
 
 /* The chunk's logprobs (docs/api-logprobs.md): the token's, and the
  * prompt's on the first chunk.  The arrays are freed by the caller. */
-static bool duet__chunk_lps(duet_dc_req_t *req, const duet_logprob_t *lp,
+static bool duet__chunk_logprobs(duet_dc_req_t *req, const duet_logprob_t *lp,
                             Duet__V1__TokenChunk *chunk, Duet__V1__TokenLogprob **msgs_p,
                             Duet__V1__TokenLogprob ***ptrs_p, Duet__V1__TopLogprob **tops_p,
                             Duet__V1__TopLogprob ***top_ptrs_p)
@@ -110,7 +110,7 @@ static bool duet__chunk_lps(duet_dc_req_t *req, const duet_logprob_t *lp,
     return true;
 }
 
-static duet_dc_emit_t duet__fail(duet_status_t st, const char *msg)
+static duet_dc_emit_t duet__emit_fail(duet_status_t st, const char *msg)
 {
     duet_dc_emit_t r = {.kind = DUET_DC_EMIT_FAIL, .status = st};
     snprintf(r.msg, sizeof(r.msg), "%s", msg);
@@ -127,7 +127,7 @@ static duet_dc_emit_t duet__chunk_send(duet_dc_req_t *req, int32_t *ids, size_t 
     Duet__V1__TopLogprob *tops = NULL, **top_ptrs = NULL;
     char *t = duet_strndup(text, text_len);
     duet_status_t st;
-    bool lp_ok = duet__chunk_lps(req, lp, &chunk, &msgs, &ptrs, &tops, &top_ptrs);
+    bool lp_ok = duet__chunk_logprobs(req, lp, &chunk, &msgs, &ptrs, &tops, &top_ptrs);
 
     if (t == NULL || !lp_ok) {
         duet_free(t);
@@ -135,7 +135,7 @@ static duet_dc_emit_t duet__chunk_send(duet_dc_req_t *req, int32_t *ids, size_t 
         duet_free(ptrs);
         duet_free(tops);
         duet_free(top_ptrs);
-        return duet__fail(DUET_ERR_NO_MEMORY, "no memory for output text");
+        return duet__emit_fail(DUET_ERR_NO_MEMORY, "no memory for output text");
     }
     req->prompt_lps_sent = true;
     chunk.n_ids = n_ids;
@@ -152,10 +152,10 @@ static duet_dc_emit_t duet__chunk_send(duet_dc_req_t *req, int32_t *ids, size_t 
     if (st == DUET_OK)
         return (duet_dc_emit_t){.kind = DUET_DC_EMIT_MORE};
     if (st == DUET_ERR_CANCELLED)
-        return duet__fail(DUET_ERR_CANCELLED, "the client went away");
+        return duet__emit_fail(DUET_ERR_CANCELLED, "the client went away");
     if (st == DUET_ERR_EXHAUSTED)
-        return duet__fail(DUET_ERR_EXHAUSTED, "the client does not read its stream");
-    return duet__fail(st, duet_error_msg());
+        return duet__emit_fail(DUET_ERR_EXHAUSTED, "the client does not read its stream");
+    return duet__emit_fail(st, duet_error_msg());
 }
 
 /* The Finished message: FINISH, or FAIL (the stream is gone). */
@@ -175,7 +175,7 @@ static duet_dc_emit_t duet__finished_send(duet_dc_req_t *req, Duet__V1__FinishRe
     resp.kind_case = DUET__V1__GENERATE_RESPONSE__KIND_FINISHED;
     resp.finished = &fin;
     if (duet_pb_write(req->call, &resp.base) != DUET_OK)
-        return duet__fail(DUET_ERR_CANCELLED, "the client went away");
+        return duet__emit_fail(DUET_ERR_CANCELLED, "the client went away");
     return (duet_dc_emit_t){.kind = DUET_DC_EMIT_FINISH};
 }
 
@@ -199,7 +199,7 @@ duet_dc_emit_t duet_dc_output_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_
                  "activations are broken",
                  req->n_out);
         DUET_LOG_ERROR("request %s: %s", req->request_id, msg);
-        return duet__fail(DUET_ERR_INTERNAL, msg);
+        return duet__emit_fail(DUET_ERR_INTERNAL, msg);
     }
     if (req->t_first == 0)
         req->t_first = duet_now_ns();
@@ -212,12 +212,12 @@ duet_dc_emit_t duet_dc_output_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_
         why = "stop_token_id";
     if (why == NULL && (duet_detok_push(req->detok, token, piece, cap, &n) != DUET_OK ||
                         duet__held_append(req, piece, n) != DUET_OK))
-        return duet__fail(DUET_ERR_INTERNAL, duet_error_msg());
+        return duet__emit_fail(DUET_ERR_INTERNAL, duet_error_msg());
     bool last =
         why != NULL || req->n_out >= req->max_tokens || req->n_prompt + req->n_out >= dc->max_ctx;
     if (last && duet_detok_flush(req->detok, piece, cap, &n) == DUET_OK && n > 0 &&
         duet__held_append(req, piece, n) != DUET_OK)
-        return duet__fail(DUET_ERR_NO_MEMORY, duet_error_msg());
+        return duet__emit_fail(DUET_ERR_NO_MEMORY, duet_error_msg());
     /* the earliest stop string ends the text before it */
     size_t send = req->held_len;
     for (int i = 0; i < req->n_stops; i++) {

@@ -133,7 +133,8 @@ typedef struct {
     duet_dc_ev_t *ev; /* RPC_DONE, allocated with the call */
 } duet__call_arg_t;
 
-static void duet__call_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len, void *arg)
+static void duet__call_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len,
+                               void *arg)
 {
     /* the first token comes with the notifications; the reply's timings
      * are only logged */
@@ -150,7 +151,7 @@ static void duet__call_message(duet_rpc_stream_t *stream, const uint8_t *data, s
 }
 
 static void duet__call_done(duet_rpc_stream_t *stream, grpc_status_code code, const char *msg,
-                           void *arg)
+                            void *arg)
 {
     duet__call_arg_t *a = arg;
     duet_dc_ev_t *ev = a->ev;
@@ -161,12 +162,12 @@ static void duet__call_done(duet_rpc_stream_t *stream, grpc_status_code code, co
 }
 
 static void duet__abort_message(duet_rpc_stream_t *stream, const uint8_t *data, size_t len,
-                               void *arg)
+                                void *arg)
 {
 }
 
 static void duet__abort_done(duet_rpc_stream_t *stream, grpc_status_code code, const char *msg,
-                            void *arg)
+                             void *arg)
 {
 }
 
@@ -356,8 +357,8 @@ void duet_dc_prefill_abort(duet_decode_t *dc, const duet_dc_req_t *req)
     ab.caller_id = dc->node.args.instance_id;
     ab.transfer_id = req->transfer_id;
     if (duet_pb_pack(&ab.base, &buf, &len) != DUET_OK ||
-        duet_rpc_client_stream(dc->node.cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf, len,
-                               duet_node_deadline_rpc(dc->node.args.cluster, duet_now_ns()),
+        duet_rpc_client_stream(dc->node.cli, req->prefill_target, "/duet.v1.Prefill/Abort", buf,
+                               len, duet_node_deadline_rpc(dc->node.args.cluster, duet_now_ns()),
                                duet__abort_message, duet__abort_done, NULL, NULL) != DUET_OK)
         DUET_LOG_WARN("decode: cannot ask prefill %s to abort %s: %s", req->prefill_target,
                       req->request_id, duet_error_msg());

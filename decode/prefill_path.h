@@ -61,7 +61,6 @@ void duet_dc_prefill_abort(duet_decode_t *dc, const duet_dc_req_t *req);
 /* PEER_ERROR (scheduler): retire the link whose connection failed. */
 void duet_dc_on_peer_failed(duet_decode_t *dc, const duet_dc_ev_t *ev);
 /* Transfer layer callback (progress thread): post PEER_ERROR. */
-void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
-                           const char *detail);
+void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st, const char *detail);
 
 #endif

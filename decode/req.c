@@ -423,8 +423,9 @@ static void duet__req_linked(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
         return;
     }
     duet__req_fail(dc, req,
-                   ev->status == DUET_ERR_MISMATCH || ev->status == DUET_ERR_INVALID ? ev->status
-                                                                                    : DUET_ERR_PEER,
+                   ev->status == DUET_ERR_MISMATCH || ev->status == DUET_ERR_INVALID
+                       ? ev->status
+                       : DUET_ERR_PEER,
                    ev->link->base.error);
 }
 
@@ -598,13 +599,12 @@ static void duet__req_first(duet_decode_t *dc, duet_dc_req_t *req)
         return; /* failed while sending it */
     /* packed: from the staging pages; device pools with a mirror: from the
      * host mirror; prefilled locally: already in the pool */
-    st = req->prefill_local ? DUET_OK
-         : dc->fault_kv_copy
-             ? duet_error(DUET_ERR_INTERNAL, "fault injection: the KV copy failed")
-         : req->stage0 >= 0 ? duet__req_unpack(dc, req)
-                            : duet_engine_kv_import(dc->node.ke.engine,
-                                                    req->pages + req->n_cached_pages,
-                                                    duet_dc_xfer_pages(req));
+    st = req->prefill_local  ? DUET_OK
+         : dc->fault_kv_copy ? duet_error(DUET_ERR_INTERNAL, "fault injection: the KV copy failed")
+         : req->stage0 >= 0
+             ? duet__req_unpack(dc, req)
+             : duet_engine_kv_import(dc->node.ke.engine, req->pages + req->n_cached_pages,
+                                     duet_dc_xfer_pages(req));
     if (req->t_kv > 0)
         DUET_LOG_DEBUG("decode: %s: first token %lld us after arrival: Prefill call +%lld us, KV "
                        "in +%lld us; imported +%lld us",

@@ -76,9 +76,9 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
         if (r != NULL && !duet_dc_abort_allowed(r, ev->abort_token))
             r = NULL; /* not the owner: as if unknown */
         if (r != NULL)
-            duet_dc_req_go(dc, r,
-                           &(duet_dc_input_t){.go = DUET_DC_GO_CANCEL,
-                                              .msg = "aborted by Decode.Abort"});
+            duet_dc_req_go(
+                dc, r,
+                &(duet_dc_input_t){.go = DUET_DC_GO_CANCEL, .msg = "aborted by Decode.Abort"});
         resp.found = r != NULL;
         duet_pb_reply(ev->call, &resp.base);
         break;
@@ -160,9 +160,8 @@ static void duet__local_run(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
     }
     for (int i = 0; i < n; i++)
         duet_dc_req_go(dc, reqs[i],
-                       &(duet_dc_input_t){.go = DUET_DC_GO_PREFILLED,
-                                          .status = res[i].status,
-                                          .msg = res[i].msg});
+                       &(duet_dc_input_t){
+                           .go = DUET_DC_GO_PREFILLED, .status = res[i].status, .msg = res[i].msg});
 }
 
 static void duet__admit(duet_decode_t *dc)
@@ -309,8 +308,7 @@ static void duet__update_info(duet_decode_t *dc)
 static bool duet__idle(duet_decode_t *dc)
 {
     return dc->queue_head == NULL && dc->prefilling == NULL && dc->kv_in_head == NULL &&
-           dc->ready_head == NULL &&
-           dc->n_running == 0 && dc->ending == NULL;
+           dc->ready_head == NULL && dc->n_running == 0 && dc->ending == NULL;
 }
 
 /* At stop: end everything still here. */
@@ -334,7 +332,7 @@ static void duet__abort_all(duet_decode_t *dc)
     }
 }
 
-static void *duet__sched_main(void *arg)
+static void *duet__dc_sched_main(void *arg)
 {
     duet_decode_t *dc = arg;
     bool stopping = false; /* the stop has been seen: what is left waits for events */
@@ -407,7 +405,7 @@ duet_status_t duet_dc_sched_start(duet_decode_t *dc)
     dc->local_res = DUET_NEW_ARRAY(duet_dc_local_result_t, (size_t)max);
     if (!dc->running || !dc->seqs || !dc->sampled || !dc->inputs || !dc->local_res)
         return duet_error(DUET_ERR_NO_MEMORY, "decode: no memory for the scheduler");
-    if (pthread_create(&dc->sched_thread, NULL, duet__sched_main, dc) != 0)
+    if (pthread_create(&dc->sched_thread, NULL, duet__dc_sched_main, dc) != 0)
         return duet_error(DUET_ERR_NO_MEMORY, "decode: cannot start the scheduler");
     dc->sched_started = true;
     return DUET_OK;
