@@ -15,10 +15,9 @@
  *   owner.c         ids, abort tokens, targets      owner.h
  *   limits.c        input limits                    limits.h
  *
- * A file includes only the headers of rooms below it (sched -> req ->
- * prefill_path / local_prefill / output / lp / stage / cache -> events,
- * owner; nothing includes sched or service but main): no room calls back
- * into one above it (tests/layers/check_layers.py).
+ * A file includes only the headers of rooms below it (the graph is in
+ * docs/architecture.md "Decode request lifecycle"; nothing includes sched
+ * or service but main): no room calls back into one above it.
  *
  * Threads and ownership:
  *  - gRPC completion-queue threads run the handlers (service.c): they
