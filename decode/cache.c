@@ -16,9 +16,9 @@ duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req)
     /* prompt logprobs need every prompt row's logits: cached pages hold
      * KV, not logits, so such a request computes its whole prompt (and
      * still leaves its pages to the cache) */
-    duet_status_t st = duet_node_prefix_take(&dc->node, req->prompt, req->n_prompt,
-                                             !req->prompt_logprobs, &req->hashes, req->pages,
-                                             req->n_pages, &req->n_cached_pages);
+    duet_status_t st =
+        duet_node_prefix_take(&dc->node, req->prompt, req->n_prompt, !req->prompt_logprobs,
+                              &req->hashes, req->pages, req->n_pages, &req->n_cached_pages);
     if (st == DUET_OK)
         req->pages_held = true;
     return st;

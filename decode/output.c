@@ -76,9 +76,9 @@ static bool duet__is_stop_id(const duet_dc_req_t *req, int32_t t)
 /* The chunk's logprobs (docs/api-logprobs.md): the token's, and the
  * prompt's on the first chunk.  The arrays are freed by the caller. */
 static bool duet__chunk_logprobs(duet_dc_req_t *req, const duet_logprob_t *lp,
-                            Duet__V1__TokenChunk *chunk, Duet__V1__TokenLogprob **msgs_p,
-                            Duet__V1__TokenLogprob ***ptrs_p, Duet__V1__TopLogprob **tops_p,
-                            Duet__V1__TopLogprob ***top_ptrs_p)
+                                 Duet__V1__TokenChunk *chunk, Duet__V1__TokenLogprob **msgs_p,
+                                 Duet__V1__TokenLogprob ***ptrs_p, Duet__V1__TopLogprob **tops_p,
+                                 Duet__V1__TopLogprob ***top_ptrs_p)
 {
     size_t n_prompt = req->prompt_logprobs && !req->prompt_lps_sent && req->n_prompt > 1
                           ? (size_t)req->n_prompt - 1

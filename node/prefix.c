@@ -20,9 +20,8 @@ duet_status_t duet_node_prefix_take(duet_node_t *node, const int32_t *prompt, in
                 return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", node->role);
             duet_kv_page_hash_chain(prompt, n_ins, ps, *hashes_p);
         }
-        n_hit = duet_kv_pool_cache_match(node->pages, *hashes_p,
-                                         duet_kv_prefix_lookup_pages(n_prompt, ps), n_prompt, ps,
-                                         pages);
+        n_hit = duet_kv_pool_cache_match(
+            node->pages, *hashes_p, duet_kv_prefix_lookup_pages(n_prompt, ps), n_prompt, ps, pages);
     }
     st = duet_kv_pool_alloc(node->pages, n_pages - n_hit, pages + n_hit);
     if (st != DUET_OK) {

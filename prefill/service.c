@@ -30,7 +30,8 @@ static bool duet__pf_not_ready(duet_prefill_t *pf, duet_rpc_call_t *call)
     return true;
 }
 
-static duet_status_t duet__pf_sampling_parse(const Duet__V1__SamplingParams *sp, duet_sampling_t *out)
+static duet_status_t duet__pf_sampling_parse(const Duet__V1__SamplingParams *sp,
+                                             duet_sampling_t *out)
 {
     *out = duet_sampling_greedy();
     if (sp != NULL) {
@@ -42,8 +43,8 @@ static duet_status_t duet__pf_sampling_parse(const Duet__V1__SamplingParams *sp,
     return duet_sampling_check(out);
 }
 
-static duet_status_t duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
-                                    duet_pf_req_t *req)
+static duet_status_t
+duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m, duet_pf_req_t *req)
 {
     const duet_model_config_t *cfg = &pf->node.ke.model_cfg;
     int ps = pf->node.args.cluster->page_size;
@@ -151,7 +152,8 @@ static duet_status_t duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V
     return DUET_OK;
 }
 
-static void duet__pf_prefill_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__pf_prefill_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len,
+                                   void *arg)
 {
     duet_prefill_t *pf = arg;
     Duet__V1__PrefillRequest *m = duet__v1__prefill_request__unpack(NULL, len, data);
@@ -232,7 +234,8 @@ static void duet__pf_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     duet_pb_reply(call, &r.base);
 }
 
-static void duet__pf_bootstrap_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__pf_bootstrap_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len,
+                                     void *arg)
 {
     if (!duet__pf_not_ready(arg, call))
         duet_node_link_serve_bootstrap(&((duet_prefill_t *)arg)->node, call, data, len);
