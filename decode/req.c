@@ -359,7 +359,7 @@ static duet_status_t duet__req_call(duet_decode_t *dc, duet_dc_req_t *req, duet_
 }
 
 /* Start an attempt over a READY link: -> PREFILL, or ENDED on failure. */
-static void duet__req_begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *link)
+static void duet__req_attempt_begin(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_link_t *link)
 {
     int64_t now = duet_now_ns();
     duet_status_t st;
@@ -405,7 +405,7 @@ static void duet__req_prefill_start(duet_decode_t *dc, duet_dc_req_t *req)
         return;
     }
     if (link->base.state == DUET_NODE_LINK_READY) {
-        duet__req_begin(dc, req, link);
+        duet__req_attempt_begin(dc, req, link);
         return;
     }
     /* BOOTING: wait for it */
@@ -419,7 +419,7 @@ static void duet__req_linked(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
 {
     duet__req_enter(dc, req, DUET_DC_NEW); /* (drops the LINKING reference) */
     if (ev->status == DUET_OK) {
-        duet__req_begin(dc, req, ev->link);
+        duet__req_attempt_begin(dc, req, ev->link);
         return;
     }
     duet__req_fail(dc, req,
