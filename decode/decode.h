@@ -1,23 +1,24 @@
 /* duet-decode's types: the daemon context, a request, an event (DESIGN §1).
  * Declarations only of data; every room of decode/ has its own header:
  *
- *   main.c          start-up (node/node.h)         sched.h service.h
- *   service.c       gRPC handlers                   service.h
- *   sched.c         the scheduler loop              sched.h
- *   req.c           a request's states and edges    req.h
- *   events.c        the event queue                 events.h
- *   prefill_path.c  links, expectations, the Prefill call   prefill_path.h
- *   local_prefill.c colocated prefill               local_prefill.h
- *   output.c        streaming                       output.h
- *   lp.c            log-probabilities               lp.h
- *   stage.c         packed transfers' unpacking     stage.h
- *   cache.c         the prefix cache                cache.h
- *   owner.c         ids, abort tokens, targets      owner.h
- *   limits.c        input limits                    limits.h
+ *   main.c           start-up (node/node.h)                   (none)
+ *   service.c        gRPC handlers                            service.h
+ *   sched.c          the scheduler loop                       sched.h
+ *   req.c            a request's states and edges             req.h
+ *   events.c         the event queue                          events.h
+ *   prefill_path.c   links, expectations, the Prefill call    prefill_path.h
+ *   local_prefill.c  colocated prefill                        local_prefill.h
+ *   output.c         streaming                                output.h
+ *   lp.c             log-probabilities                        lp.h
+ *   stage.c          packed transfers' unpacking              stage.h
+ *   cache.c          the prefix cache                         cache.h
+ *   owner.c          ids, abort tokens, targets               owner.h
+ *   limits.c         input limits                             limits.h
  *
  * A file includes only the headers of rooms below it (the graph is in
- * docs/architecture.md "Decode request lifecycle"; nothing includes sched
- * or service but main): no room calls back into one above it.
+ * docs/architecture.md "Decode request lifecycle"; only main includes
+ * sched.h, only main and fuzz/ service.h): no room calls back into one
+ * above it.
  *
  * Threads and ownership:
  *  - gRPC completion-queue threads run the handlers (service.c): they
