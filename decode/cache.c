@@ -2,50 +2,31 @@
  * pages begin with the longest cached prefix of its prompt, so that prefill
  * is asked only for the pages after it (or, when only the last page's
  * tokens are left, nobody is: the decode engine computes them itself); once
- * the prompt's KV is complete its full pages are kept for the next prompt.
- * Scheduler thread only (it decides; the ranks follow its page tables). */
+ * the prompt's KV is complete its full pages are kept for the next prompt
+ * (node/prefix.h, as on prefill), and at its end the pages of its
+ * generated tokens too.  Scheduler thread only (it decides; the ranks
+ * follow its page tables). */
 #include "common/alloc.h"
 #include "common/log.h"
-#include "decode/decode.h"
+#include "decode/cache.h"
+#include "node/prefix.h"
 
 duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    int ps = dc->node.args.cluster->page_size;
-    int n_ins = duet_kv_prefix_insert_pages(req->n_prompt, ps);
-    duet_status_t st;
-
-    req->n_cached_pages = 0;
     /* prompt logprobs need every prompt row's logits: cached pages hold
      * KV, not logits, so such a request computes its whole prompt (and
      * still leaves its pages to the cache) */
-    if (duet_kv_pool_cache_enabled(dc->node.pages) && n_ins > 0 && !req->prompt_logprobs) {
-        if (req->hashes == NULL) {
-            req->hashes = DUET_NEW_ARRAY(duet_kv_page_hash_t, (size_t)n_ins);
-            if (req->hashes == NULL)
-                return duet_error(DUET_ERR_NO_MEMORY, "decode: no memory");
-            duet_kv_page_hash_chain(req->prompt, n_ins, ps, req->hashes);
-        }
-        req->n_cached_pages = duet_kv_pool_cache_match(
-            dc->node.pages, req->hashes, duet_kv_prefix_lookup_pages(req->n_prompt, ps),
-            req->n_prompt, ps, req->pages);
-    }
-    st = duet_kv_pool_alloc(dc->node.pages, req->n_pages - req->n_cached_pages,
-                            req->pages + req->n_cached_pages);
-    if (st != DUET_OK) {
-        duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_cached_pages);
-        req->n_cached_pages = 0;
-        return st;
-    }
-    req->pages_held = true;
-    return DUET_OK;
+    duet_status_t st =
+        duet_node_prefix_take(&dc->node, req->prompt, req->n_prompt, !req->prompt_logprobs,
+                              &req->hashes, req->pages, req->n_pages, &req->n_cached_pages);
+    if (st == DUET_OK)
+        req->pages_held = true;
+    return st;
 }
 
 void duet_dc_cache_keep(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    int n_ins = duet_kv_prefix_insert_pages(req->n_prompt, dc->node.args.cluster->page_size);
-    if (req->hashes != NULL && n_ins > req->n_cached_pages)
-        duet_kv_pool_cache_insert(dc->node.pages, req->hashes + req->n_cached_pages,
-                                  req->pages + req->n_cached_pages, n_ins - req->n_cached_pages);
+    duet_node_prefix_keep(&dc->node, req->n_prompt, req->hashes, req->pages, req->n_cached_pages);
 }
 
 void duet_dc_cache_keep_generated(duet_decode_t *dc, duet_dc_req_t *req)

@@ -1,18 +1,39 @@
-/* duet-decode internals (DESIGN §1).
+/* duet-decode's types: the daemon context, a request, an event (DESIGN §1).
+ * Declarations only of data; every room of decode/ has its own header:
+ *
+ *   main.c           start-up (node/node.h)                   (none)
+ *   service.c        gRPC handlers                            service.h
+ *   sched.c          the scheduler loop                       sched.h
+ *   req.c            a request's states and edges             req.h
+ *   events.c         the event queue                          events.h
+ *   prefill_path.c   links, expectations, the Prefill call    prefill_path.h
+ *   local_prefill.c  colocated prefill                        local_prefill.h
+ *   output.c         streaming                                output.h
+ *   lp.c             log-probabilities                        lp.h
+ *   stage.c          packed transfers' unpacking              stage.h
+ *   cache.c          the prefix cache                         cache.h
+ *   owner.c          ids, abort tokens, targets               owner.h
+ *   limits.c         input limits                             limits.h
+ *
+ * A file includes only the headers of rooms below it (the graph is in
+ * docs/architecture.md "Decode request lifecycle"; only main includes
+ * sched.h, only main and fuzz/ service.h): no room calls back into one
+ * above it.
  *
  * Threads and ownership:
  *  - gRPC completion-queue threads run the handlers (service.c): they
  *    validate and tokenize a request, then hand it to the scheduler as an
  *    event.  They never touch scheduler state.
  *  - One scheduler thread (sched.c) owns every request and link after
- *    that: admission (KV pages), the prefill phase (prefill_path.c), the
- *    continuous-batching decode loop, streaming (output.c), cancellation
- *    and release.
+ *    that.  A request changes state, and takes or gives back its pages,
+ *    link, Prefill stream, staging and expectations, only in req.c's
+ *    duet_dc_req_go (docs/architecture.md "Decode request lifecycle").
  *  - Transfer progress threads, gRPC client threads and the bootstrap
- *    worker only post events (duet_dc_post); a request is freed only after
- *    every callback that can name it has fired or been cancelled and the
- *    event queue has been drained past its terminal call (the "zombie"
- *    list), so an event never outlives its request.
+ *    worker only post events (events.h): the queue under `evlock` is the
+ *    one hand-over between them and the scheduler.  A request is freed
+ *    only after every callback that can name it has fired or been
+ *    cancelled and the event queue has been drained past its terminal call
+ *    (the "zombie" list), so an event never outlives its request.
  * `evlock` guards the event queue and the counters that Info reads. */
 #ifndef DUET_DECODE_DECODE_H
 #define DUET_DECODE_DECODE_H
@@ -55,13 +76,15 @@ static inline duet_dc_link_t *duet_dc_link_of(duet_node_link_t *link)
 }
 
 typedef enum {
-    DUET_DC_NEW,      /* in no list (being moved between phases) */
-    DUET_DC_QUEUED,   /* waiting for KV pages */
-    DUET_DC_LINKING,  /* waiting for a bootstrap */
-    DUET_DC_PREFILL,  /* expectations registered, Prefill call in flight */
-    DUET_DC_READY,    /* KV complete, waiting for a batch slot */
+    DUET_DC_NEW,      /* posted; or between two attempts of its prefill (in no list) */
+    DUET_DC_QUEUED,   /* waiting for KV pages (queue) */
+    DUET_DC_LOCAL,    /* pages held, prefilling on our engine this pass (in no list) */
+    DUET_DC_LINKING,  /* waiting for a bootstrap (its link's waiting list) */
+    DUET_DC_PREFILL,  /* expectations registered, Prefill call in flight (prefilling) */
+    DUET_DC_KV_IN,    /* KV complete, output 0 known; the loop sends it (kv_in) */
+    DUET_DC_READY,    /* output 0 sent, KV in its pages, waiting for a batch slot */
     DUET_DC_RUNNING,  /* in the decode batch */
-    DUET_DC_ENDED,    /* answered; releasing */
+    DUET_DC_ENDED,    /* answered; releasing (ending) */
 } duet_dc_state_t;
 
 typedef struct {
@@ -216,6 +239,7 @@ typedef struct {
     bool sched_started;
     duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */
     duet_dc_req_t *prefilling;    /* PREFILL and LINKING-over requests */
+    duet_dc_req_t *kv_in_head, *kv_in_tail; /* KV_IN */
     duet_dc_req_t *ready_head, *ready_tail;
     duet_dc_req_t **running;      /* [max_seqs] */
     int n_running;
@@ -224,149 +248,17 @@ typedef struct {
     duet_engine_seq_t *seqs;      /* [max_seqs] */
     int32_t *sampled;
     int32_t *inputs;
+    struct duet_dc_local_result *local_res; /* [max_seqs] (local_prefill.h) */
     long fault_step_delay_ms;     /* fault decode.step_delay_ms (tests) */
     bool fault_kv_copy;           /* fault decode.kv_copy_fail (tests) */
     char *piece;                  /* detokenizer output, piece_cap bytes */
     size_t piece_cap;
 } duet_decode_t;
 
-/* service.c */
-duet_status_t duet_dc_service_register(duet_decode_t *dc);
-/* The checks Generate runs on a request before posting it (fills req,
- * tokenizing a text prompt; the caller frees it with duet_dc_req_free).
- * Exposed for fuzz/. */
-struct Duet__V1__DecodeGenerateRequest;
-duet_status_t duet_dc_validate(duet_decode_t *dc, const struct Duet__V1__DecodeGenerateRequest *m,
-                               duet_dc_req_t *req);
-
-/* sched.c */
-duet_status_t duet_dc_sched_start(duet_decode_t *dc);
-void duet_dc_sched_stop(duet_decode_t *dc);
-/* Queue an event for the scheduler (any thread; takes ownership). */
-void duet_dc_post(duet_decode_t *dc, duet_dc_ev_t *ev);
-/* The same for an event whose call the scheduler must answer: false, and
- * ev stays the caller's, once the scheduler has left (shutdown). */
-bool duet_dc_post_live(duet_decode_t *dc, duet_dc_ev_t *ev);
-duet_dc_ev_t *duet_dc_ev_new(duet_dc_ev_type_t type, duet_dc_req_t *req);
-/* Count of requests in each phase, for Info and draining. */
-void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p);
-/* queued + running, for the drain (any thread). */
-int duet_dc_pending(void *arg);
-void duet_dc_req_free(duet_decode_t *dc, duet_dc_req_t *req);
-/* Scheduler: end a request with an error status (terminal call), then
- * release it once safe. */
-void duet_dc_fail(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st, const char *msg);
-void duet_dc_release(duet_decode_t *dc, duet_dc_req_t *req);
-/* Give back a packed request's staging units (it then moves unpacked if it
- * has not started; see sched.c). */
-void duet_dc_stage_release(duet_decode_t *dc, duet_dc_req_t *req);
-/* A packed request must move unpacked (no room in a staging arena): count
- * it, warn the first time. */
-void duet_dc_unstaged(duet_decode_t *dc, duet_dc_req_t *req, const char *why);
-/* Packed: unpack layers [l0, l1) of the request's staging into its pages
- * on every rank; wait = false returns once queued (unpack_queued), wait =
- * true once everything queued landed. */
-duet_status_t duet_dc_unpack_layers(duet_decode_t *dc, duet_dc_req_t *req, int l0, int l1,
-                                    bool wait);
-/* Wait for the unpacks queued without waiting, if any (before the
- * request's staging or pages are reused or given back). */
-void duet_dc_unpack_wait(duet_decode_t *dc, duet_dc_req_t *req);
-/* The KV of a request is complete on every rank (state NEW): stream its
- * first token and queue it for the decode batch. */
-void duet_dc_kv_ready(duet_decode_t *dc, duet_dc_req_t *req);
-
-/* prefill_path.c (scheduler thread unless noted) */
-void duet_dc_prefill_start(duet_decode_t *dc, duet_dc_req_t *req);
-void duet_dc_on_kv_done(duet_decode_t *dc, duet_dc_ev_t *ev);
-void duet_dc_on_kv_progress(duet_decode_t *dc, duet_dc_ev_t *ev);
-void duet_dc_on_rpc_done(duet_decode_t *dc, duet_dc_ev_t *ev);
-void duet_dc_on_link_done(duet_decode_t *dc, duet_dc_ev_t *ev);
-void duet_dc_on_peer_failed(duet_decode_t *dc, duet_dc_ev_t *ev);
-/* End the prefill phase of a request that is ending: abort on prefill,
- * cancel expectations once the Prefill call returned.  True when nothing
- * can still write its pages or call back. */
-bool duet_dc_prefill_quiesce(duet_decode_t *dc, duet_dc_req_t *req);
-/* Transfer layer callback (progress thread). */
-void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
-                           const char *detail);
-
-/* owner.c (any thread; docs/security.md "Page grants and ownership") */
-/* Set req's request id (the caller's, or 128 random bits as hex) and its
- * abort token (checked: empty, or 16..64 bytes). */
-duet_status_t duet_dc_request_owner(duet_decode_t *dc, const char *request_id,
-                                    const char *abort_token, duet_dc_req_t *req);
-/* May the holder of token abort req?  Constant time in the token bytes. */
-bool duet_dc_abort_allowed(const duet_dc_req_t *req, const char *token);
-/* Is target a prefill instance of this cluster: an address of the config,
- * or (with resolve: a DNS lookup, worker threads only) one of the addresses
- * a prefill entry's discover name resolves to?  DUET_OK; DUET_ERR_INVALID
- * with the same message whatever listens at target; without resolve,
- * DUET_ERR_NOT_FOUND (no message) when only a lookup can tell. */
-duet_status_t duet_dc_target_check(duet_decode_t *dc, const char *target, bool resolve);
-
-/* local_prefill.c (scheduler thread): colocated mode and conditional
- * disaggregation (docs/design-notes.md) */
-/* Should req (pages held, not yet started) prefill on our own engine?
- * busy: sequences decoding or about to (running, ready, admitted now). */
-bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy);
-/* Prefill reqs[0..n) (n <= max_seqs) in one engine call, sample each
- * first token, and hand each on as remote KV would be (duet_dc_kv_ready);
- * a request that cannot is failed. */
-void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n);
-
-/* lp.c (docs/api-logprobs.md) */
-/* Does req need the Prefill reply before decoding (its logprobs)? */
-bool duet_dc_lp_wants_reply(const duet_dc_req_t *req);
-/* Client thread, Prefill's reply message: keep its logprobs in req->pf_*. */
-void duet_dc_lp_take_reply(duet_decode_t *dc, duet_dc_req_t *req, const uint8_t *data, size_t len);
-/* Scheduler, once KV and reply are both in: adopt the reply's logprobs
- * (checked against the first token).  False: req was failed. */
-bool duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req);
-/* Allocate the decode step's logits row (output init). */
-duet_status_t duet_dc_lp_init(duet_decode_t *dc, duet_dc_req_t *req);
-/* Free what lp.c allocated (req_free). */
-void duet_dc_lp_cleanup(duet_dc_req_t *req);
-/* Local prefill: point seq at rows for req's logprobs; after the forward,
- * compute them for the sampled first token. */
-duet_status_t duet_dc_lp_local_prepare(duet_decode_t *dc, duet_dc_req_t *req,
-                                       duet_engine_seq_t *seq);
-duet_status_t duet_dc_lp_local_compute(duet_decode_t *dc, duet_dc_req_t *req, int32_t first);
-/* Decode step: the logprob of the sampled token from req->logits into *lp;
- * NULL when req asked none. */
-const duet_logprob_t *duet_dc_lp_step(duet_decode_t *dc, duet_dc_req_t *req, int32_t token,
-                                      duet_logprob_t *lp);
-/* cache.c (scheduler thread; docs/prefix-cache.md) */
-/* Take req's pages: the longest cached prefix of its prompt (at most
- * duet_kv_prefix_lookup_pages, referenced) and new ones for the rest;
- * sets pages_held.  DUET_ERR_EXHAUSTED (nothing held) when the pool cannot
- * cover the rest. */
-duet_status_t duet_dc_cache_take(duet_decode_t *dc, duet_dc_req_t *req);
-/* req's prompt KV is complete in its pages: keep its full prompt pages. */
-void duet_dc_cache_keep(duet_decode_t *dc, duet_dc_req_t *req);
-/* req ends with kv_whole: keep the full pages of prompt + output whose KV
- * was computed (every output token's but the last, whose KV is not written)
- * beyond the prompt's (docs/prefix-cache.md "Generated pages"). */
-void duet_dc_cache_keep_generated(duet_decode_t *dc, duet_dc_req_t *req);
-/* Prompt tokens whose KV req still needs (after take). */
-int duet_dc_uncached_tokens(const duet_decode_t *dc, const duet_dc_req_t *req);
-/* True when the cache held every page it may (only the last page's tokens
- * are left): no prefill instance is needed. */
-bool duet_dc_cache_covers(const duet_decode_t *dc, const duet_dc_req_t *req);
-
 /* Prompt pages a remote prefill writes (those after the cached prefix). */
 static inline int duet_dc_xfer_pages(const duet_dc_req_t *req)
 {
     return req->n_prompt_pages - req->n_cached_pages;
 }
-
-/* output.c (scheduler thread) */
-duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req);
-/* Account a new token and stream it; returns true when the request ended
- * (finished or failed). */
-bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token);
-/* The same with the token's log-probability (NULL: none); the first chunk
- * also carries req->prompt_lps when asked. */
-bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token,
-                     const duet_logprob_t *lp);
 
 #endif

@@ -11,10 +11,13 @@
  * (prefill_local_max_tokens) and few sequences decode here
  * (prefill_local_max_running), since a local prefill stalls every running
  * sequence for its duration -- or when no prefill instance is known. */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "decode/decode.h"
+#include "decode/cache.h"
+#include "decode/local_prefill.h"
+#include "decode/lp.h"
 
 /* A prefill instance the request could go to: its own target, or one with
  * an address in the config. */
@@ -50,7 +53,8 @@ bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
            busy < self->prefill_local_max_running;
 }
 
-void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
+duet_status_t duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n,
+                                    duet_dc_local_result_t *res)
 {
     duet_status_t st;
 
@@ -59,7 +63,6 @@ void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
     for (int i = 0; i < n; i++) {
         duet_dc_req_t *req = reqs[i];
         int cached = req->n_prompt - duet_dc_uncached_tokens(dc, req);
-        req->prefill_local = true;
         dc->seqs[i] = (duet_engine_seq_t){
             .tokens = req->prompt + cached,
             .n_tokens = req->n_prompt - cached,
@@ -77,31 +80,27 @@ void duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
     dc->prefills_local += (uint64_t)n;
     pthread_mutex_unlock(&dc->evlock);
     st = duet_engine_forward(dc->node.ke.engine, dc->seqs, n, dc->sampled);
-    if (st != DUET_OK) {
-        /* the engine cannot run again: as a failed decode step (sched.c) */
-        char detail[256], msg[300];
-        snprintf(detail, sizeof(detail), "%s", duet_error_msg());
-        snprintf(msg, sizeof(msg), "decode engine failed in a local prefill: %s", detail);
-        for (int i = 0; i < n; i++)
-            duet_dc_fail(dc, reqs[i], DUET_ERR_INTERNAL, msg);
-        duet_node_fail(&dc->node, detail);
-        return;
-    }
+    if (st != DUET_OK)
+        return st;
     for (int i = 0; i < n; i++) {
         duet_dc_req_t *req = reqs[i];
+        res[i].status = DUET_OK;
+        res[i].msg[0] = '\0';
         if (dc->sampled[i] == DUET_ENGINE_NONFINITE) {
             /* broken weights: this request fails, not the daemon (as prefill) */
-            duet_dc_fail(dc, req, DUET_ERR_INTERNAL,
-                         "non-finite logits (NaN or inf) at the first output token: the model's "
-                         "weights or activations are broken");
+            res[i].status = DUET_ERR_INTERNAL;
+            snprintf(res[i].msg, sizeof(res[i].msg),
+                     "non-finite logits (NaN or inf) at the first output token: the model's "
+                     "weights or activations are broken");
             continue;
         }
         req->kv_first_token = dc->sampled[i];
         if (duet_dc_lp_local_compute(dc, req, dc->sampled[i]) != DUET_OK) {
-            duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, duet_error_msg());
+            res[i].status = DUET_ERR_NO_MEMORY;
+            snprintf(res[i].msg, sizeof(res[i].msg), "%s", duet_error_msg());
             continue;
         }
         DUET_LOG_DEBUG("decode: %s prefilled locally (%d tokens)", req->request_id, req->n_prompt);
-        duet_dc_kv_ready(dc, req);
     }
+    return DUET_OK;
 }

@@ -8,7 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "decode/decode.h"
+#include "decode/lp.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "node/logprob_pb.h"
 
@@ -55,12 +55,13 @@ void duet_dc_lp_take_reply(duet_decode_t *dc, duet_dc_req_t *req, const uint8_t 
     duet__v1__prefill_response__free_unpacked(r, NULL);
 }
 
-bool duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req)
+duet_status_t duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req)
 {
     char msg[320];
 
+    (void)dc;
     if (!duet_dc_lp_wants_reply(req))
-        return true;
+        return DUET_OK;
     if (!req->pf_reply)
         snprintf(req->pf_lp_error, sizeof(req->pf_lp_error), "no reply");
     else if (req->pf_lp_error[0] == '\0' && req->logprobs &&
@@ -72,14 +73,13 @@ bool duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req)
         snprintf(msg, sizeof(msg), "prefill %s sent bad logprobs: %s", req->prefill_target,
                  req->pf_lp_error);
         DUET_LOG_ERROR("request %s: %s", req->request_id, msg);
-        duet_dc_fail(dc, req, DUET_ERR_INTERNAL, msg);
-        return false;
+        return duet_error(DUET_ERR_INTERNAL, "%s", msg);
     }
     req->first_lp = req->pf_first_lp;
     req->have_first_lp = req->logprobs;
     req->prompt_lps = req->pf_prompt_lps;
     req->pf_prompt_lps = NULL;
-    return true;
+    return DUET_OK;
 }
 
 duet_status_t duet_dc_lp_init(duet_decode_t *dc, duet_dc_req_t *req)

@@ -13,14 +13,17 @@
 #include "common/fault.h"
 #include "common/log.h"
 #include "common/sync.h"
-#include "decode/decode.h"
+#include "decode/events.h"
+#include "decode/prefill_path.h"
+#include "decode/sched.h"
+#include "decode/service.h"
 
-static duet_status_t duet__register(void *arg)
+static duet_status_t duet__decode_register(void *arg)
 {
     return duet_dc_service_register(arg);
 }
 
-static duet_status_t duet__start(void *arg)
+static duet_status_t duet__decode_start(void *arg)
 {
     duet_decode_t *dc = arg;
     duet_status_t st;
@@ -49,12 +52,12 @@ static duet_status_t duet__start(void *arg)
 
 /* The scheduler ends what is left (UNAVAILABLE) and waits for the prefill
  * calls and transfers those requests still have. */
-static void duet__stop(void *arg)
+static void duet__decode_stop(void *arg)
 {
     duet_dc_sched_stop(arg);
 }
 
-static void duet__cleanup(void *arg)
+static void duet__decode_cleanup(void *arg)
 {
     duet_decode_t *dc = arg;
     duet_tokenizer_destroy(dc->tok);
@@ -69,14 +72,14 @@ static void duet__cleanup(void *arg)
     }
 }
 
-static const duet_node_ops_t duet__ops = {
+static const duet_node_ops_t duet__decode_ops = {
     .role = DUET_ROLE_DECODE,
     .rpc_client = true,
-    .register_services = duet__register,
-    .start = duet__start,
+    .register_services = duet__decode_register,
+    .start = duet__decode_start,
     .pending = duet_dc_pending,
-    .stop = duet__stop,
-    .cleanup = duet__cleanup,
+    .stop = duet__decode_stop,
+    .cleanup = duet__decode_cleanup,
     .on_peer_error = duet_dc_on_peer_error,
 };
 
@@ -88,7 +91,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&dc.evlock, NULL);
     /* the scheduler's timed wait takes a CLOCK_MONOTONIC deadline */
     duet_cond_init_monotonic(&dc.evcv);
-    rc = duet_node_main(&dc.node, &duet__ops, &dc, argc, argv);
+    rc = duet_node_main(&dc.node, &duet__decode_ops, &dc, argc, argv);
     pthread_cond_destroy(&dc.evcv);
     pthread_mutex_destroy(&dc.evlock);
     return rc;

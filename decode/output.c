@@ -1,6 +1,7 @@
 /* Streaming a request's tokens: detokenize incrementally (primed with the
  * prompt so the first piece keeps its leading space), hold back text that
- * may begin a stop string, and end the stream with a Finished message. */
+ * may begin a stop string, and end the stream with a Finished message
+ * (output.h: the caller makes the terminal call). */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,7 +9,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc_pb.h"
-#include "decode/decode.h"
+#include "decode/lp.h"
+#include "decode/output.h"
 #include "duet/v1/generate.pb-c.h"
 #include "node/logprob_pb.h"
 
@@ -73,10 +75,10 @@ static bool duet__is_stop_id(const duet_dc_req_t *req, int32_t t)
 
 /* The chunk's logprobs (docs/api-logprobs.md): the token's, and the
  * prompt's on the first chunk.  The arrays are freed by the caller. */
-static bool duet__chunk_lps(duet_dc_req_t *req, const duet_logprob_t *lp,
-                            Duet__V1__TokenChunk *chunk, Duet__V1__TokenLogprob **msgs_p,
-                            Duet__V1__TokenLogprob ***ptrs_p, Duet__V1__TopLogprob **tops_p,
-                            Duet__V1__TopLogprob ***top_ptrs_p)
+static bool duet__chunk_logprobs(duet_dc_req_t *req, const duet_logprob_t *lp,
+                                 Duet__V1__TokenChunk *chunk, Duet__V1__TokenLogprob **msgs_p,
+                                 Duet__V1__TokenLogprob ***ptrs_p, Duet__V1__TopLogprob **tops_p,
+                                 Duet__V1__TopLogprob ***top_ptrs_p)
 {
     size_t n_prompt = req->prompt_logprobs && !req->prompt_lps_sent && req->n_prompt > 1
                           ? (size_t)req->n_prompt - 1
@@ -108,9 +110,16 @@ static bool duet__chunk_lps(duet_dc_req_t *req, const duet_logprob_t *lp,
     return true;
 }
 
-/* Send one chunk of ids and text. false: the stream is gone (ended). */
-static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids, size_t n_ids,
-                             const char *text, size_t text_len, const duet_logprob_t *lp)
+static duet_dc_emit_t duet__emit_fail(duet_status_t st, const char *msg)
+{
+    duet_dc_emit_t r = {.kind = DUET_DC_EMIT_FAIL, .status = st};
+    snprintf(r.msg, sizeof(r.msg), "%s", msg);
+    return r;
+}
+
+/* Send one chunk of ids and text: MORE, or FAIL (the stream is gone). */
+static duet_dc_emit_t duet__chunk_send(duet_dc_req_t *req, int32_t *ids, size_t n_ids,
+                                       const char *text, size_t text_len, const duet_logprob_t *lp)
 {
     Duet__V1__GenerateResponse resp = DUET__V1__GENERATE_RESPONSE__INIT;
     Duet__V1__TokenChunk chunk = DUET__V1__TOKEN_CHUNK__INIT;
@@ -118,7 +127,7 @@ static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids
     Duet__V1__TopLogprob *tops = NULL, **top_ptrs = NULL;
     char *t = duet_strndup(text, text_len);
     duet_status_t st;
-    bool lp_ok = duet__chunk_lps(req, lp, &chunk, &msgs, &ptrs, &tops, &top_ptrs);
+    bool lp_ok = duet__chunk_logprobs(req, lp, &chunk, &msgs, &ptrs, &tops, &top_ptrs);
 
     if (t == NULL || !lp_ok) {
         duet_free(t);
@@ -126,8 +135,7 @@ static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids
         duet_free(ptrs);
         duet_free(tops);
         duet_free(top_ptrs);
-        duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, "no memory for output text");
-        return false;
+        return duet__emit_fail(DUET_ERR_NO_MEMORY, "no memory for output text");
     }
     req->prompt_lps_sent = true;
     chunk.n_ids = n_ids;
@@ -142,18 +150,17 @@ static bool duet__send_chunk(duet_decode_t *dc, duet_dc_req_t *req, int32_t *ids
     duet_free(tops);
     duet_free(top_ptrs);
     if (st == DUET_OK)
-        return true;
+        return (duet_dc_emit_t){.kind = DUET_DC_EMIT_MORE};
     if (st == DUET_ERR_CANCELLED)
-        duet_dc_fail(dc, req, DUET_ERR_CANCELLED, "the client went away");
-    else if (st == DUET_ERR_EXHAUSTED)
-        duet_dc_fail(dc, req, DUET_ERR_EXHAUSTED, "the client does not read its stream");
-    else
-        duet_dc_fail(dc, req, st, duet_error_msg());
-    return false;
+        return duet__emit_fail(DUET_ERR_CANCELLED, "the client went away");
+    if (st == DUET_ERR_EXHAUSTED)
+        return duet__emit_fail(DUET_ERR_EXHAUSTED, "the client does not read its stream");
+    return duet__emit_fail(st, duet_error_msg());
 }
 
-static void duet__finish(duet_decode_t *dc, duet_dc_req_t *req, Duet__V1__FinishReason reason,
-                         const char *matched)
+/* The Finished message: FINISH, or FAIL (the stream is gone). */
+static duet_dc_emit_t duet__finished_send(duet_dc_req_t *req, Duet__V1__FinishReason reason,
+                                          const char *matched)
 {
     Duet__V1__GenerateResponse resp = DUET__V1__GENERATE_RESPONSE__INIT;
     Duet__V1__Finished fin = DUET__V1__FINISHED__INIT;
@@ -167,20 +174,13 @@ static void duet__finish(duet_decode_t *dc, duet_dc_req_t *req, Duet__V1__Finish
     fin.ttft_us = (uint32_t)((req->t_first - req->t_arrival) / 1000);
     resp.kind_case = DUET__V1__GENERATE_RESPONSE__KIND_FINISHED;
     resp.finished = &fin;
-    if (duet_pb_write(req->call, &resp.base) != DUET_OK) {
-        duet_dc_fail(dc, req, DUET_ERR_CANCELLED, "the client went away");
-        return;
-    }
-    duet_rpc_call_finish(req->call, GRPC_STATUS_OK, NULL);
-    req->call = NULL;
+    if (duet_pb_write(req->call, &resp.base) != DUET_OK)
+        return duet__emit_fail(DUET_ERR_CANCELLED, "the client went away");
+    return (duet_dc_emit_t){.kind = DUET_DC_EMIT_FINISH};
 }
 
-bool duet_dc_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token)
-{
-    return duet_dc_emit_lp(dc, req, token, NULL);
-}
-
-bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const duet_logprob_t *lp)
+duet_dc_emit_t duet_dc_output_emit(duet_decode_t *dc, duet_dc_req_t *req, int32_t token,
+                                   const duet_logprob_t *lp)
 {
     const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
     char *piece = dc->piece;
@@ -188,9 +188,10 @@ bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const
     size_t n = 0;
     int32_t id = token;
     const char *why = NULL, *matched = NULL;
+    duet_dc_emit_t r;
 
     if (req->call == NULL)
-        return true;
+        return (duet_dc_emit_t){.kind = DUET_DC_EMIT_ENDED};
     if (token == DUET_ENGINE_NONFINITE) { /* broken weights: this request fails, not the daemon */
         char msg[160];
         snprintf(msg, sizeof(msg),
@@ -198,8 +199,7 @@ bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const
                  "activations are broken",
                  req->n_out);
         DUET_LOG_ERROR("request %s: %s", req->request_id, msg);
-        duet_dc_fail(dc, req, DUET_ERR_INTERNAL, msg);
-        return true;
+        return duet__emit_fail(DUET_ERR_INTERNAL, msg);
     }
     if (req->t_first == 0)
         req->t_first = duet_now_ns();
@@ -211,17 +211,13 @@ bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const
     else if (duet__is_stop_id(req, token))
         why = "stop_token_id";
     if (why == NULL && (duet_detok_push(req->detok, token, piece, cap, &n) != DUET_OK ||
-                        duet__held_append(req, piece, n) != DUET_OK)) {
-        duet_dc_fail(dc, req, DUET_ERR_INTERNAL, duet_error_msg());
-        return true;
-    }
+                        duet__held_append(req, piece, n) != DUET_OK))
+        return duet__emit_fail(DUET_ERR_INTERNAL, duet_error_msg());
     bool last =
         why != NULL || req->n_out >= req->max_tokens || req->n_prompt + req->n_out >= dc->max_ctx;
     if (last && duet_detok_flush(req->detok, piece, cap, &n) == DUET_OK && n > 0 &&
-        duet__held_append(req, piece, n) != DUET_OK) {
-        duet_dc_fail(dc, req, DUET_ERR_NO_MEMORY, duet_error_msg());
-        return true;
-    }
+        duet__held_append(req, piece, n) != DUET_OK)
+        return duet__emit_fail(DUET_ERR_NO_MEMORY, duet_error_msg());
     /* the earliest stop string ends the text before it */
     size_t send = req->held_len;
     for (int i = 0; i < req->n_stops; i++) {
@@ -233,19 +229,15 @@ bool duet_dc_emit_lp(duet_decode_t *dc, duet_dc_req_t *req, int32_t token, const
     }
     if (matched == NULL && !last)
         send -= duet__stop_prefix(req);
-    if (!duet__send_chunk(dc, req, &id, 1, req->held, send, lp))
-        return true;
-    if (matched != NULL || why != NULL) {
-        duet__finish(dc, req, DUET__V1__FINISH_REASON__FINISH_REASON_STOP,
-                     matched != NULL ? matched : why);
-        return true;
-    }
-    if (last) {
-        duet__finish(dc, req, DUET__V1__FINISH_REASON__FINISH_REASON_LENGTH, NULL);
-        return true;
-    }
+    if ((r = duet__chunk_send(req, &id, 1, req->held, send, lp)).kind != DUET_DC_EMIT_MORE)
+        return r;
+    if (matched != NULL || why != NULL)
+        return duet__finished_send(req, DUET__V1__FINISH_REASON__FINISH_REASON_STOP,
+                                   matched != NULL ? matched : why);
+    if (last)
+        return duet__finished_send(req, DUET__V1__FINISH_REASON__FINISH_REASON_LENGTH, NULL);
     memmove(req->held, req->held + send, req->held_len - send);
     req->held_len -= send;
     req->held[req->held_len] = '\0';
-    return false;
+    return r;
 }

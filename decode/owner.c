@@ -11,7 +11,7 @@
 
 #include "common/random.h"
 #include "common/sha256.h"
-#include "decode/decode.h"
+#include "decode/owner.h"
 
 duet_status_t duet_dc_request_owner(duet_decode_t *dc, const char *request_id,
                                     const char *abort_token, duet_dc_req_t *req)

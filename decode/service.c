@@ -1,6 +1,8 @@
 /* duet.v1.Decode: Generate, Abort, Info.  Generate validates and tokenizes
  * on the completion-queue thread, then hands the request to the scheduler;
  * every error is a gRPC status with a message naming the field. */
+#include "decode/service.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -9,14 +11,14 @@
 #include "common/log.h"
 #include "common/pb_strings.h"
 #include "common/rpc_pb.h"
-#include "node/cache_info.h"
-#include "decode/decode.h"
+#include "decode/events.h"
 #include "decode/limits.h"
+#include "decode/owner.h"
+#include "decode/req.h"
 #include "duet/v1/decode.pb-c.h"
+#include "node/info.h"
 
-#define DUET_VERSION_STRING "0.1.0"
-
-static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
+static void duet__dc_generate_on_cancel(duet_rpc_call_t *call, void *arg)
 {
     duet_dc_req_t *req = arg;
     duet_decode_t *dc = req->rank_args[0].dc;
@@ -28,7 +30,8 @@ static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
         duet_dc_post(dc, ev);
 }
 
-static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sampling_t *out)
+static duet_status_t duet__dc_sampling_parse(const Duet__V1__SamplingParams *sp,
+                                             duet_sampling_t *out)
 {
     *out = duet_sampling_greedy();
     out->seed = duet_random_u64();
@@ -42,8 +45,8 @@ static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sam
     return duet_sampling_check(out);
 }
 
-static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateRequest *g,
-                                  duet_dc_req_t *req)
+static duet_status_t duet__dc_prompt_parse(duet_decode_t *dc, const Duet__V1__GenerateRequest *g,
+                                           duet_dc_req_t *req)
 {
     const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
     size_t n = 0;
@@ -85,8 +88,9 @@ static duet_status_t duet__prompt(duet_decode_t *dc, const Duet__V1__GenerateReq
     return DUET_OK;
 }
 
-static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGenerateRequest *m,
-                                    duet_dc_req_t *req)
+static duet_status_t duet__dc_generate_validate(duet_decode_t *dc,
+                                                const Duet__V1__DecodeGenerateRequest *m,
+                                                duet_dc_req_t *req)
 {
     const Duet__V1__GenerateRequest *g = m->request;
     const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
@@ -120,9 +124,9 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
     if (req->prefill_target[0] != '\0' &&
         (st = duet_dc_target_check(dc, req->prefill_target, false)) == DUET_ERR_INVALID)
         return st;
-    if ((st = duet__prompt(dc, g, req)) != DUET_OK)
+    if ((st = duet__dc_prompt_parse(dc, g, req)) != DUET_OK)
         return st;
-    if ((st = duet__sampling(g->sampling, &req->sampling)) != DUET_OK)
+    if ((st = duet__dc_sampling_parse(g->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "sampling: ");
     req->max_tokens =
         g->max_tokens > 0 ? (int)g->max_tokens : dc->node.args.self->max_tokens_default;
@@ -180,7 +184,8 @@ static duet_status_t duet__validate(duet_decode_t *dc, const Duet__V1__DecodeGen
     return DUET_OK;
 }
 
-static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__dc_generate_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len,
+                                    void *arg)
 {
     duet_decode_t *dc = arg;
     Duet__V1__DecodeGenerateRequest *m = NULL;
@@ -216,7 +221,7 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
     req->t_arrival = duet_now_ns();
     int64_t dl = duet_rpc_call_deadline_ns(call);
     req->deadline_ns = dl > 0 ? dl : INT64_MAX;
-    if ((st = duet__validate(dc, m, req)) != DUET_OK) {
+    if ((st = duet__dc_generate_validate(dc, m, req)) != DUET_OK) {
         duet_rpc_call_fail_status(call, st, duet_error_msg());
         goto err;
     }
@@ -230,7 +235,7 @@ static void duet__generate(duet_rpc_call_t *call, const uint8_t *data, size_t le
     req->rank_args[0].dc = dc; /* for on_cancel */
     duet__v1__decode_generate_request__free_unpacked(m, NULL);
     /* already cancelled: on_cancel will not run, so flag it here */
-    if (duet_rpc_call_on_cancel(call, duet__on_cancel, req) != DUET_OK)
+    if (duet_rpc_call_on_cancel(call, duet__dc_generate_on_cancel, req) != DUET_OK)
         atomic_store(&req->cancel_requested, true);
     if (!duet_dc_post_live(dc, ev)) {
         atomic_fetch_sub(&dc->waiting, 1);
@@ -245,7 +250,7 @@ err:
     duet_dc_req_free(dc, req);
 }
 
-static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__dc_abort_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
 {
     duet_decode_t *dc = arg;
     Duet__V1__AbortRequest *m;
@@ -295,7 +300,7 @@ out:
         duet__v1__abort_request__free_unpacked(m, NULL);
 }
 
-static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__dc_info_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
 {
     duet_decode_t *dc = arg;
     Duet__V1__InfoResponse r = DUET__V1__INFO_RESPONSE__INIT;
@@ -306,23 +311,10 @@ static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, v
         return;
     }
     duet_dc_counts(dc, &queued, &running);
-    r.role = "decode";
-    r.name = dc->node.args.self->name;
-    r.instance_id = dc->node.args.instance_id;
-    r.tp = (uint32_t)dc->node.ke.tp;
-    r.backend = dc->node.args.self->backend;
-    r.model = dc->node.args.cluster->model;
-    r.model_fingerprint = dc->node.ke.fingerprint;
-    r.page_size = (uint32_t)dc->node.args.cluster->page_size;
-    duet_node_cache_info(dc->node.pages, &r);
+    duet_node_info_fill(&dc->node, &r);
     r.queue_depth = (uint32_t)queued;
     r.running = (uint32_t)running;
-    r.draining = atomic_load(&dc->node.draining);
     r.max_context = (uint32_t)dc->max_ctx;
-    r.version = DUET_VERSION_STRING;
-    r.transfer_path = (char *)dc->node.ke.path;
-    r.ucx_version = dc->node.ke.ucx_version;
-    r.transfer_packed = dc->node.ke.pack;
     pthread_mutex_lock(&dc->evlock);
     r.requests_total = dc->requests_total;
     r.requests_failed = dc->requests_failed;
@@ -340,11 +332,11 @@ duet_status_t duet_dc_service_register(duet_decode_t *dc)
 {
     duet_status_t st;
     if ((st = duet_rpc_server_add_method(dc->node.srv, "/duet.v1.Decode/Generate",
-                                         DUET_RPC_SERVER_STREAMING, duet__generate, dc)) ||
+                                         DUET_RPC_SERVER_STREAMING, duet__dc_generate_serve, dc)) ||
         (st = duet_rpc_server_add_method(dc->node.srv, "/duet.v1.Decode/Abort", DUET_RPC_UNARY,
-                                         duet__abort, dc)) ||
+                                         duet__dc_abort_serve, dc)) ||
         (st = duet_rpc_server_add_method(dc->node.srv, "/duet.v1.Decode/Info", DUET_RPC_UNARY,
-                                         duet__info, dc)))
+                                         duet__dc_info_serve, dc)))
         return st;
     return DUET_OK;
 }
@@ -352,5 +344,5 @@ duet_status_t duet_dc_service_register(duet_decode_t *dc)
 duet_status_t duet_dc_validate(duet_decode_t *dc, const Duet__V1__DecodeGenerateRequest *m,
                                duet_dc_req_t *req)
 {
-    return duet__validate(dc, m, req);
+    return duet__dc_generate_validate(dc, m, req);
 }

@@ -17,8 +17,9 @@
 
 #include "common/alloc.h"
 #include "common/pb_strings.h"
-#include "decode/decode.h"
 #include "decode/limits.h"
+#include "decode/req.h"
+#include "decode/service.h"
 #include "duet/v1/decode.pb-c.h"
 #include "fuzz/fuzz.h"
 #include "kv/pool.h"

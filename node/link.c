@@ -12,6 +12,7 @@
 #include "common/rpc_pb.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/tp.h"
+#include "node/deadline.h"
 
 /* ---- the table ------------------------------------------------------------ */
 
@@ -301,7 +302,7 @@ static bool duet__shares_gpu(const duet_node_t *node, const duet_node_link_t *li
 duet_status_t duet_node_link_bootstrap(duet_node_t *node, duet_node_link_t *link)
 {
     int D = node->ke.tp;
-    int64_t deadline = duet_now_ns() + (int64_t)node->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    int64_t deadline = duet_node_deadline_rpc(node->args.cluster, duet_now_ns());
     Duet__V1__BootstrapRequest req = DUET__V1__BOOTSTRAP_REQUEST__INIT;
     Duet__V1__BootstrapResponse *resp = NULL;
     ProtobufCBinaryData descs[DUET_TP_MAX];
@@ -425,7 +426,7 @@ static void duet__serve_task(void *arg)
     duet__serve_task_t *t = arg;
     duet_node_t *node = t->node;
     const Duet__V1__BootstrapRequest *m = t->msg;
-    int64_t deadline = duet_now_ns() + (int64_t)node->args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    int64_t deadline = duet_node_deadline_rpc(node->args.cluster, duet_now_ns());
     duet_node_link_t *link = NULL;
     duet_status_t st;
 

@@ -11,12 +11,12 @@
 #include "common/log.h"
 #include "prefill/prefill.h"
 
-static duet_status_t duet__register(void *arg)
+static duet_status_t duet__prefill_register(void *arg)
 {
     return duet_pf_service_register(arg);
 }
 
-static duet_status_t duet__start(void *arg)
+static duet_status_t duet__prefill_start(void *arg)
 {
     duet_prefill_t *pf = arg;
     duet_status_t st = duet_pf_sched_start(pf);
@@ -25,7 +25,7 @@ static duet_status_t duet__start(void *arg)
     return st;
 }
 
-static void duet__stop(void *arg)
+static void duet__prefill_stop(void *arg)
 {
     duet_prefill_t *pf = arg;
     if (pf->sched_started)
@@ -34,8 +34,8 @@ static void duet__stop(void *arg)
 
 /* A connection to a decode rank failed: its link goes (requests using it
  * have been failed by the transfer layer); the decode bootstraps again. */
-static void duet__on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
-                                const char *detail)
+static void duet__prefill_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st,
+                                        const char *detail)
 {
     duet_prefill_t *pf = arg;
     const duet_xfer_desc_info_t *in = duet_xfer_peer_info(peer);
@@ -46,15 +46,15 @@ static void duet__on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t
                   duet_status_str(st), detail, id);
 }
 
-static const duet_node_ops_t duet__ops = {
+static const duet_node_ops_t duet__prefill_ops = {
     .role = DUET_ROLE_PREFILL,
-    .register_services = duet__register,
-    .start = duet__start,
+    .register_services = duet__prefill_register,
+    .start = duet__prefill_start,
     .pending = duet_pf_pending,
     .drain_abort = duet_pf_drain_abort,
-    .stop = duet__stop,
+    .stop = duet__prefill_stop,
     .quiesce = duet_pf_quiesce,
-    .on_peer_error = duet__on_peer_error,
+    .on_peer_error = duet__prefill_on_peer_error,
     .on_layer = duet_pf_on_layer,
 };
 
@@ -65,7 +65,7 @@ int main(int argc, char **argv)
 
     pthread_mutex_init(&pf.lock, NULL);
     pthread_cond_init(&pf.cv, NULL);
-    rc = duet_node_main(&pf.node, &duet__ops, &pf, argc, argv);
+    rc = duet_node_main(&pf.node, &duet__prefill_ops, &pf, argc, argv);
     pthread_cond_destroy(&pf.cv);
     pthread_mutex_destroy(&pf.lock);
     return rc;

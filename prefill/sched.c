@@ -16,6 +16,7 @@
 #include "common/sync.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "kv/heads.h"
+#include "node/deadline.h"
 #include "prefill/prefill.h"
 #include "transfer/xfer_pack.h"
 
@@ -96,7 +97,7 @@ static void duet__complete(duet_prefill_t *pf, duet_pf_req_t *req)
         pf->requests_failed++;
     pthread_mutex_unlock(&pf->lock);
     /* pages back before the scheduler is woken (it may be waiting for
-     * them), and the link released before n_inflight lets duet__stop
+     * them), and the link released before n_inflight lets duet__prefill_stop
      * destroy the work queue and the links */
     duet_pf_req_free(pf, req);
     pthread_mutex_lock(&pf->lock);
@@ -201,21 +202,16 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
 
 /* Begin the sends of one request on every rank; false when it failed (and
  * was completed). */
-static bool duet__begin(duet_prefill_t *pf, duet_pf_req_t *req)
+static bool duet__req_begin(duet_prefill_t *pf, duet_pf_req_t *req)
 {
     int P = pf->node.ke.tp;
     int64_t now = duet_now_ns();
-    int64_t deadline = now + (int64_t)pf->node.args.cluster->transfer_timeout_ms * DUET_NS_PER_MS;
-    int64_t call_dl = duet_rpc_call_deadline_ns(req->call);
-    int64_t rpc_ns = (int64_t)pf->node.args.cluster->rpc_timeout_ms * DUET_NS_PER_MS;
+    /* decode reuses the pages once its Prefill call ended: nothing is
+     * written after its transfer deadline (node/deadline.h) */
+    int64_t deadline =
+        duet_node_deadline_send(pf->node.args.cluster, now, duet_rpc_call_deadline_ns(req->call));
     duet_status_t st0;
 
-    /* Decode reuses the pages once its Prefill call ended, also by its own
-     * deadline (transfer + rpc timeout after it registered what it
-     * expects).  Write nothing after its transfer deadline: it has given
-     * up by then, and its call ends one rpc timeout later. */
-    if (call_dl != INT64_MAX && call_dl - rpc_ns < deadline)
-        deadline = call_dl - rpc_ns;
     if (req->aborted || deadline <= now) {
         duet__fail_unsent(pf, req, req->aborted ? DUET_ERR_CANCELLED : DUET_ERR_TIMEOUT,
                           req->aborted ? "aborted before it ran"
@@ -288,7 +284,7 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
     for (int i = 0; i < n; i++) {
         duet_pf_req_t *req = batch[i];
         req->t_start = t0;
-        if (duet__begin(pf, req))
+        if (duet__req_begin(pf, req))
             live[n_live++] = req;
     }
     if (n_live == 0)
@@ -406,7 +402,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
     return n;
 }
 
-static void *duet__sched_main(void *arg)
+static void *duet__pf_sched_main(void *arg)
 {
     duet_prefill_t *pf = arg;
     int max = pf->node.args.self->max_seqs;
@@ -506,7 +502,7 @@ bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_
 
 duet_status_t duet_pf_sched_start(duet_prefill_t *pf)
 {
-    if (pthread_create(&pf->sched_thread, NULL, duet__sched_main, pf) != 0)
+    if (pthread_create(&pf->sched_thread, NULL, duet__pf_sched_main, pf) != 0)
         return duet_error(DUET_ERR_NO_MEMORY, "prefill: cannot start the scheduler");
     return DUET_OK;
 }

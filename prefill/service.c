@@ -8,15 +8,13 @@
 #include "common/log.h"
 #include "common/pb_strings.h"
 #include "common/rpc_pb.h"
-#include "node/cache_info.h"
 #include "duet/v1/prefill.pb-c.h"
 #include "engine/tp.h"
+#include "node/info.h"
 #include "prefill/prefill.h"
 #include "transfer/xfer_pack.h"
 
-#define DUET_VERSION_STRING "0.1.0"
-
-static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
+static void duet__pf_prefill_on_cancel(duet_rpc_call_t *call, void *arg)
 {
     duet_pf_req_t *req = arg;
     /* no locks here (common/rpc.h): the scheduler sees the flag */
@@ -24,7 +22,7 @@ static void duet__on_cancel(duet_rpc_call_t *call, void *arg)
 }
 
 /* Until the engine is up only health answers. */
-static bool duet__not_ready(duet_prefill_t *pf, duet_rpc_call_t *call)
+static bool duet__pf_not_ready(duet_prefill_t *pf, duet_rpc_call_t *call)
 {
     if (atomic_load(&pf->node.ready))
         return false;
@@ -32,7 +30,8 @@ static bool duet__not_ready(duet_prefill_t *pf, duet_rpc_call_t *call)
     return true;
 }
 
-static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sampling_t *out)
+static duet_status_t duet__pf_sampling_parse(const Duet__V1__SamplingParams *sp,
+                                             duet_sampling_t *out)
 {
     *out = duet_sampling_greedy();
     if (sp != NULL) {
@@ -44,8 +43,8 @@ static duet_status_t duet__sampling(const Duet__V1__SamplingParams *sp, duet_sam
     return duet_sampling_check(out);
 }
 
-static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
-                                    duet_pf_req_t *req)
+static duet_status_t
+duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m, duet_pf_req_t *req)
 {
     const duet_model_config_t *cfg = &pf->node.ke.model_cfg;
     int ps = pf->node.args.cluster->page_size;
@@ -100,7 +99,7 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
      * never announces the end) */
     req->progress_layers =
         m->packed && m->kv_progress_layers <= INT32_MAX ? (int)m->kv_progress_layers : 0;
-    if ((st = duet__sampling(m->sampling, &req->sampling)) != DUET_OK)
+    if ((st = duet__pf_sampling_parse(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
     if ((m->logprobs || m->prompt_logprobs) &&
         (st = duet_logprob_params_check(m->top_logprobs > INT32_MAX ? -1 : (int)m->top_logprobs,
@@ -153,14 +152,15 @@ static duet_status_t duet__validate(duet_prefill_t *pf, const Duet__V1__PrefillR
     return DUET_OK;
 }
 
-static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__pf_prefill_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len,
+                                   void *arg)
 {
     duet_prefill_t *pf = arg;
     Duet__V1__PrefillRequest *m = duet__v1__prefill_request__unpack(NULL, len, data);
     duet_pf_req_t *req = DUET_NEW(duet_pf_req_t);
     duet_status_t st;
 
-    if (duet__not_ready(pf, call))
+    if (duet__pf_not_ready(pf, call))
         goto out;
     if (duet_pb_check_nul(&duet__v1__prefill_request__descriptor, data, len) != DUET_OK) {
         duet_rpc_call_fail_status(call, DUET_ERR_INVALID, duet_error_msg());
@@ -173,7 +173,7 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
     }
     req->call = call;
     req->src_stage0 = -1;
-    if ((st = duet__validate(pf, m, req)) != DUET_OK) {
+    if ((st = duet__pf_prefill_validate(pf, m, req)) != DUET_OK) {
         duet_rpc_call_fail_status(call, st, duet_error_msg());
         duet_pf_req_free(pf, req);
         req = NULL;
@@ -188,7 +188,7 @@ static void duet__prefill(duet_rpc_call_t *call, const uint8_t *data, size_t len
         goto out;
     }
     /* already cancelled: on_cancel will not run, so flag it here */
-    if (duet_rpc_call_on_cancel(call, duet__on_cancel, req) != DUET_OK)
+    if (duet_rpc_call_on_cancel(call, duet__pf_prefill_on_cancel, req) != DUET_OK)
         req->aborted = true;
     duet_pf_submit(pf, req);
     req = NULL;
@@ -198,10 +198,10 @@ out:
         duet__v1__prefill_request__free_unpacked(m, NULL);
 }
 
-static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__pf_abort_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
 {
     duet_prefill_t *pf = arg;
-    if (duet__not_ready(pf, call))
+    if (duet__pf_not_ready(pf, call))
         return;
     Duet__V1__AbortRequest *m = duet__v1__abort_request__unpack(NULL, len, data);
     Duet__V1__AbortResponse resp = DUET__V1__ABORT_RESPONSE__INIT;
@@ -217,40 +217,27 @@ static void duet__abort(duet_rpc_call_t *call, const uint8_t *data, size_t len, 
     duet_pb_reply(call, &resp.base);
 }
 
-static void duet__info(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__pf_info_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
 {
     duet_prefill_t *pf = arg;
     Duet__V1__InfoResponse r = DUET__V1__INFO_RESPONSE__INIT;
-    if (duet__not_ready(pf, call))
+    if (duet__pf_not_ready(pf, call))
         return;
 
-    r.role = "prefill";
-    r.name = pf->node.args.self->name;
-    r.instance_id = pf->node.args.instance_id;
-    r.tp = (uint32_t)pf->node.ke.tp;
-    r.backend = pf->node.args.self->backend;
-    r.model = pf->node.args.cluster->model;
-    r.model_fingerprint = pf->node.ke.fingerprint;
-    r.page_size = (uint32_t)pf->node.args.cluster->page_size;
-    duet_node_cache_info(pf->node.pages, &r);
-    r.max_context = (uint32_t)pf->node.ke.model_cfg.max_pos;
-    r.version = DUET_VERSION_STRING;
-    r.transfer_path = (char *)pf->node.ke.path;
-    r.ucx_version = pf->node.ke.ucx_version;
-    r.transfer_packed = pf->node.ke.pack;
+    duet_node_info_fill(&pf->node, &r);
     pthread_mutex_lock(&pf->lock);
     r.queue_depth = (uint32_t)pf->n_queued;
     r.running = (uint32_t)pf->n_inflight;
-    r.draining = atomic_load(&pf->node.draining);
     r.requests_total = pf->requests_total;
     r.requests_failed = pf->requests_failed;
     pthread_mutex_unlock(&pf->lock);
     duet_pb_reply(call, &r.base);
 }
 
-static void duet__bootstrap(duet_rpc_call_t *call, const uint8_t *data, size_t len, void *arg)
+static void duet__pf_bootstrap_serve(duet_rpc_call_t *call, const uint8_t *data, size_t len,
+                                     void *arg)
 {
-    if (!duet__not_ready(arg, call))
+    if (!duet__pf_not_ready(arg, call))
         duet_node_link_serve_bootstrap(&((duet_prefill_t *)arg)->node, call, data, len);
 }
 
@@ -260,10 +247,10 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf)
         const char *path;
         duet_rpc_handler_cb cb;
     } methods[] = {
-        {"/duet.v1.Prefill/Bootstrap", duet__bootstrap},
-        {"/duet.v1.Prefill/Prefill", duet__prefill},
-        {"/duet.v1.Prefill/Abort", duet__abort},
-        {"/duet.v1.Prefill/Info", duet__info},
+        {"/duet.v1.Prefill/Bootstrap", duet__pf_bootstrap_serve},
+        {"/duet.v1.Prefill/Prefill", duet__pf_prefill_serve},
+        {"/duet.v1.Prefill/Abort", duet__pf_abort_serve},
+        {"/duet.v1.Prefill/Info", duet__pf_info_serve},
     };
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
         duet_status_t st = duet_rpc_server_add_method(pf->node.srv, methods[i].path, DUET_RPC_UNARY,
@@ -277,5 +264,5 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf)
 duet_status_t duet_pf_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
                                duet_pf_req_t *req)
 {
-    return duet__validate(pf, m, req);
+    return duet__pf_prefill_validate(pf, m, req);
 }

@@ -1,0 +1,13 @@
+/* The decode scheduler thread (sched.c): the batch loop. */
+#ifndef DUET_DECODE_SCHED_H
+#define DUET_DECODE_SCHED_H
+
+#include "decode/decode.h"
+
+/* Start the scheduler thread (its arrays sized by max_seqs). */
+duet_status_t duet_dc_sched_start(duet_decode_t *dc);
+/* Have it end every request (UNAVAILABLE), wait for their prefill calls
+ * and transfers, and join it.  Without a start: nothing. */
+void duet_dc_sched_stop(duet_decode_t *dc);
+
+#endif

@@ -1,0 +1,40 @@
+/* The timing rule of a remote prefill, one place for both daemons
+ * (DESIGN §3 rule 7; docs/security.md "Page grants and ownership").
+ *
+ * Decode registers what every rank expects at t0 and gives the transfer
+ * until t0 + transfer_timeout; its Prefill call may run one rpc timeout
+ * longer (prefill answers only after every send ended), and the page grant
+ * it signs expires then too, on the wall clock.  Prefill, serving the call,
+ * writes nothing after the call's deadline minus one rpc timeout: decode
+ * has given up on the transfer by then and reuses the pages once the call
+ * ended.  Pure functions; thread-safe. */
+#ifndef DUET_NODE_DEADLINE_H
+#define DUET_NODE_DEADLINE_H
+
+#include <stdint.h>
+
+#include "common/cluster.h"
+
+/* Decode: the deadline of the expectations registered at now_ns
+ * (monotonic, duet_now_ns). */
+int64_t duet_node_deadline_transfer(const duet_cluster_config_t *c, int64_t now_ns);
+
+/* Decode: the deadline of the Prefill call made at now_ns (monotonic). */
+int64_t duet_node_deadline_prefill_call(const duet_cluster_config_t *c, int64_t now_ns);
+
+/* Decode: the wall-clock expiry (ms since the epoch) of a grant signed
+ * now (duet_node_grant_now_ms): as long as the Prefill call. */
+uint64_t duet_node_deadline_grant_expiry(const duet_cluster_config_t *c);
+
+/* Prefill: the last moment (monotonic) a request served at now_ns may
+ * write into decode's pages, given the Prefill call's deadline (INT64_MAX:
+ * none): its transfer timeout from now, and not past the decode's own
+ * transfer deadline (call deadline minus one rpc timeout). */
+int64_t duet_node_deadline_send(const duet_cluster_config_t *c, int64_t now_ns,
+                                int64_t call_deadline_ns);
+
+/* Either side: the deadline of a control-plane call (Abort, Bootstrap)
+ * made at now_ns. */
+int64_t duet_node_deadline_rpc(const duet_cluster_config_t *c, int64_t now_ns);
+
+#endif
