@@ -28,7 +28,7 @@ usage: bench/serve_peer.py BUILD_DIR --llama-server BIN [--gguf FILE]
            [--rates 10,50,100,200] [--requests 200] [--rounds 3]
            [--threads 2] [--slots 8] [--cpus 0,1] [--out DIR]
            [--result FILE]
-       bench/serve_peer.py --table RESULT.json [MODE,...]   (the README table)
+       bench/serve_peer.py --table RESULT.json [MODE,...]   (the table in docs/performance.md)
 """
 import argparse
 import datetime
@@ -135,7 +135,7 @@ def ratio(x):
 
 
 def table(path, modes=None):
-    """The README table (Markdown) from a result JSON of this script."""
+    """The docs/performance.md table (Markdown) from a result JSON of this script."""
     doc = json.load(open(path))
     med, rat = doc["median"], doc["duet_over_llama"]
     duet = modes or [s for s in med if s != "llama-server"]

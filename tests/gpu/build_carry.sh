@@ -1,13 +1,15 @@
 #!/bin/bash
-# Build the cuda backend's test and bench programs on the dev machine and
-# stage them for the GPU machine under .devcarry/cuda/ (gitignored), with
-# the two shared libraries its image lacks (cJSON, cmocka).  pkg-config is
-# limited to those two so the programs need nothing else from Debian.
+# Build here, run there: build the cuda backend's test and bench programs
+# on a build machine (CUDA toolkit, no GPU needed) and stage them under
+# .devcarry/cuda/ (gitignored) with the two shared libraries a bare CUDA
+# host may lack (cJSON, cmocka).  pkg-config is limited to those two so the
+# programs need nothing else from Debian.  Copy .devcarry/cuda into the GPU
+# machine's checkout; tests/gpu/suite.sh uses it when there is no build tree.
 #
-#   tests/gpu/build_carry.sh            then run(carry=[".devcarry/cuda"],
-#                                       command="tests/gpu/run_gpu.sh unit ...")
+#   tests/gpu/build_carry.sh            then, on the GPU machine:
+#                                       tests/gpu/suite.sh unit compare bench
 set -eu
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 C=$ROOT/.devcarry/cuda
 B=$ROOT/build/cuda-gpu

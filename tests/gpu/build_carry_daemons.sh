@@ -1,14 +1,16 @@
 #!/bin/bash
-# Build duet's daemons and tools with the cuda backend on the dev machine
-# and stage them for the GPU machine under .devcarry/daemons/ (gitignored),
-# with every shared library the GPU image lacks (gRPC, protobuf-c, UCX and
-# its transport modules, cJSON...) -- the GPU image has CUDA, cuBLAS and
-# NCCL but none of our Debian dependencies (PLATFORM-NOTES).
+# Build here, run there: build duet's daemons and tools with the cuda
+# backend on a build machine and stage them under .devcarry/daemons/
+# (gitignored), with every shared library a bare CUDA host lacks (gRPC,
+# protobuf-c, UCX and its transport modules, cJSON...): such a host has
+# CUDA, cuBLAS and NCCL but none of duet's Debian dependencies.  Copy
+# .devcarry/daemons into the GPU machine's checkout; tests/gpu/suite.sh uses
+# it when there is no build tree.
 #
-#   tests/gpu/build_carry_daemons.sh   then run(carry=[".devcarry/daemons"],
-#                                      command="tests/gpu/disagg_gpu.sh")
+#   tests/gpu/build_carry_daemons.sh   then, on the GPU machine:
+#                                      tests/gpu/suite.sh disagg ttft serve
 set -eu
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 C=$ROOT/.devcarry/daemons
 B=$ROOT/build/cuda-daemons

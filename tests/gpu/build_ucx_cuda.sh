@@ -1,10 +1,10 @@
 #!/bin/bash
 # Build the pinned UCX (scripts/build_ucx.sh: 1.22.0 with cuda_copy and
-# cuda_ipc) on the dev machine and stage its libraries under
+# cuda_ipc) on a build machine without a GPU and stage its libraries under
 # .devcarry/ucxcuda/ (gitignored) for the GPU machine, where the daemons
 # and bench_gpu_transfer then put KV straight between device pools
 # (transfer path ucx-cuda-direct).  Neither Debian's UCX nor the GPU hosts'
-# have CUDA transports (tests/gpu/NOTES.md).  Needs root (apt) and the CUDA
+# have CUDA transports (docs/gpu.md).  Needs root (apt) and the CUDA
 # toolkit in /usr/local/cuda; ~10 minutes on 2 cores.
 #
 #   tests/gpu/build_ucx_cuda.sh
@@ -14,7 +14,7 @@
 # libnvidia-ml1, unpacked here only (not installed); at run time the GPU
 # host's driver provides libnvidia-ml.so.1 and libcuda.so.1.
 set -eu
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 W=${UCX_BUILD_DIR:-/tmp/duet-ucx-cuda}
 OUTDIR=$ROOT/.devcarry/ucxcuda

@@ -4,8 +4,9 @@
 # the pinned-host staging path, compared with the colocated TP=1 GPU run
 # (`duet generate --backend cuda`).
 #
-#   tests/gpu/disagg_gpu.sh    on a 2-GPU machine, binaries from
-#                              tests/gpu/build_carry_daemons.sh
+#   tests/gpu/disagg_gpu.sh    on a 2-GPU machine (tests/gpu/suite.sh disagg
+#                              runs it; binaries as daemons_env.sh finds them)
+# Exit status: 1 when a case differs beyond a checked near-tie.
 # Cases: prefill TP=1 on GPU 0 + decode TP=2 on GPUs 0-1, and prefill TP=2
 # on GPUs 0-1 + decode TP=1 on GPU 1; stories260K and a synthetic bf16
 # model; greedy tokens equal, or the first divergence shown to be a
@@ -29,7 +30,7 @@
 # prompt is prefilled on the decode, the 52- and 201-token ones on the
 # prefill); the decode's Info counts are printed.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/daemons_env.sh
 if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
     export UCX_PROTO_ENABLE=${UCX_PROTO_ENABLE:-y} # UCX 1.13: device puts need the new protocols
@@ -79,7 +80,7 @@ JSON
     fi
     "$BIN/duet-decode" --config "$W/c.json" --name d0 > "$W/d.log" 2>&1 &
     local dpid=$!
-    for i in $(seq 1 300); do
+    for _ in $(seq 1 300); do
         grep -q "serving on port" "$W/p.log" && grep -q "serving on port" "$W/d.log" && break
         sleep 0.2
     done
@@ -207,7 +208,8 @@ PY
     # 14 pages (224 tokens: turn 1's 12 full prompt pages and 2 of its
     # output) decode must hold when it first sees the prompt (the logprob
     # request after it would hit the pages of turn 2 itself)
-    local t2=$(grep "from the prefix cache" "$W/d.log" | grep -m1 "of 15 prompt pages" |
+    local t2
+    t2=$(grep "from the prefix cache" "$W/d.log" | grep -m1 "of 15 prompt pages" |
         grep -o "[0-9]* of [0-9]* prompt pages")
     echo "  next turn: $t2 from the prefix cache"
     case "$t2" in
@@ -253,3 +255,4 @@ else
     echo "fewer than 4 GPUs ($ngpu): the TP=4 cases skipped"
 fi
 echo "disagg_gpu: $fails case(s) differ"
+[ "$fails" = 0 ]

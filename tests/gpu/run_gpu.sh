@@ -1,8 +1,11 @@
 #!/bin/bash
 # The cuda backend's checks and benchmarks on a GPU machine, from the repo
-# root.  Binaries come prebuilt (tests/gpu/build_carry.sh on the dev machine
-# puts them and the two libraries the GPU image lacks, cJSON and cmocka,
-# under .devcarry/cuda/); or set BIN to a build directory made there.
+# root: the implementation of tests/gpu/suite.sh's unit, compare and bench
+# phases (run it through the suite: it finds the binaries and names the
+# log).  BIN: a directory holding duet, bench_gpu and the test_cuda_*
+# programs (the suite links them there from a build tree); default
+# .devcarry/cuda/bin, where tests/gpu/build_carry.sh stages them with the
+# two libraries a bare CUDA host may lack (cJSON, cmocka).
 #
 #   tests/gpu/run_gpu.sh unit compare bench hf tp2      # any subset, in order
 #
@@ -10,18 +13,22 @@
 #            engine vs cpu, graphs, nccl when 2 GPUs); UNIT_TESTS="test_cuda_x ..."
 #            picks some, in that order
 #   compare  tests/gpu/compare_backends.py: stories260K + synthetic models,
-#            cuda vs fp32 cpu logits and greedy tokens (TP=2 too with tp2)
+#            cuda vs fp32 cpu logits and greedy tokens; COMPARE_TP=2 or 2,4
+#            also TP=2 (and 4) over NCCL against TP=1
 #   bench    bench_gpu on llama-3.2-1b-shape and llama-3-8b-shape (bf16)
 #   attn     bench_gpu prefill with each tensor-core attention kernel
 #   gemvoff  bench_gpu decode with DUET_CUDA_GEMV=0 (cuBLASLt for n <= 4 too)
 #   hf       tests/gpu/hf_peer.py on the same two models (transformers peer)
 #   tp2      TP=2 over NCCL: compare --tp 2, and bench_gpu at TP 1 and 2 (both shapes)
 #   tp4      TP=2 and TP=4 over NCCL (4 GPUs): compare --tp 2,4
+#   tpscale  bench_gpu on llama-3-8b-shape at TP 1, 2, 4 (as many as there
+#            are GPUs), prompts 512 and 8192
 #   sanitize compute-sanitizer memcheck on the kernel tests
 #
-# Output: stdout, and $OUT/log when OUT is set.
+# Output: stdout, and $OUT/log when OUT is set.  Exit status: 0 when every
+# phase passed (benchmarks pass when they ran), 1 otherwise.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 CARRY=$ROOT/.devcarry/cuda
 BIN=${BIN:-$CARRY/bin}
@@ -32,6 +39,7 @@ LOG=${OUT:+$OUT/log}
 LOG=${LOG:-/dev/null}
 mkdir -p "$MODELS"
 exec > >(tee -a "$LOG") 2>&1
+rc=0
 
 step() { echo; echo "=== $* ($(date +%T))"; }
 mk() { # name args...
@@ -62,6 +70,7 @@ unit)
         echo "--- $(basename "$t"): $r"
     done
     echo "unit: $pass passed, $fail failed"
+    [ "$fail" = 0 ] || rc=1
     ;;
 sanitize)
     step "compute-sanitizer memcheck"
@@ -77,10 +86,13 @@ compare|tp2|tp4)
     mk synth-qwen2-hd32 --arch qwen2 --layers 3 --hidden 256 --heads 8 --kv-heads 2 --intermediate 512 --vocab 1000 --dtype bf16 --seed 5
     step "compare backends ($phase)"
     extra=""
+    [ -n "${COMPARE_TP:-}" ] && extra="--tp $COMPARE_TP"
     [ "$phase" = tp2 ] && extra="--tp 2"
     [ "$phase" = tp4 ] && extra="--tp 2,4"
+    # shellcheck disable=SC2086 # $extra is "--tp N" or nothing
     timeout 900 python3 tests/gpu/compare_backends.py "$BIN/duet" models/stories260K \
-        "$MODELS/synth-gqa64" "$MODELS/synth-mqa128-f32" "$MODELS/synth-qwen2-hd32" --tokens 64 $extra
+        "$MODELS/synth-gqa64" "$MODELS/synth-mqa128-f32" "$MODELS/synth-qwen2-hd32" --tokens 64 $extra ||
+        rc=1
     if [ "$phase" = tp2 ]; then
         mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
         mk llama-8b --preset llama-3-8b-shape --dtype bf16
@@ -120,6 +132,15 @@ gemvoff)
         DUET_CUDA_GEMV=0 timeout 300 "$BIN/bench_gpu" --model "$MODELS/$m" --prompts 512 --reps 1
     done
     ;;
+tpscale)
+    mk llama-8b --preset llama-3-8b-shape --dtype bf16
+    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    for tp in 1 2 4; do
+        [ "$tp" -le "$ngpu" ] || break
+        step "bench_gpu llama-8b tp $tp"
+        timeout 300 "$BIN/bench_gpu" --model "$MODELS/llama-8b" --tp $tp --prompts 512,8192 --reps 2 || rc=1
+    done
+    ;;
 hf)
     mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
     mk llama-8b --preset llama-3-8b-shape --dtype bf16
@@ -130,7 +151,9 @@ hf)
     ;;
 *)
     echo "unknown phase $phase"
+    rc=2
     ;;
 esac
 done
 step "done"
+exit $rc

@@ -5,26 +5,29 @@
 # puts -> mirror -> device), next to cudaMemcpyPeer, pinned host<->device
 # copies and the host-side put, all measured in the same run.
 #
-#   tests/gpu/run_gpu_transfer.sh --build    dev machine: build (build/gxfer),
+# tests/gpu/suite.sh's transfer phase runs this (through run_packed.sh).
+#
+#   tests/gpu/run_gpu_transfer.sh --build    build machine: build (build/gxfer),
 #                                            stage .devcarry/gxfer/ (binary +
-#                                            every library the GPU image lacks,
-#                                            UCX modules), run the --no-cuda
-#                                            self-tests
-#   tests/gpu/run_gpu_transfer.sh [ARGS]     GPU machine, run(carry=
-#                                            [".devcarry/gxfer"]); ARGS go to
+#                                            every library a bare CUDA host
+#                                            lacks, UCX modules), run the
+#                                            --no-cuda self-tests
+#   tests/gpu/run_gpu_transfer.sh [ARGS]     GPU machine; ARGS go to
 #                                            bench_gpu_transfer; log in
 #                                            $OUT/gpu-transfer.log
+#                                            (GXFER_BIN: the binary, default
+#                                            .devcarry/gxfer/bin/...)
 #   tests/gpu/run_gpu_transfer.sh --mirror device [ARGS]
 #                                            the device-direct path (device
 #                                            pools registered with UCX, puts
 #                                            over cuda_ipc): needs a UCX with
 #                                            CUDA transports, e.g.
-#                                            DUET_UCX_CUDA_LIB=.devcarry/ucxcuda
-#                                            (carry it too); without one the
-#                                            bench says so and exits 0
+#                                            DUET_UCX_CUDA_LIB=.devcarry/ucxcuda;
+#                                            without one the bench says so and
+#                                            exits 0
 #
 # DUET_UCX_CUDA_LIB=DIR: use the UCX build in DIR (libucp/libuct/libucs/libucm
-# .so files, its modules in DIR/ucx) instead of the carried Debian one.
+# .so files, its modules in DIR/ucx) instead of the staged or system one.
 set -u
 if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
     DUET_UCX_CUDA_LIB=$(cd "$DUET_UCX_CUDA_LIB" 2>/dev/null && pwd) || {
@@ -33,7 +36,7 @@ if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
     }
     export -n DUET_UCX_CUDA_LIB # UCX warns about UCX_* variables it does not know
 fi
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 C=$ROOT/.devcarry/gxfer
 # GXFER_BIN: another build of the bench with the same libraries (a same-run
@@ -94,10 +97,13 @@ if [ "${1:-}" = "--build" ]; then
 fi
 
 export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export UCX_MODULE_DIR=$C/lib/ucx
-UCX_DESC="Debian 1.13, no CUDA transports"
+UCX_DESC="the system's"
+if [ -d "$C/lib/ucx" ]; then # the staged Debian UCX (run_gpu_transfer.sh --build)
+    export UCX_MODULE_DIR=$C/lib/ucx
+    UCX_DESC="staged Debian 1.13, no CUDA transports"
+fi
 if [ -n "${DUET_UCX_CUDA_LIB:-}" ]; then
-    # ahead of the carried Debian libraries
+    # ahead of the staged or system libraries
     export LD_LIBRARY_PATH=$DUET_UCX_CUDA_LIB:$LD_LIBRARY_PATH
     export UCX_MODULE_DIR=$DUET_UCX_CUDA_LIB/ucx
     # UCX 1.13: puts from device memory need the new protocols
@@ -122,7 +128,7 @@ nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id,memory.total,pcie.li
 nvidia-smi topo -m
 echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(free -g | awk '/Mem/{print $2}') GiB"
 df -h /dev/shm | tail -1
-echo "# UCX modules from $UCX_MODULE_DIR ($UCX_DESC)"
+echo "# UCX modules from ${UCX_MODULE_DIR:-the default directory} ($UCX_DESC)"
 if [ -x "${DUET_UCX_CUDA_LIB:-/nonexistent}/bin/ucx_info" ]; then
     echo "# DUET_UCX_CUDA_LIB $DUET_UCX_CUDA_LIB: $("$DUET_UCX_CUDA_LIB/bin/ucx_info" -v | head -1 | sed 's/^# *//'); \
 transports: $("$DUET_UCX_CUDA_LIB/bin/ucx_info" -d 2>/dev/null | awk '/Transport:/{printf "%s ", $3}')"

@@ -1,10 +1,11 @@
 #!/bin/bash
 # Packed KV transfers on GPUs (issue 12): the device-direct path with the
-# pinned UCX 1.22.0 (tests/gpu/build_ucx_cuda.sh -> .devcarry/ucxcuda), on a
-# machine with 2 or 4 GPUs, from the repo root.  Carry .devcarry/ucxcuda,
-# .devcarry/gxfer (tests/gpu/run_gpu_transfer.sh --build), .devcarry/cuda
-# (tests/gpu/build_carry.sh) and .devcarry/daemons
-# (tests/gpu/build_carry_daemons.sh).
+# pinned UCX 1.22.0, on a machine with 2 or 4 GPUs, from the repo root; the
+# implementation of tests/gpu/suite.sh's transfer phase.  UCX with CUDA
+# transports: DUET_UCX_CUDA_LIB (its lib directory), default
+# .devcarry/ucxcuda (tests/gpu/build_ucx_cuda.sh) when that exists, else the
+# system's.  Binaries: as run_gpu_transfer.sh (GXFER_BIN), run_gpu.sh (BIN)
+# and disagg_gpu.sh (DUET_BIN) find them; the suite sets all three.
 #
 #   tests/gpu/run_packed.sh unit bench checksum disagg     # any subset, in order
 #
@@ -16,8 +17,8 @@
 #           4x2 with 4 GPUs) at 512-8192 tokens, then the same with
 #           DUET_XFER_ARM_DEVICE=1 (the old progress-thread sleep) as the
 #           same-run baseline; BENCH_MODES picks others (packed, device;
-#           auto-old: .devcarry/gxfer/bin/bench_gpu_transfer.old, an older
-#           build put there by hand, with --mirror auto; auto-event: packs
+#           auto-old: GXFER_OLD_BIN, an older build of the bench, default
+#           .devcarry/gxfer/bin/bench_gpu_transfer.old, with --mirror auto; auto-event: packs
 #           release their layers by events, not launch signals);
 #           cudaMemcpyPeer as the reference; BENCH_VARIANTS=spread,affine
 #           adds the placement with each decode rank on a sender's GPU
@@ -30,9 +31,11 @@
 #           default there), every layout the GPUs allow
 # Logs: $OUT/packed-*.log
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
-U=$ROOT/.devcarry/ucxcuda
+U=${DUET_UCX_CUDA_LIB:-$ROOT/.devcarry/ucxcuda}
+[ -d "$U" ] || U=
+GX=${GXFER_BIN:-} # auto-old replaces it for one mode
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 plans=${BENCH_PLANS:-1x1,1x2,2x1}
 [ "$ngpu" -ge 4 ] && [ -z "${BENCH_PLANS:-}" ] && plans=$plans,2x4,4x2
@@ -59,7 +62,7 @@ for what in "$@"; do
             case $mode in
             auto-arm) mirror=auto; export DUET_XFER_ARM_DEVICE=1 ;;
             auto-old) mirror=auto; unset DUET_XFER_ARM_DEVICE
-                export GXFER_BIN=$ROOT/.devcarry/gxfer/bin/bench_gpu_transfer.old ;;
+                export GXFER_BIN=${GXFER_OLD_BIN:-$ROOT/.devcarry/gxfer/bin/bench_gpu_transfer.old} ;;
             auto-event) mirror="auto --layer-done event"; unset DUET_XFER_ARM_DEVICE ;;
             auto-noprog) mirror="auto --progress off"; unset DUET_XFER_ARM_DEVICE ;;
             auto-prog*) mirror="auto --progress ${mode#auto-prog}"; unset DUET_XFER_ARM_DEVICE ;;
@@ -74,7 +77,7 @@ for what in "$@"; do
                 --variants ${BENCH_VARIANTS:-spread} "${crc[@]}" > "$log" 2>&1 || rc=1
             grep -vE "^(index|GPU|\s*GPU|CPU|Legend|  [A-Z]|$)" "$log" | \
                 grep -E "^spread|^affine|^copy|exit|corrupt|FAIL|error" | head -60
-            unset GXFER_BIN
+            if [ -n "$GX" ]; then export GXFER_BIN=$GX; else unset GXFER_BIN; fi
         done
         unset DUET_XFER_ARM_DEVICE
         ;;

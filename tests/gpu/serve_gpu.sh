@@ -5,7 +5,8 @@
 # one host, `duet bench-serve` with a random workload (input 1024 ± 50 %,
 # output 128 ± 50 %, --ignore-eos) at each rate of SERVE_RATES, SLO TTFT ≤
 # 1000 ms and TPOT ≤ 50 ms.  Direct path with DUET_UCX_CUDA_LIB (e.g.
-# .devcarry/ucxcuda).  Binaries: tests/gpu/build_carry_daemons.sh.
+# .devcarry/ucxcuda).  Binaries: as daemons_env.sh finds them (tests/gpu/suite.sh
+# serve runs this).
 #
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/serve_gpu.sh
 #
@@ -27,7 +28,7 @@
 # The first runs (2026-11-26) never got past start-up: the readiness check
 # used curl, which the GPU hosts do not have (now python3).
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/daemons_env.sh
 W=$(mktemp -d)
 PRESET=${SERVE_PRESET:-llama-3-8b-shape}
@@ -86,7 +87,7 @@ JSON
     rpid=$!
     ok=0
     # a 16 GB checkpoint of random weights loads in ~2 minutes per process
-    for i in $(seq 1 $((2 * ${SERVE_READY_S:-600}))); do
+    for _ in $(seq 1 $((2 * ${SERVE_READY_S:-600}))); do
         # (python, not curl: the GPU hosts have no curl)
         if python3 - "http://127.0.0.1:$hp" "$(echo $pre $dec | wc -w)" <<'PY' 2>/dev/null; then
 import json, sys, urllib.request

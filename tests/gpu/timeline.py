@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Read a bench_gpu_transfer log run with BENCH_TIMELINE=1 DUET_LOG_LEVEL=trace
-(tests/gpu/call9.sh) and print each request's timeline in microseconds from
+(tests/gpu/suite.sh transfer --timeline) and print each request's timeline in microseconds from
 its t0: when each prefill rank's transfer thread took its last layers, when
 it flushed and notified each decode rank, when each notification arrived,
 and the bench's own marks (launched, landed, synced, ended, received)."""

@@ -20,7 +20,7 @@
 # queue (prefill's queue), to_call (arrival -> the Prefill call sent),
 # transit (the call -> every rank's KV in, less prefill's queue, compute
 # and transfer) and to_first (KV in -> the first token out).
-# Binaries: tests/gpu/build_carry_daemons.sh.
+# Binaries: as daemons_env.sh finds them (tests/gpu/suite.sh ttft runs this).
 #
 #   DUET_UCX_CUDA_LIB=$PWD/.devcarry/ucxcuda tests/gpu/ttft_tax.sh
 #
@@ -31,7 +31,7 @@
 #   DUET_BIN=/tmp/bin MODEL_DIR=../shared/models/stories260K TTFT_BACKEND=cpu \
 #       TTFT_TOKENS="64 200" TTFT_PAGES=64 TTFT_STAGE_PAGES=32 tests/gpu/ttft_tax.sh
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/daemons_env.sh
 W=$(mktemp -d)
 M=$(realpath -m "${MODEL_DIR:-/tmp/duet-8b}")
@@ -126,7 +126,7 @@ JSON
     "$BIN/duet-router" --config "$W/c.json" > "$W/rc.log" 2>&1 &
     pids+=($!)
     ok=0
-    for i in $(seq 1 1200); do
+    for _ in $(seq 1 1200); do
         ready "http://127.0.0.1:$dh" 2 && ready "http://127.0.0.1:$ch" 1 && { ok=1; break; }
         for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || break 2; done # one exited
         sleep 0.5
