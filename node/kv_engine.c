@@ -60,7 +60,7 @@ static duet_status_t duet__bind(void *arg)
  *                   protocols put device memory with cuda_ipc; staged below
  *                   that: UCX 1.13 (with UCX_PROTO_ENABLE=y) moves device
  *                   memory correctly but by software emulation, measured at
- *                   0.7-1.0 GB/s against 5-8 GB/s staged (tests/gpu/NOTES.md)
+ *                   0.7-1.0 GB/s against 5-8 GB/s staged (docs/performance-gpu-transfer.md)
  *   direct          direct whenever UCX can at all (start-up error if not)
  *   staged          always the mirror
  * Checksums work on either path: through the mirror the CPU reads what it

@@ -23,7 +23,7 @@
  * GPU with one of the prefill ranks that send to it (two processes time-
  * slicing one GPU: the early unpacks then wait for the sender's context),
  * only for requests whose KV is large enough to gain
- * (duet_xfer_pack_progress_pays; measured, README).  N: every N layers,
+ * (duet_xfer_pack_progress_pays; measured, docs/performance-gpu-transfer.md).  N: every N layers,
  * every packed request; off: one unpack at the end. */
 #ifndef DUET_NODE_KV_ENGINE_H
 #define DUET_NODE_KV_ENGINE_H

@@ -102,7 +102,7 @@ uint32_t duet_xfer_pack_crc(const duet_kv_layout_t *l, const void *base,
                             int dst, int slot0);
 
 /* Progress messages (duet_xfer_send_t.progress_layers) pay off from this
- * much KV per request.  Measured on 2x H200 with Llama-3-8B KV (README,
+ * much KV per request.  Measured on 2x H200 with Llama-3-8B KV (docs/performance-gpu-transfer.md,
  * "Unpacking as layers land"): a mid-transfer announcement costs ~0.2 ms
  * at 1024-2048 tokens (128-256 MiB: e2e / cudaMemcpyPeer 0.40-0.50 ->
  * 0.35-0.39), while from 4096 tokens (512 MiB) the early unpack gains
