@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The decode-attention peer: PyTorch's scaled_dot_product_attention on the
 same shapes as bench/bench_attention.c (one query row per sequence, GQA,
-contiguous bf16 KV), per backend (cuDNN, flash, memory-efficient), KV bytes
+contiguous bf16 KV), per backend (cuDNN, flash; the memory-efficient one takes
+no GQA), KV bytes
 read per second against a device-to-device copy measured in the same run.
 
     tests/gpu/attn_peer.py [--heads 32/8] [--head-dim 128] [--batches 1,16,64]
                            [--ctx 1024,4096,8192] [--reps 50]
 
-Prints one line per (backend, batch, ctx) in bench_attention's format, so a
-log holds both and tests/gpu/attn_compare.py can pair them.
+Prints one line per (backend, batch, ctx) in bench_attention's format, so
+one log holds both side by side.
 """
 import argparse
 
@@ -46,8 +47,7 @@ def main():
     print(f"attn_peer: {torch.cuda.get_device_name()} torch {torch.__version__}, "
           f"heads {nq}/{nkv} head_dim {hd}")
     print(f"  HBM copy bandwidth {bw:.0f} GB/s (1 GiB D2D, read + write)")
-    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
-                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
     for name, be in backends:
         for B in (int(x) for x in a.batches.split(",")):
             for ctx in (int(x) for x in a.ctx.split(",")):

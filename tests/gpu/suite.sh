@@ -29,7 +29,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
-PHASES="unit compare bench transfer disagg ttft serve"
+PHASES="unit compare bench decode transfer disagg ttft serve"
 
 list_phases() {
     cat <<'EOF'
@@ -46,6 +46,14 @@ bench                bench_gpu on the Llama-3.2-1B and Llama-3-8B shapes (bf16),
   --tp               TP scaling instead: bench_gpu --tp 1, 2, 4 (as GPUs allow)
   --variants         also the kernel variants (attention kernels, GEMV off)
   --no-hf            without the transformers peer
+decode               decode at serving contexts (tests/gpu/decode_attn.sh): the
+                     attention kernels against the CPU backend to 16K tokens,
+                     bench_attention (flash-decoding on tensor cores, on CUDA
+                     cores, legacy) next to PyTorch's scaled_dot_product_attention
+                     (cuDNN, flash) when python3 has torch, and bench_gpu at ctx
+                     16/1024/4096/8192 x batch 1/16/64 (fraction of the roofline)
+  --sweep            also the split-count sweep (DUET_CUDA_FD_BLOCKS)
+  --sanitize         also compute-sanitizer memcheck on test_cuda_attention
 transfer             bench_gpu_transfer as the daemons run it (--mirror auto:
                      packed when P != D), every P x D pair the GPUs allow, every
                      byte verified, a corrupted put must be caught; 2+ GPUs
@@ -111,7 +119,7 @@ fi
 
 # ---- binaries -------------------------------------------------------------
 BINS="tools/duet tools/duet-client prefill/duet-prefill decode/duet-decode router/duet-router
-bench/bench_gpu bench/bench_gpu_transfer"
+bench/bench_gpu bench/bench_attention bench/bench_gpu_transfer"
 BIN_FROM=
 find_bins() {
     if [ -n "$BINDIR" ]; then
@@ -185,6 +193,15 @@ phase_bench() {
         fi
     fi
     OUT='' tests/gpu/run_gpu.sh "${p[@]}"
+}
+
+phase_decode() {
+    local p=(unit kernel model)
+    have_opt --sweep && p+=(sweep)
+    SANITIZE=0
+    have_opt --sanitize && SANITIZE=1
+    python3 -c "import torch" 2>/dev/null || echo "# PyTorch peer skipped: python3 has no torch"
+    SANITIZE=$SANITIZE tests/gpu/decode_attn.sh "${p[@]}"
 }
 
 phase_transfer() {
