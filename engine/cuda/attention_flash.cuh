@@ -50,6 +50,39 @@ static __device__ __forceinline__ size_t duet__fd_row(const int32_t *pt, int k, 
     return (((size_t)pt[pg] * (size_t)nkv + (size_t)kh) * (size_t)ps + (size_t)in) * (size_t)hd;
 }
 
+/* What a block works on: token t, query heads h0..h0+gn-1 (head group hg
+ * of KV head kh, GR heads a group), keys [k_begin, k_end) = split sp of
+ * the ns the token uses; its page-table row and the layer's K plane (V is
+ * `plane` elements further). */
+typedef struct {
+    int t, kh, hg, sp, h0, gn, ns, k_begin, k_end;
+    const int32_t *pt;
+    const duet_bf16 *kc;
+    size_t plane;
+} duet__fd_blk_t;
+
+/* The block's work; false when its split has none. */
+static __device__ __forceinline__ bool duet__fd_block(duet__fd_blk_t *k, duet__cuda_batch_t b,
+                                                      duet__cuda_kv_t kv, int layer, int nq,
+                                                      int nkv, int hgroups, int splits, int gr,
+                                                      int hd)
+{
+    const int G = nq / nkv;
+    k->t = blockIdx.x;
+    k->kh = blockIdx.y / hgroups;
+    k->hg = blockIdx.y % hgroups;
+    k->sp = blockIdx.z;
+    k->h0 = k->kh * G + k->hg * gr;
+    k->gn = min(gr, G - k->hg * gr);
+    k->ns = duet__fd_split(b.positions[k->t] + 1, splits, k->sp, &k->k_begin, &k->k_end);
+    if (k->sp >= k->ns)
+        return false;
+    k->pt = b.page_table + (size_t)b.seq_of[k->t] * (size_t)b.hdr[2];
+    k->plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)kv.page_size * (size_t)hd;
+    k->kc = (const duet_bf16 *)kv.base + k->plane * (size_t)(2 * layer);
+    return true;
+}
+
 /* Every warp's state for the block's GR heads. */
 template <int HD, int GR> struct duet__fd_smem {
     float o[DUET__FD_WARPS][GR][HD];

@@ -29,17 +29,6 @@
 
 #include "engine/cuda/attention_flash.cuh"
 
-static __device__ __forceinline__ void duet__fd_unpack(uint4 u, float *v)
-{
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 f = __bfloat1622float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
-}
-
 template <int HD, int GR>
 static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     duet__fd_kernel(duet_bf16 *out, const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv,
@@ -53,21 +42,16 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     constexpr int STEP = KPI * DUET__FD_WARPS;  /* keys per block iteration */
     __shared__ duet__fd_smem<HD, GR> sm;
 
-    const int t = blockIdx.x, kh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
-    const int sp = blockIdx.z;
-    const int G = nq / nkv, h0 = kh * G + hg * GR, gn = min(GR, G - hg * GR);
+    duet__fd_blk_t k;
+    if (!duet__fd_block(&k, b, kv, layer, nq, nkv, hgroups, splits, GR, HD))
+        return;
+    const int t = k.t, kh = k.kh, h0 = k.h0, gn = k.gn, k_begin = k.k_begin, k_end = k.k_end;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / L, li = lane % L;
-    const int keys = b.positions[t] + 1;
-    int k_begin, k_end;
-    const int ns = duet__fd_split(keys, splits, sp, &k_begin, &k_end);
-    if (sp >= ns)
-        return;
-    const int32_t *pt = b.page_table + (size_t)b.seq_of[t] * (size_t)b.hdr[2];
+    const int32_t *pt = k.pt;
     const int ps = kv.page_size;
-    const size_t plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)ps * (size_t)HD;
-    const duet_bf16 *kc = (const duet_bf16 *)kv.base + plane * (size_t)(2 * layer) + li * 8;
-    const duet_bf16 *vc = kc + plane;
+    const duet_bf16 *kc = k.kc + li * 8;
+    const duet_bf16 *vc = kc + k.plane;
 
     float q[GR][8], acc[GR][8], m[GR], l[GR];
     const duet_bf16 *qrow =
@@ -109,7 +93,7 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
 #pragma unroll
         for (int u = 0; u < ROWS; u++) {
             float kf[8];
-            duet__fd_unpack(kr[u], kf);
+            duet__unpack8(kr[u], kf);
 #pragma unroll
             for (int g = 0; g < GR; g++) {
                 float a = 0.0f;
@@ -148,7 +132,7 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
 #pragma unroll
         for (int u = 0; u < ROWS; u++) {
             float vf[8];
-            duet__fd_unpack(vr[u], vf);
+            duet__unpack8(vr[u], vf);
 #pragma unroll
             for (int g = 0; g < GR; g++) {
 #pragma unroll
@@ -180,8 +164,8 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     }
     __syncthreads();
 
-    duet__fd_finish<HD, GR>(sm, out, part, counts, t, nq, nkv, kh, hgroups, hg, h0, gn, sp, ns,
-                            splits);
+    duet__fd_finish<HD, GR>(sm, out, part, counts, t, nq, nkv, kh, hgroups, k.hg, h0, gn, k.sp,
+                            k.ns, splits);
 }
 
 /* Query heads a block scores together for group size G: all of the

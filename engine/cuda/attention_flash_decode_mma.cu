@@ -29,6 +29,20 @@
 
 #define DUET__FDM_GR 8 /* query heads per block: the 8 rows of a fragment a lane group owns */
 
+/* w[0..N) = the N 32-bit words at p (16-byte aligned), or zeros when !in */
+template <int N>
+static __device__ __forceinline__ void duet__fdm_words(const duet_bf16 *p, bool in, uint32_t *w)
+{
+#pragma unroll
+    for (int i = 0; i < N / 4; i++) {
+        uint4 u = in ? __ldg(reinterpret_cast<const uint4 *>(p) + i) : make_uint4(0, 0, 0, 0);
+        w[4 * i] = u.x;
+        w[4 * i + 1] = u.y;
+        w[4 * i + 2] = u.z;
+        w[4 * i + 3] = u.w;
+    }
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     duet__fdm_kernel(duet_bf16 *out, const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv,
@@ -41,40 +55,21 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
     constexpr int STEP = 16 * DUET__FD_WARPS;
     __shared__ duet__fd_smem<HD, DUET__FDM_GR> sm;
 
-    const int t = blockIdx.x, kh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
-    const int sp = blockIdx.z;
-    const int G = nq / nkv, h0 = kh * G + hg * DUET__FDM_GR;
-    const int gn = min(DUET__FDM_GR, G - hg * DUET__FDM_GR);
+    duet__fd_blk_t blk;
+    if (!duet__fd_block(&blk, b, kv, layer, nq, nkv, hgroups, splits, DUET__FDM_GR, HD))
+        return;
+    const int t = blk.t, kh = blk.kh, h0 = blk.h0, gn = blk.gn;
+    const int k_begin = blk.k_begin, k_end = blk.k_end;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int keys = b.positions[t] + 1;
-    int k_begin, k_end;
-    const int ns = duet__fd_split(keys, splits, sp, &k_begin, &k_end);
-    if (sp >= ns)
-        return;
-    const int32_t *pt = b.page_table + (size_t)b.seq_of[t] * (size_t)b.hdr[2];
+    const int32_t *pt = blk.pt;
     const int ps = kv.page_size;
-    const size_t plane = (size_t)kv.n_pages * (size_t)nkv * (size_t)ps * (size_t)HD;
-    const duet_bf16 *kc = (const duet_bf16 *)kv.base + plane * (size_t)(2 * layer);
-    const duet_bf16 *vc = kc + plane;
+    const duet_bf16 *kc = blk.kc, *vc = kc + blk.plane;
 
     uint32_t qf[QW];
-    if (g < gn) {
-        const uint4 *qp = reinterpret_cast<const uint4 *>(
-            qkv + (size_t)t * (size_t)(nq + 2 * nkv) * HD + (size_t)(h0 + g) * HD + c * (HD / 4));
-#pragma unroll
-        for (int i = 0; i < QW / 4; i++) {
-            uint4 u = qp[i];
-            qf[4 * i] = u.x;
-            qf[4 * i + 1] = u.y;
-            qf[4 * i + 2] = u.z;
-            qf[4 * i + 3] = u.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < QW; i++)
-            qf[i] = 0u;
-    }
+    duet__fdm_words<QW>(qkv + (size_t)t * (size_t)(nq + 2 * nkv) * HD + (size_t)(h0 + g) * HD +
+                            c * (HD / 4),
+                        g < gn, qf);
     float acc[VW][4]; /* O^T tile w: dims g*HD/8 + 2w (+1), heads 2c, 2c+1 */
 #pragma unroll
     for (int i = 0; i < VW; i++)
@@ -104,47 +99,20 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
                 }
             }
         }
+        auto row = [&](int k) -> size_t { /* key k's row; 0 (not read) out of range */
+            return k >= k_end  ? 0
+                   : one_page ? pbase + (size_t)k * HD
+                              : duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD);
+        };
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             int k = k0 + 8 * tt + g;
-            if (k < k_end) {
-                size_t row = one_page ? pbase + (size_t)k * HD
-                                      : duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD);
-                const uint4 *kp = reinterpret_cast<const uint4 *>(kc + row + c * (HD / 4));
-#pragma unroll
-                for (int i = 0; i < QW / 4; i++) {
-                    uint4 u = __ldg(kp + i);
-                    kw[tt][4 * i] = u.x;
-                    kw[tt][4 * i + 1] = u.y;
-                    kw[tt][4 * i + 2] = u.z;
-                    kw[tt][4 * i + 3] = u.w;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < QW; i++)
-                    kw[tt][i] = 0u;
-            }
+            duet__fdm_words<QW>(kc + row(k) + c * (HD / 4), k < k_end, kw[tt]);
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int k = k0 + 2 * c + (j & 1) + 8 * (j >> 1);
-            if (k < k_end) {
-                size_t row = one_page ? pbase + (size_t)k * HD
-                                      : duet__fd_row(pt, k, ps, ps_shift, nkv, kh, HD);
-                const uint4 *vp = reinterpret_cast<const uint4 *>(vc + row + g * (HD / 8));
-#pragma unroll
-                for (int i = 0; i < VW / 4; i++) {
-                    uint4 u = __ldg(vp + i);
-                    vw[j][4 * i] = u.x;
-                    vw[j][4 * i + 1] = u.y;
-                    vw[j][4 * i + 2] = u.z;
-                    vw[j][4 * i + 3] = u.w;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < VW; i++)
-                    vw[j][i] = 0u;
-            }
+            duet__fdm_words<VW>(vc + row(k) + g * (HD / 8), k < k_end, vw[j]);
         }
 
         /* S: head g, keys k0 + 8tt + 2c + {0, 1} in s[tt][0..1] */
@@ -212,8 +180,8 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
         sm.l[warp][g] = l;
     }
     __syncthreads();
-    duet__fd_finish<HD, DUET__FDM_GR>(sm, out, part, counts, t, nq, nkv, kh, hgroups, hg, h0, gn,
-                                      sp, ns, splits);
+    duet__fd_finish<HD, DUET__FDM_GR>(sm, out, part, counts, t, nq, nkv, kh, hgroups, blk.hg, h0,
+                                      gn, blk.sp, blk.ns, splits);
 }
 
 void duet__fd_mma_launch(cudaStream_t s, dim3 grid, int head_dim, duet_bf16 *out,

@@ -19,10 +19,9 @@ static __device__ __forceinline__ duet_bf16 duet__f2bf(float x)
     return __float2bfloat16_rn(x);
 }
 
-/* v[0..7] = p[0..7]; p 16-byte aligned */
-static __device__ __forceinline__ void duet__load8(const duet_bf16 *p, float *v)
+/* v[0..7] = the eight bf16 of u */
+static __device__ __forceinline__ void duet__unpack8(uint4 u, float *v)
 {
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -30,6 +29,12 @@ static __device__ __forceinline__ void duet__load8(const duet_bf16 *p, float *v)
         v[2 * i] = f.x;
         v[2 * i + 1] = f.y;
     }
+}
+
+/* v[0..7] = p[0..7]; p 16-byte aligned */
+static __device__ __forceinline__ void duet__load8(const duet_bf16 *p, float *v)
+{
+    duet__unpack8(*reinterpret_cast<const uint4 *>(p), v);
 }
 
 static __device__ __forceinline__ void duet__store8(duet_bf16 *p, const float *v)

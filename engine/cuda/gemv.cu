@@ -24,17 +24,6 @@ static __device__ __forceinline__ float duet__dot8(const float *a, uint4 b)
     return s;
 }
 
-static __device__ __forceinline__ void duet__unpack8(uint4 u, float *v)
-{
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 f = __bfloat1622float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
-}
-
 template <int N>
 static __global__ void __launch_bounds__(DUET__GEMV_WARPS * 32)
     duet__gemv_kernel(duet_bf16 *y, const duet_bf16 *x, const duet_bf16 *W, const duet_bf16 *bias,
