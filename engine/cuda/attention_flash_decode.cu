@@ -199,19 +199,11 @@ extern "C" int duet__cuda_flash_decode_blocks(int n, int nq, int nkv, int head_d
     return n * nkv * ((G + gr - 1) / gr);
 }
 
-extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim,
-                                                  bool tensor_cores, int splits,
-                                                  size_t *counts_off_p)
+extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int head_dim, int splits)
 {
-    if (splits <= 1) {
-        *counts_off_p = 0;
-        return 0;
-    }
-    size_t part = (size_t)n * (size_t)nq * (size_t)splits * (size_t)(head_dim + 2) * sizeof(float);
-    part = (part + 255) & ~(size_t)255;
-    *counts_off_p = part;
-    return part + (size_t)duet__cuda_flash_decode_blocks(n, nq, nkv, head_dim, tensor_cores) *
-                      sizeof(unsigned);
+    return splits > 1
+               ? (size_t)n * (size_t)nq * (size_t)splits * (size_t)(head_dim + 2) * sizeof(float)
+               : 0;
 }
 
 template <int HD> static int duet__fd_resident_gr(int gr)
@@ -283,12 +275,13 @@ static void duet__fd_launch_gr(int gr, cudaStream_t s, dim3 grid, duet_bf16 *out
 extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
                                                  duet__cuda_batch_t b, duet__cuda_kv_t kv,
                                                  int layer, int n, int nq, int nkv, int head_dim,
-                                                 bool tensor_cores, int splits, void *scratch)
+                                                 bool tensor_cores, int splits, float *part,
+                                                 unsigned *counts)
 {
     if (n <= 0)
         return DUET_OK;
     if (!duet__cuda_flash_decode_supported(nq, nkv, head_dim) || splits < 1 ||
-        splits > DUET__CUDA_FD_MAX_SPLITS || (splits > 1 && scratch == NULL))
+        splits > DUET__CUDA_FD_MAX_SPLITS || (splits > 1 && (part == NULL || counts == NULL)))
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "cuda flash decode: %d query heads over %d kv heads, head_dim %d, "
                           "%d splits",
@@ -299,10 +292,6 @@ extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, cons
     if (ps > 0 && (ps & (ps - 1)) == 0)
         for (ps_shift = 0; (1 << ps_shift) < ps; ps_shift++)
             ;
-    size_t coff = 0;
-    (void)duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim, tensor_cores, splits, &coff);
-    float *part = (float *)scratch;
-    unsigned *counts = splits > 1 ? (unsigned *)((char *)scratch + coff) : NULL;
     dim3 grid((unsigned)n, (unsigned)(nkv * hgroups), (unsigned)splits);
     duet_bf16 *o = (duet_bf16 *)out;
     const duet_bf16 *x = (const duet_bf16 *)qkv;

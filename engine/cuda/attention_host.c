@@ -139,43 +139,58 @@ static int duet__splits(const duet_backend_rank_t *r, int n, int nkv)
     return s > DUET__CUDA_ATTN_MAX_SPLITS ? DUET__CUDA_ATTN_MAX_SPLITS : s;
 }
 
-/* Split scratch of the chosen kernel for batch size n. */
+/* Split scratch of the chosen kernel for batch size n: partial states
+ * (bytes) and the flash kernel's counters (how many). */
 static size_t duet__part_need(duet_backend_rank_t *r, bool flash, int n, int nq, int nkv,
-                              int head_dim)
+                              int head_dim, size_t *counts_p)
 {
-    size_t off;
-    if (flash)
-        return duet__cuda_flash_decode_scratch(n, nq, nkv, head_dim, !r->decode_cores,
-                                               duet__fd_splits(r, n, nq, nkv), &off);
-    return duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
+    *counts_p = 0;
+    if (!flash)
+        return duet__cuda_attention_decode_scratch(n, nq, head_dim, duet__splits(r, n, nkv));
+    int splits = duet__fd_splits(r, n, nq, nkv);
+    if (splits > 1)
+        *counts_p = (size_t)duet__cuda_flash_decode_blocks(n, nq, nkv, head_dim, !r->decode_cores);
+    return duet__cuda_flash_decode_scratch(n, nq, head_dim, splits);
 }
 
 /* Scratch for every split batch size up to n (and every size a graph is
  * recorded for), reserved when a batch first needs more, so that it never
  * moves under a recorded graph (a size is recorded only after it ran
- * without one).  Zeroed: the flash kernel's counters. */
+ * without one).  The counters have their own allocation, zeroed in the
+ * rank's stream (ahead of any kernel that uses them): partial states of
+ * one batch size must never land on the counters of another. */
 static duet_status_t duet__part_reserve(duet_backend_rank_t *r, bool flash, int n, int nq, int nkv,
                                         int head_dim)
 {
-    size_t need = 0;
+    size_t need = 0, counts = 0;
     if (n <= r->part_covered && flash == r->part_flash)
         return DUET_OK;
     int top = n > DUET__CUDA_GRAPH_MAX_N ? n : DUET__CUDA_GRAPH_MAX_N;
     for (int i = 1; i <= top; i++) {
-        size_t b = duet__part_need(r, flash, i, nq, nkv, head_dim);
+        size_t c, b = duet__part_need(r, flash, i, nq, nkv, head_dim, &c);
         need = b > need ? b : need;
+        counts = c > counts ? c : counts;
     }
-    if (need > r->part_bytes) {
+    if (need > r->part_bytes || counts > r->fd_counts_n) {
         if (r->capturing)
             return duet_error(DUET_ERR_INTERNAL, "cuda attention: scratch grows while recording");
         DUET__CUDA_TRY(cudaStreamSynchronize(r->stream));
         duet__cuda_graphs_reset(r);
+    }
+    if (need > r->part_bytes) {
         cudaFree(r->part);
         r->part = NULL;
         r->part_bytes = 0;
         DUET__CUDA_TRY(cudaMalloc((void **)&r->part, need));
-        DUET__CUDA_TRY(cudaMemset(r->part, 0, need));
         r->part_bytes = need;
+    }
+    if (counts > r->fd_counts_n) {
+        cudaFree(r->fd_counts);
+        r->fd_counts = NULL;
+        r->fd_counts_n = 0;
+        DUET__CUDA_TRY(cudaMalloc((void **)&r->fd_counts, counts * sizeof(unsigned)));
+        DUET__CUDA_TRY(cudaMemsetAsync(r->fd_counts, 0, counts * sizeof(unsigned), r->stream));
+        r->fd_counts_n = counts;
     }
     r->part_covered = top;
     r->part_flash = flash;
@@ -201,7 +216,7 @@ duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const v
         return st;
     if (flash)
         return duet__cuda_flash_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
-                                       head_dim, !r->decode_cores, splits, r->part);
+                                       head_dim, !r->decode_cores, splits, r->part, r->fd_counts);
     return duet__cuda_attention_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
                                        head_dim, splits, r->part);
 }

@@ -114,6 +114,7 @@ static void duet__cuda_op_rank_destroy(duet_backend_rank_t *r)
     cudaFreeHost(r->meta_h);
     cudaFreeHost(r->pin);
     cudaFree(r->part);
+    cudaFree(r->fd_counts);
     cudaFree(r->am_val);
     cudaFree(r->am_idx);
     cudaFree(r->inv_freq_d);

@@ -178,6 +178,8 @@ struct duet_backend_rank {
     /* attention split scratch */
     float *part;
     size_t part_bytes;
+    unsigned *fd_counts; /* the flash kernel's split counters */
+    size_t fd_counts_n;
     int part_covered; /* batch sizes 1..part_covered have their scratch */
     bool part_flash;  /* ... for the flash kernel (else the legacy one) */
     /* argmax results (device) */

@@ -86,20 +86,21 @@ int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
  * query row per head each, head_dim 8..256 (a power of two times 8), any
  * group size; head_dim 64 and 128 on tensor cores when tensor_cores.  A
  * token uses up to `splits` blocks over its context (fewer for short
- * contexts; chosen on the device); with splits > 1, scratch is
- * duet__cuda_flash_decode_scratch() bytes of device memory whose counters
- * (at *counts_off_p) are zero before the first launch -- each launch leaves
- * them zero again. */
+ * contexts; chosen on the device).  With splits > 1: part, float32 device
+ * scratch of duet__cuda_flash_decode_scratch() bytes, and counts, one
+ * unsigned per block of the launch without splits
+ * (duet__cuda_flash_decode_blocks), zero before the first launch -- each
+ * launch leaves them zero again, so they must not share memory with
+ * anything else (a launch of another batch size included). */
 int duet__cuda_flash_decode_supported(int nq, int nkv, int head_dim);
 int duet__cuda_flash_decode_blocks(int n, int nq, int nkv, int head_dim, bool tensor_cores);
 /* Blocks of that kernel resident per SM (occupancy calculator). */
 int duet__cuda_flash_decode_resident(int nq, int nkv, int head_dim, bool tensor_cores);
-size_t duet__cuda_flash_decode_scratch(int n, int nq, int nkv, int head_dim, bool tensor_cores,
-                                       int splits, size_t *counts_off_p);
+size_t duet__cuda_flash_decode_scratch(int n, int nq, int head_dim, int splits);
 duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
                                       duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer, int n,
                                       int nq, int nkv, int head_dim, bool tensor_cores, int splits,
-                                      void *scratch);
+                                      float *part, unsigned *counts);
 /* Tiled tensor-core attention for many queries per sequence: one block per
  * (tile of b.tiles, query head).  head_dim 64 or 128.  variant: the
  * register-accumulator mma.sync kernel or the wmma one (O in shared

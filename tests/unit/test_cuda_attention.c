@@ -206,6 +206,19 @@ static void test_decode_long(void **state)
     decode_case(16, 4, 256, 16, 4, mixed);
     decode_case(8, 8, 32, 16, 4, mixed);
     unsetenv("DUET_CUDA_DECODE_ATTN");
+    /* a few new tokens per sequence over cached context (a prefix-cache hit
+     * prefilled locally): several query rows of one sequence, causal */
+    for (int v = 0; v < 2; v++) {
+        int nq = v ? 8 : 4, nkv = v ? 4 : 2;
+        fixture_t f;
+        int fill[2] = {192, 224}, zero[2] = {0, 0}, few[2] = {5, 5};
+        fx_open(&f, nq, nkv, 64, 16, 240, 2);
+        fx_step(&f, 2, fill, zero, false, "fill");
+        fx_step(&f, 2, few, fill, true, "few new tokens");
+        int one[2] = {1, 1}, next[2] = {197, 229};
+        fx_step(&f, 2, one, next, true, "decode after them");
+        duet_test_pair_close(&f.p);
+    }
     int many[70];
     for (int s = 0; s < 70; s++)
         many[s] = 1 + (s * 997) % 2500;
