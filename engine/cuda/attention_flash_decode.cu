@@ -206,70 +206,41 @@ extern "C" size_t duet__cuda_flash_decode_scratch(int n, int nq, int head_dim, i
                : 0;
 }
 
-template <int HD> static int duet__fd_resident_gr(int gr)
+/* The CUDA-core kernel for head_dim hd and group gr. */
+typedef void (*duet__fd_fn)(duet_bf16 *, const duet_bf16 *, duet__cuda_batch_t, duet__cuda_kv_t,
+                            int, int, int, int, int, int, float *, unsigned *, float);
+
+template <int HD> static duet__fd_fn duet__fd_pick_gr(int gr)
 {
-    int b = 0;
-    const void *f = gr == 1   ? (const void *)duet__fd_kernel<HD, 1>
-                    : gr == 2 ? (const void *)duet__fd_kernel<HD, 2>
-                    : gr == 4 ? (const void *)duet__fd_kernel<HD, 4>
-                              : (const void *)duet__fd_kernel<HD, 8>;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, DUET__FD_WARPS * 32, 0);
-    return b;
+    return gr == 1   ? duet__fd_kernel<HD, 1>
+           : gr == 2 ? duet__fd_kernel<HD, 2>
+           : gr == 4 ? duet__fd_kernel<HD, 4>
+                     : duet__fd_kernel<HD, 8>;
+}
+
+static duet__fd_fn duet__fd_pick(int hd, int gr)
+{
+    switch (hd) {
+    case 8: return duet__fd_pick_gr<8>(gr);
+    case 16: return duet__fd_pick_gr<16>(gr);
+    case 32: return duet__fd_pick_gr<32>(gr);
+    case 64: return duet__fd_pick_gr<64>(gr);
+    case 128: return duet__fd_pick_gr<128>(gr);
+    default: return duet__fd_pick_gr<256>(gr);
+    }
 }
 
 extern "C" int duet__cuda_flash_decode_resident(int nq, int nkv, int head_dim, bool tensor_cores)
 {
     bool mma = duet__fd_mma(head_dim, tensor_cores);
-    int gr = duet__fd_gr(nq / nkv, mma), b;
+    int b = 0;
     if (mma)
         b = duet__fd_mma_resident(head_dim);
     else
-        switch (head_dim) {
-        case 8: b = duet__fd_resident_gr<8>(gr); break;
-        case 16: b = duet__fd_resident_gr<16>(gr); break;
-        case 32: b = duet__fd_resident_gr<32>(gr); break;
-        case 64: b = duet__fd_resident_gr<64>(gr); break;
-        case 128: b = duet__fd_resident_gr<128>(gr); break;
-        default: b = duet__fd_resident_gr<256>(gr); break;
-        }
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &b, duet__fd_pick(head_dim, duet__fd_gr(nq / nkv, false)), DUET__FD_WARPS * 32, 0);
     cudaGetLastError();
     return b > 0 ? b : 1;
-}
-
-template <int HD, int GR>
-static void duet__fd_launch(cudaStream_t s, dim3 grid, duet_bf16 *out, const duet_bf16 *qkv,
-                            duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer, int nq, int nkv,
-                            int hgroups, int splits, int ps_shift, float *part, unsigned *counts)
-{
-    duet__fd_kernel<HD, GR><<<grid, DUET__FD_WARPS * 32, 0, s>>>(
-        out, qkv, b, kv, layer, nq, nkv, hgroups, splits, ps_shift, part, counts,
-        DUET__FD_LOG2E / sqrtf((float)HD));
-}
-
-template <int HD>
-static void duet__fd_launch_gr(int gr, cudaStream_t s, dim3 grid, duet_bf16 *out,
-                               const duet_bf16 *qkv, duet__cuda_batch_t b, duet__cuda_kv_t kv,
-                               int layer, int nq, int nkv, int hgroups, int splits, int ps_shift,
-                               float *part, unsigned *counts)
-{
-    switch (gr) {
-    case 1:
-        duet__fd_launch<HD, 1>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    case 2:
-        duet__fd_launch<HD, 2>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    case 4:
-        duet__fd_launch<HD, 4>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    default:
-        duet__fd_launch<HD, 8>(s, grid, out, qkv, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    }
 }
 
 extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv,
@@ -300,31 +271,8 @@ extern "C" duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, cons
                             ps_shift, part, counts);
         return DUET__CUDA_LAUNCHED("flash decode attention (tensor cores)");
     }
-    switch (head_dim) {
-    case 8:
-        duet__fd_launch_gr<8>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits, ps_shift,
-                              part, counts);
-        break;
-    case 16:
-        duet__fd_launch_gr<16>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    case 32:
-        duet__fd_launch_gr<32>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    case 64:
-        duet__fd_launch_gr<64>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
-                               ps_shift, part, counts);
-        break;
-    case 128:
-        duet__fd_launch_gr<128>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
-                                ps_shift, part, counts);
-        break;
-    default:
-        duet__fd_launch_gr<256>(gr, s, grid, o, x, b, kv, layer, nq, nkv, hgroups, splits,
-                                ps_shift, part, counts);
-        break;
-    }
+    duet__fd_pick(head_dim, gr)<<<grid, DUET__FD_WARPS * 32, 0, s>>>(
+        o, x, b, kv, layer, nq, nkv, hgroups, splits, ps_shift, part, counts,
+        DUET__FD_LOG2E / sqrtf((float)head_dim));
     return DUET__CUDA_LAUNCHED("flash decode attention");
 }
