@@ -100,8 +100,9 @@ duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int
 #define DUET__FD_BLOCK_COST 0.1
 
 /* Splits of the flash-decoding kernel for n tokens: the count s whose
- * waves of blocks, ceil(blocks * s / slots) * (1/s + cost), take least
- * time; or enough blocks for fd_blocks_per_sm per SM when that is set. */
+ * waves of blocks, ceil(blocks * s / slots) * (1/s + cost) + merge * s
+ * (the last block reads every split's state), take least time; or enough
+ * blocks for fd_blocks_per_sm per SM when that is set. */
 static int duet__fd_splits(duet_backend_rank_t *r, int n, int nq, int nkv)
 {
     int hd = r->kv.head_dim, blocks, best = 1;
@@ -122,7 +123,7 @@ static int duet__fd_splits(duet_backend_rank_t *r, int n, int nq, int nkv)
     long slots = (long)r->fd_resident * r->sm_count;
     for (int s = 1; s <= DUET__CUDA_FD_MAX_SPLITS; s++) {
         long waves = ((long)blocks * s + slots - 1) / slots;
-        double t = (double)waves * (1.0 / s + DUET__FD_BLOCK_COST);
+        double t = (double)waves * (1.0 / s + DUET__FD_BLOCK_COST) + r->fd_merge_cost * s;
         if (t < best_t * (1.0 - 1e-9)) {
             best_t = t;
             best = s;

@@ -184,6 +184,9 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     r->decode_cores = g != NULL && strcmp(g, "cores") == 0;
     g = getenv("DUET_CUDA_FD_BLOCKS");
     r->fd_blocks_per_sm = g != NULL && atoi(g) > 0 && atoi(g) <= 64 ? atoi(g) : 0;
+    g = getenv("DUET_CUDA_FD_MERGE_COST");
+    r->fd_merge_cost =
+        g != NULL && atof(g) >= 0 && atof(g) < 1 ? atof(g) : DUET__FD_MERGE_COST;
     DUET_LOG_INFO("cuda rank %d: device %d %s, %d SMs, %.1f GiB, graphs %s, prefill attention %s, "
                   "decode attention %s",
                   r->rank, r->device, prop.name, prop.multiProcessorCount,

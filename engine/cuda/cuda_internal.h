@@ -196,6 +196,7 @@ struct duet_backend_rank {
      * sets it (a benchmark's sweep) */
     bool decode_legacy, decode_cores;
     int fd_blocks_per_sm, fd_resident, fd_shape[3];
+    double fd_merge_cost; /* the split rule's cost per split (DUET_CUDA_FD_MERGE_COST) */
 
     /* RoPE */
     float *inv_freq_d;

@@ -80,6 +80,11 @@ size_t duet__cuda_attention_decode_scratch(int n, int nq, int head_dim, int spli
 /* Can the decode kernel take this group size and head_dim? */
 int duet__cuda_attention_decode_supported(int nq, int nkv, int head_dim);
 
+/* The flash split rule's cost of one more split in the merge, as a fraction
+ * of one block that reads a whole context (DUET_CUDA_FD_MERGE_COST; H200,
+ * batch 1 x 8K tokens: 33 -> 27 us with 0.005, nothing else moved:
+ * tests/gpu/results/2026-11-27-decode-merge-sweep-h200.log). */
+#define DUET__FD_MERGE_COST 0.005
 /* Largest number of context splits of the flash-decoding kernel. */
 #define DUET__CUDA_FD_MAX_SPLITS 64
 /* Flash-decoding over paged KV (attention_flash_decode.cu): tokens with one

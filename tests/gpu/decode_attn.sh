@@ -85,6 +85,14 @@ sweep)
         done
     done
     ;;
+mergesweep)
+    # the split rule's cost per split (the last block's merge reads every split)
+    for mc in ${SWEEP_MERGE:-0 0.005 0.01 0.02}; do
+        step "bench_attention heads 32/8 head_dim 128, DUET_CUDA_FD_MERGE_COST=$mc"
+        DUET_CUDA_FD_MERGE_COST=$mc timeout 120 "$BIN/bench_attention" --heads 32/8 --head-dim 128 \
+            --batches 1,16,64 --ctx 1024,4096,8192 --variants flash
+    done
+    ;;
 model)
     mk llama-1b-16k --preset llama-3.2-1b-shape --dtype bf16 --max-pos 16384
     mk llama-8b-16k --preset llama-3-8b-shape --dtype bf16 --max-pos 16384
