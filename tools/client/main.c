@@ -26,7 +26,7 @@
  * its 5 most likely tokens (docs/api-logprobs.md).  Exit
  * status 0 on success, 1 on an RPC error (printed with its gRPC code). */
 #include <errno.h>
-#include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +34,18 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/cluster.h"
+#include "common/flags.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/rpc_auth.h"
 #include "common/rpc_pb.h"
 #include "duet/v1/decode.pb-c.h"
 #include "duet/v1/generate.pb-c.h"
+
+typedef struct {
+    unsigned long long seed;
+    bool has_seed;
+} duet__seed_t;
 
 static int duet__ids(const char *s, int32_t **ids_p, size_t *n_p)
 {
@@ -137,66 +143,72 @@ static int duet__health(const char *target, duet_rpc_auth_t *auth, long timeout_
     return rc;
 }
 
+static duet_status_t duet__seed(void *dest, const char *flag, const char *value)
+{
+    duet__seed_t *s = dest;
+    char *end;
+    unsigned long long v;
+
+    errno = 0;
+    v = strtoull(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
+    s->seed = v;
+    s->has_seed = true;
+    return DUET_OK;
+}
+
+static const char *const duet__outputs[] = {"text", "ids", "logprobs", NULL};
+
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"target", required_argument, NULL, 't'},  {"prefill", required_argument, NULL, 'p'},
-        {"prompt", required_argument, NULL, 'P'},  {"prompt-ids", required_argument, NULL, 'I'},
-        {"max-tokens", required_argument, NULL, 'm'},
-        {"temperature", required_argument, NULL, 'T'},
-        {"seed", required_argument, NULL, 's'},    {"ignore-eos", no_argument, NULL, 'e'},
-        {"output", required_argument, NULL, 'o'},  {"timeout-ms", required_argument, NULL, 'd'},
-        {"router", no_argument, NULL, 'r'},        {"help", no_argument, NULL, 'h'},
-        {"ca", required_argument, NULL, 'A'},      {"cert", required_argument, NULL, 'C'},
-        {"key", required_argument, NULL, 'K'},     {"secret-file", required_argument, NULL, 'S'},
-        {"server-name", required_argument, NULL, 'N'},
-        {"health", no_argument, NULL, 'H'},      {"config", required_argument, NULL, 'c'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output = "text";
-    long max_tokens = 16, timeout_ms = 60000;
+    const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output;
+    int max_tokens = 16, timeout_ms = 60000, output_i = 0;
     double temperature = 0;
-    unsigned long long seed = 0;
-    bool has_seed = false, ignore_eos = false, router = false, health = false;
+    duet__seed_t sd = {0, false};
+    bool ignore_eos = false, router = false, health = false, help = false;
     const char *flag[5] = {NULL, NULL, NULL, NULL, NULL}; /* ca cert key secret name */
     const char *config = NULL;
     duet_rpc_auth_t *auth = NULL;
-    int c, rc = 1;
+    int rc = 1;
+    const duet_flag_t flags[] = {
+        {"target", DUET_FLAG_STRING, &target, .arg = "HOST:PORT"},
+        {"prefill", DUET_FLAG_STRING, &prefill, .arg = "HOST:PORT"},
+        {"prompt", DUET_FLAG_STRING, &text, .arg = "TEXT"},
+        {"prompt-ids", DUET_FLAG_STRING, &ids_arg, .arg = "IDS"},
+        {"max-tokens", DUET_FLAG_INT, &max_tokens, 1, 1 << 30, .arg = "N"},
+        {"temperature", DUET_FLAG_DOUBLE, &temperature, -1e9, 1e9, .arg = "X"},
+        {"seed", DUET_FLAG_FUNC, &sd, .fn = duet__seed, .arg = "N"},
+        {"ignore-eos", DUET_FLAG_TRUE, &ignore_eos, .help = "see the usage"},
+        {"output", DUET_FLAG_CHOICE, &output_i, .choices = duet__outputs,
+         .arg = "text|ids|logprobs"},
+        {"timeout-ms", DUET_FLAG_INT, &timeout_ms, 1, 1 << 30, .arg = "N"},
+        {"router", DUET_FLAG_TRUE, &router, .help = "see the usage"},
+        {"help", DUET_FLAG_STOP, &help, .help = "see the usage"},
+        {"ca", DUET_FLAG_STRING, &flag[0], .arg = "FILE"},
+        {"cert", DUET_FLAG_STRING, &flag[1], .arg = "FILE"},
+        {"key", DUET_FLAG_STRING, &flag[2], .arg = "FILE"},
+        {"secret-file", DUET_FLAG_STRING, &flag[3], .arg = "FILE"},
+        {"server-name", DUET_FLAG_STRING, &flag[4], .arg = "NAME"},
+        {"health", DUET_FLAG_TRUE, &health, .help = "see the usage"},
+        {"config", DUET_FLAG_STRING, &config, .arg = "FILE"},
+    };
 
     duet_log_init_from_env();
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 't': target = optarg; break;
-        case 'p': prefill = optarg; break;
-        case 'P': text = optarg; break;
-        case 'I': ids_arg = optarg; break;
-        case 'm': max_tokens = strtol(optarg, NULL, 10); break;
-        case 'T': temperature = strtod(optarg, NULL); break;
-        case 's': seed = strtoull(optarg, NULL, 10), has_seed = true; break;
-        case 'e': ignore_eos = true; break;
-        case 'o': output = optarg; break;
-        case 'd': timeout_ms = strtol(optarg, NULL, 10); break;
-        case 'r': router = true; break;
-        case 'A': flag[0] = optarg; break;
-        case 'C': flag[1] = optarg; break;
-        case 'K': flag[2] = optarg; break;
-        case 'S': flag[3] = optarg; break;
-        case 'N': flag[4] = optarg; break;
-        case 'c': config = optarg; break;
-        case 'H': health = true; break;
-        case 'h':
-            printf(
-                "usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
-                "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
-                "[--seed N] [--ignore-eos] [--output text|ids|logprobs] [--timeout-ms N] [AUTH]\n"
-                "       duet-client --target HOST:PORT --health [AUTH]\n"
-                "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
-                "[--secret-file FILE] [--server-name NAME]\n");
-            return 0;
-        default:
-            return 2;
-        }
+    if (duet_flags_parse(flags, DUET_FLAGS_N(flags), argc, argv, NULL, NULL) != DUET_OK) {
+        fprintf(stderr, "duet-client: %s\n", duet_error_msg());
+        return 2;
     }
+    if (help) {
+        printf("usage: duet-client --target HOST:PORT (--prompt TEXT | --prompt-ids \"1 2 3\") "
+               "[--prefill HOST:PORT] [--router] [--max-tokens N] [--temperature X] "
+               "[--seed N] [--ignore-eos] [--output text|ids|logprobs] [--timeout-ms N] [AUTH]\n"
+               "       duet-client --target HOST:PORT --health [AUTH]\n"
+               "AUTH: [--config CLUSTER.json] [--ca FILE --cert FILE --key FILE] "
+               "[--secret-file FILE] [--server-name NAME]\n");
+        return 0;
+    }
+    output = duet__outputs[output_i];
     if (duet__auth(config, flag, &auth) != DUET_OK) {
         fprintf(stderr, "duet-client: %s\n", duet_error_msg());
         return 2;
@@ -206,9 +218,7 @@ int main(int argc, char **argv)
         duet_rpc_auth_destroy(auth);
         return rc;
     }
-    if (target == NULL || (text == NULL) == (ids_arg == NULL) || max_tokens < 1 ||
-        (strcmp(output, "text") != 0 && strcmp(output, "ids") != 0 &&
-         strcmp(output, "logprobs") != 0)) {
+    if (target == NULL || (text == NULL) == (ids_arg == NULL)) {
         fprintf(stderr, "duet-client: need --target and one of --prompt / --prompt-ids "
                         "(--help for usage)\n");
         duet_rpc_auth_destroy(auth);
@@ -236,8 +246,8 @@ int main(int argc, char **argv)
         g.text = (char *)text;
     }
     sp.temperature = (float)temperature;
-    sp.seed = seed;
-    sp.has_seed = has_seed;
+    sp.seed = sd.seed;
+    sp.has_seed = sd.has_seed;
     g.sampling = &sp;
     g.max_tokens = (uint32_t)max_tokens;
     g.ignore_eos = ignore_eos;

@@ -2,13 +2,13 @@
  * This is the TP=1 oracle the disaggregated runs are compared against
  * (DESIGN §10), so it uses the same engine entry points as the daemons. */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/flags.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -47,59 +47,29 @@ static void duet__gen_usage(FILE *f)
             "--prompt adds BOS as the tokenizer says; --prompt-ids is used exactly as given.\n");
 }
 
-static int duet__parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+static duet_status_t duet__gen_seed(void *dest, const char *flag, const char *value)
 {
+    duet__gen_args_t *a = dest;
     char *end;
+    unsigned long long v;
+
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "duet generate: %s: '%s' is not an integer in %ld..%ld\n", flag, s, lo,
-                hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    v = strtoull(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
+    a->sampling.seed = v;
+    a->seed_set = true;
+    return DUET_OK;
 }
 
-static int duet__parse_double(const char *flag, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "duet generate: %s: '%s' is not a number in %g..%g\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
+static const char *const duet__gen_outputs[] = {"text", "ids", NULL};
 
 static int duet__gen_parse(int argc, char **argv, duet__gen_args_t *a)
 {
-    enum { O_MODEL = 256, O_PROMPT, O_PROMPT_IDS, O_TP, O_THREADS, O_BACKEND, O_MAX_TOKENS,
-           O_TEMP, O_TOPK, O_TOPP, O_SEED, O_IGNORE_EOS, O_OUTPUT, O_PAGE, O_DUMP, O_HELP };
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, O_MODEL},
-        {"prompt", required_argument, NULL, O_PROMPT},
-        {"prompt-ids", required_argument, NULL, O_PROMPT_IDS},
-        {"tp", required_argument, NULL, O_TP},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"backend", required_argument, NULL, O_BACKEND},
-        {"max-tokens", required_argument, NULL, O_MAX_TOKENS},
-        {"temperature", required_argument, NULL, O_TEMP},
-        {"top-k", required_argument, NULL, O_TOPK},
-        {"top-p", required_argument, NULL, O_TOPP},
-        {"seed", required_argument, NULL, O_SEED},
-        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
-        {"output", required_argument, NULL, O_OUTPUT},
-        {"page-size", required_argument, NULL, O_PAGE},
-        {"dump-logits", required_argument, NULL, O_DUMP},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    long lv;
-    double dv;
-    int c;
+    double temperature = 0, top_p = 1;
+    int output = DUET__OUT_TEXT;
+    bool help = false;
+    duet_status_t st;
 
     memset(a, 0, sizeof(*a));
     a->backend = "cpu";
@@ -107,79 +77,40 @@ static int duet__gen_parse(int argc, char **argv, duet__gen_args_t *a)
     a->page_size = 16;
     a->max_tokens = 64;
     a->sampling = duet_sampling_greedy();
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case O_MODEL: a->model = optarg; break;
-        case O_PROMPT: a->prompt = optarg; break;
-        case O_PROMPT_IDS: a->prompt_ids = optarg; break;
-        case O_BACKEND: a->backend = optarg; break;
-        case O_DUMP: a->dump_logits = optarg; break;
-        case O_IGNORE_EOS: a->ignore_eos = true; break;
-        case O_TP:
-            if (duet__parse_long("--tp", optarg, 1, 64, &lv)) return -1;
-            a->tp = (int)lv;
-            break;
-        case O_THREADS:
-            if (duet__parse_long("--threads", optarg, 1, 1024, &lv)) return -1;
-            a->threads = (int)lv;
-            break;
-        case O_PAGE:
-            if (duet__parse_long("--page-size", optarg, 1, 4096, &lv)) return -1;
-            a->page_size = (int)lv;
-            break;
-        case O_MAX_TOKENS:
-            if (duet__parse_long("--max-tokens", optarg, 1, 1 << 20, &lv)) return -1;
-            a->max_tokens = (int)lv;
-            break;
-        case O_TEMP:
-            if (duet__parse_double("--temperature", optarg, 0, 100, &dv)) return -1;
-            a->sampling.temperature = (float)dv;
-            break;
-        case O_TOPK:
-            if (duet__parse_long("--top-k", optarg, 0, 1 << 30, &lv)) return -1;
-            a->sampling.top_k = (int)lv;
-            break;
-        case O_TOPP:
-            if (duet__parse_double("--top-p", optarg, 1e-9, 1, &dv)) return -1;
-            a->sampling.top_p = (float)dv;
-            break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (errno != 0 || end == optarg || *end != '\0') {
-                fprintf(stderr, "duet generate: --seed: '%s' is not an integer\n", optarg);
-                return -1;
-            }
-            a->sampling.seed = v;
-            a->seed_set = true;
-            break;
-        }
-        case O_OUTPUT:
-            if (strcmp(optarg, "text") == 0) {
-                a->output = DUET__OUT_TEXT;
-            } else if (strcmp(optarg, "ids") == 0) {
-                a->output = DUET__OUT_IDS;
-            } else {
-                fprintf(stderr, "duet generate: --output: '%s' is not text or ids\n", optarg);
-                return -1;
-            }
-            break;
-        case O_HELP:
-            duet__gen_usage(stdout);
-            exit(0);
-        default:
-            fprintf(stderr, "duet generate: unknown or incomplete option '%s'\n",
-                    argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "duet generate: unexpected argument '%s'\n", argv[optind]);
+    temperature = a->sampling.temperature;
+    top_p = a->sampling.top_p;
+
+    const duet_flag_t flags[] = {
+        {"model", DUET_FLAG_STRING, &a->model, .arg = "DIR"},
+        {"prompt", DUET_FLAG_STRING, &a->prompt, .arg = "TEXT"},
+        {"prompt-ids", DUET_FLAG_STRING, &a->prompt_ids, .arg = "IDS"},
+        {"tp", DUET_FLAG_INT, &a->tp, 1, 64, .arg = "N"},
+        {"threads", DUET_FLAG_INT, &a->threads, 1, 1024, .arg = "N"},
+        {"backend", DUET_FLAG_STRING, &a->backend, .arg = "cpu|cuda"},
+        {"max-tokens", DUET_FLAG_INT, &a->max_tokens, 1, 1 << 20, .arg = "N"},
+        {"temperature", DUET_FLAG_DOUBLE, &temperature, 0, 100, .arg = "X"},
+        {"top-k", DUET_FLAG_INT, &a->sampling.top_k, 0, 1 << 30, .arg = "N"},
+        {"top-p", DUET_FLAG_DOUBLE, &top_p, 1e-9, 1, .arg = "X"},
+        {"seed", DUET_FLAG_FUNC, a, .fn = duet__gen_seed, .arg = "N"},
+        {"ignore-eos", DUET_FLAG_TRUE, &a->ignore_eos, .help = "see the usage"},
+        {"output", DUET_FLAG_CHOICE, &output, .choices = duet__gen_outputs, .arg = "text|ids"},
+        {"page-size", DUET_FLAG_INT, &a->page_size, 1, 4096, .arg = "N"},
+        {"dump-logits", DUET_FLAG_STRING, &a->dump_logits, .arg = "FILE"},
+        {"help", DUET_FLAG_STOP, &help, .help = "see the usage"},
+    };
+
+    st = duet_flags_parse(flags, DUET_FLAGS_N(flags), argc, argv, NULL, NULL);
+    if (st != DUET_OK) {
+        fprintf(stderr, "duet generate: %s\n", duet_error_msg());
         return -1;
     }
+    if (help) {
+        duet__gen_usage(stdout);
+        exit(0);
+    }
+    a->sampling.temperature = (float)temperature;
+    a->sampling.top_p = (float)top_p;
+    a->output = (duet__out_t)output;
     if (a->model == NULL) {
         fprintf(stderr, "duet generate: --model is required\n");
         return -1;
@@ -371,9 +302,8 @@ int duet_cmd_generate(int argc, char **argv)
             fprintf(stderr, "duet generate: %s\n", duet_error_msg());
             goto out;
         }
-        if (dump != NULL &&
-            fwrite(logits, sizeof(float), (size_t)seq.n_tokens * (size_t)cfg->vocab, dump) !=
-                (size_t)seq.n_tokens * (size_t)cfg->vocab) {
+        if (dump != NULL && fwrite(logits, sizeof(float), (size_t)seq.n_tokens * (size_t)cfg->vocab,
+                                   dump) != (size_t)seq.n_tokens * (size_t)cfg->vocab) {
             fprintf(stderr, "duet generate: --dump-logits: write failed\n");
             goto out;
         }

@@ -1,11 +1,12 @@
 /* duet mkmodel: write a synthetic Hugging Face Llama-family model. */
 #include <errno.h>
-#include <limits.h>
-#include <stddef.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/flags.h"
 #include "common/status.h"
 #include "synth/mkmodel.h"
 #include "tools/duet/commands.h"
@@ -26,110 +27,99 @@ static void duet__mkmodel_usage(FILE *f)
                "          vocab 512, max_pos 2048, theta 10000, eps 1e-5, untied, f32, seed 1\n");
 }
 
-static int duet__mkmodel_bad(const char *flag, const char *value, const char *why)
-{
-    fprintf(stderr, "duet mkmodel: %s%s%s: %s\n", flag, value ? " " : "", value ? value : "", why);
-    return 2;
-}
-
-static int duet__mkmodel_int(const char *flag, const char *s, long lo, long hi, int *out)
-{
-    char *end = NULL;
-    long v;
-
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        char why[96];
-        snprintf(why, sizeof(why), "expected an integer in [%ld, %ld]", lo, hi);
-        return duet__mkmodel_bad(flag, s, why);
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int duet__mkmodel_double(const char *flag, const char *s, double *out)
+static duet_status_t duet__mkmodel_positive(void *dest, const char *flag, const char *value)
 {
     char *end = NULL;
     double v;
 
     errno = 0;
-    v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !(v > 0))
-        return duet__mkmodel_bad(flag, s, "expected a positive number");
-    *out = v;
-    return 0;
+    v = strtod(value, &end);
+    if (errno != 0 || end == value || *end != '\0' || !(v > 0))
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a positive number", flag, value);
+    *(double *)dest = v;
+    return DUET_OK;
 }
 
-static int duet__mkmodel_u64(const char *flag, const char *s, uint64_t *out)
+static duet_status_t duet__mkmodel_seed(void *dest, const char *flag, const char *value)
 {
     char *end = NULL;
     unsigned long long v;
 
     errno = 0;
-    v = strtoull(s, &end, 0);
-    if (errno != 0 || end == s || *end != '\0' || s[0] == '-')
-        return duet__mkmodel_bad(flag, s, "expected a non-negative integer");
-    *out = (uint64_t)v;
-    return 0;
+    v = strtoull(value, &end, 0);
+    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
+    *(uint64_t *)dest = (uint64_t)v;
+    return DUET_OK;
 }
 
-static int duet__mkmodel_flag(const char *flag, const char *v, duet_mkmodel_opts_t *o)
+static duet_status_t duet__mkmodel_arch(void *dest, const char *flag, const char *value)
 {
-    static const struct {
-        const char *flag;
-        size_t offset;
-        long lo, hi;
-    } ints[] = {
-        {"--layers", offsetof(duet_mkmodel_opts_t, layers), 1, 1024},
-        {"--hidden", offsetof(duet_mkmodel_opts_t, hidden), 1, 1 << 20},
-        {"--heads", offsetof(duet_mkmodel_opts_t, heads), 1, 1 << 12},
-        {"--kv-heads", offsetof(duet_mkmodel_opts_t, kv_heads), 1, 1 << 12},
-        {"--head-dim", offsetof(duet_mkmodel_opts_t, head_dim), 2, 1 << 12},
-        {"--intermediate", offsetof(duet_mkmodel_opts_t, intermediate), 1, 1 << 22},
-        {"--vocab", offsetof(duet_mkmodel_opts_t, vocab), 260, 1 << 24},
-        {"--max-pos", offsetof(duet_mkmodel_opts_t, max_pos), 1, 1 << 24},
-        {"--shards", offsetof(duet_mkmodel_opts_t, shards), 1, 99999},
-        {"--threads", offsetof(duet_mkmodel_opts_t, threads), 0, 1024},
+    int a = duet_arch_parse(value);
+
+    if (a < 0)
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected llama, mistral or qwen2", flag, value);
+    *(duet_arch_t *)dest = (duet_arch_t)a;
+    return DUET_OK;
+}
+
+static duet_status_t duet__mkmodel_dtype(void *dest, const char *flag, const char *value)
+{
+    duet_dtype_t *d = dest;
+
+    if (strcmp(value, "f32") == 0 || strcmp(value, "F32") == 0)
+        *d = DUET_DTYPE_F32;
+    else if (strcmp(value, "f16") == 0 || strcmp(value, "F16") == 0)
+        *d = DUET_DTYPE_F16;
+    else if (strcmp(value, "bf16") == 0 || strcmp(value, "BF16") == 0)
+        *d = DUET_DTYPE_BF16;
+    else
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected f32, f16 or bf16", flag, value);
+    return DUET_OK;
+}
+
+/* dest: the opts the preset is applied to. */
+static duet_status_t duet__mkmodel_preset(void *dest, const char *flag, const char *value)
+{
+    if (duet_mkmodel_preset(value, dest) != DUET_OK)
+        return duet_error(DUET_ERR_CONFIG,
+                          "%s %s: expected bench-124m, llama-3.2-1b-shape or llama-3-8b-shape",
+                          flag, value);
+    return DUET_OK;
+}
+
+/* The parse, twice: first with the preset applied to o and the other
+ * flags to a scratch copy (so the preset is the base whatever its place),
+ * then with the flags applied to o and the preset to the scratch. */
+static duet_status_t duet__mkmodel_parse(int argc, char **argv, duet_mkmodel_opts_t *dst,
+                                         duet_mkmodel_opts_t *preset_dst, const char **out,
+                                         bool *help)
+{
+    const duet_flag_t flags[] = {
+        {"help", DUET_FLAG_STOP, help, .help = "see the usage"},
+        {"out", DUET_FLAG_STRING, out, .arg = "DIR"},
+        {"preset", DUET_FLAG_FUNC, preset_dst, .fn = duet__mkmodel_preset, .arg = "X"},
+        {"arch", DUET_FLAG_FUNC, &dst->arch, .fn = duet__mkmodel_arch, .arg = "X"},
+        {"attention-bias", DUET_FLAG_TRUE, &dst->attention_bias, .help = "see the usage"},
+        {"layers", DUET_FLAG_INT, &dst->layers, 1, 1024, .arg = "N"},
+        {"hidden", DUET_FLAG_INT, &dst->hidden, 1, 1 << 20, .arg = "N"},
+        {"heads", DUET_FLAG_INT, &dst->heads, 1, 1 << 12, .arg = "N"},
+        {"kv-heads", DUET_FLAG_INT, &dst->kv_heads, 1, 1 << 12, .arg = "N"},
+        {"head-dim", DUET_FLAG_INT, &dst->head_dim, 2, 1 << 12, .arg = "N"},
+        {"intermediate", DUET_FLAG_INT, &dst->intermediate, 1, 1 << 22, .arg = "N"},
+        {"vocab", DUET_FLAG_INT, &dst->vocab, 260, 1 << 24, .arg = "N"},
+        {"max-pos", DUET_FLAG_INT, &dst->max_pos, 1, 1 << 24, .arg = "N"},
+        {"rope-theta", DUET_FLAG_FUNC, &dst->rope_theta, .fn = duet__mkmodel_positive, .arg = "X"},
+        {"rms-eps", DUET_FLAG_FUNC, &dst->rms_eps, .fn = duet__mkmodel_positive, .arg = "X"},
+        {"tied", DUET_FLAG_TRUE, &dst->tied, .help = "see the usage"},
+        {"untied", DUET_FLAG_FALSE, &dst->tied, .help = "see the usage"},
+        {"dtype", DUET_FLAG_FUNC, &dst->dtype, .fn = duet__mkmodel_dtype, .arg = "X"},
+        {"seed", DUET_FLAG_FUNC, &dst->seed, .fn = duet__mkmodel_seed, .arg = "X"},
+        {"shards", DUET_FLAG_INT, &dst->shards, 1, 99999, .arg = "N"},
+        {"threads", DUET_FLAG_INT, &dst->threads, 0, 1024, .arg = "N"},
     };
 
-    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
-        if (strcmp(flag, ints[i].flag) == 0)
-            return duet__mkmodel_int(flag, v, ints[i].lo, ints[i].hi,
-                                     (int *)((char *)o + ints[i].offset));
-    }
-    if (strcmp(flag, "--rope-theta") == 0)
-        return duet__mkmodel_double(flag, v, &o->rope_theta);
-    if (strcmp(flag, "--rms-eps") == 0)
-        return duet__mkmodel_double(flag, v, &o->rms_eps);
-    if (strcmp(flag, "--seed") == 0)
-        return duet__mkmodel_u64(flag, v, &o->seed);
-    if (strcmp(flag, "--arch") == 0) {
-        int a = duet_arch_parse(v);
-        if (a < 0)
-            return duet__mkmodel_bad(flag, v, "expected llama, mistral or qwen2");
-        o->arch = (duet_arch_t)a;
-        return 0;
-    }
-    if (strcmp(flag, "--dtype") == 0) {
-        if (strcmp(v, "f32") == 0 || strcmp(v, "F32") == 0)
-            o->dtype = DUET_DTYPE_F32;
-        else if (strcmp(v, "f16") == 0 || strcmp(v, "F16") == 0)
-            o->dtype = DUET_DTYPE_F16;
-        else if (strcmp(v, "bf16") == 0 || strcmp(v, "BF16") == 0)
-            o->dtype = DUET_DTYPE_BF16;
-        else
-            return duet__mkmodel_bad(flag, v, "expected f32, f16 or bf16");
-        return 0;
-    }
-    return duet__mkmodel_bad(flag, NULL, "unknown option (see duet mkmodel --help)");
-}
-
-static int duet__mkmodel_takes_value(const char *flag)
-{
-    return strcmp(flag, "--tied") != 0 && strcmp(flag, "--untied") != 0 &&
-           strcmp(flag, "--attention-bias") != 0 && strcmp(flag, "--help") != 0 &&
-           strcmp(flag, "-h") != 0;
+    return duet_flags_parse(flags, DUET_FLAGS_N(flags), argc, argv, NULL, NULL);
 }
 
 /* Library messages start with "mkmodel: " already. */
@@ -142,52 +132,25 @@ static void duet__mkmodel_report(void)
 int duet_cmd_mkmodel(int argc, char **argv)
 {
     duet_mkmodel_opts_t o = duet_mkmodel_opts_default();
+    duet_mkmodel_opts_t scratch = o;
     const char *out = NULL;
+    bool help = false;
     uint64_t params, bytes;
     duet_status_t st;
-    int rc;
 
-    /* First pass: --help, --out, --preset and the shape of the command
-     * line, so that the preset is the base the other flags override. */
-    for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i];
-        if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
-            duet__mkmodel_usage(stdout);
-            return 0;
-        }
-        if (strncmp(flag, "--", 2) != 0)
-            return duet__mkmodel_bad(flag, NULL, "unexpected argument");
-        if (!duet__mkmodel_takes_value(flag))
-            continue;
-        if (i + 1 >= argc)
-            return duet__mkmodel_bad(flag, NULL, "missing value");
-        if (strcmp(flag, "--out") == 0) {
-            out = argv[i + 1];
-        } else if (strcmp(flag, "--preset") == 0) {
-            if (duet_mkmodel_preset(argv[i + 1], &o) != DUET_OK)
-                return duet__mkmodel_bad(flag, argv[i + 1],
-                                         "expected bench-124m, llama-3.2-1b-shape or "
-                                         "llama-3-8b-shape");
-        }
-        i++;
+    if (duet__mkmodel_parse(argc, argv, &scratch, &o, &out, &help) != DUET_OK ||
+        (!help && duet__mkmodel_parse(argc, argv, &o, &scratch, &out, &help) != DUET_OK)) {
+        fprintf(stderr, "duet mkmodel: %s\n", duet_error_msg());
+        return 2;
     }
-    for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i];
-        if (strcmp(flag, "--tied") == 0 || strcmp(flag, "--untied") == 0) {
-            o.tied = strcmp(flag, "--tied") == 0;
-            continue;
-        }
-        if (strcmp(flag, "--attention-bias") == 0) {
-            o.attention_bias = true;
-            continue;
-        }
-        if (strcmp(flag, "--out") != 0 && strcmp(flag, "--preset") != 0 &&
-            (rc = duet__mkmodel_flag(flag, argv[i + 1], &o)) != 0)
-            return rc;
-        i++;
+    if (help) {
+        duet__mkmodel_usage(stdout);
+        return 0;
     }
-    if (out == NULL)
-        return duet__mkmodel_bad("--out", NULL, "required");
+    if (out == NULL) {
+        fprintf(stderr, "duet mkmodel: --out: required\n");
+        return 2;
+    }
     if ((st = duet_mkmodel_size(&o, &params, &bytes)) != DUET_OK) {
         duet__mkmodel_report();
         return 2;
