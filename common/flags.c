@@ -222,3 +222,18 @@ duet_status_t duet_flag_log_level(void *dest, const char *flag, const char *valu
     duet_log_set_level((duet_log_level_t)lvl);
     return DUET_OK;
 }
+
+duet_status_t duet_flag_seed(void *dest, const char *flag, const char *value)
+{
+    duet_flag_seed_t *s = dest;
+    char *end = NULL;
+    unsigned long long v;
+
+    errno = 0;
+    v = strtoull(value, &end, 0);
+    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
+    s->value = (uint64_t)v;
+    s->set = true;
+    return DUET_OK;
+}

@@ -27,7 +27,9 @@
 #ifndef DUET_COMMON_FLAGS_H
 #define DUET_COMMON_FLAGS_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "common/status.h"
@@ -82,5 +84,13 @@ void duet_flags_help(FILE *f, const duet_flag_t *flags, size_t n);
 /* A FUNC for --log-level: dest unused; sets the process's log level
  * (error, warn, info, debug or trace). */
 duet_status_t duet_flag_log_level(void *dest, const char *flag, const char *value);
+
+/* A FUNC parser for a seed: dest is a duet_flag_seed_t, value a
+ * non-negative integer (decimal, or 0x hex); set records that it was given. */
+typedef struct {
+    uint64_t value;
+    bool set;
+} duet_flag_seed_t;
+duet_status_t duet_flag_seed(void *dest, const char *flag, const char *value);
 
 #endif

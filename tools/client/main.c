@@ -42,11 +42,6 @@
 #include "duet/v1/decode.pb-c.h"
 #include "duet/v1/generate.pb-c.h"
 
-typedef struct {
-    unsigned long long seed;
-    bool has_seed;
-} duet__seed_t;
-
 static int duet__ids(const char *s, int32_t **ids_p, size_t *n_p)
 {
     size_t cap = 64, n = 0;
@@ -143,20 +138,6 @@ static int duet__health(const char *target, duet_rpc_auth_t *auth, long timeout_
     return rc;
 }
 
-static duet_status_t duet__seed(void *dest, const char *flag, const char *value)
-{
-    duet__seed_t *s = dest;
-    char *end;
-    unsigned long long v;
-
-    errno = 0;
-    v = strtoull(value, &end, 10);
-    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
-        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
-    s->seed = v;
-    s->has_seed = true;
-    return DUET_OK;
-}
 
 static const char *const duet__outputs[] = {"text", "ids", "logprobs", NULL};
 
@@ -165,7 +146,7 @@ int main(int argc, char **argv)
     const char *target = NULL, *prefill = "", *text = NULL, *ids_arg = NULL, *output;
     int max_tokens = 16, timeout_ms = 60000, output_i = 0;
     double temperature = 0;
-    duet__seed_t sd = {0, false};
+    duet_flag_seed_t sd = {0, false};
     bool ignore_eos = false, router = false, health = false, help = false;
     const char *flag[5] = {NULL, NULL, NULL, NULL, NULL}; /* ca cert key secret name */
     const char *config = NULL;
@@ -178,7 +159,7 @@ int main(int argc, char **argv)
         {"prompt-ids", DUET_FLAG_STRING, &ids_arg, .arg = "IDS"},
         {"max-tokens", DUET_FLAG_INT, &max_tokens, 1, 1 << 30, .arg = "N"},
         {"temperature", DUET_FLAG_DOUBLE, &temperature, -1e9, 1e9, .arg = "X"},
-        {"seed", DUET_FLAG_FUNC, &sd, .fn = duet__seed, .arg = "N"},
+        {"seed", DUET_FLAG_FUNC, &sd, .fn = duet_flag_seed, .arg = "N"},
         {"ignore-eos", DUET_FLAG_TRUE, &ignore_eos, .help = "see the usage"},
         {"output", DUET_FLAG_CHOICE, &output_i, .choices = duet__outputs,
          .arg = "text|ids|logprobs"},
@@ -246,8 +227,8 @@ int main(int argc, char **argv)
         g.text = (char *)text;
     }
     sp.temperature = (float)temperature;
-    sp.seed = sd.seed;
-    sp.has_seed = sd.has_seed;
+    sp.seed = sd.value;
+    sp.has_seed = sd.set;
     g.sampling = &sp;
     g.max_tokens = (uint32_t)max_tokens;
     g.ignore_eos = ignore_eos;

@@ -47,20 +47,6 @@ static void duet__gen_usage(FILE *f)
             "--prompt adds BOS as the tokenizer says; --prompt-ids is used exactly as given.\n");
 }
 
-static duet_status_t duet__gen_seed(void *dest, const char *flag, const char *value)
-{
-    duet__gen_args_t *a = dest;
-    char *end;
-    unsigned long long v;
-
-    errno = 0;
-    v = strtoull(value, &end, 10);
-    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
-        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
-    a->sampling.seed = v;
-    a->seed_set = true;
-    return DUET_OK;
-}
 
 static const char *const duet__gen_outputs[] = {"text", "ids", NULL};
 
@@ -69,6 +55,7 @@ static int duet__gen_parse(int argc, char **argv, duet__gen_args_t *a)
     double temperature = 0, top_p = 1;
     int output = DUET__OUT_TEXT;
     bool help = false;
+    duet_flag_seed_t seed = {0, false};
     duet_status_t st;
 
     memset(a, 0, sizeof(*a));
@@ -91,7 +78,7 @@ static int duet__gen_parse(int argc, char **argv, duet__gen_args_t *a)
         {"temperature", DUET_FLAG_DOUBLE, &temperature, 0, 100, .arg = "X"},
         {"top-k", DUET_FLAG_INT, &a->sampling.top_k, 0, 1 << 30, .arg = "N"},
         {"top-p", DUET_FLAG_DOUBLE, &top_p, 1e-9, 1, .arg = "X"},
-        {"seed", DUET_FLAG_FUNC, a, .fn = duet__gen_seed, .arg = "N"},
+        {"seed", DUET_FLAG_FUNC, &seed, .fn = duet_flag_seed, .arg = "N"},
         {"ignore-eos", DUET_FLAG_TRUE, &a->ignore_eos, .help = "see the usage"},
         {"output", DUET_FLAG_CHOICE, &output, .choices = duet__gen_outputs, .arg = "text|ids"},
         {"page-size", DUET_FLAG_INT, &a->page_size, 1, 4096, .arg = "N"},
@@ -110,6 +97,10 @@ static int duet__gen_parse(int argc, char **argv, duet__gen_args_t *a)
     }
     a->sampling.temperature = (float)temperature;
     a->sampling.top_p = (float)top_p;
+    if (seed.set) {
+        a->sampling.seed = seed.value;
+        a->seed_set = true;
+    }
     a->output = (duet__out_t)output;
     if (a->model == NULL) {
         fprintf(stderr, "duet generate: --model is required\n");

@@ -42,15 +42,12 @@ static duet_status_t duet__mkmodel_positive(void *dest, const char *flag, const 
 
 static duet_status_t duet__mkmodel_seed(void *dest, const char *flag, const char *value)
 {
-    char *end = NULL;
-    unsigned long long v;
+    duet_flag_seed_t seed;
+    duet_status_t st = duet_flag_seed(&seed, flag, value);
 
-    errno = 0;
-    v = strtoull(value, &end, 0);
-    if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
-        return duet_error(DUET_ERR_CONFIG, "%s %s: expected a non-negative integer", flag, value);
-    *(uint64_t *)dest = (uint64_t)v;
-    return DUET_OK;
+    if (st == DUET_OK)
+        *(uint64_t *)dest = seed.value;
+    return st;
 }
 
 static duet_status_t duet__mkmodel_arch(void *dest, const char *flag, const char *value)
