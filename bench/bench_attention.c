@@ -26,6 +26,8 @@
 #ifdef DUET_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "bench/gpu_bench.h"
+
 #include "engine/cuda/backend_cuda.h"
 
 typedef struct {
@@ -35,19 +37,6 @@ typedef struct {
     char variants[64];
 } args_t;
 
-static int parse_list(const char *s, int *out, int max)
-{
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = atoi(s);
-        const char *c = strchr(s, ',');
-        if (c == NULL)
-            break;
-        s = c + 1;
-    }
-    return n;
-}
-
 static int parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof(*a));
@@ -56,8 +45,8 @@ static int parse(int argc, char **argv, args_t *a)
     a->hd = 128;
     a->page = 16;
     a->reps = 50;
-    a->n_batches = parse_list("1,16,64", a->batches, 8);
-    a->n_ctx = parse_list("1024,4096,8192", a->ctx, 8);
+    a->n_batches = duet_bench_list("1,16,64", a->batches, 8);
+    a->n_ctx = duet_bench_list("1024,4096,8192", a->ctx, 8);
     snprintf(a->variants, sizeof(a->variants), "flash,cores,legacy");
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -71,9 +60,9 @@ static int parse(int argc, char **argv, args_t *a)
         } else if (strcmp(k, "--reps") == 0) {
             a->reps = atoi(v);
         } else if (strcmp(k, "--batches") == 0) {
-            a->n_batches = parse_list(v, a->batches, 8);
+            a->n_batches = duet_bench_list(v, a->batches, 8);
         } else if (strcmp(k, "--ctx") == 0) {
-            a->n_ctx = parse_list(v, a->ctx, 8);
+            a->n_ctx = duet_bench_list(v, a->ctx, 8);
         } else if (strcmp(k, "--variants") == 0) {
             snprintf(a->variants, sizeof(a->variants), "%s", v);
         } else {
@@ -84,32 +73,6 @@ static int parse(int argc, char **argv, args_t *a)
                    a->reps > 0 && a->n_batches > 0 && a->n_ctx > 0
                ? 0
                : -1;
-}
-
-static double copy_bandwidth(void)
-{
-    size_t bytes = (size_t)1 << 30;
-    void *x = NULL, *y = NULL;
-    cudaEvent_t e0, e1;
-    float ms = 0;
-    if (cudaMalloc(&x, bytes) != cudaSuccess || cudaMalloc(&y, bytes) != cudaSuccess)
-        return 0;
-    cudaMemset(x, 1, bytes);
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int i = 0; i < 3; i++)
-        cudaMemcpy(y, x, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e0, 0);
-    for (int i = 0; i < 20; i++)
-        cudaMemcpyAsync(i % 2 ? x : y, i % 2 ? y : x, bytes, cudaMemcpyDeviceToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&ms, e0, e1);
-    cudaFree(x);
-    cudaFree(y);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return 2.0 * (double)bytes * 20 / (ms / 1e3) / 1e9;
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -246,7 +209,7 @@ int main(int argc, char **argv)
         max_b = a.batches[i] > max_b ? a.batches[i] : max_b;
     for (int i = 0; i < a.n_ctx; i++)
         max_ctx = a.ctx[i] > max_ctx ? a.ctx[i] : max_ctx;
-    double bw = copy_bandwidth();
+    double bw = duet_bench_copy_bandwidth();
     printf("bench_attention: %s (%d SMs), heads %d/%d head_dim %d, page %d\n", prop.name,
            prop.multiProcessorCount, a.nq, a.nkv, a.hd, a.page);
     printf("  HBM copy bandwidth %.0f GB/s (1 GiB D2D, read + write)\n", bw);

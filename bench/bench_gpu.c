@@ -31,6 +31,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "bench/gpu_bench.h"
+
 #define CK(x)                                                                                      \
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
@@ -48,28 +50,15 @@ typedef struct {
     int prompts[16], n_prompts;
 } args_t;
 
-static int parse_list(const char *s, int *out, int max)
-{
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = atoi(s);
-        const char *c = strchr(s, ',');
-        if (c == NULL)
-            break;
-        s = c + 1;
-    }
-    return n;
-}
-
 static int parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof(*a));
     a->tp = 1;
-    a->n_ctx = parse_list("16", a->ctx, 8);
+    a->n_ctx = duet_bench_list("16", a->ctx, 8);
     a->decode = 128;
     a->reps = 3;
-    a->n_batches = parse_list("1,16,64", a->batches, 8);
-    a->n_prompts = parse_list("512,1024,2048,4096,8192", a->prompts, 16);
+    a->n_batches = duet_bench_list("1,16,64", a->batches, 8);
+    a->n_prompts = duet_bench_list("512,1024,2048,4096,8192", a->prompts, 16);
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (strcmp(k, "--model") == 0)
@@ -77,15 +66,15 @@ static int parse(int argc, char **argv, args_t *a)
         else if (strcmp(k, "--tp") == 0)
             a->tp = atoi(v);
         else if (strcmp(k, "--ctx") == 0)
-            a->n_ctx = parse_list(v, a->ctx, 8);
+            a->n_ctx = duet_bench_list(v, a->ctx, 8);
         else if (strcmp(k, "--decode") == 0)
             a->decode = atoi(v);
         else if (strcmp(k, "--reps") == 0)
             a->reps = atoi(v);
         else if (strcmp(k, "--batches") == 0)
-            a->n_batches = parse_list(v, a->batches, 8);
+            a->n_batches = duet_bench_list(v, a->batches, 8);
         else if (strcmp(k, "--prompts") == 0)
-            a->n_prompts = parse_list(v, a->prompts, 16);
+            a->n_prompts = duet_bench_list(v, a->prompts, 16);
         else
             return -1;
     }
@@ -105,33 +94,6 @@ static int parse(int argc, char **argv, args_t *a)
 static double now_s(void)
 {
     return (double)duet_now_ns() / 1e9;
-}
-
-/* GB/s of a device-to-device copy, bytes read + written */
-static double copy_bandwidth(void)
-{
-    size_t bytes = (size_t)1 << 30;
-    void *a = NULL, *b = NULL;
-    cudaEvent_t e0, e1;
-    float ms = 0;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++)
-        CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e0, 0));
-    for (int i = 0; i < 20; i++)
-        CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaFree(a);
-    cudaFree(b);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return 2.0 * (double)bytes * 20 / (ms / 1e3) / 1e9;
 }
 
 /* TFLOP/s of a bf16 TN GEMM m = n = k = 8192 (float32 accumulate) */
@@ -224,7 +186,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gpu: no CUDA device\n");
         return 1;
     }
-    double bw = copy_bandwidth();
+    double bw = duet_bench_copy_bandwidth();
     double tf = gemm_tflops();
 
     int max_b = 1, max_p = 1, max_ctx = a.ctx[a.n_ctx - 1];
