@@ -29,6 +29,7 @@
 
 #ifdef DUET_HAVE_CUDA
 #include <cublasLt.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "bench/gpu_bench.h"
@@ -167,6 +168,22 @@ static double gemm_tflops(void)
     return 2.0 * m * n * (double)k * 20 / (ms / 1e3) / 1e12;
 }
 
+/* DUET_BENCH_PROFILE=decode|prefill: cudaProfilerStart/Stop around the
+ * first timed decode step of every (batch, ctx), or the first timed
+ * prefill of every prompt length, for a profiler started with profiling
+ * off (tests/gpu/profile.sh: ncu --profile-from-start off). */
+static void profile_mark(const char *what, bool start, bool stop)
+{
+    const char *v = getenv("DUET_BENCH_PROFILE");
+    if (v == NULL || strcmp(v, what) != 0 || !(start || stop))
+        return;
+    (void)cudaDeviceSynchronize();
+    if (start)
+        (void)cudaProfilerStart();
+    else
+        (void)cudaProfilerStop();
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -287,6 +304,7 @@ int main(int argc, char **argv)
             for (int step = 0; step < a.decode + 3; step++) {
                 if (step == 3)
                     t0 = now_s();
+                profile_mark("decode", step == 3, false);
                 for (int s = 0; s < B; s++) {
                     cur[s] = next[s];
                     seqs[s].start_pos++;
@@ -294,6 +312,7 @@ int main(int argc, char **argv)
                 }
                 if (duet_engine_forward(e, seqs, B, next) != DUET_OK)
                     goto fail;
+                profile_mark("decode", false, step == 3);
             }
             double t = now_s() - t0;
             double avg_ctx = C + 3 + a.decode / 2.0;
@@ -316,8 +335,10 @@ int main(int argc, char **argv)
                                    .sample = true,
                                    .sampling = duet_sampling_greedy()};
             double t0 = now_s();
+            profile_mark("prefill", r == 1, false);
             if (duet_engine_forward(e, &s, 1, next) != DUET_OK)
                 goto fail;
+            profile_mark("prefill", false, r == 1);
             if (r > 0)
                 times[r - 1] = now_s() - t0;
         }

@@ -125,6 +125,10 @@ typedef struct duet_backend_ops {
     duet_status_t (*silu_mul)(duet_backend_rank_t *r, void *out, const void *gu, int n, int m);
     /* x[i] += y[i] for i < count */
     duet_status_t (*add)(duet_backend_rank_t *r, void *x, const void *y, size_t count);
+    /* Optional (NULL: add then rmsnorm): x[n][d] += y[n][d], then
+     * out[n][d] = rmsnorm(x) * w, with the same results as the two ops. */
+    duet_status_t (*add_rmsnorm)(duet_backend_rank_t *r, void *out, void *x, const void *y,
+                                 const void *w, int n, int d, float eps);
     /* x[t][d] += bias[d] for t < n (a bias vector of vector_create) */
     duet_status_t (*add_bias)(duet_backend_rank_t *r, void *x, const void *bias, int n, int d);
     /* out[i][d] = in[rows[i]][d] for i < n_rows (rows in host memory) */

@@ -398,6 +398,19 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
     return DUET_OK;
 }
 
+/* x += y, then h = rmsnorm(x) * w: one fused op where the backend has it */
+static duet_status_t duet__add_norm(duet__rank_t *rk, const void *y, const void *w, int n, int H)
+{
+    const duet_backend_ops_t *ops = rk->e->ops;
+    float eps = (float)rk->e->model->cfg.rms_eps;
+    duet_status_t st;
+    if (ops->add_rmsnorm != NULL)
+        return ops->add_rmsnorm(rk->br, rk->h, rk->x, y, w, n, H, eps);
+    if ((st = ops->add(rk->br, rk->x, y, (size_t)n * (size_t)H)) != DUET_OK)
+        return st;
+    return ops->rmsnorm(rk->br, rk->h, rk->x, w, n, H, eps);
+}
+
 /* Embedding and every layer of the prepared chunk (what a backend may
  * record and replay as one step). */
 static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
@@ -414,10 +427,15 @@ static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
 
     if ((st = ops->embed(rk->br, rk->x, rk->embed, n, H)) != DUET_OK)
         return st;
+    /* h = attn_norm(x) of layer 0; every later one comes with the residual
+     * add that ends the layer before (add_rmsnorm, where the backend fuses) */
+    if ((st = ops->rmsnorm(rk->br, rk->h, rk->x, rk->layers[0].attn_norm, n, H,
+                           (float)cfg->rms_eps)) != DUET_OK)
+        return st;
     for (int l = 0; l < cfg->n_layers; l++) {
         const duet__layer_t *L = &rk->layers[l];
-        if ((st = ops->rmsnorm(rk->br, rk->h, rk->x, L->attn_norm, n, H, (float)cfg->rms_eps)) ||
-            (st = ops->matmul(rk->br, rk->qkv, rk->h, n, L->wqkv, L->qkv_bias)) ||
+        const void *next_norm = l + 1 < cfg->n_layers ? rk->layers[l + 1].attn_norm : NULL;
+        if ((st = ops->matmul(rk->br, rk->qkv, rk->h, n, L->wqkv, L->qkv_bias)) ||
             (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, (float)cfg->rope_theta, l)))
             return st;
         /* layer l's KV is in the pool: a transfer may start reading it */
@@ -427,13 +445,17 @@ static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
             (st = ops->matmul(rk->br, rk->o, rk->attn, n, L->wo, NULL)) ||
             (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
             (L->o_bias != NULL && (st = ops->add_bias(rk->br, rk->o, L->o_bias, n, H))) ||
-            (st = ops->add(rk->br, rk->x, rk->o, nH)) ||
-            (st = ops->rmsnorm(rk->br, rk->h, rk->x, L->mlp_norm, n, H, (float)cfg->rms_eps)) ||
+            (st = duet__add_norm(rk, rk->o, L->mlp_norm, n, H)) ||
             (st = ops->matmul(rk->br, rk->gu, rk->h, n, L->wgu, NULL)) ||
             (st = ops->silu_mul(rk->br, rk->act, rk->gu, n, s->n_ffn)) ||
             (st = ops->matmul(rk->br, rk->o, rk->act, n, L->wdown, NULL)) ||
-            (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)) ||
-            (st = ops->add(rk->br, rk->x, rk->o, nH)))
+            (st = duet_comm_all_reduce_sum(rk->comm, rk->o, nH, ops->act_dtype)))
+            return st;
+        if (next_norm != NULL)
+            st = duet__add_norm(rk, rk->o, next_norm, n, H);
+        else
+            st = ops->add(rk->br, rk->x, rk->o, nH); /* the final norm runs on the gathered rows */
+        if (st != DUET_OK)
             return st;
     }
     return DUET_OK;

@@ -421,6 +421,8 @@ extern "C" duet_status_t duet__cuda_attention_prefill_init(void)
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)duet__pfm<128>::smem),
                               "attention prefill smem limit", __FILE__, __LINE__);
+    if (st == DUET_OK)
+        st = duet__cuda_attention_prefill_fa_init();
     if (st != DUET_OK)
         return st;
     st = duet__cuda_check(cudaFuncSetAttribute(duet__attn_prefill_kernel<64>,
@@ -444,6 +446,9 @@ extern "C" duet_status_t duet__cuda_attention_prefill(cudaStream_t s, void *out,
     float scale = 1.0f / sqrtf((float)head_dim);
     if (n_tiles <= 0)
         return DUET_OK;
+    if (variant == DUET__CUDA_ATTN_FA)
+        return duet__cuda_attention_prefill_fa(s, out, qkv, b, kv, layer, n_tiles, nq, nkv,
+                                               head_dim);
     if (variant == DUET__CUDA_ATTN_MMA && head_dim == 64)
         duet__attn_prefill_mma<64><<<grid, DUET__PF_THREADS, duet__pfm<64>::smem, s>>>(
             (duet_bf16 *)out, (const duet_bf16 *)qkv, b, kv, layer, nq, nkv, scale);

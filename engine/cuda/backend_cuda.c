@@ -177,8 +177,9 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
         return st;
     r->graphs_enabled = !(g != NULL && strcmp(g, "0") == 0);
     g = getenv("DUET_CUDA_ATTN");
-    r->attn_variant =
-        g != NULL && strcmp(g, "wmma") == 0 ? DUET__CUDA_ATTN_WMMA : DUET__CUDA_ATTN_MMA;
+    r->attn_variant = g != NULL && strcmp(g, "wmma") == 0  ? DUET__CUDA_ATTN_WMMA
+                      : g != NULL && strcmp(g, "mma") == 0 ? DUET__CUDA_ATTN_MMA
+                                                           : DUET__CUDA_ATTN_FA;
     g = getenv("DUET_CUDA_DECODE_ATTN");
     r->decode_legacy = g != NULL && strcmp(g, "legacy") == 0;
     r->decode_cores = g != NULL && strcmp(g, "cores") == 0;
@@ -192,7 +193,9 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
                   r->rank, r->device, prop.name, prop.multiProcessorCount,
                   (double)prop.totalGlobalMem / (double)(1u << 30),
                   r->graphs_enabled ? "on" : "off",
-                  r->attn_variant == DUET__CUDA_ATTN_WMMA ? "wmma" : "mma",
+                  r->attn_variant == DUET__CUDA_ATTN_WMMA  ? "wmma"
+                  : r->attn_variant == DUET__CUDA_ATTN_MMA ? "mma"
+                                                           : "fa",
                   r->decode_legacy  ? "legacy"
                   : r->decode_cores ? "flash on cuda cores"
                                     : "flash");
@@ -447,6 +450,13 @@ static duet_status_t duet__cuda_op_add(duet_backend_rank_t *r, void *x, const vo
     return duet__cuda_add(r->stream, x, y, count);
 }
 
+static duet_status_t duet__cuda_op_add_rmsnorm(duet_backend_rank_t *r, void *out, void *x,
+                                               const void *y, const void *w, int n, int d,
+                                               float eps)
+{
+    return duet__cuda_add_rmsnorm(r->stream, out, x, y, w, n, d, eps);
+}
+
 static duet_status_t duet__cuda_op_add_bias(duet_backend_rank_t *r, void *x, const void *bias,
                                             int n, int d)
 {
@@ -540,6 +550,7 @@ const duet_backend_ops_t duet_backend_cuda = {
     .attention = duet__cuda_op_attention,
     .silu_mul = duet__cuda_op_silu_mul,
     .add = duet__cuda_op_add,
+    .add_rmsnorm = duet__cuda_op_add_rmsnorm,
     .add_bias = duet__cuda_op_add_bias,
     .gather_rows = duet__cuda_op_gather_rows,
     .rows_to_host_f32 = duet__cuda_op_rows_to_host_f32,

@@ -12,9 +12,9 @@
  *    bandwidth-bound skinny GEMV kernel (gemv.cu).  DUET_CUDA_GEMV=0 sends
  *    every n to cuBLASLt.
  *  - attention: prefill (some sequence brings >= 8 new tokens, head_dim 64
- *    or 128) runs a tiled tensor-core kernel with the accumulators in
- *    registers (mma.sync; attention_prefill.cu), DUET_CUDA_ATTN=wmma picks
- *    the older wmma kernel; decode and other head sizes run a per-token
+ *    or 128) runs a pipelined FlashAttention-2 style tensor-core kernel
+ *    (mma.sync, cp.async, ldmatrix; attention_prefill_fa.cu),
+ *    DUET_CUDA_ATTN=mma|wmma the older ones (attention_prefill.cu); decode and other head sizes run a per-token
  *    kernel that splits long contexts across blocks and merges the partial
  *    softmaxes (attention_decode.cu).  Both read K/V through the page
  *    table of the HND pool.

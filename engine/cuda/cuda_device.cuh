@@ -95,6 +95,45 @@ static __device__ __forceinline__ void duet__mma16816(float *c, uint32_t a0, uin
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* Four 8x8 bf16 matrices from shared memory into fragments: lanes 8i..8i+7
+ * give the row addresses of matrix i; lane (g, t) receives row g, columns
+ * 2t, 2t+1 of each (with trans: column g, rows 2t, 2t+1). */
+static __device__ __forceinline__ void duet__ldsm_x4(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+static __device__ __forceinline__ void duet__ldsm_x4_trans(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* 16 bytes global -> shared without passing through registers (sm_80+);
+ * valid = false writes 16 zero bytes (src is not read, but must be a
+ * mapped address).  Groups: commit, then wait until at most n are in flight. */
+static __device__ __forceinline__ void duet__cp16(void *dst, const void *src, bool valid)
+{
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+static __device__ __forceinline__ void duet__cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> static __device__ __forceinline__ void duet__cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 static __device__ __forceinline__ uint32_t duet__pack2f(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -187,7 +187,7 @@ struct duet_backend_rank {
     int32_t *am_idx;
     int am_cap;
 
-    int attn_variant; /* DUET__CUDA_ATTN_MMA or _WMMA (DUET_CUDA_ATTN) */
+    int attn_variant; /* DUET__CUDA_ATTN_FA, _MMA or _WMMA (DUET_CUDA_ATTN) */
     /* decode attention (DUET_CUDA_DECODE_ATTN): flash-decoding on tensor cores where
      * the head_dim has that kernel ("flash", the default), on CUDA cores ("cores"),
      * or the per-token kernel ("legacy"); the flash split count fills whole

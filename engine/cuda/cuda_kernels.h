@@ -65,6 +65,10 @@ duet_status_t duet__cuda_embed(cudaStream_t s, void *out, const void *table, int
                                duet__cuda_batch_t b, int n, int hidden);
 duet_status_t duet__cuda_rmsnorm(cudaStream_t s, void *out, const void *in, const void *w, int n,
                                  int d, float eps);
+/* x[t][i] += res[t][i] (bf16-rounded), then out = rmsnorm(x) * w: the same
+ * bits as duet__cuda_add then duet__cuda_rmsnorm */
+duet_status_t duet__cuda_add_rmsnorm(cudaStream_t s, void *out, void *x, const void *res,
+                                     const void *w, int n, int d, float eps);
 /* inv_freq: float32 device [head_dim / 2] */
 duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, duet__cuda_batch_t b,
                                        const float *inv_freq, duet__cuda_kv_t kv, int layer, int n,
@@ -107,11 +111,18 @@ duet_status_t duet__cuda_flash_decode(cudaStream_t s, void *out, const void *qkv
                                       int nq, int nkv, int head_dim, bool tensor_cores, int splits,
                                       float *part, unsigned *counts);
 /* Tiled tensor-core attention for many queries per sequence: one block per
- * (tile of b.tiles, query head).  head_dim 64 or 128.  variant: the
- * register-accumulator mma.sync kernel or the wmma one (O in shared
- * memory), DUET_CUDA_ATTN=mma|wmma. */
+ * (tile of b.tiles, query head).  head_dim 64 or 128.  variant
+ * (DUET_CUDA_ATTN=fa|mma|wmma): the pipelined FlashAttention-2 style
+ * kernel (attention_prefill_fa.cu, the default), the earlier
+ * register-accumulator mma.sync kernel, or the wmma one (O in shared
+ * memory). */
 #define DUET__CUDA_ATTN_MMA  0
 #define DUET__CUDA_ATTN_WMMA 1
+#define DUET__CUDA_ATTN_FA   2
+duet_status_t duet__cuda_attention_prefill_fa_init(void);
+duet_status_t duet__cuda_attention_prefill_fa(cudaStream_t s, void *out, const void *qkv,
+                                              duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer,
+                                              int n_tiles, int nq, int nkv, int head_dim);
 duet_status_t duet__cuda_attention_prefill(cudaStream_t s, void *out, const void *qkv,
                                            duet__cuda_batch_t b, duet__cuda_kv_t kv, int layer,
                                            int n_tiles, int nq, int nkv, int head_dim, int variant);

@@ -1,14 +1,20 @@
 /* RMSNorm: out[t][i] = in[t][i] / sqrt(mean_i(in[t][i]^2) + eps) * w[i],
  * one block per row, float32 sum of squares.  out may equal in: every
- * thread reads and writes only its own elements. */
+ * thread reads and writes only its own elements.
+ *
+ * With ADD (the residual add fused in front, duet__cuda_add_rmsnorm):
+ * in[t][i] += res[t][i] first (float32 sum rounded to bf16, as the add
+ * kernel does), and the norm reads the rounded sums: the same bits as the
+ * add kernel followed by this one, one pass over the row fewer. */
 #include "engine/cuda/cuda_device.cuh"
 #include "engine/cuda/cuda_kernels.h"
 
-static __global__ void duet__rmsnorm_kernel(duet_bf16 *out, const duet_bf16 *in, const duet_bf16 *w,
-                                            int d, float eps, bool vec)
+template <bool ADD>
+static __global__ void duet__rmsnorm_kernel(duet_bf16 *out, duet_bf16 *in, const duet_bf16 *res,
+                                            const duet_bf16 *w, int d, float eps, bool vec)
 {
     __shared__ float scratch[32];
-    const duet_bf16 *x = in + (size_t)blockIdx.x * (size_t)d;
+    duet_bf16 *x = in + (size_t)blockIdx.x * (size_t)d;
     duet_bf16 *y = out + (size_t)blockIdx.x * (size_t)d;
     float ss = 0.0f;
 
@@ -16,12 +22,24 @@ static __global__ void duet__rmsnorm_kernel(duet_bf16 *out, const duet_bf16 *in,
         for (int i = threadIdx.x * 8; i < d; i += blockDim.x * 8) {
             float v[8];
             duet__load8(x + i, v);
+            if (ADD) {
+                float r[8];
+                duet__load8(res + (size_t)blockIdx.x * (size_t)d + i, r);
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    v[k] += r[k];
+                duet__store8(x + i, v);
+                duet__load8(x + i, v); /* the rounded sums, as the norm reads them */
+            }
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 ss += v[k] * v[k];
         }
     } else {
         for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            if (ADD)
+                x[i] = duet__f2bf(duet__bf2f(x[i]) +
+                                  duet__bf2f(res[(size_t)blockIdx.x * (size_t)d + i]));
             float v = duet__bf2f(x[i]);
             ss += v * v;
         }
@@ -44,16 +62,35 @@ static __global__ void duet__rmsnorm_kernel(duet_bf16 *out, const duet_bf16 *in,
     }
 }
 
+static int duet__rmsnorm_threads(int d, bool vec)
+{
+    int per = vec ? 8 : 1;
+    int threads = (d / per + 31) / 32 * 32;
+    return threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
+}
+
 extern "C" duet_status_t duet__cuda_rmsnorm(cudaStream_t s, void *out, const void *in,
                                             const void *w, int n, int d, float eps)
 {
     bool vec = d % 8 == 0 && duet__aligned16(out) && duet__aligned16(in) && duet__aligned16(w);
-    int per = vec ? 8 : 1;
-    int threads = (d / per + 31) / 32 * 32;
-    threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
     if (n <= 0)
         return DUET_OK;
-    duet__rmsnorm_kernel<<<n, threads, 0, s>>>((duet_bf16 *)out, (const duet_bf16 *)in,
-                                               (const duet_bf16 *)w, d, eps, vec);
+    /* in is only read without ADD */
+    duet__rmsnorm_kernel<false><<<n, duet__rmsnorm_threads(d, vec), 0, s>>>(
+        (duet_bf16 *)out, (duet_bf16 *)in, NULL, (const duet_bf16 *)w, d, eps, vec);
     return DUET__CUDA_LAUNCHED("rmsnorm");
+}
+
+extern "C" duet_status_t duet__cuda_add_rmsnorm(cudaStream_t s, void *out, void *x,
+                                                const void *res, const void *w, int n, int d,
+                                                float eps)
+{
+    bool vec = d % 8 == 0 && duet__aligned16(out) && duet__aligned16(x) &&
+               duet__aligned16(res) && duet__aligned16(w);
+    if (n <= 0)
+        return DUET_OK;
+    duet__rmsnorm_kernel<true><<<n, duet__rmsnorm_threads(d, vec), 0, s>>>(
+        (duet_bf16 *)out, (duet_bf16 *)x, (const duet_bf16 *)res, (const duet_bf16 *)w, d, eps,
+        vec);
+    return DUET__CUDA_LAUNCHED("add_rmsnorm");
 }

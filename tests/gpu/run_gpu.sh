@@ -118,7 +118,7 @@ attn)
     mk llama-1b --preset llama-3.2-1b-shape --dtype bf16
     mk llama-8b --preset llama-3-8b-shape --dtype bf16
     for m in llama-1b llama-8b; do
-        for v in mma wmma; do
+        for v in fa mma wmma; do
             step "bench_gpu $m prefill, DUET_CUDA_ATTN=$v"
             DUET_CUDA_ATTN=$v timeout 300 "$BIN/bench_gpu" --model "$MODELS/$m" --batches 1 --decode 16 --reps 3
         done

@@ -96,9 +96,9 @@ static void fx_step(fixture_t *f, int n_seqs, const int *n_new, const int *start
 
 static void prefill_case(int nq, int nkv, int hd)
 {
-    /* both tensor-core kernels (DUET_CUDA_ATTN, read when a rank starts) */
-    static const char *variants[2] = {"mma", "wmma"};
-    for (int v = 0; v < 2; v++) {
+    /* every tensor-core kernel (DUET_CUDA_ATTN, read when a rank starts) */
+    static const char *variants[3] = {"fa", "mma", "wmma"};
+    for (int v = 0; v < 3; v++) {
         fixture_t f;
         char name[64];
         int n_new[3] = {70, 5, 130}, start[3] = {0, 0, 0};
@@ -123,6 +123,33 @@ static void test_prefill_tensor_core(void **state)
     prefill_case(8, 2, 128);
     prefill_case(4, 1, 128);
     prefill_case(4, 4, 64);
+}
+
+/* Long prompts through the default kernel: one 2,500-token prompt and a
+ * 37-token one, then a chunk of 1,200 more on top of the first (many key
+ * tiles, the two-stage pipeline, tiles that cross the causal diagonal),
+ * page sizes 1 and 16, GQA groups 4 and 1. */
+static void prefill_long_case(int nq, int nkv, int hd, int ps)
+{
+    fixture_t f;
+    char name[64];
+    int n_new[2] = {2500, 37}, start[2] = {0, 0};
+    fx_open(&f, nq, nkv, hd, ps, 3800, 2);
+    snprintf(name, sizeof(name), "prefill long ps %d", ps);
+    fx_step(&f, 2, n_new, start, true, name);
+    int n2[2] = {1200, 1}, s2[2] = {2500, 37};
+    snprintf(name, sizeof(name), "prefill long chunk 2 ps %d", ps);
+    fx_step(&f, 2, n2, s2, true, name);
+    duet_test_pair_close(&f.p);
+}
+
+static void test_prefill_long(void **state)
+{
+    (void)state;
+    DUET_TEST_NEED_GPU();
+    prefill_long_case(8, 2, 128, 16);
+    prefill_long_case(8, 2, 64, 1);
+    prefill_long_case(4, 4, 128, 1);
 }
 
 static void test_prefill_small_head(void **state)
@@ -231,6 +258,12 @@ static void test_prefill_tensor_core(void **state)
     skip();
 }
 
+static void test_prefill_long(void **state)
+{
+    (void)state;
+    skip();
+}
+
 static void test_prefill_small_head(void **state)
 {
     (void)state;
@@ -254,6 +287,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_tensor_core),
+        cmocka_unit_test(test_prefill_long),
         cmocka_unit_test(test_prefill_small_head),
         cmocka_unit_test(test_decode),
         cmocka_unit_test(test_decode_long),
