@@ -201,10 +201,9 @@ static void duet__admit(duet_decode_t *dc)
                        req->n_cached_pages, req->n_prompt_pages);
         bool here = duet_dc_local_wanted(dc, req, busy + n_local);
         int uncached = duet_dc_uncached_tokens(dc, req);
-        bool full = dc->chunk_tokens > 0
-                        ? local_tokens >= dc->chunk_tokens
-                        : n_local > 0 &&
-                              local_tokens + uncached > dc->node.args.self->max_batch_tokens;
+        bool full = dc->chunk_tokens > 0 ? local_tokens >= dc->chunk_tokens
+                                         : n_local > 0 && local_tokens + uncached >
+                                                              dc->node.args.self->max_batch_tokens;
         if (here && full) {
             duet_dc_req_event(dc, req, DUET_DC_GO_UNPAGE, NULL);
             break;
@@ -272,14 +271,14 @@ static void duet__step_chunks(duet_decode_t *dc, int n_loc, const duet_engine_se
         duet_dc_req_t *req = dc->local_batch[i];
         duet_dc_local_result_t res;
         if (!seqs[i].sample) {
-            duet_dc_req_go(dc, req,
-                           &(duet_dc_input_t){.go = DUET_DC_GO_CHUNK, .n_tokens = seqs[i].n_tokens});
+            duet_dc_req_go(
+                dc, req, &(duet_dc_input_t){.go = DUET_DC_GO_CHUNK, .n_tokens = seqs[i].n_tokens});
             continue;
         }
         duet_dc_local_first(dc, req, sampled[i], &res);
-        duet_dc_req_go(dc, req,
-                       &(duet_dc_input_t){
-                           .go = DUET_DC_GO_PREFILLED, .status = res.status, .msg = res.msg});
+        duet_dc_req_go(
+            dc, req,
+            &(duet_dc_input_t){.go = DUET_DC_GO_PREFILLED, .status = res.status, .msg = res.msg});
     }
 }
 
@@ -367,8 +366,8 @@ static void duet__update_info(duet_decode_t *dc)
 static bool duet__idle(duet_decode_t *dc)
 {
     return dc->queue_head == NULL && dc->local_head == NULL && dc->prefilling == NULL &&
-           dc->kv_in_head == NULL &&
-           dc->ready_head == NULL && dc->n_running == 0 && dc->ending == NULL;
+           dc->kv_in_head == NULL && dc->ready_head == NULL && dc->n_running == 0 &&
+           dc->ending == NULL;
 }
 
 /* At stop: end everything still here. */
