@@ -670,6 +670,8 @@ duet_status_t duet_dc_req_go(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
     case DUET_DC_GO_CHUNK:
         /* its pages hold the KV of [0, local_done): nothing is published
          * to the prefix cache before the whole prompt is in (FIRST) */
+        DUET_LOG_DEBUG("decode: %s: prompt tokens [%d, %d) of %d computed here", req->request_id,
+                       req->local_done, req->local_done + in->n_tokens, req->n_prompt);
         req->local_done += in->n_tokens;
         break;
     case DUET_DC_GO_PREFILLED:
