@@ -6,8 +6,9 @@ real duet-decode (and duet-prefill) processes.
   colocated_stories    decodes of TP 1, 2 and 4 with prefill_local "always"
   colocated_synthetic  and no prefill instance at all give the greedy tokens
                        of `duet generate --tp 1` (stories260K; a synthetic
-                       model with 2 KV heads), Info counts every prefill as
-                       local, pages back at baseline
+                       model with 2 KV heads), also TP 4 with chunks of 8
+                       prompt tokens; Info counts every prefill as local
+                       and every chunk, pages back at baseline
   conditional          prefill_local "auto": a short prompt is prefilled
                        locally, a long one on the prefill instance, both
                        equal the reference; a decode whose running limit is
@@ -79,12 +80,14 @@ def check_colocated(model, vocab):
     ps = prompts(vocab)
     refs = {k: reference_ids(BUILD, model, p, GEN, ignore_eos=True) for k, p in ps.items()}
     # no prefill instance: each decode prefills with its own TP group
+    # (d4c: TP 4 with chunks of 8 prompt tokens, the many-pages prompt in 15)
     c = Cluster(BUILD, SRC, model, prefill=[],
-                decode=[("d1", 1, ALWAYS), ("d2", 2, ALWAYS), ("d4", 4, ALWAYS)],
+                decode=[("d1", 1, ALWAYS), ("d2", 2, ALWAYS), ("d4", 4, ALWAYS),
+                        ("d4c", 4, dict(ALWAYS, prefill_chunk_tokens=8))],
                 page_size=PAGE, n_pages=128)
     try:
         c.start_all()
-        for d in ("d1", "d2", "d4"):
+        for d in ("d1", "d2", "d4", "d4c"):
             expect(c.info(d).prefill_local == "always", "%s Info.prefill_local" % d)
             for k, p in ps.items():
                 ids, _, fin = c.generate(d, p, max_tokens=GEN, ignore_eos=True)
@@ -93,6 +96,9 @@ def check_colocated(model, vocab):
             i = c.info(d)
             expect(i.prefills_local == len(ps) and i.prefills_remote == 0,
                    "%s: %d local, %d remote prefills" % (d, i.prefills_local, i.prefills_remote))
+            chunks = sum((len(p) + 7) // 8 for p in ps.values()) if d == "d4c" else len(ps)
+            expect(i.prefill_chunks_local == chunks,
+                   "%s: %d chunks, want %d" % (d, i.prefill_chunks_local, chunks))
         bad = c.pages_at_baseline()
         expect(not bad, "pages not back: %s" % bad)
     finally:
