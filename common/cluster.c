@@ -32,6 +32,7 @@ static const duet_cfg_field_t duet__instance_fields[] = {
     DUET_CFG_F_STRING(duet_instance_config_t, prefill_local, "off", "decode: prefill prompts on its own engine: off, always or auto (conditional)"),
     DUET_CFG_F_INT(duet_instance_config_t, prefill_local_max_tokens, 0, 1 << 24, 512, "decode, auto: longest prompt prefilled locally"),
     DUET_CFG_F_INT(duet_instance_config_t, prefill_local_max_running, 0, 4096, 8, "decode, auto: prefill locally only while fewer sequences decode here"),
+    DUET_CFG_F_INT(duet_instance_config_t, prefill_chunk_tokens, 0, 1 << 20, 512, "decode: prompt tokens of local prefills per decode step, sharing its forward (chunked prefill; capped to max_batch_tokens; 0 = whole prompts before the step)"),
     DUET_CFG_F_INT(duet_instance_config_t, stage_pages, -1, 1 << 26, -1, "packed KV transfers: staging pages beside the pool (-1 = auto: n_pages / 4 where packing runs)"),
     DUET_CFG_F_BOOL(duet_instance_config_t, prefix_cache, 1, "keep computed prompt pages and reuse them for prompts with the same prefix (docs/prefix-cache.md)"),
 };

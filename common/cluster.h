@@ -62,6 +62,11 @@ typedef struct {
     char *prefill_local;
     int prefill_local_max_tokens;
     int prefill_local_max_running;
+    /* decode, local prefills: prompt tokens per decode step, computed in the
+     * step's forward beside the running sequences (chunked prefill; the
+     * effective budget is capped to max_batch_tokens); 0 = each admitted
+     * prompt whole, in its own forward before the step */
+    int prefill_chunk_tokens;
     /* packed KV transfers: staging units after each rank's pool, each as
      * large as one KV page in every layer; -1 = auto (n_pages / 4 where
      * packing can run, else 0) */

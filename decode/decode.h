@@ -78,7 +78,7 @@ static inline duet_dc_link_t *duet_dc_link_of(duet_node_link_t *link)
 typedef enum {
     DUET_DC_NEW,      /* posted; or between two attempts of its prefill (in no list) */
     DUET_DC_QUEUED,   /* waiting for KV pages (queue) */
-    DUET_DC_LOCAL,    /* pages held, prefilling on our engine this pass (in no list) */
+    DUET_DC_LOCAL,    /* pages held, prompt computing on our engine, whole or in chunks (local) */
     DUET_DC_LINKING,  /* waiting for a bootstrap (its link's waiting list) */
     DUET_DC_PREFILL,  /* expectations registered, Prefill call in flight (prefilling) */
     DUET_DC_KV_IN,    /* KV complete, output 0 known; the loop sends it (kv_in) */
@@ -121,6 +121,9 @@ struct duet_dc_req {
     char prefill_target[128];
     bool prefill_local;           /* its prompt runs on our engine (local_prefill.c) */
     bool local_asked;             /* the caller asked for that (DecodeGenerateRequest) */
+    /* LOCAL: prompt tokens whose KV is in its pages (the cached prefix, then
+     * each chunk computed); the next chunk starts there */
+    int local_done;
     /* Decode.Abort must present it (docs/security.md); "" = none given */
     char abort_token[DUET_DC_ABORT_TOKEN_MAX + 1];
 
@@ -230,25 +233,31 @@ typedef struct {
     int info_queued, info_running;
     uint64_t requests_total, requests_failed;
     uint64_t prefills_local, prefills_remote; /* the prefill decisions taken */
+    uint64_t chunks_local;                    /* local prefill forwards (a whole prompt: one) */
     uint64_t unpacked_early;                  /* layers unpacked before their transfer ended */
     uint64_t unstaged;                        /* packed requests moved unpacked (no staging) */
 
     /* scheduler-owned */
     duet_prefill_local_t local_mode; /* the instance's prefill_local */
+    /* prompt tokens of local prefills per decode step (prefill_chunk_tokens
+     * capped to max_batch_tokens); 0: whole prompts at admission */
+    int chunk_tokens;
     pthread_t sched_thread;
     bool sched_started;
     duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */
     duet_dc_req_t *prefilling;    /* PREFILL and LINKING-over requests */
+    duet_dc_req_t *local_head, *local_tail; /* LOCAL, in admission order */
     duet_dc_req_t *kv_in_head, *kv_in_tail; /* KV_IN */
     duet_dc_req_t *ready_head, *ready_tail;
     duet_dc_req_t **running;      /* [max_seqs] */
     int n_running;
     duet_dc_req_t *ending;        /* ENDED, waiting for callbacks */
     duet_dc_req_t *zombies;       /* free after the next event drain */
-    duet_engine_seq_t *seqs;      /* [max_seqs] */
-    int32_t *sampled;
+    duet_engine_seq_t *seqs;      /* [2 * max_seqs]: running, then local chunks */
+    int32_t *sampled;             /* [2 * max_seqs] */
     int32_t *inputs;
     struct duet_dc_local_result *local_res; /* [max_seqs] (local_prefill.h) */
+    duet_dc_req_t **local_batch;  /* [max_seqs]: the local chunks of a step */
     long fault_step_delay_ms;     /* fault decode.step_delay_ms (tests) */
     bool fault_kv_copy;           /* fault decode.kv_copy_fail (tests) */
     char *piece;                  /* detokenizer output, piece_cap bytes */

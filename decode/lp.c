@@ -103,28 +103,37 @@ void duet_dc_lp_cleanup(duet_dc_req_t *req)
 }
 
 duet_status_t duet_dc_lp_local_prepare(duet_decode_t *dc, duet_dc_req_t *req,
-                                       duet_engine_seq_t *seq)
+                                       duet_engine_seq_t *seq, bool first, bool last)
 {
     size_t vocab = (size_t)dc->node.ke.model_cfg.vocab;
-    duet_status_t st;
+    duet_status_t st = DUET_OK;
 
     if (!duet_dc_lp_wants_reply(req))
         return DUET_OK;
-    if (req->prompt_logprobs) {
+    if (first && req->prompt_logprobs) {
         /* every prompt row: the step's row buffer is too small, so a
-         * temporary one; prompt_lps holds the results */
+         * temporary one, held across the chunks; prompt_lps holds the
+         * results */
         float *rows = duet_malloc((size_t)req->n_prompt * vocab * sizeof(float));
         if (rows == NULL)
-            return duet_error(DUET_ERR_NO_MEMORY, "no memory for the prompt logits of %s",
-                              req->request_id);
+            st = duet_error(DUET_ERR_NO_MEMORY, "no memory for the prompt logits of %s",
+                            req->request_id);
         duet_free(req->logits);
         req->logits = rows;
-    } else if ((st = duet_dc_lp_init(dc, req)) != DUET_OK) {
-        return st;
+    } else if (first) {
+        st = duet_dc_lp_init(dc, req);
     }
-    seq->logits = req->logits;
-    seq->all_logits = req->prompt_logprobs;
-    return DUET_OK;
+    if (req->logits == NULL)
+        return st; /* (compute fails the request) */
+    if (req->prompt_logprobs) {
+        /* this chunk's rows (prompt logprobs: nothing came from the
+         * cache, row i is position i) */
+        seq->logits = req->logits + (size_t)seq->start_pos * vocab;
+        seq->all_logits = true;
+    } else if (last) {
+        seq->logits = req->logits;
+    }
+    return st;
 }
 
 duet_status_t duet_dc_lp_local_compute(duet_decode_t *dc, duet_dc_req_t *req, int32_t first)

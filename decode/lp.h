@@ -21,10 +21,13 @@ duet_status_t duet_dc_lp_adopt_reply(duet_decode_t *dc, duet_dc_req_t *req);
 duet_status_t duet_dc_lp_init(duet_decode_t *dc, duet_dc_req_t *req);
 /* Free what lp.c allocated (req_free). */
 void duet_dc_lp_cleanup(duet_dc_req_t *req);
-/* Local prefill: point seq at rows for req's logprobs; after the forward,
+/* Local prefill, one chunk of req's prompt in seq (first: the first
+ * chunk, which allocates; last: the one that samples): point seq at the
+ * rows req's logprobs need from it (prompt logprobs: every row, kept
+ * across chunks; else the last row).  After the last chunk's forward,
  * compute them for the sampled first token. */
 duet_status_t duet_dc_lp_local_prepare(duet_decode_t *dc, duet_dc_req_t *req,
-                                       duet_engine_seq_t *seq);
+                                       duet_engine_seq_t *seq, bool first, bool last);
 duet_status_t duet_dc_lp_local_compute(duet_decode_t *dc, duet_dc_req_t *req, int32_t first);
 /* Decode step: the logprob of the sampled token from req->logits into *lp;
  * NULL when req asked none. */

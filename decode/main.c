@@ -35,13 +35,18 @@ static duet_status_t duet__decode_start(void *arg)
     if (dc->piece == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "no memory");
     dc->max_ctx = dc->node.ke.model_cfg.max_pos;
-    dc->local_mode = duet_cluster_prefill_local(dc->node.args.self);
+    const duet_instance_config_t *self = dc->node.args.self;
+    dc->local_mode = duet_cluster_prefill_local(self);
+    /* chunked prefill (local_prefill.c): a step's prompt tokens fit its
+     * forward's chunk */
+    dc->chunk_tokens = self->prefill_chunk_tokens < self->max_batch_tokens
+                           ? self->prefill_chunk_tokens
+                           : self->max_batch_tokens;
     if (dc->local_mode != DUET_PREFILL_LOCAL_OFF)
         DUET_LOG_INFO("decode: prefill_local %s (auto: prompts up to %d tokens while fewer than "
-                      "%d sequences decode)",
-                      dc->node.args.self->prefill_local,
-                      dc->node.args.self->prefill_local_max_tokens,
-                      dc->node.args.self->prefill_local_max_running);
+                      "%d sequences decode); prefill_chunk_tokens %d (0: whole prompts)",
+                      self->prefill_local, self->prefill_local_max_tokens,
+                      self->prefill_local_max_running, dc->chunk_tokens);
     /* fault injection for tests (common/fault.h): every decode step takes
      * at least this long; a remote prefill's KV copy (unpack or import)
      * fails once the first token went out */

@@ -79,7 +79,9 @@ static void duet__req_unlink(duet_decode_t *dc, duet_dc_req_t *req)
 {
     switch (req->state) {
     case DUET_DC_NEW:
+        break;
     case DUET_DC_LOCAL:
+        duet__list_remove(&dc->local_head, &dc->local_tail, req);
         break;
     case DUET_DC_QUEUED:
         duet__list_remove(&dc->queue_head, &dc->queue_tail, req);
@@ -124,7 +126,9 @@ static void duet__req_enter(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_state
     req->state = state;
     switch (state) {
     case DUET_DC_NEW:
+        break;
     case DUET_DC_LOCAL:
+        duet__list_append(&dc->local_head, &dc->local_tail, req);
         break;
     case DUET_DC_QUEUED:
         duet__list_append(&dc->queue_head, &dc->queue_tail, req);
@@ -571,12 +575,17 @@ static void duet__req_remote(duet_decode_t *dc, duet_dc_req_t *req)
     duet__req_prefill_start(dc, req);
 }
 
-/* QUEUED, pages held: our engine computes its KV in this pass's batch
- * (local_prefill.c), already in the pool. */
+/* QUEUED, pages held: our engine computes its KV into its pages
+ * (local_prefill.c): whole in this pass, or chunk by chunk in the decode
+ * steps from the end of its cached prefix. */
 static void duet__req_local(duet_decode_t *dc, duet_dc_req_t *req)
 {
     duet__req_enter(dc, req, DUET_DC_LOCAL);
     req->prefill_local = true;
+    req->local_done = req->n_prompt - duet_dc_uncached_tokens(dc, req);
+    pthread_mutex_lock(&dc->evlock);
+    dc->prefills_local++;
+    pthread_mutex_unlock(&dc->evlock);
 }
 
 /* ---- output ------------------------------------------------------------- */
@@ -658,7 +667,15 @@ duet_status_t duet_dc_req_go(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
     case DUET_DC_GO_LOCAL:
         duet__req_local(dc, req);
         break;
+    case DUET_DC_GO_CHUNK:
+        /* its pages hold the KV of [0, local_done): nothing is published
+         * to the prefix cache before the whole prompt is in (FIRST) */
+        DUET_LOG_DEBUG("decode: %s: prompt tokens [%d, %d) of %d computed here", req->request_id,
+                       req->local_done, req->local_done + in->n_tokens, req->n_prompt);
+        req->local_done += in->n_tokens;
+        break;
     case DUET_DC_GO_PREFILLED:
+        req->local_done = req->n_prompt;
         if (in->status != DUET_OK)
             duet__req_fail(dc, req, in->status, in->msg);
         else

@@ -7,10 +7,14 @@
  * and report.  The states and edges are drawn in docs/architecture.md
  * "Decode request lifecycle":
  *
- *   NEW -> QUEUED -+-> LOCAL ------------------------+-> KV_IN -> READY -> RUNNING -> ENDED
+ *                    +-(CHUNK)-+
+ *                    v         |
+ *   NEW -> QUEUED -+-> LOCAL --+---------------------+-> KV_IN -> READY -> RUNNING -> ENDED
  *                  +-> (LINKING ->) PREFILL ---------+
  *   any state but ENDED -> ENDED (FAIL, CANCEL); PREFILL -> NEW -> (LINKING ->)
- *   PREFILL once when prefill lost our bootstrap. */
+ *   PREFILL once when prefill lost our bootstrap.  LOCAL stays LOCAL for
+ *   each chunk of its prompt computed in a decode step (chunked prefill)
+ *   and moves on with the last one (PREFILLED). */
 #ifndef DUET_DECODE_REQ_H
 #define DUET_DECODE_REQ_H
 
@@ -23,7 +27,8 @@ typedef enum {
     DUET_DC_GO_UNPAGE,      /* QUEUED, pages held: give them back (admission stops) */
     DUET_DC_GO_REMOTE,      /* QUEUED, pages held -> LINKING or PREFILL */
     DUET_DC_GO_LOCAL,       /* QUEUED, pages held -> LOCAL */
-    DUET_DC_GO_PREFILLED,   /* LOCAL: the local prefill's status, msg -> KV_IN */
+    DUET_DC_GO_CHUNK,       /* LOCAL: n_tokens more prompt tokens computed, not the last */
+    DUET_DC_GO_PREFILLED,   /* LOCAL: its last (or only) chunk's status, msg -> KV_IN */
     DUET_DC_GO_LINKED,      /* LINKING: ev, its link's LINK_DONE -> PREFILL */
     DUET_DC_GO_KV_DONE,     /* PREFILL (or later): ev, one rank's expectation ended */
     DUET_DC_GO_KV_PROGRESS, /* PREFILL, packed: ev, more layers landed on one rank */
@@ -40,6 +45,7 @@ typedef struct {
     const duet_dc_ev_t *ev;   /* LINKED, KV_DONE, KV_PROGRESS, RPC_DONE */
     int32_t token;            /* TOKEN */
     const duet_logprob_t *lp; /* TOKEN: its log-probability, NULL: none */
+    int n_tokens;             /* CHUNK */
     duet_status_t status;     /* PREFILLED, FAIL */
     const char *msg;          /* PREFILLED (not DUET_OK), CANCEL, FAIL */
 } duet_dc_input_t;

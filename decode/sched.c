@@ -24,7 +24,8 @@
 /* The live request with this id (not yet ENDED); NULL: none. */
 static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id)
 {
-    duet_dc_req_t *lists[] = {dc->queue_head, dc->prefilling, dc->kv_in_head, dc->ready_head};
+    duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
+                              dc->ready_head};
     for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
         for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
             if (strcmp(r->request_id, id) == 0)
@@ -112,7 +113,8 @@ static void duet__req_cancel(duet_decode_t *dc, duet_dc_req_t *req)
 /* End the requests whose client went away (flagged by on_cancel). */
 static void duet__reap_cancelled(duet_decode_t *dc)
 {
-    duet_dc_req_t *lists[] = {dc->queue_head, dc->prefilling, dc->kv_in_head, dc->ready_head};
+    duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
+                              dc->ready_head};
     for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
         duet_dc_req_t *r = lists[l];
         while (r != NULL) {
@@ -140,9 +142,9 @@ static void duet__reap_cancelled(duet_decode_t *dc)
     }
 }
 
-/* Prefill reqs[0..n) (LOCAL) on our engine in one pass: each moves on to
- * KV_IN or fails; an engine failure fails them all and the process goes
- * (as a failed decode step). */
+/* Prefill reqs[0..n) (LOCAL) whole on our engine in one pass (chunked
+ * prefill off): each moves on to KV_IN or fails; an engine failure fails
+ * them all and the process goes (as a failed decode step). */
 static void duet__local_run(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
 {
     duet_dc_local_result_t *res = dc->local_res;
@@ -167,6 +169,8 @@ static void duet__local_run(duet_decode_t *dc, duet_dc_req_t **reqs, int n)
 static void duet__admit(duet_decode_t *dc)
 {
     int max = dc->node.args.self->max_seqs, n_local = 0, busy = dc->n_running;
+    /* whole prompts: this pass's local prompt tokens; chunked: the prompt
+     * tokens every LOCAL request still needs */
     int local_tokens = 0;
     duet_dc_req_t *local[max];
 
@@ -176,13 +180,19 @@ static void duet__admit(duet_decode_t *dc)
         return;
     for (duet_dc_req_t *r = dc->ready_head; r != NULL; r = r->next)
         busy++;
+    for (duet_dc_req_t *r = dc->local_head; r != NULL; r = r->next) {
+        busy++;
+        local_tokens += r->n_prompt - r->local_done;
+    }
     while (dc->queue_head != NULL && n_local < max) {
         duet_dc_req_t *req = dc->queue_head;
         /* colocated / conditional: our own engine prefills it
-         * (local_prefill.c), batched with the others admitted now up to
-         * max_batch_tokens prompt tokens per pass: a decode step comes
-         * between two such batches, which bounds the stall of the running
-         * sequences */
+         * (local_prefill.c).  Whole prompts: batched with the others
+         * admitted now up to max_batch_tokens prompt tokens per pass, a
+         * decode step between two such batches.  Chunked: in the decode
+         * steps; admitted while the LOCAL requests need less than one
+         * step's chunk budget, so that pages are not held long before
+         * their prompt runs */
         /* (with the prefix cache, only the pages it lacks are new, and the
          * decision counts only the tokens left to compute) */
         if (duet_dc_req_go(dc, req, &(duet_dc_input_t){.go = DUET_DC_GO_PAGES}) != DUET_OK)
@@ -191,7 +201,10 @@ static void duet__admit(duet_decode_t *dc)
                        req->n_cached_pages, req->n_prompt_pages);
         bool here = duet_dc_local_wanted(dc, req, busy + n_local);
         int uncached = duet_dc_uncached_tokens(dc, req);
-        if (here && n_local > 0 && local_tokens + uncached > dc->node.args.self->max_batch_tokens) {
+        bool full = dc->chunk_tokens > 0 ? local_tokens >= dc->chunk_tokens
+                                         : n_local > 0 && local_tokens + uncached >
+                                                              dc->node.args.self->max_batch_tokens;
+        if (here && full) {
             duet_dc_req_event(dc, req, DUET_DC_GO_UNPAGE, NULL);
             break;
         }
@@ -203,7 +216,7 @@ static void duet__admit(duet_decode_t *dc)
         }
         duet_dc_req_event(dc, req, DUET_DC_GO_REMOTE, NULL);
     }
-    if (n_local > 0)
+    if (n_local > 0 && dc->chunk_tokens == 0)
         duet__local_run(dc, local, n_local);
 }
 
@@ -215,15 +228,25 @@ static void duet__first_tokens(duet_decode_t *dc)
         duet_dc_req_event(dc, dc->kv_in_head, DUET_DC_GO_FIRST, NULL);
 }
 
-/* One decode step over the running batch. */
-static void duet__step(duet_decode_t *dc)
+/* The engine cannot run again (a rank failed: collective deadline, rank
+ * or device error): fail every request it was computing and have the
+ * process go, so that the orchestrator restarts it (node/node.h). */
+static void duet__step_failed(duet_decode_t *dc)
 {
-    int max = dc->node.args.self->max_seqs;
-    int64_t now = duet_now_ns();
-    duet_status_t st;
+    char detail[256], msg[300];
+    snprintf(detail, sizeof(detail), "%s", duet_error_msg());
+    snprintf(msg, sizeof(msg), "decode engine failed: %s", detail);
+    while (dc->n_running > 0)
+        duet_dc_req_fail(dc, dc->running[0], DUET_ERR_INTERNAL, msg);
+    while (dc->local_head != NULL)
+        duet_dc_req_fail(dc, dc->local_head, DUET_ERR_INTERNAL, msg);
+    duet_node_fail(&dc->node, detail);
+}
 
-    while (dc->n_running < max && dc->ready_head != NULL)
-        duet_dc_req_event(dc, dc->ready_head, DUET_DC_GO_RUN, NULL);
+/* Requests past their deadline, running or prefilling locally, end (their
+ * pages go back at once: nothing else writes them). */
+static void duet__step_deadlines(duet_decode_t *dc, int64_t now)
+{
     for (int i = 0; i < dc->n_running; i++) {
         duet_dc_req_t *req = dc->running[i];
         if (req->deadline_ns != INT64_MAX && now > req->deadline_ns) {
@@ -231,8 +254,48 @@ static void duet__step(duet_decode_t *dc)
             i--;
         }
     }
+    for (duet_dc_req_t *r = dc->local_head, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->deadline_ns != INT64_MAX && now > r->deadline_ns)
+            duet_dc_req_fail(dc, r, DUET_ERR_TIMEOUT, "request deadline exceeded");
+    }
+}
+
+/* The local chunks of the step that ran: each request stays LOCAL with
+ * more of its prompt computed, or, after its last chunk, moves on with
+ * its first token (KV_IN) or fails. */
+static void duet__step_chunks(duet_decode_t *dc, int n_loc, const duet_engine_seq_t *seqs,
+                              const int32_t *sampled)
+{
+    for (int i = 0; i < n_loc; i++) {
+        duet_dc_req_t *req = dc->local_batch[i];
+        duet_dc_local_result_t res;
+        if (!seqs[i].sample) {
+            duet_dc_req_go(
+                dc, req, &(duet_dc_input_t){.go = DUET_DC_GO_CHUNK, .n_tokens = seqs[i].n_tokens});
+            continue;
+        }
+        duet_dc_local_first(dc, req, sampled[i], &res);
+        duet_dc_req_go(
+            dc, req,
+            &(duet_dc_input_t){.go = DUET_DC_GO_PREFILLED, .status = res.status, .msg = res.msg});
+    }
+}
+
+/* One decode step over the running batch, with the next chunks of the
+ * local prefills (chunked prefill) in the same forward. */
+static void duet__step(duet_decode_t *dc)
+{
+    int max = dc->node.args.self->max_seqs, n_loc = 0;
+    duet_status_t st;
+
+    while (dc->n_running < max && dc->ready_head != NULL)
+        duet_dc_req_event(dc, dc->ready_head, DUET_DC_GO_RUN, NULL);
+    duet__step_deadlines(dc, duet_now_ns());
     int n = dc->n_running;
-    if (n == 0)
+    if (dc->chunk_tokens > 0 && dc->local_head != NULL)
+        n_loc = duet_dc_local_chunks(dc, n, max, dc->local_batch, dc->seqs + n);
+    if (n + n_loc == 0)
         return;
     if (dc->fault_step_delay_ms > 0) /* fault injection: a slow decode */
         nanosleep(&(struct timespec){dc->fault_step_delay_ms / 1000,
@@ -253,22 +316,14 @@ static void duet__step(duet_decode_t *dc)
             .logits = req->logits, /* logprobs asked (lp.c) */
         };
     }
-    st = duet_engine_forward(dc->node.ke.engine, dc->seqs, n, dc->sampled);
+    st = duet_engine_forward(dc->node.ke.engine, dc->seqs, n + n_loc, dc->sampled);
     if (st != DUET_OK) {
-        /* the engine cannot run again (a rank failed: collective deadline,
-         * rank or device error): fail the batch and have the process go, so
-         * that the orchestrator restarts it (node/node.h) */
-        char detail[256], msg[300];
-        snprintf(detail, sizeof(detail), "%s", duet_error_msg());
-        snprintf(msg, sizeof(msg), "decode engine failed: %s", detail);
-        while (dc->n_running > 0)
-            duet_dc_req_fail(dc, dc->running[0], DUET_ERR_INTERNAL, msg);
-        duet_node_fail(&dc->node, detail);
+        duet__step_failed(dc);
         return;
     }
     /* emit in batch order; requests that end leave the array */
     duet_dc_req_t **batch = dc->running;
-    duet_dc_req_t *snapshot[n];
+    duet_dc_req_t *snapshot[n > 0 ? n : 1];
     memcpy(snapshot, batch, (size_t)n * sizeof(snapshot[0]));
     for (int i = 0; i < n; i++) {
         duet_logprob_t lp;
@@ -279,6 +334,7 @@ static void duet__step(duet_decode_t *dc)
                            .lp = duet_dc_lp_step(dc, snapshot[i], dc->sampled[i], &lp),
                        });
     }
+    duet__step_chunks(dc, n_loc, dc->seqs + n, dc->sampled + n);
 }
 
 static void duet__update_info(duet_decode_t *dc)
@@ -291,6 +347,8 @@ static void duet__update_info(duet_decode_t *dc)
         for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next)
             queued++;
     }
+    for (duet_dc_req_t *r = dc->local_head; r != NULL; r = r->next)
+        running++;
     for (duet_dc_req_t *r = dc->prefilling; r != NULL; r = r->next)
         running++;
     for (duet_dc_req_t *r = dc->kv_in_head; r != NULL; r = r->next)
@@ -307,8 +365,9 @@ static void duet__update_info(duet_decode_t *dc)
 
 static bool duet__idle(duet_decode_t *dc)
 {
-    return dc->queue_head == NULL && dc->prefilling == NULL && dc->kv_in_head == NULL &&
-           dc->ready_head == NULL && dc->n_running == 0 && dc->ending == NULL;
+    return dc->queue_head == NULL && dc->local_head == NULL && dc->prefilling == NULL &&
+           dc->kv_in_head == NULL && dc->ready_head == NULL && dc->n_running == 0 &&
+           dc->ending == NULL;
 }
 
 /* At stop: end everything still here. */
@@ -316,6 +375,8 @@ static void duet__abort_all(duet_decode_t *dc)
 {
     duet_dc_req_t *r;
     while ((r = dc->queue_head) != NULL)
+        duet_dc_req_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
+    while ((r = dc->local_head) != NULL)
         duet_dc_req_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
     while ((r = dc->kv_in_head) != NULL)
         duet_dc_req_fail(dc, r, DUET_ERR_SHUTDOWN, "decode is shutting down");
@@ -346,7 +407,8 @@ static void *duet__dc_sched_main(void *arg)
         dc->zombies = NULL;
         pthread_mutex_lock(&dc->evlock);
         if (dc->ev_head == NULL && (!dc->stop || stopping) && dc->n_running == 0 &&
-            dc->kv_in_head == NULL && dc->ready_head == NULL && zombies == NULL) {
+            dc->local_head == NULL && dc->kv_in_head == NULL && dc->ready_head == NULL &&
+            zombies == NULL) {
             /* idle: sleep until an event (or a while, to stay responsive) */
             struct timespec ts = duet_deadline_timespec(duet_now_ns() + 500 * DUET_NS_PER_MS);
             pthread_cond_timedwait(&dc->evcv, &dc->evlock, &ts);
@@ -399,11 +461,14 @@ duet_status_t duet_dc_sched_start(duet_decode_t *dc)
 {
     int max = dc->node.args.self->max_seqs;
     dc->running = DUET_NEW_ARRAY(duet_dc_req_t *, (size_t)max);
-    dc->seqs = DUET_NEW_ARRAY(duet_engine_seq_t, (size_t)max);
-    dc->sampled = DUET_NEW_ARRAY(int32_t, (size_t)max);
+    /* a step: the running sequences, then at most max_seqs local chunks */
+    dc->seqs = DUET_NEW_ARRAY(duet_engine_seq_t, 2 * (size_t)max);
+    dc->sampled = DUET_NEW_ARRAY(int32_t, 2 * (size_t)max);
     dc->inputs = DUET_NEW_ARRAY(int32_t, (size_t)max);
     dc->local_res = DUET_NEW_ARRAY(duet_dc_local_result_t, (size_t)max);
-    if (!dc->running || !dc->seqs || !dc->sampled || !dc->inputs || !dc->local_res)
+    dc->local_batch = DUET_NEW_ARRAY(duet_dc_req_t *, (size_t)max);
+    if (!dc->running || !dc->seqs || !dc->sampled || !dc->inputs || !dc->local_res ||
+        !dc->local_batch)
         return duet_error(DUET_ERR_NO_MEMORY, "decode: no memory for the scheduler");
     if (pthread_create(&dc->sched_thread, NULL, duet__dc_sched_main, dc) != 0)
         return duet_error(DUET_ERR_NO_MEMORY, "decode: cannot start the scheduler");
@@ -426,4 +491,5 @@ void duet_dc_sched_stop(duet_decode_t *dc)
     duet_free(dc->sampled);
     duet_free(dc->inputs);
     duet_free(dc->local_res);
+    duet_free(dc->local_batch);
 }

@@ -320,6 +320,7 @@ static void duet__dc_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     r.requests_failed = dc->requests_failed;
     r.prefills_local = dc->prefills_local;
     r.prefills_remote = dc->prefills_remote;
+    r.prefill_chunks_local = dc->chunks_local;
     r.kv_unpacked_early_layers = dc->unpacked_early;
     r.kv_transfers_unstaged = dc->unstaged;
     pthread_mutex_unlock(&dc->evlock);

@@ -100,6 +100,12 @@ static void test_errors(void **state)
     expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\","
                  " \"prefill_local_max_running\": -1}]}",
                  "decode[0].prefill_local_max_running: -1 is out of range");
+    expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\","
+                 " \"prefill_chunk_tokens\": -1}]}",
+                 "decode[0].prefill_chunk_tokens: -1 is out of range 0..1048576");
+    expect_error("{\"model\": \"x\", \"decode\": [{\"name\": \"d\", \"address\": \"a:1\","
+                 " \"prefill_chunk_tokens\": \"512\"}]}",
+                 "decode[0].prefill_chunk_tokens: expected a number");
     assert_int_equal(duet_alloc_live(), live);
 }
 
@@ -110,7 +116,8 @@ static void test_prefill_local(void **state)
     assert_int_equal(parse("{\"model\": \"x\", \"decode\": [{\"name\": \"a\", \"address\": "
                            "\"a:1\"}, {\"name\": \"b\", \"address\": \"b:1\", \"prefill_local\": "
                            "\"auto\", \"prefill_local_max_tokens\": 64}, {\"name\": \"c\", "
-                           "\"address\": \"c:1\", \"prefill_local\": \"always\"}]}",
+                           "\"address\": \"c:1\", \"prefill_local\": \"always\", "
+                           "\"prefill_chunk_tokens\": 0}]}",
                            &c),
                      DUET_OK);
     assert_int_equal(duet_cluster_prefill_local(&c->decode[0]), DUET_PREFILL_LOCAL_OFF);
@@ -118,6 +125,9 @@ static void test_prefill_local(void **state)
     assert_int_equal(duet_cluster_prefill_local(&c->decode[2]), DUET_PREFILL_LOCAL_ALWAYS);
     assert_int_equal(c->decode[1].prefill_local_max_tokens, 64);
     assert_int_equal(c->decode[1].prefill_local_max_running, 8);
+    /* chunked prefill: on by default, 0 turns it off */
+    assert_int_equal(c->decode[0].prefill_chunk_tokens, 512);
+    assert_int_equal(c->decode[2].prefill_chunk_tokens, 0);
     /* an override is checked by the daemon (duet_cluster_instance_check) */
     assert_int_equal(duet_cluster_instance_set(&c->decode[0], "prefill_local", "maybe"), DUET_OK);
     assert_int_equal(duet_cluster_instance_check(&c->decode[0], "decode", "decode[a]"),
