@@ -180,6 +180,8 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     r->attn_variant = g != NULL && strcmp(g, "wmma") == 0  ? DUET__CUDA_ATTN_WMMA
                       : g != NULL && strcmp(g, "mma") == 0 ? DUET__CUDA_ATTN_MMA
                                                            : DUET__CUDA_ATTN_FA;
+    g = getenv("DUET_CUDA_FUSE_ADD_NORM"); /* =0: two kernels, for comparison */
+    r->split_add_norm = g != NULL && strcmp(g, "0") == 0;
     g = getenv("DUET_CUDA_DECODE_ATTN");
     r->decode_legacy = g != NULL && strcmp(g, "legacy") == 0;
     r->decode_cores = g != NULL && strcmp(g, "cores") == 0;
@@ -454,7 +456,12 @@ static duet_status_t duet__cuda_op_add_rmsnorm(duet_backend_rank_t *r, void *out
                                                const void *y, const void *w, int n, int d,
                                                float eps)
 {
-    return duet__cuda_add_rmsnorm(r->stream, out, x, y, w, n, d, eps);
+    duet_status_t st;
+    if (!r->split_add_norm)
+        return duet__cuda_add_rmsnorm(r->stream, out, x, y, w, n, d, eps);
+    if ((st = duet__cuda_add(r->stream, x, y, (size_t)n * (size_t)d)) != DUET_OK)
+        return st;
+    return duet__cuda_rmsnorm(r->stream, out, x, w, n, d, eps);
 }
 
 static duet_status_t duet__cuda_op_add_bias(duet_backend_rank_t *r, void *x, const void *bias,

@@ -187,6 +187,7 @@ struct duet_backend_rank {
     int32_t *am_idx;
     int am_cap;
 
+    bool split_add_norm; /* DUET_CUDA_FUSE_ADD_NORM=0 */
     int attn_variant; /* DUET__CUDA_ATTN_FA, _MMA or _WMMA (DUET_CUDA_ATTN) */
     /* decode attention (DUET_CUDA_DECODE_ATTN): flash-decoding on tensor cores where
      * the head_dim has that kernel ("flash", the default), on CUDA cores ("cores"),

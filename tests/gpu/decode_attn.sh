@@ -15,7 +15,8 @@
 #   model    bench_gpu decode of both shapes at ctx 16,1024,4096,8192 x batch
 #            1,16,64: the fraction of the HBM roofline (DUET_CUDA_DECODE_ATTN
 #            =legacy too with LEGACY=1); models with max_position 16384 so
-#            that ctx 8192 plus the decoded tokens fit
+#            that ctx 8192 plus the decoded tokens fit; VARIANTS="A=x B=y" adds a
+#            run per setting (the same bench with that one environment change)
 #
 # Every section starts with the card's name; output to stdout and $LOG_FILE
 # when set.
@@ -100,6 +101,11 @@ model)
         step "bench_gpu $m decode at serving contexts"
         timeout 500 "$BIN/bench_gpu" --model "$MODELS/$m" --ctx 16,1024,4096,8192 \
             --batches 1,16,64 --decode 64 --prompts 512,8192 --reps 2
+        for v in ${VARIANTS:-}; do # baselines in the same run, e.g. DUET_CUDA_GEMM_TUNE=0
+            step "bench_gpu $m decode at serving contexts, $v"
+            env "$v" timeout 500 "$BIN/bench_gpu" --model "$MODELS/$m" --ctx 16,1024,4096,8192 \
+                --batches 1,16,64 --decode 64 --prompts 512,8192 --reps 2
+        done
         if [ "${LEGACY:-0}" = 1 ]; then
             step "bench_gpu $m, DUET_CUDA_DECODE_ATTN=legacy"
             DUET_CUDA_DECODE_ATTN=legacy timeout 500 "$BIN/bench_gpu" --model "$MODELS/$m" \
