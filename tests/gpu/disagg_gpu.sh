@@ -28,7 +28,8 @@
 # "always" at TP 1, 2 (and 4), then a prefill TP=1 with a decode TP=2 whose
 # prefill_local is "auto" (prompts up to 32 tokens local: the 5-token
 # prompt is prefilled on the decode, the 52- and 201-token ones on the
-# prefill); the decode's Info counts are printed.
+# prefill), and colocated decodes at TP 1 and 2 with prefill_chunk_tokens
+# 16 (chunked prefill); the decode's Info counts are printed.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/daemons_env.sh
@@ -236,6 +237,11 @@ if [ "${DISAGG_CASES:-}" = coloc ]; then
             run_case "$(basename "$m") colocated" "$m" 0 "" 4 "0, 1, 2, 3" '"prefill_local": "always"'
         run_case "$(basename "$m") conditional" "$m" 1 "0" 2 "0, 1" \
             '"prefill_local": "auto", "prefill_local_max_tokens": 32'
+        # chunked prefill: the 52- and 201-token prompts in chunks of 16
+        run_case "$(basename "$m") colocated chunked" "$m" 0 "" 1 "0" \
+            '"prefill_local": "always", "prefill_chunk_tokens": 16'
+        run_case "$(basename "$m") colocated chunked" "$m" 0 "" 2 "0, 1" \
+            '"prefill_local": "always", "prefill_chunk_tokens": 16'
     done
     echo "disagg_gpu (colocated/conditional): $fails case(s) differ"
     exit 0
