@@ -17,7 +17,11 @@
 # "prefix_cache": false on every instance (the prefix cache, on by
 # default); SERVE_TAG is appended to the result names; SERVE_POLICY the
 # router's policy (default least_load; cache_aware: docs/kv-aware-routing.md);
-# SERVE_PAGES the instances' n_pages (default 4096).
+# SERVE_PAGES the instances' n_pages (default 4096).  SERVE_WORKLOAD=long:
+# the prefill-heavy random workload (4K-8K tokens in, 256 out; model with
+# max_position 16384); SERVE_CHUNK sets every instance's
+# prefill_chunk_tokens (colocated chunked prefill; 0 = whole prompts);
+# SERVE_SLO_TTFT_MS / SERVE_SLO_TPOT_MS the SLO (default 1000 / 50).
 # SERVE_LAYOUTS picks layouts (names below), SERVE_PRESET another mkmodel
 # preset (e.g. llama-3.2-1b-shape: a 2.5 GB checkpoint that loads in
 # seconds); results: one line per (layout, rate) and the bench-serve JSON
@@ -33,12 +37,18 @@ cd "$(dirname "$0")/../.." || exit 1
 W=$(mktemp -d)
 PRESET=${SERVE_PRESET:-llama-3-8b-shape}
 M=${MODEL_DIR:-/tmp/duet-$PRESET}
+MAXCTX=4096
+if [ "${SERVE_WORKLOAD:-random}" = long ]; then
+    MAXCTX=8704
+    M=${MODEL_DIR:-/tmp/duet-$PRESET-16k}
+fi
 RATES=${SERVE_RATES:-2,4,8}
 N=${SERVE_REQUESTS:-64}
 echo "# $(date -u +%FT%TZ) $CARD x$NGPU, $PRESET, rates $RATES, $N requests each"
 if [ ! -f "$M/config.json" ]; then
     t0=$(date +%s)
-    "$BIN/duet" mkmodel --out "$M" --preset "$PRESET" --dtype bf16 >/dev/null || exit 1
+    "$BIN/duet" mkmodel --out "$M" --preset "$PRESET" --dtype bf16 \
+        $([ "$MAXCTX" -gt 8192 ] && echo --max-pos 16384) >/dev/null || exit 1
     echo "# mkmodel $PRESET bf16: $(( $(date +%s) - t0 )) s"
 fi
 # name: prefill entries | decode entries (tp:devices[:prefill_local])
@@ -61,7 +71,7 @@ entries() { # role list -> JSON array
         IFS=: read -r tp devs mode <<< "$e"
         port=$((19100 + RANDOM % 800))
         [ -n "$out" ] && out="$out, "
-        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": ${SERVE_PAGES:-4096}, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}$([ "${SERVE_CACHE:-on}" = off ] && echo ', "prefix_cache": false')}"
+        out="$out{\"name\": \"${role:0:1}$i\", \"address\": \"127.0.0.1:$port\", \"tp\": $tp, \"backend\": \"cuda\", \"devices\": [$devs], \"n_pages\": ${SERVE_PAGES:-4096}, \"max_seqs\": 64, \"max_batch_tokens\": 8192${mode:+, \"prefill_local\": \"$mode\", \"prefill_local_max_tokens\": 1024}${SERVE_CHUNK:+, \"prefill_chunk_tokens\": $SERVE_CHUNK}$([ "${SERVE_CACHE:-on}" = off ] && echo ', "prefix_cache": false')}"
         i=$((i + 1))
     done
     echo "[$out]"
@@ -73,7 +83,7 @@ for name in $order; do
     cat > "$W/c.json" <<JSON
 {"model": "$M", "kv": {"page_size": 16}, "transfer": {"timeout_ms": 60000},
  "router": {"http": "127.0.0.1:$hp", "grpc": "127.0.0.1:$gp", "request_timeout_ms": 120000,
-            "max_tokens_limit": 4096, "policy": "${SERVE_POLICY:-least_load}"},
+            "max_tokens_limit": $MAXCTX, "policy": "${SERVE_POLICY:-least_load}"},
  "prefill": $(entries prefill "$pre"),
  "decode": $(entries decode "$dec")}
 JSON
@@ -113,13 +123,17 @@ PY
             # its first SERVE_REQUESTS requests at SERVE_RATES (Poisson)
             wl=(--dataset trace --trace "${SERVE_TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}"
                 --trace-len-scale 0.125 --trace-output-scale 0.25 --trace-block-size 64)
+        elif [ "${SERVE_WORKLOAD:-random}" = long ]; then
+            # prefill-heavy (issue 24): 4K-8K tokens in, 256 out
+            wl=(--dataset random --random-input-len 6144 --random-output-len 256 --range-ratio 0.33)
         else
             wl=(--dataset random --random-input-len 1024 --random-output-len 128 --range-ratio 0.5)
         fi
         "$BIN/duet" bench-serve --base-url "http://127.0.0.1:$hp" --ignore-eos "${wl[@]}" \
             --num-requests "$N" \
-            --request-rate "$RATES" --seed 1 --slo-ttft-ms 1000 --slo-tpot-ms 50 \
-            --max-context 4096 --result-json "${OUT:-/tmp}/serve-$name${SERVE_TAG:-}.json" > "$W/bench.log" 2>&1 ||
+            --request-rate "$RATES" --seed 1 --slo-ttft-ms "${SERVE_SLO_TTFT_MS:-1000}" \
+            --slo-tpot-ms "${SERVE_SLO_TPOT_MS:-50}" \
+            --max-context "$MAXCTX" --result-json "${OUT:-/tmp}/serve-$name${SERVE_TAG:-}.json" > "$W/bench.log" 2>&1 ||
             { echo "$name: bench-serve failed"; tail -n 20 "$W/bench.log"; }
         python3 - "${OUT:-/tmp}/serve-$name${SERVE_TAG:-}.json" "$name${SERVE_TAG:-}" <<'PY'
 import json, sys
