@@ -35,6 +35,7 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
                     int layer, int nq, int nkv, int hgroups, int splits, int ps_shift, float *part,
                     unsigned *counts, float qscale)
 {
+    duet__pdl_trigger(); /* the O projection's GEMV may follow (cuda_device.cuh) */
     constexpr int L = HD / 8;                   /* lanes per key row */
     constexpr int KPR = 32 / L;                 /* key rows per warp load */
     constexpr int ROWS = GR <= 4 ? 4 : 2;       /* loads in flight per lane, K and V each */

@@ -49,6 +49,7 @@ static __global__ void __launch_bounds__(DUET__FD_WARPS * 32)
                      int layer, int nq, int nkv, int hgroups, int splits, int ps_shift,
                      float *part, unsigned *counts, float qscale)
 {
+    duet__pdl_trigger(); /* the O projection's GEMV may follow (cuda_device.cuh) */
     constexpr int QW = HD / 8;    /* 32-bit words of q and of a key row per lane */
     constexpr int KS = HD / 16;   /* k-steps of S */
     constexpr int VW = HD / 16;   /* 32-bit words of a V row per lane */

@@ -134,6 +134,26 @@ template <int N> static __device__ __forceinline__ void duet__cp_wait(void)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* Programmatic dependent launch (sm_90): a kernel that feeds a GEMV
+ * triggers at its start, so the GEMV (launched with the PDL attribute,
+ * gemv.cu) gets its blocks resident and its first weight rows in flight
+ * during this kernel's last wave; the GEMV waits (duet__pdl_wait) for this
+ * kernel to complete, and its memory to be visible, before it reads its
+ * input.  Both are no-ops for launches without the attribute. */
+static __device__ __forceinline__ void duet__pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
+static __device__ __forceinline__ void duet__pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ uint32_t duet__pack2f(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -159,6 +159,7 @@ struct duet_backend_rank {
     duet__gemm_plan_t plans[DUET__CUDA_GEMM_PLANS];
     uint64_t gemm_clock;
     int gemv_max_n; /* DUET_CUDA_GEMV (default DUET__CUDA_GEMV_MAX_N, 0 = off) */
+    bool gemv_pdl;  /* launch it as a programmatic dependent (DUET_CUDA_GEMV_PDL=0: not) */
 
     /* host staging */
     void *pin; /* pinned, pin_bytes */

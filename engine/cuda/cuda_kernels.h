@@ -131,8 +131,9 @@ int duet__cuda_attention_prefill_supported(int head_dim);
  * supported(): cols % 8 == 0 and 16-byte aligned x and W. */
 int duet__cuda_gemv_supported(const void *y, const void *x, const void *w, int n, int rows,
                               int cols);
+/* pdl: launched as a programmatic dependent of the kernel before it */
 duet_status_t duet__cuda_gemv(cudaStream_t s, void *y, const void *x, int n, const void *w,
-                              int rows, int cols, const void *bias);
+                              int rows, int cols, const void *bias, bool pdl);
 duet_status_t duet__cuda_silu_mul(cudaStream_t s, void *out, const void *gu, int n, int m);
 duet_status_t duet__cuda_add(cudaStream_t s, void *x, const void *y, size_t count);
 /* x[t][j] += bias[j] for t < n, j < d */

@@ -11,6 +11,7 @@ typedef struct {
 static __global__ void duet__gather_kernel(duet_bf16 *out, const duet_bf16 *in, duet__rows_t rows,
                                            int d, bool vec)
 {
+    duet__pdl_trigger(); /* a GEMV may follow (cuda_device.cuh) */
     const duet_bf16 *src = in + (size_t)rows.r[blockIdx.x] * (size_t)d;
     duet_bf16 *dst = out + (size_t)blockIdx.x * (size_t)d;
     if (vec) {

@@ -28,6 +28,8 @@ duet_status_t duet__cuda_gemm_init(duet_backend_rank_t *r)
     const char *g = getenv("DUET_CUDA_GEMV");
     int v = g != NULL ? atoi(g) : DUET__CUDA_GEMV_MAX_N;
     r->gemv_max_n = v < 0 ? 0 : (v > DUET__CUDA_GEMV_MAX_N ? DUET__CUDA_GEMV_MAX_N : v);
+    g = getenv("DUET_CUDA_GEMV_PDL");
+    r->gemv_pdl = !(g != NULL && strcmp(g, "0") == 0);
     cublasStatus_t s = cublasLtCreate(&r->lt);
     if (s != CUBLAS_STATUS_SUCCESS)
         return duet__lt_err(s, "create", 0, 0, 0);
@@ -173,7 +175,7 @@ duet_status_t duet__cuda_gemm(duet_backend_rank_t *r, void *y, const void *x, in
     if (n <= 0)
         return DUET_OK;
     if (n <= r->gemv_max_n && duet__cuda_gemv_supported(y, x, w->d, n, m, k))
-        return duet__cuda_gemv(r->stream, y, x, n, w->d, m, k, bias);
+        return duet__cuda_gemv(r->stream, y, x, n, w->d, m, k, bias, r->gemv_pdl);
     if (duet__align_of(x) < align)
         align = duet__align_of(x);
     if (duet__align_of(w->d) < align)

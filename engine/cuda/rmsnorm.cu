@@ -13,6 +13,7 @@ template <bool ADD>
 static __global__ void duet__rmsnorm_kernel(duet_bf16 *out, duet_bf16 *in, const duet_bf16 *res,
                                             const duet_bf16 *w, int d, float eps, bool vec)
 {
+    duet__pdl_trigger(); /* a GEMV may follow (cuda_device.cuh) */
     __shared__ float scratch[32];
     duet_bf16 *x = in + (size_t)blockIdx.x * (size_t)d;
     duet_bf16 *y = out + (size_t)blockIdx.x * (size_t)d;

@@ -10,6 +10,7 @@ static __device__ __forceinline__ float duet__silu(float g)
 /* eight elements per thread; m % 8 == 0 */
 static __global__ void duet__silu_mul_vec(duet_bf16 *out, const duet_bf16 *gu, size_t total8, int m)
 {
+    duet__pdl_trigger(); /* a GEMV may follow (cuda_device.cuh) */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total8;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t e = i * 8, t = e / (size_t)m, c = e % (size_t)m;
@@ -27,6 +28,7 @@ static __global__ void duet__silu_mul_vec(duet_bf16 *out, const duet_bf16 *gu, s
 static __global__ void duet__silu_mul_scalar(duet_bf16 *out, const duet_bf16 *gu, size_t total,
                                              int m)
 {
+    duet__pdl_trigger(); /* a GEMV may follow (cuda_device.cuh) */
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
         size_t t = e / (size_t)m, c = e % (size_t)m;
