@@ -71,7 +71,7 @@ duet_status_t duet_dc_local_prefill(duet_decode_t *dc, duet_dc_req_t **reqs, int
             .n_pages = req->n_prompt_pages,
             .sample = true,
             .sampling = req->sampling,
-            .sample_index = 0,
+            .sample_index = (uint64_t)req->first_index,
         };
         /* without memory for its logits it runs without; failed below */
         (void)duet_dc_lp_local_prepare(dc, req, &dc->seqs[i]);

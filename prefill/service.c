@@ -101,6 +101,7 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         m->packed && m->kv_progress_layers <= INT32_MAX ? (int)m->kv_progress_layers : 0;
     if ((st = duet__pf_sampling_parse(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
+    req->first_index = m->first_output_index;
     if ((m->logprobs || m->prompt_logprobs) &&
         (st = duet_logprob_params_check(m->top_logprobs > INT32_MAX ? -1 : (int)m->top_logprobs,
                                         m->prompt_logprobs, (int)m->n_prompt_ids, cfg->vocab)) !=
