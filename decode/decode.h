@@ -160,6 +160,9 @@ struct duet_dc_req {
     bool rpc_started, rpc_done;
     duet_rpc_stream_t *rpc_stream;
     bool retried;                 /* re-bootstrapped once already */
+    /* its KV transfer failed and transfer.on_failure is recompute: it
+     * prefills locally once nothing can write its pages (req.c) */
+    bool recompute;
     bool abort_sent;              /* Prefill.Abort posted */
 
     /* log-probabilities (docs/api-logprobs.md; lp.c).  The Prefill

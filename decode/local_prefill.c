@@ -37,7 +37,7 @@ bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
     const duet_instance_config_t *self = dc->node.args.self;
     /* the prefix cache held all it may: only the last page's tokens are
      * left, less than a prefill's transfer would cost (docs/prefix-cache.md) */
-    if (duet_dc_cache_covers(dc, req))
+    if (duet_dc_cache_covers(dc, req) || req->recompute) /* (its KV transfer failed) */
         return true;
     switch (dc->local_mode) {
     case DUET_PREFILL_LOCAL_OFF:
