@@ -29,6 +29,7 @@ STEP_MS = 20  # decode.step_delay_ms: streams long enough to be cut
 N_TOK = 200
 PROMPT = "Once upon a time"
 DECODES = ("d1", "d2")
+GAPS = {}  # the longest wait between two gRPC messages, by case (seed)
 
 
 def http_cases():
@@ -75,7 +76,12 @@ def grpc_cases(cl):
 
 def run_grpc(cl, req, first):
     ids, text, lps, fin = [], "", [], None
+    last, gaps = None, []
     for r in cl.router_stub().Generate(req, timeout=60):
+        now = time.time()
+        if last is not None:
+            gaps.append(now - last)
+        last = now
         if r.HasField("chunk"):
             ids += list(r.chunk.ids)
             text += r.chunk.text
@@ -86,6 +92,7 @@ def run_grpc(cl, req, first):
         else:
             fin = (r.finished.reason, r.finished.completion_tokens, r.finished.prompt_tokens)
     first.set()
+    GAPS[req.sampling.seed] = max(gaps) if gaps else 0
     return {"ids": ids, "text": text, "lp": lps, "fin": fin}
 
 
@@ -230,7 +237,8 @@ def test(build, src):
         check(len(moved) == n_jobs and min(moved) > 0,
               "migration log lines (tokens before the move): %s" % moved)
         print("kill d1: every stream equal to the solo run in %.1f s; migrations %s after %s "
-              "tokens" % (time.time() - t0, m, moved))
+              "tokens; longest gRPC gap %.0f ms (a step is %d ms)" %
+              (time.time() - t0, m, moved, 1000 * max(GAPS.values()), STEP_MS))
         start_decode(cl, "d1")
         wait_healthy(cl, DECODES)
 
@@ -256,8 +264,9 @@ def test(build, src):
         compare(solo, got, "stall")
         m = migrations(cl)
         check(m["stall"] - before["stall"] == n_jobs, "stall migrations counted: %s" % m)
-        print("stall d1: every stream equal to the solo run in %.1f s; migrations %s" %
-              (time.time() - t0, m))
+        print("stall d1: every stream equal to the solo run in %.1f s; migrations %s; longest "
+              "gRPC gap %.0f ms (stall_timeout_ms 1200)" % (time.time() - t0, m,
+                                                           1000 * max(GAPS.values())))
         wait_healthy(cl, DECODES)
 
         # kv: the prefill's first put is corrupted; decode recomputes
