@@ -10,7 +10,9 @@
  *   NEW -> QUEUED -+-> LOCAL ------------------------+-> KV_IN -> READY -> RUNNING -> ENDED
  *                  +-> (LINKING ->) PREFILL ---------+
  *   any state but ENDED -> ENDED (FAIL, CANCEL); PREFILL -> NEW -> (LINKING ->)
- *   PREFILL once when prefill lost our bootstrap. */
+ *   PREFILL once when prefill lost our bootstrap; PREFILL -> QUEUED -> LOCAL
+ *   once when its KV transfer failed and transfer.on_failure is recompute
+ *   (after the Prefill call ended: docs/migration.md). */
 #ifndef DUET_DECODE_REQ_H
 #define DUET_DECODE_REQ_H
 
