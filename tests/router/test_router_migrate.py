@@ -2,8 +2,10 @@
 """Nothing lost when a decode dies or stalls (docs/migration.md): one
 prefill, two decodes and the router on loopback.  Streaming greedy, seeded
 sampling, n = 2 with logprobs (HTTP SSE) and greedy / seeded with logprobs
-(gRPC) run once undisturbed (the oracle, and greedy also against `duet
-generate`), then again while
+/ n = 2 (gRPC) run once undisturbed (the oracle, and greedy also against
+`duet generate`); Decode.Generate resumed at an output index (what a
+migration sends) continues an uninterrupted run exactly, a stop string
+across the cut included; then every stream runs on d1 again while
 
   kill   one decode is SIGKILLed mid-stream,
   stall  one decode is SIGSTOPped for longer than router.stall_timeout_ms,
@@ -71,11 +73,15 @@ def grpc_cases(cl):
                                       temperature=0.9, logprobs=True, top_logprobs=2,
                                       sampling=cl.pb["common"].SamplingParams(
                                           temperature=0.9, seed=5, has_seed=True)),
+        "grpc-n2": cl.gen_request("Lily and Tom", max_tokens=N_TOK, ignore_eos=True, n=2,
+                                  sampling=cl.pb["common"].SamplingParams(
+                                      temperature=0.8, seed=9, has_seed=True)),
     }
 
 
 def run_grpc(cl, req, first):
-    ids, text, lps, fin = [], "", [], None
+    """{choice index: ids, text, logprobs, finish}."""
+    out = {}
     last, gaps = None, []
     for r in cl.router_stub().Generate(req, timeout=60):
         now = time.time()
@@ -83,17 +89,20 @@ def run_grpc(cl, req, first):
             gaps.append(now - last)
         last = now
         if r.HasField("chunk"):
-            ids += list(r.chunk.ids)
-            text += r.chunk.text
-            lps += [(x.id, round(x.logprob, 4), sorted((t.id, round(t.logprob, 4))
-                                                       for t in x.top))
-                    for x in r.chunk.logprobs]
+            o = out.setdefault(r.chunk.index, {"ids": [], "text": "", "lp": [], "fin": None})
+            o["ids"] += list(r.chunk.ids)
+            o["text"] += r.chunk.text
+            o["lp"] += [(x.id, round(x.logprob, 4), sorted((t.id, round(t.logprob, 4))
+                                                           for t in x.top))
+                        for x in r.chunk.logprobs]
             first.set()
         else:
-            fin = (r.finished.reason, r.finished.completion_tokens, r.finished.prompt_tokens)
+            o = out.setdefault(r.finished.index, {"ids": [], "text": "", "lp": [], "fin": None})
+            o["fin"] = (r.finished.reason, r.finished.completion_tokens,
+                        r.finished.prompt_tokens)
     first.set()
     GAPS[req.sampling.seed] = max(gaps) if gaps else 0
-    return {"ids": ids, "text": text, "lp": lps, "fin": fin}
+    return out
 
 
 def run_all(cl, fault=None):
@@ -181,6 +190,62 @@ def compare(solo, got, what):
               (what, k, json.dumps(got[k])[:600], json.dumps(solo[k])[:600]))
 
 
+def decode_stream(cl, decode, req):
+    """Decode.Generate directly: (ids, cumulative text after each chunk,
+    finished)."""
+    stub = cl.pb["decode_grpc"].DecodeStub(cl.channel(cl.address(decode)))
+    ids, texts, fin = [], [""], None
+    for r in stub.Generate(req, timeout=60):
+        if r.HasField("chunk"):
+            ids += list(r.chunk.ids)
+            texts.append(texts[-1] + r.chunk.text)
+        else:
+            fin = r.finished
+    return ids, texts, fin
+
+
+def resume(cl):
+    """Decode.Generate with first_output_index / resumed_text_bytes (what
+    the router sends a migrated stream) continues an uninterrupted run
+    exactly: ids, text (a stop string spanning the cut included), finish
+    and counts; greedy and seeded."""
+    g, c, d = cl.pb["generate"], cl.pb["common"], cl.pb["decode"]
+    prompt = [1, 40, 41, 42, 43, 44, 45]
+    N = 40
+
+    def req(ids, max_tokens, sampling, stop=(), first=0, text_bytes=0):
+        return d.DecodeGenerateRequest(
+            request=g.GenerateRequest(token_ids=c.TokenIds(ids=ids), max_tokens=max_tokens,
+                                      ignore_eos=True, sampling=sampling, stop=list(stop)),
+            prefill_target=cl.address("p1"), first_output_index=first,
+            resumed_text_bytes=text_bytes)
+
+    greedy = c.SamplingParams(temperature=0)
+    seeded = c.SamplingParams(temperature=0.9, seed=3, has_seed=True)
+    ids, texts, _ = decode_stream(cl, "d2", req(prompt, N, greedy))
+    k = 10
+    cut = len(texts[k])
+    text = texts[-1]
+    check(len(ids) == N and 2 <= cut and cut + 3 <= len(text), "uninterrupted: %r" % text)
+    stop = text[cut - 2:cut + 3]  # spans the cut: its start is held back at token k
+    cases = [("greedy", greedy, ()), ("seeded", seeded, ()), ("stop", greedy, (stop,))]
+    for name, sp, stops in cases:
+        ids, texts, fin = decode_stream(cl, "d2", req(prompt, N, sp, stops))
+        k = min(10, len(ids) - 1)
+        rids, rtexts, rfin = decode_stream(cl, "d1", req(
+            prompt + ids[:k], N - k, sp, stops, first=k, text_bytes=len(texts[k].encode())))
+        got = (ids[:k] + rids, texts[k] + rtexts[-1], rfin.reason, rfin.completion_tokens,
+               rfin.prompt_tokens, rfin.stop_matched)
+        want = (ids, texts[-1], fin.reason, fin.completion_tokens, fin.prompt_tokens,
+                fin.stop_matched)
+        check(got == want, "resume %s at %d:\n%s\n!=\n%s" % (name, k, got, want))
+        if stops:
+            check(fin.stop_matched == stop and len(texts[k]) < cut,
+                  "the stop case did not hold text back at the cut: %r %r" %
+                  (texts[k], fin.stop_matched))
+    print("resume: greedy, seeded and a stop string across the cut continue exactly")
+
+
 def test(build, src):
     cl = Cluster(build, src, prefill=[("p1", 1)], decode=[("d1", 1), ("d2", 1)],
                  router={"stall_timeout_ms": 1200, "health_interval_ms": 200,
@@ -191,7 +256,7 @@ def test(build, src):
     with open(cl.config, "w") as f:
         json.dump(cfg, f)
     try:
-        g_ids, g_text = oracle(build, cl.model, prompt=PROMPT, max_tokens=N_TOK,
+        g_ids, _ = oracle(build, cl.model, prompt=PROMPT, max_tokens=N_TOK,
                                extra=["--ignore-eos"])
         cl.start("p1")
         cl.wait_worker("p1")
@@ -203,22 +268,25 @@ def test(build, src):
         t0 = time.time()
         solo = run_all(cl)
         print("solo run: %.1f s" % (time.time() - t0))
-        check(solo["grpc-greedy"]["ids"] == g_ids,
-              "greedy gRPC != duet generate: %s != %s" % (solo["grpc-greedy"]["ids"], g_ids))
-        check(solo["http-greedy"][0]["text"] == detok(cl.model, g_ids) == g_text.lstrip(" ") or
-              solo["http-greedy"][0]["text"] == detok(cl.model, g_ids),
+        check(solo["grpc-greedy"][0]["ids"] == g_ids,
+              "greedy gRPC != duet generate: %s != %s" % (solo["grpc-greedy"][0]["ids"], g_ids))
+        check(solo["http-greedy"][0]["text"] == detok(cl.model, g_ids),
               "greedy SSE != duet generate: %r" % solo["http-greedy"][0]["text"])
         check(len(solo["http-n2"]) == 2 and solo["http-n2"][0]["lp"] and
               solo["http-n2"][0]["text"] != solo["http-n2"][1]["text"],
               "n=2 choices: %s" % json.dumps(solo["http-n2"])[:300])
-        check(solo["grpc-seeded"]["fin"][1] == N_TOK, "completion tokens %s" %
-              (solo["grpc-seeded"]["fin"],))
+        check(solo["grpc-seeded"][0]["fin"][1] == N_TOK, "completion tokens %s" %
+              (solo["grpc-seeded"][0]["fin"],))
+        check(len(solo["grpc-n2"]) == 2 and solo["grpc-n2"][0]["ids"] != solo["grpc-n2"][1]["ids"]
+              and all(c["fin"][1] == N_TOK for c in solo["grpc-n2"].values()),
+              "gRPC n=2: %s" % json.dumps(solo["grpc-n2"])[:300])
         check(migrations(cl) == {"unavailable": 0, "stall": 0, "error": 0},
               "migrations without a fault: %s" % migrations(cl))
+        resume(cl)
 
         # kill: every stream on d1 (d2 down), then d2 up and d1 SIGKILLed
         # mid-stream
-        n_jobs = 7  # 4 HTTP requests, one of them n = 2, and 2 gRPC calls
+        n_jobs = 9  # 4 HTTP requests and 3 gRPC calls, one of each n = 2
         cl.stop("d2")
         wait_unhealthy(cl, "d2")
 
