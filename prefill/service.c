@@ -59,7 +59,10 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         return duet_error(DUET_ERR_INVALID, "%s: transfer_id must be set", m->request_id);
     if (m->n_prompt_ids == 0)
         return duet_error(DUET_ERR_INVALID, "%s: empty prompt", m->request_id);
-    int prompt_max = duet_limit_prompt_tokens(pf->node.args.cluster, cfg->max_pos);
+    /* a migrated stream's resumed output counts against the context only */
+    int64_t pmax = (int64_t)duet_limit_prompt_tokens(pf->node.args.cluster, cfg->max_pos) +
+                   m->first_output_index;
+    int prompt_max = pmax < cfg->max_pos ? (int)pmax : cfg->max_pos;
     if (m->n_prompt_ids > (size_t)prompt_max)
         return duet_error(
             DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",

@@ -249,7 +249,9 @@ def resume(cl):
 def test(build, src):
     cl = Cluster(build, src, prefill=[("p1", 1)], decode=[("d1", 1), ("d2", 1)],
                  router={"stall_timeout_ms": 1200, "health_interval_ms": 200,
-                         "policy": "round_robin", "migrate_max": 3})
+                         "policy": "round_robin", "migrate_max": 3,
+                         # resumed output counts against the context, not this
+                         "max_prompt_tokens": 8})
     with open(cl.config) as f:
         cfg = json.load(f)
     cfg["transfer"]["checksum"] = True  # the kv case's corrupt put must be seen
