@@ -153,6 +153,7 @@ void duet_router_jobs_watch(duet_router_t *rt)
     for (;;) {
         int64_t now = duet_now_ns();
         duet_router_job_t *job = NULL;
+        int attempt = 0;
         pthread_mutex_lock(&rt->adm_lock);
         for (duet_router_job_t *j = rt->active; j != NULL && job == NULL; j = j->anext) {
             pthread_mutex_lock(&j->lock);
@@ -161,6 +162,7 @@ void duet_router_jobs_watch(duet_router_t *rt)
             if (j->stream != NULL && j->started && !j->stalled && !j->cancelled &&
                 now - j->t_last > stall) {
                 j->stalled = true;
+                attempt = j->attempts;
                 job = duet_router_job_ref(j);
             }
             pthread_mutex_unlock(&j->lock);
@@ -173,8 +175,10 @@ void duet_router_jobs_watch(duet_router_t *rt)
                       job->request_id,
                       duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, job->decode),
                       (long long)((now - job->t_last) / DUET_NS_PER_MS));
-        if (job->stream != NULL) /* on_done (migration) follows */
-            duet_rpc_stream_cancel(job->stream);
+        /* (only the stalled attempt's stream: when it ended meanwhile, a
+         * migration may have opened the next one) */
+        if (job->stream != NULL && job->stalled && job->attempts == attempt)
+            duet_rpc_stream_cancel(job->stream); /* on_done (migration) follows */
         pthread_mutex_unlock(&job->lock);
         duet__job_unref(job);
     }
