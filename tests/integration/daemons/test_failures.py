@@ -23,7 +23,8 @@ shows its KV pages back at baseline afterwards (no leaks).
                          decode exits 70 naming the failure, a restarted
                          one serves again
   prefill_engine_fails   the same on a prefill (TP=2): the request fails
-                         (on_failure fail), the prefill exits 70, decode
+                         (on_failure fail; retry: UNAVAILABLE, which the
+                         router retries), the prefill exits 70, decode
                          serves through another prefill; with on_failure
                          recompute the request completes, equal to the
                          reference
@@ -322,7 +323,7 @@ def decode_engine_fails():
 
 def prefill_engine_fails():
     ref = reference_ids(BUILD, STORIES, PROMPT, 8)
-    for on_failure in ("fail", "recompute"):
+    for on_failure in ("fail", "retry", "recompute"):
         c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2), ("p1", 1)], decode=[("d0", 1)],
                     on_failure=on_failure)
         try:
@@ -339,9 +340,13 @@ def prefill_engine_fails():
                     c.generate("d0", PROMPT, max_tokens=8, prefill="p0", timeout=30)
                     raise AssertionError("the request succeeded on a failed prefill engine")
                 except grpc.RpcError as e:
-                    print("  prefill engine failed -> %s: %s" % (e.code(), e.details()[:120]))
+                    print("  prefill engine failed (%s) -> %s: %s" %
+                          (on_failure, e.code(), e.details()[:120]))
                     expect(e.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE),
                            "status %s" % e.code())
+                    # retry: UNAVAILABLE, so the router retries on another pair
+                    expect(on_failure != "retry" or e.code() == grpc.StatusCode.UNAVAILABLE,
+                           "on_failure retry: status %s" % e.code())
             expect_engine_exit(c, "p0")
             ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p1")
             expect(ids == ref, "decode did not keep serving: %s" % ids)
