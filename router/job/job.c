@@ -266,8 +266,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     job->inst_d = duet_router_workers_instance(rt->workers, DUET_ROLE_DECODE, d);
     job->stalled = false;
     job->att_started = false;
-    if (job->started) /* the stall watch counts from here until its first id */
-        job->t_last = duet_now_ns();
+    job->t_last = duet_now_ns(); /* the stall watch counts from here until its first id */
     int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
     DUET_LOG_DEBUG(

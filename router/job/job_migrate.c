@@ -145,6 +145,13 @@ duet_status_t duet__job_finish_made(duet_router_job_t *job)
 
 /* ---- the stall watch (ticker) ---- */
 
+static bool duet__decode_healthy(duet_router_t *rt, int d)
+{
+    duet_router_worker_info_t info;
+    return d >= 0 && duet_router_workers_snapshot(rt->workers, DUET_ROLE_DECODE, d, &info) &&
+           info.healthy;
+}
+
 void duet_router_jobs_watch(duet_router_t *rt)
 {
     int64_t stall = (int64_t)rt->cfg->router.stall_timeout_ms * DUET_NS_PER_MS;
@@ -157,10 +164,15 @@ void duet_router_jobs_watch(duet_router_t *rt)
         pthread_mutex_lock(&rt->adm_lock);
         for (duet_router_job_t *j = rt->active; j != NULL && job == NULL; j = j->anext) {
             pthread_mutex_lock(&j->lock);
-            /* a started stream whose decode sent nothing for stall (counted
-             * from its last token, or from a migration's launch) */
-            if (j->stream != NULL && j->started && !j->stalled && !j->cancelled &&
-                now - j->t_last > stall) {
+            /* a stream whose decode sent nothing for stall (counted from
+             * its last token, or from its launch): a started one migrates;
+             * one still waiting for its first token (a prompt may queue
+             * long on a busy prefill) only when its decode is out of
+             * rotation too (a failed health check: stopped, hung,
+             * draining), and then takes the one retry before a first
+             * token */
+            if (j->stream != NULL && !j->stalled && !j->cancelled && now - j->t_last > stall &&
+                (j->started || !duet__decode_healthy(rt, j->decode))) {
                 j->stalled = true;
                 attempt = j->attempts;
                 job = duet_router_job_ref(j);
@@ -171,8 +183,8 @@ void duet_router_jobs_watch(duet_router_t *rt)
         if (job == NULL)
             return;
         pthread_mutex_lock(&job->lock);
-        DUET_LOG_WARN("request %s: no token from decode %s for %lld ms: moving it",
-                      job->request_id,
+        DUET_LOG_WARN("request %s: no %stoken from decode %s for %lld ms: moving it",
+                      job->request_id, job->started ? "" : "first ",
                       duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, job->decode),
                       (long long)((now - job->t_last) / DUET_NS_PER_MS));
         /* (only the stalled attempt's stream: when it ended meanwhile, a

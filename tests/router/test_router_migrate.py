@@ -12,7 +12,8 @@ across the cut included; then every stream runs on d1 again while
 
 and every stream must end normally ([DONE] / OK, no error event) with the
 oracle's ids, text and logprobs, counted in
-duet_router_migrations_total{reason}.  Then
+duet_router_migrations_total{reason}; requests sent to a decode stopped
+before their first token are retried once it is out of rotation.  Then
 
   kv     the prefill corrupts its first KV put (xfer.corrupt_put=0 with
          transfer.checksum on): decode recomputes the prompt locally
@@ -337,6 +338,37 @@ def test(build, src):
         print("stall d1: every stream equal to the solo run in %.1f s; migrations %s; longest "
               "gRPC gap %.0f ms (stall_timeout_ms 1200)" % (time.time() - t0, m,
                                                            1000 * max(GAPS.values())))
+        wait_healthy(cl, DECODES)
+
+        # stalled before the first token: d1 SIGSTOPped with both decodes in
+        # rotation; requests the router sends it before its health check
+        # fails wait for no first token: once d1 is out of rotation and
+        # stall_timeout_ms passed they take their retry on d2
+        before = cl.metrics()["duet_router_retries_total"]
+        ids8, _ = oracle(build, cl.model, prompt=PROMPT, max_tokens=8)
+        outs = []
+        cl.procs["d1"].proc.send_signal(signal.SIGSTOP)
+        t0 = time.time()
+        try:
+            ts = [threading.Thread(target=lambda: outs.append(cl.post_json(
+                "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})))
+                for _ in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(30)
+        finally:
+            cl.procs["d1"].proc.send_signal(signal.SIGCONT)
+        took = time.time() - t0
+        check(len(outs) == 4 and all(st == 200 and r["choices"][0]["text"] ==
+                                     detok(cl.model, ids8) for st, _, r in outs),
+              "requests sent to a stopped decode: %s" % [json.dumps(r)[:200] for _, _, r in outs])
+        retried = cl.metrics()["duet_router_retries_total"] - before
+        check(retried > 0 and "no first token from decode d1" in cl.procs["router"].log(None),
+              "no request met the stopped decode (retries +%d)" % retried)
+        check(took < 10, "took %.1f s" % took)
+        print("stall before the first token: %d requests retried off the stopped decode, all "
+              "done in %.1f s" % (retried, took))
         wait_healthy(cl, DECODES)
 
         # kv: the prefill's first put is corrupted; decode recomputes
