@@ -243,8 +243,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     /* a started stream continues from its last id (job_migrate.c) */
     duet__resume_t rq = {.req = job->req, .req_len = job->req_len};
     uint8_t *resumed = NULL;
-    if ((st = duet__job_resume_request(job, &resumed, &rq.req_len, &rq.first, &rq.text)) !=
-        DUET_OK)
+    if ((st = duet__job_resume_request(job, &resumed, &rq.req_len, &rq.first, &rq.text)) != DUET_OK)
         goto err_release;
     if (resumed != NULL)
         rq.req = resumed;
@@ -689,8 +688,8 @@ static bool duet__job_migrate(duet_router_job_t *job, duet_router_job_end_t *end
         return false;
     }
     char from[160];
-    snprintf(from, sizeof(from), "%s", duet_router_workers_name(rt->workers, DUET_ROLE_DECODE,
-                                                                job->decode));
+    snprintf(from, sizeof(from), "%s",
+             duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, job->decode));
     pthread_mutex_lock(&job->lock);
     duet__release_workers_locked(job); /* prefill/decode stay as the pair to avoid */
     job->migrations++;
