@@ -5,10 +5,12 @@ sampling, n = 2 with logprobs (HTTP SSE) and greedy / seeded with logprobs
 / n = 2 (gRPC) run once undisturbed (the oracle, and greedy also against
 `duet generate`); Decode.Generate resumed at an output index (what a
 migration sends) continues an uninterrupted run exactly, a stop string
-across the cut included; then every stream runs on d1 again while
+across the cut included; then every stream runs on d1 again (error: on both) while
 
   kill   one decode is SIGKILLed mid-stream,
   stall  one decode is SIGSTOPped for longer than router.stall_timeout_ms,
+  error  one decode fails every request after its first token
+         (decode.kv_copy_fail),
 
 and every stream must end normally ([DONE] / OK, no error event) with the
 oracle's ids, text and logprobs, counted in
@@ -369,6 +371,24 @@ def test(build, src):
         check(took < 10, "took %.1f s" % took)
         print("stall before the first token: %d requests retried off the stopped decode, all "
               "done in %.1f s" % (retried, took))
+        wait_healthy(cl, DECODES)
+
+        # error: d1's KV copy fails after each request's first token
+        # (decode.kv_copy_fail: INTERNAL); its streams continue on d2
+        cl.stop("d1")
+        cl.start("d1", env={"DUET_FAULTS": "decode.step_delay_ms=%d,decode.kv_copy_fail=1" %
+                            STEP_MS})
+        cl.wait_worker("d1")
+        wait_healthy(cl, DECODES)
+        before = migrations(cl)
+        got = run_all(cl)
+        compare(solo, got, "error")
+        m = migrations(cl)
+        check(m["error"] > before["error"], "no error migration counted: %s" % m)
+        print("error on d1 after the first token: every stream equal to the solo run; "
+              "migrations %s" % m)
+        cl.stop("d1")
+        start_decode(cl, "d1")
         wait_healthy(cl, DECODES)
 
         # kv: the prefill's first put is corrupted; decode recomputes
