@@ -54,6 +54,8 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, served_model_name, "", "model id in the API (\"\" = model directory name)"),
     DUET_CFG_F_STRING(duet_router_config_t, https_cert, "", "PEM certificate chain: HTTPS on router.http (\"\" = plain HTTP)"),
     DUET_CFG_F_STRING(duet_router_config_t, https_key, "", "PEM private key of router.https_cert"),
+    DUET_CFG_F_INT(duet_router_config_t, migrate_max, 0, 64, 3, "times a started stream moves to another decode when its decode fails or stalls (0 = never; docs/migration.md)"),
+    DUET_CFG_F_INT(duet_router_config_t, stall_timeout_ms, 0, 86400000, 5000, "a started stream with no token for this long migrates (0 = off; docs/migration.md)"),
     DUET_CFG_F_CUSTOM(duet_router_config_t, cache_aware, duet__parse_cache_aware, "object: the cache_aware policy's thresholds (router.cache_aware.*)"),
 };
 
@@ -86,6 +88,7 @@ typedef struct {
     int timeout_ms;
     bool checksum;
     int rpc_timeout_ms;
+    char *on_failure;
 } duet__transfer_section_t;
 
 static const duet_cfg_field_t duet__transfer_fields[] = {
@@ -94,7 +97,13 @@ static const duet_cfg_field_t duet__transfer_fields[] = {
     DUET_CFG_F_BOOL(duet__transfer_section_t, checksum, 0, "CRC32C of every KV slice"),
     DUET_CFG_F_INT(duet__transfer_section_t, rpc_timeout_ms, 1, 3600000, 30000,
                    "deadline of control-plane calls between daemons"),
+    DUET_CFG_F_STRING(duet__transfer_section_t, on_failure, "recompute",
+                      "a request's KV transfer failed after decode admitted it: fail, retry "
+                      "(the router, on another pair) or recompute (decode prefills it "
+                      "locally; docs/migration.md)"),
 };
+
+static const char *const duet__on_failure_names[] = {"fail", "retry", "recompute"};
 
 const char *duet_role_name(duet_role_t role)
 {
@@ -255,7 +264,7 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
                                         "auth",  "prefill", "decode"};
     duet_cluster_config_t *cfg;
     duet__kv_section_t kv;
-    duet__transfer_section_t tr;
+    duet__transfer_section_t tr = {0};
     cJSON *root = NULL;
     const cJSON *item;
     duet_status_t st;
@@ -315,6 +324,18 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
     cfg->transfer_timeout_ms = tr.timeout_ms;
     cfg->transfer_checksum = tr.checksum;
     cfg->rpc_timeout_ms = tr.rpc_timeout_ms;
+    cfg->transfer_on_failure = DUET_XFER_ON_FAILURE_COUNT;
+    for (size_t m = 0; m < N_OF(duet__on_failure_names); m++)
+        if (tr.on_failure != NULL && strcmp(tr.on_failure, duet__on_failure_names[m]) == 0)
+            cfg->transfer_on_failure = (duet_xfer_on_failure_t)m;
+    if (cfg->transfer_on_failure == DUET_XFER_ON_FAILURE_COUNT) {
+        st = duet_error(DUET_ERR_CONFIG,
+                        "transfer.on_failure: '%s' is not fail, retry or recompute",
+                        tr.on_failure ? tr.on_failure : "");
+        goto err;
+    }
+    duet_free(tr.on_failure);
+    tr.on_failure = NULL;
     item = cJSON_GetObjectItemCaseSensitive(root, "prefill");
     if (item != NULL &&
         (st = duet__parse_instances(item, "prefill", &cfg->prefill, &cfg->n_prefill)) != DUET_OK)
@@ -342,6 +363,7 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
     return DUET_OK;
 
 err:
+    duet_free(tr.on_failure);
     cJSON_Delete(root);
     duet_cluster_free(cfg);
     return st;

@@ -102,6 +102,8 @@ typedef struct {
     char *https_cert;        /* PEM certificate chain for HTTPS ("" = plain HTTP) */
     char *https_key;         /* its private key (PEM) */
     duet_router_cache_aware_config_t cache_aware;
+    int migrate_max;      /* migrations of a started stream (docs/migration.md) */
+    int stall_timeout_ms; /* no token for this long: the stream migrates (0 = off) */
 } duet_router_config_t;
 
 /* auth: how the cluster's gRPC servers authenticate their callers and how
@@ -119,12 +121,22 @@ typedef struct {
     char *server_name; /* name clients expect in server certificates ("" = host) */
 } duet_auth_config_t;
 
+/* transfer.on_failure: what decode does when a request's KV transfer fails
+ * after it admitted the request (docs/migration.md). */
+typedef enum {
+    DUET_XFER_ON_FAILURE_FAIL = 0,      /* the request fails (the router may retry it) */
+    DUET_XFER_ON_FAILURE_RETRY = 1,     /* fail it retryably: the router retries another pair */
+    DUET_XFER_ON_FAILURE_RECOMPUTE = 2, /* decode prefills the prompt itself */
+    DUET_XFER_ON_FAILURE_COUNT
+} duet_xfer_on_failure_t;
+
 typedef struct {
     char *model;   /* model directory */
     int page_size; /* kv.page_size: the same on every instance */
     int transfer_timeout_ms;
     bool transfer_checksum;
     int rpc_timeout_ms; /* control-plane calls between daemons */
+    duet_xfer_on_failure_t transfer_on_failure;
     duet_router_config_t router;
     duet_auth_config_t auth;
     duet_instance_config_t *prefill;

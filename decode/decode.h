@@ -111,7 +111,12 @@ struct duet_dc_req {
 
     int32_t *prompt;
     int n_prompt;
-    int max_tokens;
+    /* a migrated stream (docs/migration.md): the last first_index prompt
+     * tokens are output the client has (resumed_text bytes of their text);
+     * this decode's outputs are indexes first_index + 0, 1, ... */
+    int first_index;
+    size_t resumed_text;
+    int max_tokens; /* this decode's outputs (what is left of the stream's) */
     duet_sampling_t sampling;
     bool ignore_eos;
     int32_t *stop_ids;
@@ -158,6 +163,9 @@ struct duet_dc_req {
     bool rpc_started, rpc_done;
     duet_rpc_stream_t *rpc_stream;
     bool retried;                 /* re-bootstrapped once already */
+    /* its KV transfer failed and transfer.on_failure is recompute: it
+     * prefills locally once nothing can write its pages (req.c) */
+    bool recompute;
     bool abort_sent;              /* Prefill.Abort posted */
 
     /* log-probabilities (docs/api-logprobs.md; lp.c).  The Prefill

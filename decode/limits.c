@@ -2,15 +2,17 @@
 
 #include "common/limits.h"
 
-int duet_dc_limits_prompt(const duet_decode_t *dc)
+int duet_dc_limits_prompt(const duet_decode_t *dc, uint32_t resumed)
 {
-    return duet_limit_prompt_tokens(dc->node.args.cluster, dc->max_ctx);
+    int64_t max = (int64_t)duet_limit_prompt_tokens(dc->node.args.cluster, dc->max_ctx) + resumed;
+    return max < dc->max_ctx ? (int)max : dc->max_ctx;
 }
 
-duet_status_t duet_dc_limits_check(const duet_decode_t *dc, const Duet__V1__GenerateRequest *g)
+duet_status_t duet_dc_limits_check(const duet_decode_t *dc, const Duet__V1__GenerateRequest *g,
+                                   uint32_t resumed)
 {
     const duet_router_config_t *rc = &dc->node.args.cluster->router;
-    int prompt_max = duet_dc_limits_prompt(dc);
+    int prompt_max = duet_dc_limits_prompt(dc, resumed);
 
     if (g->max_tokens > (uint32_t)rc->max_tokens_limit)
         return duet_error(DUET_ERR_INVALID,

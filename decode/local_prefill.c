@@ -46,7 +46,7 @@ bool duet_dc_local_wanted(duet_decode_t *dc, const duet_dc_req_t *req, int busy)
     const duet_instance_config_t *self = dc->node.args.self;
     /* the prefix cache held all it may: only the last page's tokens are
      * left, less than a prefill's transfer would cost (docs/prefix-cache.md) */
-    if (duet_dc_cache_covers(dc, req))
+    if (duet_dc_cache_covers(dc, req) || req->recompute) /* (its KV transfer failed) */
         return true;
     switch (dc->local_mode) {
     case DUET_PREFILL_LOCAL_OFF:
@@ -71,7 +71,9 @@ int duet_dc_local_chunk(duet_decode_t *dc, duet_dc_req_t *req, int max, duet_eng
         n = max;
     bool last = req->local_done + n == req->n_prompt;
     /* a chunk is a sequence whose start_pos is what its pages hold so far;
-     * only the last samples, output index 0 as a whole prompt does */
+     * only the last samples, at the request's first output index (0, or
+     * where a migrated stream resumes: docs/migration.md) as a whole
+     * prompt does */
     *seq = (duet_engine_seq_t){
         .tokens = req->prompt + req->local_done,
         .n_tokens = n,
@@ -80,7 +82,7 @@ int duet_dc_local_chunk(duet_decode_t *dc, duet_dc_req_t *req, int max, duet_eng
         .n_pages = req->n_prompt_pages,
         .sample = last,
         .sampling = req->sampling,
-        .sample_index = 0,
+        .sample_index = (uint64_t)req->first_index,
     };
     /* without memory for its logits it runs without; its last chunk fails */
     (void)duet_dc_lp_local_prepare(dc, req, seq, req->local_done == start, last);

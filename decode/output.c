@@ -14,6 +14,8 @@
 #include "duet/v1/generate.pb-c.h"
 #include "node/logprob_pb.h"
 
+static duet_status_t duet__held_append(duet_dc_req_t *req, const char *s, size_t n);
+
 duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req)
 {
     duet_status_t st;
@@ -28,7 +30,26 @@ duet_status_t duet_dc_output_init(duet_decode_t *dc, duet_dc_req_t *req)
         return st;
     /* the prompt is context only: its text is not sent (priming reads its
      * tail, not all of it: this runs before the first token goes out) */
-    return duet_detok_prime(req->detok, req->prompt, (size_t)req->n_prompt);
+    size_t n_context = (size_t)(req->n_prompt - req->first_index);
+    if ((st = duet_detok_prime(req->detok, req->prompt, n_context)) != DUET_OK)
+        return st;
+    /* a migrated stream: its earlier outputs' text as the first decode had
+     * it, less what the client has (docs/migration.md) */
+    for (int i = 0; i < req->first_index; i++) {
+        size_t n = 0;
+        if ((st = duet_detok_push(req->detok, req->prompt[n_context + (size_t)i], dc->piece,
+                                  dc->piece_cap, &n)) != DUET_OK ||
+            (st = duet__held_append(req, dc->piece, n)) != DUET_OK)
+            return st;
+    }
+    if (req->resumed_text > req->held_len)
+        return duet_error(DUET_ERR_INVALID,
+                          "resumed_text_bytes: %zu, but the resumed tokens' text has %zu bytes",
+                          req->resumed_text, req->held_len);
+    memmove(req->held, req->held + req->resumed_text, req->held_len - req->resumed_text);
+    req->held_len -= req->resumed_text;
+    req->held[req->held_len] = '\0';
+    return DUET_OK;
 }
 
 static duet_status_t duet__held_append(duet_dc_req_t *req, const char *s, size_t n)
@@ -166,8 +187,8 @@ static duet_dc_emit_t duet__finished_send(duet_dc_req_t *req, Duet__V1__FinishRe
     Duet__V1__Finished fin = DUET__V1__FINISHED__INIT;
 
     fin.reason = reason;
-    fin.prompt_tokens = (uint32_t)req->n_prompt;
-    fin.completion_tokens = (uint32_t)req->n_out;
+    fin.prompt_tokens = (uint32_t)(req->n_prompt - req->first_index);
+    fin.completion_tokens = (uint32_t)(req->first_index + req->n_out);
     fin.request_id = req->request_id;
     fin.seed = req->sampling.seed;
     fin.stop_matched = (char *)(matched ? matched : "");

@@ -300,6 +300,7 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
     pr.n_dst_pages = (size_t)duet_dc_xfer_pages(req);
     pr.dst_pages = req->pages + req->n_cached_pages;
     pr.cached_pages = (uint32_t)req->n_cached_pages;
+    pr.first_output_index = (uint32_t)req->first_index;
     pr.sampling = &sp;
     pr.transfer_id = req->transfer_id;
     pr.packed = req->stage0 >= 0;

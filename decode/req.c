@@ -433,6 +433,54 @@ static void duet__req_linked(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
                    ev->link->base.error);
 }
 
+/* ---- KV transfer failure: transfer.on_failure (docs/migration.md) ---------- */
+
+/* A recomputing request whose prefill phase is over (quiesced: nothing
+ * writes its pages any more) gives its pages back and queues again; the
+ * admission pass then prefills it locally (duet_dc_local_wanted). */
+static void duet__req_recompute_go(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    if (!duet__req_quiesce(dc, req))
+        return; /* the Prefill call's end (RPC_DONE) calls again */
+    duet_dc_unpack_wait(dc, req);
+    duet__req_stage_release(dc, req);
+    if (req->pages_held) {
+        duet_kv_pool_release_chain(dc->node.pages, req->pages, req->n_pages);
+        req->pages_held = false;
+    }
+    req->kv_ok = 0;
+    req->kv_failed = false;
+    req->unpacked = 0;
+    req->rpc_started = false;
+    atomic_fetch_add(&dc->waiting, 1); /* (QUEUED's count) */
+    duet__req_enter(dc, req, DUET_DC_QUEUED);
+}
+
+/* The KV transfer of a request in PREFILL failed (st, msg): true when it
+ * is handled here -- recomputed locally, or failed retryably for the
+ * router to retry on another pair -- per transfer.on_failure; false: the
+ * caller fails it as it is.  Not for a cancel, an invalid request, or
+ * logits prefill found non-finite (a recompute would meet them too). */
+static bool duet__req_kv_lost(duet_decode_t *dc, duet_dc_req_t *req, duet_status_t st,
+                              const char *msg)
+{
+    duet_xfer_on_failure_t policy = dc->node.args.cluster->transfer_on_failure;
+    if (req->state != DUET_DC_PREFILL || req->recompute || st == DUET_ERR_CANCELLED ||
+        st == DUET_ERR_INVALID || st == DUET_ERR_TOO_LONG || strstr(msg, "non-finite") != NULL ||
+        policy == DUET_XFER_ON_FAILURE_FAIL)
+        return false;
+    if (policy == DUET_XFER_ON_FAILURE_RETRY) {
+        duet__req_fail(dc, req, DUET_ERR_PEER, msg); /* UNAVAILABLE: the router retries */
+        return true;
+    }
+    DUET_LOG_WARN("decode: request %s: %s; recomputing its prompt here (transfer.on_failure "
+                  "recompute)",
+                  req->request_id, msg);
+    req->recompute = true;
+    duet__req_recompute_go(dc, req);
+    return true;
+}
+
 /* Every rank has all its KV (and the reply its logprobs): the loop sends
  * the first token (KV_IN). */
 static void duet__req_kv_in(duet_decode_t *dc, duet_dc_req_t *req)
@@ -460,6 +508,8 @@ static void duet__req_kv_done(duet_decode_t *dc, duet_dc_req_t *req, const duet_
         duet__req_release(dc, req);
         return;
     }
+    if (req->recompute) /* this attempt is over: its end waits for RPC_DONE */
+        return;
     if (ev->status != DUET_OK) {
         char msg[640];
         req->kv_failed = true;
@@ -475,7 +525,8 @@ static void duet__req_kv_done(duet_decode_t *dc, duet_dc_req_t *req, const duet_
             duet_node_link_retire(&req->link->base);
         snprintf(msg, sizeof(msg), "kv transfer from prefill %s failed on decode rank %d: %s",
                  req->prefill_target, ev->rank, ev->detail);
-        duet__req_fail(dc, req, duet_dc_phase_status(ev->status), msg);
+        if (!duet__req_kv_lost(dc, req, ev->status, msg))
+            duet__req_fail(dc, req, duet_dc_phase_status(ev->status), msg);
         return;
     }
     if (req->kv_ok > 0 && ev->first_token != req->kv_first_token) {
@@ -530,6 +581,10 @@ static void duet__req_rpc_done(duet_decode_t *dc, duet_dc_req_t *req, const duet
         duet__req_release(dc, req);
         return;
     }
+    if (req->recompute && req->state == DUET_DC_PREFILL) {
+        duet__req_recompute_go(dc, req); /* prefill stopped: now it can */
+        return;
+    }
     if (ev->status == DUET_OK && req->state == DUET_DC_PREFILL && duet_dc_lp_wants_reply(req) &&
         req->kv_ok == dc->node.ke.tp) {
         duet__req_kv_in(dc, req); /* the KV was waiting for this reply */
@@ -559,7 +614,8 @@ static void duet__req_rpc_done(duet_decode_t *dc, duet_dc_req_t *req, const duet
     }
     char msg[640];
     snprintf(msg, sizeof(msg), "prefill %s: %s", req->prefill_target, ev->detail);
-    duet__req_fail(dc, req, duet_dc_phase_status(ev->status), msg);
+    if (!duet__req_kv_lost(dc, req, ev->status, msg))
+        duet__req_fail(dc, req, duet_dc_phase_status(ev->status), msg);
 }
 
 /* ---- admission ---------------------------------------------------------- */

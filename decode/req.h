@@ -12,9 +12,11 @@
  *   NEW -> QUEUED -+-> LOCAL --+---------------------+-> KV_IN -> READY -> RUNNING -> ENDED
  *                  +-> (LINKING ->) PREFILL ---------+
  *   any state but ENDED -> ENDED (FAIL, CANCEL); PREFILL -> NEW -> (LINKING ->)
- *   PREFILL once when prefill lost our bootstrap.  LOCAL stays LOCAL for
- *   each chunk of its prompt computed in a decode step (chunked prefill)
- *   and moves on with the last one (PREFILLED). */
+ *   PREFILL once when prefill lost our bootstrap; PREFILL -> QUEUED -> LOCAL
+ *   once when its KV transfer failed and transfer.on_failure is recompute
+ *   (after the Prefill call ended: docs/migration.md).  LOCAL stays LOCAL
+ *   for each chunk of its prompt computed in a decode step (chunked
+ *   prefill) and moves on with the last one (PREFILLED). */
 #ifndef DUET_DECODE_REQ_H
 #define DUET_DECODE_REQ_H
 

@@ -312,7 +312,7 @@ static void duet__step(duet_decode_t *dc)
             .n_pages = req->n_pages,
             .sample = true,
             .sampling = req->sampling,
-            .sample_index = (uint64_t)req->n_out,
+            .sample_index = (uint64_t)(req->first_index + req->n_out),
             .logits = req->logits, /* logprobs asked (lp.c) */
         };
     }

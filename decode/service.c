@@ -46,7 +46,7 @@ static duet_status_t duet__dc_sampling_parse(const Duet__V1__SamplingParams *sp,
 }
 
 static duet_status_t duet__dc_prompt_parse(duet_decode_t *dc, const Duet__V1__GenerateRequest *g,
-                                           duet_dc_req_t *req)
+                                           uint32_t resumed, duet_dc_req_t *req)
 {
     const duet_model_config_t *cfg = &dc->node.ke.model_cfg;
     size_t n = 0;
@@ -81,10 +81,25 @@ static duet_status_t duet__dc_prompt_parse(duet_decode_t *dc, const Duet__V1__Ge
     }
     if (n == 0)
         return duet_error(DUET_ERR_INVALID, "prompt: empty");
-    if (n > (size_t)duet_dc_limits_prompt(dc))
+    if (n > (size_t)duet_dc_limits_prompt(dc, resumed))
         return duet_error(DUET_ERR_TOO_LONG, "prompt: %zu tokens exceed the limit of %d tokens", n,
-                          duet_dc_limits_prompt(dc));
+                          duet_dc_limits_prompt(dc, resumed));
     req->n_prompt = (int)n;
+    return DUET_OK;
+}
+
+/* A migrated stream's resume point (docs/migration.md). */
+static duet_status_t duet__dc_resume_parse(const Duet__V1__DecodeGenerateRequest *m,
+                                           duet_dc_req_t *req)
+{
+    if (m->first_output_index >= (uint32_t)req->n_prompt)
+        return duet_error(DUET_ERR_INVALID,
+                          "first_output_index: %u must leave at least one of the %d prompt tokens",
+                          m->first_output_index, req->n_prompt);
+    if (m->first_output_index == 0 && m->resumed_text_bytes > 0)
+        return duet_error(DUET_ERR_INVALID, "resumed_text_bytes: needs first_output_index");
+    req->first_index = (int)m->first_output_index;
+    req->resumed_text = m->resumed_text_bytes;
     return DUET_OK;
 }
 
@@ -106,7 +121,7 @@ static duet_status_t duet__dc_generate_validate(duet_decode_t *dc,
         return duet_error(DUET_ERR_INVALID, "prefill_target: too long");
     snprintf(req->prefill_target, sizeof(req->prefill_target), "%s",
              m->prefill_target ? m->prefill_target : "");
-    if ((st = duet_dc_limits_check(dc, g)) != DUET_OK)
+    if ((st = duet_dc_limits_check(dc, g, m->first_output_index)) != DUET_OK)
         return st;
     if (g->n > 1) /* the router serves n (docs/api-logprobs.md) */
         return duet_error(DUET_ERR_INVALID,
@@ -124,7 +139,8 @@ static duet_status_t duet__dc_generate_validate(duet_decode_t *dc,
     if (req->prefill_target[0] != '\0' &&
         (st = duet_dc_target_check(dc, req->prefill_target, false)) == DUET_ERR_INVALID)
         return st;
-    if ((st = duet__dc_prompt_parse(dc, g, req)) != DUET_OK)
+    if ((st = duet__dc_prompt_parse(dc, g, m->first_output_index, req)) != DUET_OK ||
+        (st = duet__dc_resume_parse(m, req)) != DUET_OK)
         return st;
     if ((st = duet__dc_sampling_parse(g->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "sampling: ");

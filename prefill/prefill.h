@@ -50,6 +50,7 @@ typedef struct duet_pf_req {
     duet_kv_copy_t **pack;          /* [tp] */
     int *n_pack;                    /* [tp] */
     duet_sampling_t sampling;
+    uint64_t first_index; /* the output index of the token it samples (a migrated stream's) */
     atomic_bool aborted;
     bool begun; /* sends begun on every rank */
     /* completion, written by the progress threads */

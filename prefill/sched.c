@@ -300,7 +300,7 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
             .n_pages = req->n_pages,
             .sample = true,
             .sampling = req->sampling,
-            .sample_index = 0,
+            .sample_index = req->first_index,
         };
         if (duet_pf_logprobs_prepare(pf, req, &seqs[i]) != DUET_OK) /* computed without them */
             duet__req_error(req, DUET_ERR_NO_MEMORY, duet_error_msg());

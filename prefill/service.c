@@ -59,7 +59,10 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         return duet_error(DUET_ERR_INVALID, "%s: transfer_id must be set", m->request_id);
     if (m->n_prompt_ids == 0)
         return duet_error(DUET_ERR_INVALID, "%s: empty prompt", m->request_id);
-    int prompt_max = duet_limit_prompt_tokens(pf->node.args.cluster, cfg->max_pos);
+    /* a migrated stream's resumed output counts against the context only */
+    int64_t pmax = (int64_t)duet_limit_prompt_tokens(pf->node.args.cluster, cfg->max_pos) +
+                   m->first_output_index;
+    int prompt_max = pmax < cfg->max_pos ? (int)pmax : cfg->max_pos;
     if (m->n_prompt_ids > (size_t)prompt_max)
         return duet_error(
             DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",
@@ -101,6 +104,7 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         m->packed && m->kv_progress_layers <= INT32_MAX ? (int)m->kv_progress_layers : 0;
     if ((st = duet__pf_sampling_parse(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
+    req->first_index = m->first_output_index;
     if ((m->logprobs || m->prompt_logprobs) &&
         (st = duet_logprob_params_check(m->top_logprobs > INT32_MAX ? -1 : (int)m->top_logprobs,
                                         m->prompt_logprobs, (int)m->n_prompt_ids, cfg->vocab)) !=

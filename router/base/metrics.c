@@ -121,6 +121,14 @@ void duet_router_metrics_render(duet_router_metrics_t *m, duet_router_buf_t *b)
     duet__hist(b, "queue_wait_seconds", "Time spent in the router's admission queue",
                &m->queue_wait);
     duet__counter(b, "retries_total", "Requests retried on another worker pair", &m->retries);
+    duet_router_buf_puts(b, "# HELP duet_router_migrations_total Started streams moved to "
+                            "another decode, by reason\n# TYPE duet_router_migrations_total "
+                            "counter\n");
+    static const char *const reasons[DUET_ROUTER_MIGRATE_N] = {"unavailable", "stall", "error"};
+    for (int i = 0; i < DUET_ROUTER_MIGRATE_N; i++)
+        duet_router_buf_printf(
+            b, "duet_router_migrations_total{reason=\"%s\"} %llu\n", reasons[i],
+            (unsigned long long)atomic_load_explicit(&m->migrations[i], memory_order_relaxed));
     duet__counter(b, "client_disconnects_total", "Requests cancelled by the client",
                   &m->disconnects);
     duet__counter(b, "stream_errors_total", "Streams ended by an error after the first token",

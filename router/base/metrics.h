@@ -13,6 +13,9 @@
  *   prompt_tokens_total, generation_tokens_total
  *   workers_joined_total, workers_left_total   discovered workers (workers.h)
  *   discovery_lookup_failures_total            failed DNS lookups of groups
+ *   migrations_total{reason}              started streams moved to another
+ *                                         decode: unavailable, stall, error
+ *                                         (docs/migration.md)
  *   routes_total{route}                   launches: "colocated" (a decode
  *                                         that prefills itself, no prefill
  *                                         named) or "disaggregated"
@@ -47,6 +50,14 @@ typedef enum {
 
 #define DUET_ROUTER_METRICS_N_CODES 14
 
+/* migrations_total's reasons (docs/migration.md) */
+enum {
+    DUET_ROUTER_MIGRATE_UNAVAILABLE,
+    DUET_ROUTER_MIGRATE_STALL,
+    DUET_ROUTER_MIGRATE_ERROR,
+    DUET_ROUTER_MIGRATE_N
+};
+
 typedef struct {
     _Atomic uint64_t http[DUET_ROUTER_ROUTE_COUNT][DUET_ROUTER_METRICS_N_CODES];
     _Atomic uint64_t grpc[17];
@@ -56,6 +67,7 @@ typedef struct {
     /* launches by route: whole requests to a colocated decode, or a decode
      * with a prefill (docs/design-notes.md "Colocated mode ...") */
     _Atomic uint64_t routes_colocated, routes_disaggregated;
+    _Atomic uint64_t migrations[DUET_ROUTER_MIGRATE_N];
 } duet_router_metrics_t;
 
 void duet_router_metrics_init(duet_router_metrics_t *m);

@@ -7,7 +7,12 @@
  * PRECONDITION, INTERNAL, UNKNOWN, ABORTED, or a CANCELLED the client did
  * not ask for) is retried once on another pair -- another prefill and/or
  * another decode, whichever exists -- within the request's deadline.  After
- * the first token the failure goes to the client.
+ * the first token the stream migrates (docs/migration.md, job_migrate.c):
+ * a failure that a decode's death, stall or error explains (and not the
+ * client's cancel) re-submits prompt + the ids so far to another decode
+ * (and prefill), up to router.migrate_max times within the deadline; the
+ * sink sees one uninterrupted stream.  Otherwise the failure goes to the
+ * client.
  *
  * Fork-style n (docs/api-logprobs.md; job_fork.c): duet_router_job_start_after makes a
  * choice wait for choice 0's first token, then start pinned to choice 0's
@@ -23,6 +28,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "router/fleet/cache_index.h"
 #include "router/job/job_internal.h"
@@ -37,6 +43,7 @@ void duet__job_unref(duet_router_job_t *job)
     duet_router_ca_tokens_free(&job->toks);
     duet_free(job->request_id);
     duet_free(job->fin_raw);
+    duet_free(job->gen);
     duet_free(job);
 }
 
@@ -68,16 +75,28 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
     job->t_create = duet_now_ns();
     job->prefill = job->decode = -1;
     pthread_mutex_init(&job->lock, NULL);
-    job->req_len = duet__v1__generate_request__get_packed_size(req);
+    /* a sampled request without a seed gets one here, not from its decode:
+     * a migrated stream continues with the same one (docs/migration.md) */
+    Duet__V1__GenerateRequest g = *req;
+    Duet__V1__SamplingParams sp;
+    if (req->sampling != NULL && req->sampling->temperature > 0 && !req->sampling->has_seed &&
+        req->sampling->seed == 0) {
+        sp = *req->sampling;
+        sp.seed = duet_random_u64();
+        sp.has_seed = true;
+        g.sampling = &sp;
+    }
+    job->req_len = duet__v1__generate_request__get_packed_size(&g);
     job->req = duet_malloc(job->req_len ? job->req_len : 1);
     job->request_id = duet_strdup(req->request_id);
     if (job->req == NULL || job->request_id == NULL) {
         duet__job_unref(job);
         return duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a job");
     }
-    duet__v1__generate_request__pack(req, job->req);
+    duet__v1__generate_request__pack(&g, job->req);
     if (req->prompt_case == DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS)
         job->n_prompt = (uint32_t)req->token_ids->n_ids;
+    job->max_tokens = req->max_tokens;
     job->prompt_logprobs = req->prompt_logprobs;
     if (rt->policy == DUET_ROUTER_POLICY_CACHE_AWARE &&
         req->prompt_case == DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS) {
@@ -107,20 +126,28 @@ static size_t duet__varint(uint8_t *p, uint64_t v)
     return n;
 }
 
+/* A migrated stream's resume point (DecodeGenerateRequest fields 6, 7). */
+typedef struct {
+    const uint8_t *req; /* the packed GenerateRequest */
+    size_t req_len;
+    uint32_t first, text;
+} duet__resume_t;
+
 /* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
  * prefill_target = 2, prefill_local = 4 when set, router_cached_tokens = 5
- * when not 0}: written directly around the already packed request. */
-static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *target, bool local,
+ * when not 0, first_output_index = 6 and resumed_text_bytes = 7 when
+ * not 0}: written directly around the already packed request. */
+static uint8_t *duet__decode_request(const duet__resume_t *rq, const char *target, bool local,
                                      size_t cached, size_t *len_p)
 {
     size_t tlen = strlen(target);
-    uint8_t *out = duet_malloc(job->req_len + tlen + 40), *p = out;
+    uint8_t *out = duet_malloc(rq->req_len + tlen + 60), *p = out;
     if (out == NULL)
         return NULL;
     *p++ = (1 << 3) | 2;
-    p += duet__varint(p, job->req_len);
-    memcpy(p, job->req, job->req_len);
-    p += job->req_len;
+    p += duet__varint(p, rq->req_len);
+    memcpy(p, rq->req, rq->req_len);
+    p += rq->req_len;
     *p++ = (2 << 3) | 2;
     p += duet__varint(p, tlen);
     memcpy(p, target, tlen);
@@ -132,6 +159,14 @@ static uint8_t *duet__decode_request(const duet_router_job_t *job, const char *t
     if (cached > 0) {
         *p++ = (5 << 3) | 0;
         p += duet__varint(p, cached > UINT32_MAX ? UINT32_MAX : cached);
+    }
+    if (rq->first > 0) {
+        *p++ = (6 << 3) | 0;
+        p += duet__varint(p, rq->first);
+    }
+    if (rq->text > 0) {
+        *p++ = (7 << 3) | 0;
+        p += duet__varint(p, rq->text);
     }
     *len_p = (size_t)(p - out);
     return out;
@@ -205,10 +240,18 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
                         d < 0 && decodes ? " (and no healthy decode that prefills locally)" : "");
         goto err_release;
     }
+    /* a started stream continues from its last id (job_migrate.c) */
+    duet__resume_t rq = {.req = job->req, .req_len = job->req_len};
+    uint8_t *resumed = NULL;
+    if ((st = duet__job_resume_request(job, &resumed, &rq.req_len, &rq.first, &rq.text)) != DUET_OK)
+        goto err_release;
+    if (resumed != NULL)
+        rq.req = resumed;
     duet__count_route(rt, p < 0);
     msg = duet__decode_request(
-        job, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
+        &rq, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
         cached, &len);
+    duet_free(resumed);
     if (msg == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
         goto err_release;
@@ -220,6 +263,9 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     job->decode_held = true;
     job->inst_p = p >= 0 ? duet_router_workers_instance(rt->workers, DUET_ROLE_PREFILL, p) : 0;
     job->inst_d = duet_router_workers_instance(rt->workers, DUET_ROLE_DECODE, d);
+    job->stalled = false;
+    job->att_started = false;
+    job->t_last = duet_now_ns(); /* the stall watch counts from here until its first id */
     int my_attempt = ++job->attempts;
     pthread_mutex_unlock(&job->lock);
     DUET_LOG_DEBUG(
@@ -559,13 +605,16 @@ static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size
     size_t n_ids = resp->chunk->n_ids ? resp->chunk->n_ids : 1;
     pthread_mutex_lock(&job->lock);
     bool first = !job->started;
-    if (!job->started) {
-        job->started = true;
-        duet_router_hist_observe(&rt->metrics.ttft, now - job->t_create);
+    if (!job->att_started) {
+        job->att_started = true;
         if (job->prefill_held) { /* prefill's part is done */
             duet_router_workers_release(rt->workers, DUET_ROLE_PREFILL, job->prefill);
             job->prefill_held = false;
         }
+    }
+    if (!job->started) {
+        job->started = true;
+        duet_router_hist_observe(&rt->metrics.ttft, now - job->t_create);
     } else {
         int64_t per = (now - job->t_last) / (int64_t)n_ids;
         for (size_t i = 0; i < n_ids; i++)
@@ -574,8 +623,12 @@ static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size
     job->t_last = now;
     duet_router_ca_tokens_append(&job->toks, resp->chunk->ids, resp->chunk->n_ids);
     bool cancelled = job->cancelled;
+    /* what the sink gets, for a migration; without it the stream could
+     * not continue: the job ends as if the client could not keep up */
+    bool kept = duet__job_gen_append(job, resp->chunk->ids, resp->chunk->n_ids,
+                                     resp->chunk->text ? strlen(resp->chunk->text) : 0) == DUET_OK;
     pthread_mutex_unlock(&job->lock);
-    bool keep = cancelled || job->sink->on_chunk(job->sink_arg, resp->chunk, data, len);
+    bool keep = cancelled || (kept && job->sink->on_chunk(job->sink_arg, resp->chunk, data, len));
     duet__v1__generate_response__free_unpacked(resp, NULL);
     if (!keep) {
         pthread_mutex_lock(&job->lock);
@@ -603,6 +656,62 @@ static bool duet__retryable(grpc_status_code code)
     }
 }
 
+/* A started stream failed (end): continue it on another decode
+ * (docs/migration.md).  true: it goes on (or finished: every token came),
+ * and the finished stream's reference is dropped; false: end goes to the
+ * client. */
+static bool duet__job_migrate(duet_router_job_t *job, duet_router_job_end_t *end, bool stalled,
+                              bool no_fin)
+{
+    duet_router_t *rt = job->rt;
+    const char *reason = duet__job_migrate_reason(end->code, stalled, no_fin);
+    /* broken weights fail the same way on every decode (docs/security.md) */
+    if (end->message != NULL && strstr(end->message, "non-finite") != NULL)
+        reason = NULL;
+
+    pthread_mutex_lock(&job->lock);
+    int done = job->migrations;
+    size_t n_gen = job->n_gen;
+    pthread_mutex_unlock(&job->lock);
+    if (reason == NULL || done >= rt->cfg->router.migrate_max || duet_now_ns() >= job->deadline_ns)
+        return false;
+    if (job->max_tokens > 0 && n_gen >= job->max_tokens) {
+        /* every token came, the Finished did not: the stream is complete */
+        if (duet__job_finish_made(job) != DUET_OK)
+            return false;
+        *end = (duet_router_job_end_t){.ok = true,
+                                       .reason = job->fin_reason,
+                                       .prompt_tokens = job->fin_prompt,
+                                       .completion_tokens = job->fin_completion,
+                                       .raw = job->fin_raw,
+                                       .raw_len = job->fin_len};
+        return false;
+    }
+    char from[160];
+    snprintf(from, sizeof(from), "%s",
+             duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, job->decode));
+    pthread_mutex_lock(&job->lock);
+    duet__release_workers_locked(job); /* prefill/decode stay as the pair to avoid */
+    job->migrations++;
+    pthread_mutex_unlock(&job->lock);
+    if (duet__launch(job, true) != DUET_OK) {
+        DUET_LOG_WARN("request %s: not migrated (%s %s): %s", job->request_id,
+                      duet_rpc_code_name(end->code), end->message, duet_error_msg());
+        return false;
+    }
+    duet__job_migrate_count(rt, reason);
+    pthread_mutex_lock(&job->lock);
+    DUET_LOG_WARN("request %s: migrated from decode %s to %s after %zu tokens (reason %s: %s %s; "
+                  "migration %d of %d)",
+                  job->request_id, from,
+                  duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, job->decode), n_gen,
+                  reason, duet_rpc_code_name(end->code), end->message, job->migrations,
+                  rt->cfg->router.migrate_max);
+    pthread_mutex_unlock(&job->lock);
+    duet__job_unref(job); /* the finished stream's reference */
+    return true;
+}
+
 static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
                               void *arg)
 {
@@ -617,12 +726,13 @@ static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const
     job->stream = NULL;
     job->done_attempts++;
     bool cancelled = job->cancelled, overflow = job->overflow, started = job->started;
-    bool have_fin = job->have_fin, bad = job->bad_message;
+    bool have_fin = job->have_fin, bad = job->bad_message, stalled = job->stalled;
     int p = job->prefill, d = job->decode;
     pthread_mutex_unlock(&job->lock);
     duet_rpc_stream_release(mine);
 
-    if (have_fin && code == GRPC_STATUS_OK) {
+    /* (a stalled stream whose Finished came before the cut is complete) */
+    if (have_fin && (code == GRPC_STATUS_OK || (stalled && !cancelled && !overflow))) {
         end.ok = true;
         end.reason = job->fin_reason;
         end.prompt_tokens = job->fin_prompt;
@@ -635,6 +745,13 @@ static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const
     } else if (cancelled) {
         end.code = GRPC_STATUS_CANCELLED;
         end.message = "cancelled by the client";
+    } else if (stalled) {
+        snprintf(buf, sizeof(buf), "%s: no token for %d ms",
+                 duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d),
+                 rt->cfg->router.stall_timeout_ms);
+        end.code = GRPC_STATUS_UNAVAILABLE;
+        end.message = buf;
+        duet_router_workers_suspect(rt->workers, DUET_ROLE_DECODE, d);
     } else if (bad || code == GRPC_STATUS_OK) {
         end.code = GRPC_STATUS_INTERNAL;
         end.message = bad ? "malformed message from the decode worker"
@@ -649,6 +766,9 @@ static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const
             duet_router_workers_suspect(rt->workers, DUET_ROLE_PREFILL, p);
         }
     }
+    if (!end.ok && !cancelled && !overflow && started &&
+        duet__job_migrate(job, &end, stalled, !bad && code == GRPC_STATUS_OK))
+        return;
     if (!end.ok && !cancelled && !overflow && !started && duet__retryable(end.code) &&
         job->attempts < 2 && duet_now_ns() < job->deadline_ns) {
         DUET_LOG_WARN("request %s failed before its first token (%s %s); retrying", job->request_id,

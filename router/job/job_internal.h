@@ -38,6 +38,7 @@ struct duet_router_job {
     int64_t deadline_ns;
     int64_t t_create, t_admit;
     uint32_t n_prompt;    /* the prompt's tokens */
+    uint32_t max_tokens;  /* the request's (0: the decode's default) */
     bool prompt_logprobs; /* skips the prefix cache */
     duet__pins_t pins;    /* set before start; the first launch prefers it */
 
@@ -69,7 +70,35 @@ struct duet_router_job {
     int fin_reason;
     uint32_t fin_prompt, fin_completion;
     bool have_fin;
+    /* migration (docs/migration.md; job_migrate.c) */
+    int32_t *gen; /* the ids the sink got, in order */
+    size_t n_gen, gen_cap;
+    size_t text_bytes; /* the text the sink got */
+    int migrations;
+    bool stalled;     /* the watch cut the stream: no token for stall_timeout_ms */
+    bool att_started; /* the current attempt sent a chunk */
 };
+
+/* Why a started stream that ended so moves to another decode: "unavailable"
+ * (connection lost, the decode gone or draining), "stall" (the watch cut
+ * it), "error" (a failure the decode reported, or a stream that ended
+ * without Finished); NULL: it does not move. */
+const char *duet__job_migrate_reason(grpc_status_code code, bool stalled, bool no_fin);
+/* Count a migration for reason in the metrics. */
+void duet__job_migrate_count(duet_router_t *rt, const char *reason);
+/* Record a chunk the sink got (job->lock held). */
+duet_status_t duet__job_gen_append(duet_router_job_t *job, const int32_t *ids, size_t n,
+                                   size_t text_bytes);
+/* The GenerateRequest for the next attempt of a started stream: the prompt
+ * followed by the ids so far, what is left of max_tokens, no prompt
+ * logprobs (packed, *out_p; duet_free it).  *first_p: the ids so far,
+ * *text_p: their text's bytes the client has.  *out_p NULL: nothing was
+ * generated yet (the original request goes). */
+duet_status_t duet__job_resume_request(duet_router_job_t *job, uint8_t **out_p, size_t *len_p,
+                                       uint32_t *first_p, uint32_t *text_p);
+/* A stream whose tokens all came (max_tokens) but whose Finished was lost:
+ * the job's finished message, made here (job->lock not held). */
+duet_status_t duet__job_finish_made(duet_router_job_t *job);
 
 /* Drop a reference; the last frees the job. */
 void duet__job_unref(duet_router_job_t *job);

@@ -23,6 +23,10 @@ on both daemons, and both keep serving afterwards.
                      peer's connection resets under decode's feet (UCX
                      1.13 aborted decode here: "ucp_put_handler: Fatal:
                      unexpected error"); decode survives and serves
+  partition_recompute
+                     the link stays cut with transfer.on_failure recompute
+                     (the default; the cases above set fail): decode
+                     prefills the prompt itself, correct
   control_delay      decode's gRPC to prefill through a userspace proxy that
                      delays every byte 40 ms +- 20 ms each way (no netem)
   netem_delay        netem delay 20ms jitter 10ms         } need the
@@ -158,17 +162,19 @@ def expect_alive(c, names):
         expect(c.alive(n), "%s died (exit %s):\n%s" % (n, c.daemons[n].proc.returncode, c.log(n)))
 
 
-def cluster(pair, second_prefill=False, control_delay=None):
+def cluster(pair, second_prefill=False, control_delay=None, on_failure=None):
     c = NsCluster(pair, BUILD, SRC, model(), second_prefill=second_prefill,
                   control_delay=control_delay, transfer_timeout_ms=TRANSFER_TIMEOUT_MS,
-                  page_size=16, n_pages=256)
+                  page_size=16, n_pages=256, on_failure=on_failure)
     c.start_all()
     return c
 
 
-def with_cluster(body, second_prefill=False, control_delay=None):
+def with_cluster(body, second_prefill=False, control_delay=None, on_failure=None):
+    """on_failure: transfer.on_failure (None: the default, recompute); the
+    cases that check a failed transfer's failure set "fail"."""
     with netns.Pair() as pair:
-        c = cluster(pair, second_prefill, control_delay)
+        c = cluster(pair, second_prefill, control_delay, on_failure)
         try:
             body(pair, c)
         finally:
@@ -263,7 +269,7 @@ def partition_stays():
         expect_serving_soon(c, "p0", salt=33)
         print("  p0 serves again %.1fs after the link came back" % (time.time() - t0))
         expect_baseline(c, ["d0", "p0", "p1"])
-    with_cluster(body, second_prefill=True)
+    with_cluster(body, second_prefill=True, on_failure="fail")
 
 
 def partition_late():
@@ -296,7 +302,7 @@ def partition_late():
         expect_alive(c, ["d0", "p0", "p1"])
         expect_serving(c, prefills=("p0", "p1"), salt=41)
         expect_baseline(c, ["d0", "p0", "p1"])
-    with_cluster(body, second_prefill=True)
+    with_cluster(body, second_prefill=True, on_failure="fail")
 
 
 def partition_prefill_dies():
@@ -323,7 +329,32 @@ def partition_prefill_dies():
             c.start("p0")
             expect_serving_soon(c, "p0", salt=53 + attempt)
             expect_baseline(c, ["d0", "p0", "p1"])
-    with_cluster(body, second_prefill=True)
+    with_cluster(body, second_prefill=True, on_failure="fail")
+
+
+def partition_recompute():
+    """The link stays cut mid-transfer with transfer.on_failure recompute
+    (the default): decode prefills the prompt itself, the request
+    completes with the oracle's tokens, and the pages come back."""
+    def body(pair, c):
+        ids = prompt(6)
+        pair.slow(rate="8mbit")
+        call = Call(c, ids)
+        wait_transfer_started(c, call)
+        time.sleep(0.3)
+        t_cut = time.time()
+        pair.partition()
+        call.wait(END_WITHIN_S + 2)
+        ended = time.time() - t_cut
+        print("  permanent partition mid-transfer, recompute -> %s (%.1fs after the cut)" %
+              (call.describe(), ended))
+        expect_correct(call, ids)
+        expect(ended < END_WITHIN_S, "ended %.1fs after the cut" % ended)
+        expect("recomputing its prompt here" in c.log("d0"), "no recompute on d0")
+        expect_baseline(c, ["d0", "p0"])
+        pair.clear()
+        expect_alive(c, ["d0", "p0"])
+    with_cluster(body)
 
 
 def control_delay():
@@ -378,7 +409,7 @@ def netem_reorder():
 
 
 CASES = [slow_link, partition_heals, partition_stays, partition_late, partition_prefill_dies,
-         control_delay, netem_delay, netem_loss, netem_reorder]
+         partition_recompute, control_delay, netem_delay, netem_loss, netem_reorder]
 NETEM = {netem_delay, netem_loss, netem_reorder}
 
 

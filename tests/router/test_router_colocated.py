@@ -8,7 +8,9 @@ disaggregation"):
                equals `duet generate --tp 1`, /workers shows each decode's
                mode and its local prefills, /metrics counts colocated
                routes, pages back at baseline; one decode SIGKILLed under
-               streaming load: its streams end with an error event, the
+               streaming load with migration off (router.migrate_max 0;
+               test_router_migrate.py has it on): its streams end with an
+               error event, the
                other's finish, new requests go to the survivor, whose
                pages come back
   conditional  a prefill and a decode with prefill_local "auto": a short
@@ -58,7 +60,7 @@ def wait_for(what, pred, timeout=10):
 def colocated(build, src):
     always = {"prefill_local": "always"}
     cl = Cluster(build, src, prefill=[], decode=[("d1", 1, always), ("d2", 2, always)],
-                 env={"DUET_FAULTS": "decode.step_delay_ms=10"})
+                 env={"DUET_FAULTS": "decode.step_delay_ms=10"}, router={"migrate_max": 0})
     try:
         exp = expected(cl, build, [SHORT, LONG])
         cl.start_workers()

@@ -2,8 +2,9 @@
 """duet-router over two prefill (TP 1 and 2) and two decode (TP 2 and 4)
 instances: every policy spreads requests over both of each role and every
 output equals `duet generate --tp 1` (greedy); a decode killed under load
-ends its clients' streams with an error event (no client hangs) and
-traffic moves to the other; a decode that dies unnoticed by the health
+ends its clients' streams with an error event (no client hangs) when
+migration is off (router.migrate_max 0; test_router_migrate.py has it on)
+and traffic moves to the other; a decode that dies unnoticed by the health
 checks costs no request: the first failure (before any token) is retried
 on the other pair.
 
@@ -55,8 +56,9 @@ def policies(cl, exp):
 
 def kill_under_load(cl, exp):
     """Streams in flight on a decode that is SIGKILLed end with an error
-    event; new requests go to the other decode."""
-    cl.start_router(args=["--policy", "round_robin"])
+    event (migration off); new requests go to the other decode."""
+    cfg = cl.write_config(cl.tmp + "/no_migration.json", {"migrate_max": 0})
+    cl.start_router(config=cfg, args=["--policy", "round_robin"])
     results = [None] * 6
     firsts = [threading.Event() for _ in results]
 

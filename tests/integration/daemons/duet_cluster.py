@@ -80,13 +80,14 @@ class Daemon:
 
 class Cluster:
     def __init__(self, build, src, model, prefill, decode, page_size=16, n_pages=512,
-                 transfer_timeout_ms=5000, env=None, checksum=False):
+                 transfer_timeout_ms=5000, env=None, checksum=False, on_failure=None):
         self.build, self.src, self.model = build, src, os.path.abspath(model)
         self.tmp = tempfile.mkdtemp(prefix="duet_cluster_")
         self.n_pages = n_pages
         self.page_size = page_size
         self.transfer_timeout_ms = transfer_timeout_ms
         self.checksum = checksum
+        self.on_failure = on_failure  # transfer.on_failure (None: the default, recompute)
         self.env = dict(os.environ)
         self.env.setdefault("DUET_LOG_LEVEL", "info")
         if env:
@@ -107,6 +108,8 @@ class Cluster:
                             "rpc_timeout_ms": 10000},
                "prefill": [d.entry() for d in self.daemons.values() if d.role == "prefill"],
                "decode": [d.entry() for d in self.daemons.values() if d.role == "decode"]}
+        if self.on_failure is not None:
+            cfg["transfer"]["on_failure"] = self.on_failure
         with open(self.config, "w") as f:
             json.dump(cfg, f, indent=1)
 

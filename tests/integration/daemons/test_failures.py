@@ -8,6 +8,10 @@ shows its KV pages back at baseline afterwards (no leaks).
   cancel_during_prefill  client cancels while decode waits for KV: decode
                          tells prefill (Abort), both release their pages
   prefill_killed         prefill SIGKILLed while a request waits for KV
+                         (transfer.on_failure fail: the request fails)
+  prefill_killed_recompute  the same with the default on_failure
+                         (recompute): decode prefills the prompt itself and
+                         the request equals the reference
   decode_killed          decode SIGKILLed while prefill computes/sends
   prefill_restart        prefill restarts: the next request re-bootstraps
   decode_restart         decode restarts: it bootstraps under a new id
@@ -18,9 +22,12 @@ shows its KV pages back at baseline afterwards (no leaks).
                          fault injection): the request gets an error, the
                          decode exits 70 naming the failure, a restarted
                          one serves again
-  prefill_engine_fails   the same on a prefill (TP=2): the request fails,
-                         the prefill exits 70, decode serves through
-                         another prefill
+  prefill_engine_fails   the same on a prefill (TP=2): the request fails
+                         (on_failure fail; retry: UNAVAILABLE, which the
+                         router retries), the prefill exits 70, decode
+                         serves through another prefill; with on_failure
+                         recompute the request completes, equal to the
+                         reference
   bad_progress_env       a bad DUET_KV_TRANSFER_PROGRESS stops start-up
   unstaged               (packed) a request larger than a staging arena
   kv_copy_fails          decode's KV copy fails after the first token went
@@ -103,7 +110,7 @@ def cancel_during_prefill():
 
 def prefill_killed():
     c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1), ("p1", 2)], decode=[("d0", 2)],
-                transfer_timeout_ms=TRANSFER_TIMEOUT_MS)
+                transfer_timeout_ms=TRANSFER_TIMEOUT_MS, on_failure="fail")
     try:
         c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=5000"})
         c.start("p1")
@@ -126,6 +133,30 @@ def prefill_killed():
         ref = reference_ids(BUILD, STORIES, PROMPT, 8)
         ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p1")
         expect(ids == ref, "decode did not keep serving: %s" % ids)
+        baseline(c, ["d0", "p1"])
+    finally:
+        c.close()
+
+
+def prefill_killed_recompute():
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1), ("p1", 2)], decode=[("d0", 2)],
+                transfer_timeout_ms=TRANSFER_TIMEOUT_MS)
+    try:
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=5000"})
+        c.start("p1")
+        c.start("d0")
+        c.generate("d0", PROMPT, max_tokens=2, prefill="p1")
+        ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+        done = []
+        threading.Timer(0.5, lambda: c.kill("p0")).start()
+        t0 = time.time()
+        ids = [i for r in c.stream("d0", PROMPT, max_tokens=8, prefill="p0")
+               if r.HasField("chunk") for i in r.chunk.ids]
+        done.append(time.time() - t0)
+        print("  prefill killed -> recomputed on decode in %.2fs: %s" % (done[0], ids))
+        expect(ids == ref, "recomputed request: %s != %s" % (ids, ref))
+        expect(c.info("d0").prefills_local == 1, "no local prefill counted")
+        expect("recomputing its prompt here" in c.log("d0"), "no recompute log line")
         baseline(c, ["d0", "p1"])
     finally:
         c.close()
@@ -291,25 +322,37 @@ def decode_engine_fails():
 
 
 def prefill_engine_fails():
-    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2), ("p1", 1)], decode=[("d0", 1)])
     ref = reference_ids(BUILD, STORIES, PROMPT, 8)
-    try:
-        c.start("p0", env={"DUET_FAULTS": "comm.fail_after=3"})
-        c.start("p1")
-        c.start("d0")
+    for on_failure in ("fail", "retry", "recompute"):
+        c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 2), ("p1", 1)], decode=[("d0", 1)],
+                    on_failure=on_failure)
         try:
-            c.generate("d0", PROMPT, max_tokens=8, prefill="p0", timeout=30)
-            raise AssertionError("the request succeeded on a failed prefill engine")
-        except grpc.RpcError as e:
-            print("  prefill engine failed -> %s: %s" % (e.code(), e.details()[:120]))
-            expect(e.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE),
-                   "status %s" % e.code())
-        expect_engine_exit(c, "p0")
-        ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p1")
-        expect(ids == ref, "decode did not keep serving: %s" % ids)
-        baseline(c, ["d0", "p1"])
-    finally:
-        c.close()
+            c.start("p0", env={"DUET_FAULTS": "comm.fail_after=3"})
+            c.start("p1")
+            c.start("d0")
+            if on_failure == "recompute":
+                ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p0", timeout=30)
+                print("  prefill engine failed -> recomputed on decode: %s" % ids)
+                expect(ids == ref, "recomputed request: %s != %s" % (ids, ref))
+                expect(c.info("d0").prefills_local == 1, "no local prefill counted")
+            else:
+                try:
+                    c.generate("d0", PROMPT, max_tokens=8, prefill="p0", timeout=30)
+                    raise AssertionError("the request succeeded on a failed prefill engine")
+                except grpc.RpcError as e:
+                    print("  prefill engine failed (%s) -> %s: %s" %
+                          (on_failure, e.code(), e.details()[:120]))
+                    expect(e.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE),
+                           "status %s" % e.code())
+                    # retry: UNAVAILABLE, so the router retries on another pair
+                    expect(on_failure != "retry" or e.code() == grpc.StatusCode.UNAVAILABLE,
+                           "on_failure retry: status %s" % e.code())
+            expect_engine_exit(c, "p0")
+            ids, _, _ = c.generate("d0", PROMPT, max_tokens=8, prefill="p1")
+            expect(ids == ref, "decode did not keep serving: %s" % ids)
+            baseline(c, ["d0", "p1"])
+        finally:
+            c.close()
 
 
 def bad_progress_env():
@@ -398,7 +441,8 @@ def kv_copy_fails():
         c.close()
 
 
-CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, decode_killed,
+CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, prefill_killed_recompute,
+         decode_killed,
          prefill_restart, decode_restart, model_mismatch, sigterm_drain, decode_engine_fails,
          prefill_engine_fails, bad_progress_env, unstaged, kv_copy_fails]
 

@@ -148,10 +148,13 @@ def pages_wake():
 def stale_prefill_write():
     # p0 holds every batch 5 s before it runs it; d0 gives up on the request
     # after the transfer timeout and frees its pages when its Prefill call
-    # times out (transfer + rpc timeout = 2.5 s)
+    # times out (transfer + rpc timeout = 2.5 s); transfer.on_failure fail:
+    # the held request fails (recompute would complete it, after the same
+    # quiesce: tests/integration/daemons/test_failures.py)
     T, R, HOLD, PS = 1000, 1500, 5000, 16
     c = ReviewCluster(BUILD, SRC, slow_model(), prefill=[("p0", 1), ("p1", 1)],
-                      decode=[("d0", 1)], transfer_timeout_ms=T, rpc_timeout_ms=R)
+                      decode=[("d0", 1)], transfer_timeout_ms=T, rpc_timeout_ms=R,
+                      on_failure="fail")
     victim = [1] + [40 + i for i in range(19)]   # 20 tokens
     stale = [1] + [200 + i for i in range(39)]   # 40 tokens
     try:
