@@ -244,6 +244,9 @@ typedef struct {
     uint64_t chunks_local;                    /* local prefill forwards (a whole prompt: one) */
     uint64_t unpacked_early;                  /* layers unpacked before their transfer ended */
     uint64_t unstaged;                        /* packed requests moved unpacked (no staging) */
+    /* step timing (Info decode_steps..decode_cycle_ns) */
+    uint64_t steps, forward_ns, cycles, cycle_ns;
+    int64_t last_step_ns; /* scheduler-owned: the previous step's start */
 
     /* scheduler-owned */
     duet_prefill_local_t local_mode; /* the instance's prefill_local */

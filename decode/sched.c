@@ -284,6 +284,23 @@ static void duet__step_chunks(duet_decode_t *dc, int n_loc, const duet_engine_se
 
 /* One decode step over the running batch, with the next chunks of the
  * local prefills (chunked prefill) in the same forward. */
+/* Info's step timing: the forward's time, and the cycle from the previous
+ * step's forward start to this one's (when it followed within a second:
+ * the time between two tokens of a running stream). */
+static void duet__step_timing(duet_decode_t *dc, int64_t t0, int64_t t1)
+{
+    int64_t gap = dc->last_step_ns > 0 ? t0 - dc->last_step_ns : -1;
+    dc->last_step_ns = t0;
+    pthread_mutex_lock(&dc->evlock);
+    dc->steps++;
+    dc->forward_ns += (uint64_t)(t1 - t0);
+    if (gap >= 0 && gap < DUET_NS_PER_S) {
+        dc->cycles++;
+        dc->cycle_ns += (uint64_t)gap;
+    }
+    pthread_mutex_unlock(&dc->evlock);
+}
+
 static void duet__step(duet_decode_t *dc)
 {
     int max = dc->node.args.self->max_seqs, n_loc = 0;
@@ -316,7 +333,10 @@ static void duet__step(duet_decode_t *dc)
             .logits = req->logits, /* logprobs asked (lp.c) */
         };
     }
+    int64_t t0 = duet_now_ns();
     st = duet_engine_forward(dc->node.ke.engine, dc->seqs, n + n_loc, dc->sampled);
+    int64_t t1 = duet_now_ns();
+    duet__step_timing(dc, t0, t1);
     if (st != DUET_OK) {
         duet__step_failed(dc);
         return;

@@ -339,6 +339,10 @@ static void duet__dc_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     r.prefill_chunks_local = dc->chunks_local;
     r.kv_unpacked_early_layers = dc->unpacked_early;
     r.kv_transfers_unstaged = dc->unstaged;
+    r.decode_steps = dc->steps;
+    r.decode_forward_ns = dc->forward_ns;
+    r.decode_cycles = dc->cycles;
+    r.decode_cycle_ns = dc->cycle_ns;
     pthread_mutex_unlock(&dc->evlock);
     r.transfer_progress_layers = (uint32_t)dc->node.ke.progress_layers;
     r.prefill_local = dc->node.args.self->prefill_local;

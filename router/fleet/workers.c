@@ -139,6 +139,7 @@ duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, cons
     wk->tp_config = wk->tp = tp;
     wk->local_config = wk->local = local;
     wk->prefills_local = wk->prefills_remote = 0;
+    wk->steps = wk->forward_ns = wk->cycles = wk->cycle_ns = 0;
     wk->poke = wk->have_info = wk->draining = false;
     wk->free_pages = wk->total_pages = wk->queue_depth = wk->running = wk->max_context = 0;
     wk->checks = wk->failures = 0;
@@ -686,6 +687,10 @@ bool duet_router_workers_snapshot(duet_router_workers_t *w, duet_role_t role, in
     info->draining = wk->draining;
     info->prefill_local = wk->local;
     info->prefills_local = wk->prefills_local;
+    info->steps = wk->steps;
+    info->forward_ns = wk->forward_ns;
+    info->cycles = wk->cycles;
+    info->cycle_ns = wk->cycle_ns;
     info->prefills_remote = wk->prefills_remote;
     info->cache = wk->cache;
     info->checks = wk->checks;

@@ -104,6 +104,8 @@ typedef struct {
      * of local and remote prefills (Info) */
     duet_prefill_local_t prefill_local;
     uint64_t prefills_local, prefills_remote;
+    /* decode step timing from its Info (decode_steps .. decode_cycle_ns) */
+    uint64_t steps, forward_ns, cycles, cycle_ns;
     duet_router_cache_stats_t cache;
     int64_t inflight; /* this router's requests on it */
     double load;      /* duet_router_load_score */

@@ -41,6 +41,10 @@ void duet__workers_info_local(duet__worker_t *wk, const Duet__V1__InfoResponse *
             wk->local = (duet_prefill_local_t)m;
     wk->prefills_local = info->prefills_local;
     wk->prefills_remote = info->prefills_remote;
+    wk->steps = info->decode_steps;
+    wk->forward_ns = info->decode_forward_ns;
+    wk->cycles = info->decode_cycles;
+    wk->cycle_ns = info->decode_cycle_ns;
 }
 
 int duet_router_workers_pick_decode(duet_router_workers_t *w, int avoid, bool colocated)

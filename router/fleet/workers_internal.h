@@ -62,6 +62,7 @@ typedef struct {
      * counts of local and remote prefills */
     duet_prefill_local_t local;
     uint64_t prefills_local, prefills_remote;
+    uint64_t steps, forward_ns, cycles, cycle_ns; /* decode step timing (Info) */
     duet_router_cache_stats_t cache;
     uint64_t checks, failures;
     int64_t last_ok_ns;

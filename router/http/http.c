@@ -241,6 +241,11 @@ static enum MHD_Result duet__metrics(duet__hreq_t *r)
         {"worker_tp", "Tensor-parallel size of the worker"},
         {"worker_prefills_local", "Decode: prompts it prefilled itself, from its Info"},
         {"worker_prefills_remote", "Decode: prompts sent to a prefill worker, from its Info"},
+        {"worker_decode_steps", "Decode: scheduler steps that ran the engine, from its Info"},
+        {"worker_decode_forward_seconds", "Decode: engine time in those steps, from its Info"},
+        {"worker_decode_cycles", "Decode: steps that followed another within 1 s, from its Info"},
+        {"worker_decode_cycle_seconds",
+         "Decode: start-to-start time of those steps (the running streams' TPOT), from its Info"},
     };
     for (size_t g = 0; g < sizeof(gauges) / sizeof(gauges[0]); g++) {
         duet_router_buf_printf(&b, "# HELP duet_router_%s %s\n# TYPE duet_router_%s gauge\n",
@@ -279,8 +284,20 @@ static enum MHD_Result duet__metrics(duet__hreq_t *r)
                 case 8:
                     v = (double)wi.prefills_local;
                     break;
-                default:
+                case 9:
                     v = (double)wi.prefills_remote;
+                    break;
+                case 10:
+                    v = (double)wi.steps;
+                    break;
+                case 11:
+                    v = (double)wi.forward_ns / 1e9;
+                    break;
+                case 12:
+                    v = (double)wi.cycles;
+                    break;
+                default:
+                    v = (double)wi.cycle_ns / 1e9;
                     break;
                 }
                 duet_router_buf_printf(&b, "duet_router_%s{role=\"%s\",name=\"%s\"} %g\n",

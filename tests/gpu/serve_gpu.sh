@@ -148,13 +148,27 @@ for r in runs:
               r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"],
               r["p99_tpot_ms"], r["completed"], r["num_requests"]))
 PY
-        # the prefix cache's counters, as the router exports them
+        # the prefix cache's counters and the decodes' step timing, as the
+        # router exports them
         python3 - "http://127.0.0.1:$hp/metrics" "$name${SERVE_TAG:-}" <<'PY' 2>/dev/null
 import sys, urllib.request
 text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+vals = {}
 for line in text.splitlines():
     if line.startswith("duet_prefix_cache_") and "_bucket" not in line:
         print("%-12s %s" % (sys.argv[2], line))
+    if line.startswith("duet_router_worker_decode_"):
+        key, v = line.rsplit(" ", 1)
+        metric, labels = key.split("{", 1)
+        vals.setdefault(labels, {})[metric[len("duet_router_worker_decode_"):]] = float(v)
+# the decode loop against its engine: mean step cycle (what a running
+# stream's TPOT is) over mean forward time, all rates of this layout together
+for labels, m in sorted(vals.items()):
+    if m.get("steps") and m.get("cycles"):
+        fwd = m["forward_seconds"] / m["steps"] * 1e3
+        cyc = m["cycle_seconds"] / m["cycles"] * 1e3
+        print("%-12s decode %s: %d steps, forward %.2f ms, cycle %.2f ms, cycle / forward %.2f"
+              % (sys.argv[2], labels.rstrip("}"), m["steps"], fwd, cyc, cyc / fwd))
 PY
     fi
     kill -TERM $rpid "${pids[@]}" 2>/dev/null

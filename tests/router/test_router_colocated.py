@@ -78,6 +78,12 @@ def colocated(build, src):
               "/workers: %s" % w)
         check(m.get('duet_router_worker_prefills_local{role="decode",name="d1"}') is not None,
               "no worker_prefills_local gauge")
+        m = wait_for("the decodes' step timing in /metrics",
+                     lambda: (lambda m: m if (m.get('duet_router_worker_decode_steps'
+                                                    '{role="decode",name="d1"}') or 0) > 0
+                              else None)(cl.metrics()))
+        check(m.get('duet_router_worker_decode_forward_seconds{role="decode",name="d1"}', 0) > 0,
+              "no decode forward time: %s" % {k: v for k, v in m.items() if "decode_" in k})
         bad = cl.pages_at_baseline()
         check(not bad, "pages not back: %s" % bad)
         print("colocated: %d requests, no prefill instance" % n)

@@ -99,6 +99,14 @@ def check_colocated(model, vocab):
             chunks = sum((len(p) + 7) // 8 for p in ps.values()) if d == "d4c" else len(ps)
             expect(i.prefill_chunks_local == chunks,
                    "%s: %d chunks, want %d" % (d, i.prefill_chunks_local, chunks))
+            # step timing: every generated token after the first is a step;
+            # a cycle (start to start) holds the forward that began it
+            expect(i.decode_steps >= len(ps) * (GEN - 1) and i.decode_forward_ns > 0 and
+                   i.decode_cycles >= len(ps) * (GEN - 2) and
+                   i.decode_cycle_ns / i.decode_cycles >=
+                   0.5 * i.decode_forward_ns / i.decode_steps,
+                   "%s: step timing %d steps %d ns, %d cycles %d ns" %
+                   (d, i.decode_steps, i.decode_forward_ns, i.decode_cycles, i.decode_cycle_ns))
         bad = c.pages_at_baseline()
         expect(not bad, "pages not back: %s" % bad)
     finally:
