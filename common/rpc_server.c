@@ -81,6 +81,9 @@ void duet_rpc_server_config_init(duet_rpc_server_config_t *cfg)
     cfg->max_message_bytes = 4u << 20;
     cfg->stream_queue_limit = 1024;
     cfg->shutdown_grace_ms = 5000;
+    cfg->handshake_timeout_ms = 10000;
+    cfg->max_connection_idle_ms = 300000;
+    cfg->max_streams = 4096;
 }
 
 void duet__rpc_server_call_added(duet_rpc_server_t *srv)
@@ -299,7 +302,7 @@ static void duet__server_free(duet_rpc_server_t *srv)
 duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_rpc_server_t **srv_p)
 {
     duet_rpc_server_t *srv;
-    grpc_arg args[7];
+    grpc_arg args[10];
     grpc_channel_args chargs;
 
     if (!cfg->bind_addr || !*cfg->bind_addr)
@@ -312,6 +315,9 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
                           cfg->max_message_bytes);
     if (cfg->stream_queue_limit < 1)
         return duet_error(DUET_ERR_INVALID, "rpc: stream queue limit must be at least 1");
+    if (cfg->handshake_timeout_ms < 1 || cfg->max_connection_idle_ms < 1 || cfg->max_streams < 1)
+        return duet_error(DUET_ERR_INVALID, "rpc: handshake timeout, idle time and streams per "
+                                            "connection must be at least 1");
 
     srv = DUET_NEW(duet_rpc_server_t);
     if (!srv)
@@ -338,6 +344,14 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
     args[4] = duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
     args[5] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
     args[6] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    /* Connections that hold a descriptor and do nothing: one that has not
+     * finished its TLS and HTTP/2 handshakes by then (default 120 s), one
+     * without a call for max_connection_idle_ms (default: forever).  A
+     * client with calls or the health checks of router and decode (every
+     * health_interval_ms) never idles that long. */
+    args[7] = duet__rpc_int_arg(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, cfg->handshake_timeout_ms);
+    args[8] = duet__rpc_int_arg(GRPC_ARG_MAX_CONNECTION_IDLE_MS, cfg->max_connection_idle_ms);
+    args[9] = duet__rpc_int_arg(GRPC_ARG_MAX_CONCURRENT_STREAMS, cfg->max_streams);
     chargs.num_args = sizeof(args) / sizeof(args[0]);
     chargs.args = args;
     srv->server = grpc_server_create(&chargs, NULL);

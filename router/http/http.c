@@ -408,6 +408,10 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
         if ((r = duet__hreq_new(http, conn)) == NULL)
             return MHD_NO;
         *con_cls = r;
+        /* the header is complete: from here on the long timeout (the
+         * completed callback restores the header timeout) */
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)DUET__HTTP_REQUEST_TIMEOUT_S);
         r->route = duet__route(url);
         return duet__hreq_begin(r, url, method);
     }
@@ -439,7 +443,11 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
     duet_router_http_t *http = cls;
     duet__hreq_t *r = *con_cls;
 
-    (void)conn;
+    /* a keep-alive connection waits for its next request header under the
+     * header timeout again (COMPLETED_OK: the connection is MHD's and in
+     * its timeout lists; not on shutdown or error paths) */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, http->header_timeout_s);
     if (r == NULL)
         return;
     *con_cls = NULL;
@@ -556,6 +564,12 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
     }
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    duet__http_limits_t lim;
+    if ((st = duet__http_limits_get(&rt->cfg->router, &lim)) != DUET_OK) {
+        duet_router_http_destroy(http);
+        return st;
+    }
+    http->header_timeout_s = lim.header_timeout_s;
     /* router.https_cert/https_key (router.c checked them) */
     struct MHD_OptionItem tls[] = {{MHD_OPTION_HTTPS_MEM_KEY, 0, rt->https_key_pem},
                                    {MHD_OPTION_HTTPS_MEM_CERT, 0, rt->https_cert_pem},
@@ -566,7 +580,8 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
         flags, 0, NULL, NULL, duet__access, http, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(threads > 0 ? threads : 2),
         MHD_OPTION_NOTIFY_COMPLETED, duet__completed, http, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        lim.header_timeout_s, MHD_OPTION_CONNECTION_LIMIT, lim.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, lim.per_client, MHD_OPTION_LISTEN_BACKLOG_SIZE,
         (unsigned)1024, MHD_OPTION_ARRAY, rt->https_cert_pem != NULL ? tls : &tls[2],
         MHD_OPTION_END);
     if (http->daemon == NULL) {
@@ -575,6 +590,9 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
     http->port = di ? di->port : 0;
+    DUET_LOG_INFO("router.http: at most %u connections, %u per client address, header timeout "
+                  "%u s (RLIMIT_NOFILE %llu)",
+                  lim.max_connections, lim.per_client, lim.header_timeout_s, lim.nofile);
     (void)sl;
     *http_p = http;
     return DUET_OK;

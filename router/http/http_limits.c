@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "common/log.h"
@@ -121,4 +122,77 @@ enum MHD_Result duet__http_upload_too_large(duet__hreq_t *r)
     }
     duet_router_buf_cleanup(&b);
     return MHD_NO; /* MHD closes the connection */
+}
+
+/* ---- connection limits ---- */
+
+/* descriptors kept for everything but HTTP connections: gRPC server and
+ * client sockets, epoll and eventfds, model and config files, logs */
+#define DUET__HTTP_FD_RESERVE      256
+#define DUET__HTTP_AUTO_MAX        16384
+#define DUET__HTTP_AUTO_PER_CLIENT 1024
+#define DUET__HTTP_MIN_CONNECTIONS 16
+#define DUET__HTTP_NOFILE_CAP      (1ull << 20)
+
+duet_status_t duet__http_limits_get(const duet_router_config_t *rc, duet__http_limits_t *out_p)
+{
+    struct rlimit rl;
+    unsigned long long nofile, room;
+    duet__http_limits_t l = {.header_timeout_s = (unsigned)rc->http_header_timeout_s};
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return duet_error(DUET_ERR_IO, "router.http: getrlimit(RLIMIT_NOFILE): %s",
+                          strerror(errno));
+    /* the soft limit is often 1024 (systemd, shells) below a far higher hard
+     * one, which a program that holds many sockets is meant to raise to */
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < DUET__HTTP_NOFILE_CAP &&
+        rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = rl;
+        want.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > DUET__HTTP_NOFILE_CAP
+                            ? DUET__HTTP_NOFILE_CAP
+                            : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+            rl.rlim_cur = want.rlim_cur;
+        else
+            DUET_LOG_WARN("router.http: cannot raise RLIMIT_NOFILE from %llu to %llu: %s",
+                          (unsigned long long)rl.rlim_cur, (unsigned long long)want.rlim_cur,
+                          strerror(errno));
+    }
+    nofile = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > DUET__HTTP_NOFILE_CAP
+                 ? DUET__HTTP_NOFILE_CAP
+                 : (unsigned long long)rl.rlim_cur;
+    room = nofile > DUET__HTTP_FD_RESERVE ? nofile - DUET__HTTP_FD_RESERVE : 0;
+    if (rc->http_max_connections > 0) {
+        if ((unsigned long long)rc->http_max_connections > room)
+            return duet_error(DUET_ERR_CONFIG,
+                              "router.http_max_connections: %d does not fit below the "
+                              "descriptor limit (RLIMIT_NOFILE %llu, less %d kept for the rest "
+                              "of the router): at most %llu, or raise the limit",
+                              rc->http_max_connections, nofile, DUET__HTTP_FD_RESERVE, room);
+        l.max_connections = (unsigned)rc->http_max_connections;
+    } else {
+        l.max_connections = (unsigned)(room < DUET__HTTP_AUTO_MAX ? room : DUET__HTTP_AUTO_MAX);
+        if (l.max_connections < DUET__HTTP_MIN_CONNECTIONS)
+            return duet_error(DUET_ERR_CONFIG,
+                              "router.http_max_connections: the descriptor limit (RLIMIT_NOFILE "
+                              "%llu) leaves room for %u connections: raise it (ulimit -n)",
+                              nofile, l.max_connections);
+    }
+    if (rc->http_max_connections_per_client > 0) {
+        if ((unsigned)rc->http_max_connections_per_client > l.max_connections)
+            return duet_error(DUET_ERR_CONFIG,
+                              "router.http_max_connections_per_client: %d is more than "
+                              "router.http_max_connections (%u)",
+                              rc->http_max_connections_per_client, l.max_connections);
+        l.per_client = (unsigned)rc->http_max_connections_per_client;
+    } else {
+        l.per_client = l.max_connections / 4;
+        if (l.per_client > DUET__HTTP_AUTO_PER_CLIENT)
+            l.per_client = DUET__HTTP_AUTO_PER_CLIENT;
+        if (l.per_client < 1)
+            l.per_client = 1;
+    }
+    l.nofile = nofile;
+    *out_p = l;
+    return DUET_OK;
 }
