@@ -57,6 +57,8 @@ enum MHD_Result duet__http_respond(duet__hreq_t *r, unsigned status, const char 
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->close_after)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 405)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
                                 r->route == DUET_ROUTER_ROUTE_COMPLETIONS ||
@@ -340,7 +342,8 @@ static duet__hreq_t *duet__hreq_new(duet_router_http_t *http, struct MHD_Connect
 }
 
 /* First call for a request: route, method, auth, declared body size. */
-static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const char *method)
+static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const char *method,
+                                        const char *version)
 {
     duet_router_t *rt = r->http->rt;
     duet_router_oai_error_t err;
@@ -349,7 +352,7 @@ static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const 
     bool want_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     enum MHD_Result framing_ret;
 
-    if (duet__http_framing_bad(r, &framing_ret))
+    if (duet__http_framing_bad(r, method, version, &framing_ret))
         return framing_ret;
     if (r->route == DUET_ROUTER_ROUTE_OTHER) {
         duet_router_oai_fail(&err, 404, NULL, "not_found", "no route %s %s", method, url);
@@ -403,7 +406,6 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
     duet__hreq_t *r = *con_cls;
     duet_router_oai_error_t err;
 
-    (void)version;
     if (r == NULL) {
         if ((r = duet__hreq_new(http, conn)) == NULL)
             return MHD_NO;
@@ -413,7 +415,7 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
                                   (unsigned)DUET__HTTP_REQUEST_TIMEOUT_S);
         r->route = duet__route(url);
-        return duet__hreq_begin(r, url, method);
+        return duet__hreq_begin(r, url, method, version);
     }
     if (r->responded)
         return MHD_YES; /* discarding the rest of an upload we already answered */
@@ -550,6 +552,16 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
     socklen_t sl;
     duet_status_t st;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
+#if MHD_VERSION >= 0x00097700
+    /* RFC 9112 as strictly as libmicrohttpd goes (bare LF, obs-fold,
+     * whitespace before a colon, no Host); http_strict.c adds the rest */
+    const int strict_opt = MHD_OPTION_CLIENT_DISCIPLINE_LVL, strict_lvl = 2;
+#else
+    /* 1: HTTP/1.1 without Host and spaces in the URI are 400 (0.9.75's
+     * -1 would refuse whitespace before a colon instead: http_strict.c
+     * does that) */
+    const int strict_opt = MHD_OPTION_STRICT_FOR_CLIENT, strict_lvl = 1;
+#endif
 
     if (http == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
@@ -581,9 +593,9 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(threads > 0 ? threads : 2),
         MHD_OPTION_NOTIFY_COMPLETED, duet__completed, http, MHD_OPTION_CONNECTION_TIMEOUT,
         lim.header_timeout_s, MHD_OPTION_CONNECTION_LIMIT, lim.max_connections,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, lim.per_client, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)1024, MHD_OPTION_ARRAY, rt->https_cert_pem != NULL ? tls : &tls[2],
-        MHD_OPTION_END);
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, lim.per_client, strict_opt, strict_lvl,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_ARRAY,
+        rt->https_cert_pem != NULL ? tls : &tls[2], MHD_OPTION_END);
     if (http->daemon == NULL) {
         duet_router_http_destroy(http);
         return duet_error(DUET_ERR_IO, "router.http: cannot listen on %s (in use?)", addr);

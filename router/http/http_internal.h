@@ -75,6 +75,7 @@ struct duet__hreq {
 
     /* MHD */
     duet_router_buf_t body;
+    bool close_after; /* chunked upload: Connection: close on the answer */
     bool too_large;
     bool submitted;
     bool responded;
@@ -143,10 +144,18 @@ duet_status_t duet__http_limits_get(const duet_router_config_t *rc, duet__http_l
  * 25): the header timeout applies before and between requests. */
 #define DUET__HTTP_REQUEST_TIMEOUT_S 300
 
-/* http_limits.c: refuse ambiguous framing (differing Content-Length
- * headers, Content-Length with Transfer-Encoding) with a 400 that closes
- * the connection; true when answered (*ret_p: the result to return). */
-bool duet__http_framing_bad(duet__hreq_t *r, enum MHD_Result *ret_p);
+/* http_limits.c: refuse a header section RFC 9112 does not allow and
+ * ambiguous framing (two Host, differing Content-Length headers,
+ * Content-Length with Transfer-Encoding, a Transfer-Encoding other than
+ * chunked) with a 400 that closes the connection; true when answered
+ * (*ret_p: the result to return).  method and version: as MHD passed them
+ * to the access handler (pointers into its read buffer). */
+bool duet__http_framing_bad(duet__hreq_t *r, const char *method, const char *version,
+                            enum MHD_Result *ret_p);
+/* http_strict.c: what in the header section RFC 9112 forbids (bare LF,
+ * obs-fold, whitespace before a colon, a name that is not a token, a
+ * control byte or NUL in a value), or NULL.  First access call only. */
+const char *duet__http_strict_why(duet__hreq_t *r, const char *method, const char *version);
 /* http_limits.c: the upload passed router.max_body_bytes: 413 now, close. */
 enum MHD_Result duet__http_upload_too_large(duet__hreq_t *r);
 

@@ -1,10 +1,14 @@
 /* Request framing and body-size checks of the router's HTTP server
- * (docs/security.md, "Input limits"):
- *  - two Content-Length headers that differ, or Content-Length together
- *    with Transfer-Encoding, are refused with 400 and the connection is
- *    closed: a proxy in front could frame the request differently and
- *    smuggle a second one in its body (libmicrohttpd 0.9.75 takes the
- *    first Content-Length, or the chunked encoding, without a word);
+ * (docs/security.md, "Input limits" and "Strict HTTP/1.1 framing"):
+ *  - a header section that RFC 9112 does not allow (http_strict.c: bare LF,
+ *    obs-fold, whitespace before a colon, control bytes in a value), two
+ *    Host fields, two Content-Length headers that differ, Content-Length
+ *    together with Transfer-Encoding, a Transfer-Encoding other than
+ *    exactly `chunked` (or one in HTTP/1.0) are refused with 400 and the
+ *    connection is closed: a proxy in front could frame the request
+ *    differently and smuggle a second one in its body (libmicrohttpd
+ *    0.9.75 takes the first Content-Length, or the chunked encoding,
+ *    without a word);
  *  - an upload (chunked, or one whose Content-Length lied) that passes
  *    router.max_body_bytes is answered 413 at once and the connection
  *    closed, not read to its end.  libmicrohttpd refuses to queue a
@@ -24,7 +28,9 @@ typedef struct {
     int n_length;
     bool lengths_differ;
     const char *first_length;
-    bool transfer_encoding;
+    int n_te;
+    bool te_not_chunked;
+    int n_host;
 } duet__framing_t;
 
 static enum MHD_Result duet__framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -41,7 +47,13 @@ static enum MHD_Result duet__framing_header(void *cls, enum MHD_ValueKind kind, 
         else if (strcmp(f->first_length, value ? value : "") != 0)
             f->lengths_differ = true;
     } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
-        f->transfer_encoding = true;
+        /* exactly one coding, chunked, and exactly as libmicrohttpd
+         * recognizes it: it strips the OWS before a value, not after, and
+         * reads "chunked " as an unknown coding (a body up to the close) */
+        f->n_te++;
+        f->te_not_chunked |= value == NULL || strcasecmp(value, "chunked") != 0;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        f->n_host++;
     }
     return MHD_YES;
 }
@@ -69,21 +81,42 @@ static enum MHD_Result duet__respond_close(duet__hreq_t *r, const duet_router_oa
     return ret;
 }
 
-bool duet__http_framing_bad(duet__hreq_t *r, enum MHD_Result *ret_p)
+bool duet__http_framing_bad(duet__hreq_t *r, const char *method, const char *version,
+                            enum MHD_Result *ret_p)
 {
     duet__framing_t f = {0};
     duet_router_oai_error_t err;
+    const char *why = duet__http_strict_why(r, method, version);
 
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, duet__framing_header, &f);
-    if (f.lengths_differ)
+    if (why != NULL)
+        duet_router_oai_fail(&err, 400, NULL, "bad_framing",
+                             "the request header is not valid HTTP/1.1 (RFC 9112): %s", why);
+    else if (f.n_host > 1)
+        duet_router_oai_fail(&err, 400, NULL, "bad_framing",
+                             "the request has %d Host headers: send one", f.n_host);
+    else if (f.n_te > 0 && (f.n_te > 1 || f.te_not_chunked))
+        duet_router_oai_fail(&err, 400, NULL, "bad_framing",
+                             "Transfer-Encoding must be exactly \"chunked\" (one header, one "
+                             "coding)");
+    else if (f.n_te > 0 && version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) != 0)
+        duet_router_oai_fail(&err, 400, NULL, "bad_framing",
+                             "Transfer-Encoding in a %s request (HTTP/1.1 only)", version);
+    else if (f.lengths_differ)
         duet_router_oai_fail(&err, 400, NULL, "bad_framing",
                              "the request has Content-Length headers that differ: send one");
-    else if (f.n_length > 0 && f.transfer_encoding)
+    else if (f.n_length > 0 && f.n_te > 0)
         duet_router_oai_fail(&err, 400, NULL, "bad_framing",
                              "the request has both Content-Length and Transfer-Encoding: send "
                              "one of them");
-    else
+    else {
+        /* libmicrohttpd 0.9.75 takes a chunk line ended by a bare LF and
+         * shows the application only the decoded body: nothing that follows
+         * a chunked body on this connection is answered, so whatever a
+         * proxy in front framed differently dies with it */
+        r->close_after = f.n_te > 0;
         return false;
+    }
     DUET_LOG_INFO("http: refused a request with ambiguous framing: %s", err.message);
     *ret_p = duet__respond_close(r, &err);
     return true;
