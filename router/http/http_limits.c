@@ -91,7 +91,7 @@ bool duet__http_framing_bad(duet__hreq_t *r, const char *method, const char *ver
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, duet__framing_header, &f);
     if (why != NULL)
         duet_router_oai_fail(&err, 400, NULL, "bad_framing",
-                             "the request header is not valid HTTP/1.1 (RFC 9112): %s", why);
+                             "the request header breaks RFC 9112: %s", why);
     else if (f.n_host > 1)
         duet_router_oai_fail(&err, 400, NULL, "bad_framing",
                              "the request has %d Host headers: send one", f.n_host);
@@ -101,7 +101,7 @@ bool duet__http_framing_bad(duet__hreq_t *r, const char *method, const char *ver
                              "coding)");
     else if (f.n_te > 0 && version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) != 0)
         duet_router_oai_fail(&err, 400, NULL, "bad_framing",
-                             "Transfer-Encoding in a %s request (HTTP/1.1 only)", version);
+                             "Transfer-Encoding in an %s request (it needs HTTP/1.1)", version);
     else if (f.lengths_differ)
         duet_router_oai_fail(&err, 400, NULL, "bad_framing",
                              "the request has Content-Length headers that differ: send one");
