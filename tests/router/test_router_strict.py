@@ -151,6 +151,8 @@ def test_accepted(port):
         ("Transfer-Encoding: Chunked", post(b"Host: x\r\n" + AUTH + ct
                                             + b"Transfer-Encoding: Chunked\r\n", chunked(BODY))),
         ("HTTP/1.0 without Host", post(AUTH + ct + cl, version=b"HTTP/1.0")),
+        ("GET with a query, cookies, Expect", b"GET /v1/models?x=1&y=%41 HTTP/1.1\r\nHost: x\r\n"
+         + AUTH + b"Cookie: a=b; c=\"d e\"\r\nExpect: 100-continue\r\nAccept: */*\r\n\r\n"),
     ]
     for what, data in ok:
         n, got, _ = exchange(port, data)
