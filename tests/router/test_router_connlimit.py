@@ -25,6 +25,7 @@ import re
 import resource
 import socket
 import subprocess
+import sys
 import time
 
 from router_cluster import Cluster, check, free_port, main
@@ -36,8 +37,10 @@ PEER = "127.0.0.2"  # the attacker's source address; curl comes from 127.0.0.1
 def raise_nofile(need):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
-        check(hard == resource.RLIM_INFINITY or hard >= need,
-              "this test needs %d descriptors, the hard limit is %d" % (need, hard))
+        if hard != resource.RLIM_INFINITY and hard < need:
+            print("SKIP: this test needs %d descriptors, the hard RLIMIT_NOFILE is %d"
+                  % (need, hard))
+            sys.exit(77)
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
