@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Strict HTTP/1.1 framing (issue 25 item 5, docs/security.md "Strict HTTP/1.1
 framing"): a real cluster (prefill TP=1, decode TP=1, stories260K, CPU) and
-a router with an API key; every request over a raw socket.
+a router with an API key; every request over a raw socket, on HTTP and on
+HTTPS.
 
 Each refused case carries a hidden second request after the body the router
 would frame (a GET the router answers 200 when it reaches it): the case
@@ -23,11 +24,14 @@ chunked upload, HTTP/1.0 without Host, two pipelined requests.
 
 usage: test_router_strict.py BUILD_DIR SOURCE_DIR
 """
+import os
 import re
 import socket
+import ssl
+import subprocess
 import time
 
-from router_cluster import Cluster, check, main
+from router_cluster import Cluster, check, free_port, main
 
 KEY = "sk-strict-0123456789"
 BODY = b'{"prompt": "Once", "max_tokens": 2}'
@@ -39,7 +43,13 @@ def exchange(port, data, timeout=20, quiet=1.5):
     """Send data, read until the server closes, or goes quiet for `quiet`
     seconds after its first bytes: (responses, raw bytes, closed by the
     server)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    tls = isinstance(port, tuple)  # ("https", port)
+    s = socket.create_connection(("127.0.0.1", port[1] if tls else port), timeout=timeout)
+    if tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        s = ctx.wrap_socket(s)
     s.sendall(data)
     got, closed = b"", False
     deadline = time.time() + timeout
@@ -177,6 +187,30 @@ def test(build, src):
         cl.start_router()
         test_accepted(cl.http_port)
         test_cases(cl.http_port)
+        # the same over HTTPS (libmicrohttpd parses what TLS decrypted alike)
+        key, cert = os.path.join(cl.tmp, "https.key"), os.path.join(cl.tmp, "https.pem")
+        subprocess.check_call(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                               "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", cert,
+                               "-days", "1", "-subj", "/CN=127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port = free_port()
+        cfg = cl.write_config(os.path.join(cl.tmp, "https.json"),
+                              router={"http": "127.0.0.1:%d" % port, "grpc": "",
+                                      "https_cert": cert, "https_key": key})
+        cl.start("router-s", config=cfg)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if exchange(("https", port), b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                            b"Connection: close\r\n\r\n", timeout=2)[1].startswith(
+                                b"HTTP/1.1 200"):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        print("---- HTTPS ----")
+        test_accepted(("https", port))
+        test_cases(("https", port))
         cl.stop_all()
     except BaseException:
         for name, p in cl.procs.items():
