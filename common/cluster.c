@@ -56,6 +56,9 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, https_key, "", "PEM private key of router.https_cert"),
     DUET_CFG_F_INT(duet_router_config_t, migrate_max, 0, 64, 3, "times a started stream moves to another decode when its decode fails or stalls (0 = never; docs/migration.md)"),
     DUET_CFG_F_INT(duet_router_config_t, stall_timeout_ms, 0, 86400000, 5000, "a started stream with no token for this long migrates (0 = off; docs/migration.md)"),
+    DUET_CFG_F_INT(duet_router_config_t, http_max_connections, 0, 1 << 20, 0, "HTTP(S) connections open at once (0 = auto: the descriptor limit less a reserve, at most 16384; more is an error)"),
+    DUET_CFG_F_INT(duet_router_config_t, http_max_connections_per_client, 0, 1 << 20, 0, "HTTP(S) connections open at once from one IP address (0 = auto: a quarter of http_max_connections, at most 1024)"),
+    DUET_CFG_F_INT(duet_router_config_t, http_header_timeout_s, 1, 3600, 10, "HTTP(S): close a connection idle this long before a complete request header (new or between keep-alive requests)"),
     DUET_CFG_F_CUSTOM(duet_router_config_t, cache_aware, duet__parse_cache_aware, "object: the cache_aware policy's thresholds (router.cache_aware.*)"),
 };
 

@@ -101,6 +101,11 @@ typedef struct {
     char *served_model_name; /* "" = the model directory's name */
     char *https_cert;        /* PEM certificate chain for HTTPS ("" = plain HTTP) */
     char *https_key;         /* its private key (PEM) */
+    /* connection limits of router.http (docs/security.md "Connection
+     * limits"): 0 = auto */
+    int http_max_connections;
+    int http_max_connections_per_client;
+    int http_header_timeout_s; /* idle before a complete request header */
     duet_router_cache_aware_config_t cache_aware;
     int migrate_max;      /* migrations of a started stream (docs/migration.md) */
     int stall_timeout_ms; /* no token for this long: the stream migrates (0 = off) */

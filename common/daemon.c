@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "common/random.h"
 
 static void duet__usage(const char *prog, duet_role_t role, const duet_flag_t *flags, size_t n)
 {
@@ -61,7 +61,7 @@ static duet_status_t duet__daemon_override(void *ud, const char *name, const cha
 uint64_t duet_random_u64(void)
 {
     uint64_t v;
-    if (getrandom(&v, sizeof(v), 0) == (ssize_t)sizeof(v))
+    if (duet_random_bytes(&v, sizeof(v)) == DUET_OK)
         return v;
     return (uint64_t)duet_now_ns() ^ ((uint64_t)getpid() << 32);
 }

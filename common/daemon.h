@@ -42,7 +42,8 @@ void duet_daemon_signals_block(void);
  * signal number or 0 on timeout. */
 int duet_daemon_signal_wait(int64_t timeout_ms);
 
-/* 64 random bits (getrandom; falls back to time and pid). */
+/* 64 random bits for seeds and instance ids, not secrets (libcrypto's
+ * CSPRNG; falls back to time and pid). */
 uint64_t duet_random_u64(void);
 
 #endif

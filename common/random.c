@@ -1,19 +1,20 @@
-/* CSPRNG values (common/random.h). */
+/* CSPRNG values (common/random.h) from libcrypto's DRBG. */
 #include "common/random.h"
 
-#include <errno.h>
-#include <string.h>
-#include <sys/random.h>
+#include <limits.h>
+
+#include <openssl/err.h>
+#include <openssl/rand.h>
 
 duet_status_t duet_random_bytes(void *buf, size_t len)
 {
-    uint8_t *p = buf;
+    unsigned char *p = buf;
     while (len > 0) {
-        ssize_t n = getrandom(p, len, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return duet_error(DUET_ERR_IO, "getrandom: %s", strerror(errno));
+        int n = len > INT_MAX ? INT_MAX : (int)len;
+        if (RAND_bytes(p, n) != 1) {
+            char why[128];
+            ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+            return duet_error(DUET_ERR_IO, "RAND_bytes: %s", why);
         }
         p += n;
         len -= (size_t)n;

@@ -1,7 +1,8 @@
-/* Unpredictable values from the kernel's CSPRNG (getrandom(2)): secrets,
- * request ids, transfer ids.  No fallback to clocks or counters: when the
- * kernel cannot give randomness the caller gets an error, never a
- * guessable value.  Thread-safe. */
+/* Unpredictable values from OpenSSL 3's CSPRNG (RAND_bytes: a DRBG seeded
+ * from the kernel's getrandom(2), reseeded after fork): secrets, request
+ * ids, transfer ids.  No fallback to clocks or counters: when libcrypto
+ * cannot give randomness the caller gets an error, never a guessable
+ * value.  Thread-safe. */
 #ifndef DUET_COMMON_RANDOM_H
 #define DUET_COMMON_RANDOM_H
 
@@ -10,7 +11,8 @@
 
 #include "common/status.h"
 
-/* Fill buf with len random bytes; DUET_ERR_IO (naming errno) on failure. */
+/* Fill buf with len random bytes; DUET_ERR_IO (naming libcrypto's error)
+ * on failure. */
 duet_status_t duet_random_bytes(void *buf, size_t len);
 
 /* 128 random bits as 32 lowercase hex digits: out must hold 33 bytes. */

@@ -106,9 +106,17 @@ typedef struct {
                               check run before everything else, health
                               and unknown methods included; outlives
                               the server */
+    /* connection limits (docs/security.md "Connection limits"; gRPC core
+     * 1.51 has no cap on connections, per client or in total): */
+    int handshake_timeout_ms;   /* TLS + HTTP/2 preface done within this */
+    int max_connection_idle_ms; /* a connection without calls this long is
+                                   closed (GOAWAY; clients reconnect) */
+    int max_streams;            /* concurrent calls per connection */
 } duet_rpc_server_config_t;
 
-/* Defaults: "0.0.0.0:0", 2 threads, 4 MiB, 1024 queued writes, 5000 ms. */
+/* Defaults: "0.0.0.0:0", 2 threads, 4 MiB, 1024 queued writes, 5000 ms;
+ * handshake 10 s, idle connections closed after 5 min, 4096 calls per
+ * connection. */
 void duet_rpc_server_config_init(duet_rpc_server_config_t *cfg);
 
 /* Create a server and bind its port.  Fails with DUET_ERR_IO when the address

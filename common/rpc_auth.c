@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc_internal.h"
+#include "common/sha256.h"
 
 #define DUET__AUTH_FILE_MAX (1u << 20)
 
@@ -342,10 +343,7 @@ const char *duet_rpc_auth_mode(const duet_rpc_auth_t *auth)
 bool duet_rpc_auth_secret_equal(const char *expected, size_t expected_len, const char *got,
                                 size_t len)
 {
-    volatile unsigned char diff = (unsigned char)(got == NULL || len != expected_len);
-    for (size_t i = 0; i < expected_len; i++)
-        diff |= (unsigned char)(expected[i] ^ (got != NULL && i < len ? got[i] : 0));
-    return diff == 0;
+    return duet_ct_equal_secret(expected, expected_len, got, len);
 }
 
 /* ---- used by rpc_server.c / rpc_client.c ---- */

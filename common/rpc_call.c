@@ -32,6 +32,8 @@ static void duet__call_free(duet_rpc_call_t *call)
         grpc_call_unref(call->gcall);
     pthread_cond_destroy(&call->cond);
     pthread_mutex_destroy(&call->lock);
+    if (call->recv_bb)
+        grpc_byte_buffer_destroy(call->recv_bb);
     duet_free(call->req);
     duet_free(call->path);
     duet_free(call);
@@ -147,8 +149,7 @@ static void duet__call_send_next_locked(duet_rpc_call_t *call)
 
 duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_method_t *method,
                                     const char *path, grpc_call *gcall, gpr_timespec deadline,
-                                    grpc_metadata_array *md, grpc_byte_buffer *payload,
-                                    duet_rpc_call_t **call_p)
+                                    grpc_metadata_array *md, duet_rpc_call_t **call_p)
 {
     duet_status_t st = DUET_ERR_NO_MEMORY;
     duet_rpc_call_t *call = DUET_NEW(duet_rpc_call_t);
@@ -158,6 +159,7 @@ duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_meth
         goto err_cancel;
     call->close_tag.kind = DUET__RPC_TAG_CALL_CLOSE;
     call->send_tag.kind = DUET__RPC_TAG_CALL_SEND;
+    call->recv_tag.kind = DUET__RPC_TAG_CALL_RECV;
     call->srv = srv;
     call->method = method;
     call->deadline_ns = duet__rpc_deadline_from_gpr(deadline);
@@ -176,12 +178,6 @@ duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_meth
         if (!call->path)
             goto err_cond;
     }
-    if (payload) {
-        st = duet__rpc_bb_flatten(payload, &call->req, &call->req_len);
-        if (st != DUET_OK)
-            goto err_path;
-    }
-
     /* Posted first: it is how cancellation and deadlines are noticed. */
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -199,8 +195,6 @@ duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_meth
     *call_p = call;
     return DUET_OK;
 
-err_path:
-    duet_free(call->path);
 err_cond:
     pthread_cond_destroy(&call->cond);
 err_mutex:
@@ -249,6 +243,49 @@ void duet__rpc_call_on_close(duet_rpc_call_t *call)
     pthread_cond_broadcast(&call->cond);
     pthread_mutex_unlock(&call->lock);
     duet__call_unref(call);
+}
+
+duet_status_t duet__rpc_call_recv(duet_rpc_call_t *call)
+{
+    grpc_op op;
+    grpc_call_error rc;
+
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &call->recv_bb;
+    duet__call_ref(call);
+    pthread_mutex_lock(&call->lock);
+    rc = grpc_call_start_batch(call->gcall, &op, 1, &call->recv_tag, NULL);
+    pthread_mutex_unlock(&call->lock);
+    if (rc != GRPC_CALL_OK) {
+        atomic_fetch_sub_explicit(&call->refs, 1, memory_order_relaxed);
+        DUET_LOG_ERROR("rpc: recv_message batch method %s error %s", duet_rpc_call_method(call),
+                       grpc_call_error_to_string(rc));
+        duet_rpc_call_fail(call, GRPC_STATUS_INTERNAL, "server error");
+        return duet_error(DUET_ERR_INTERNAL, "rpc: recv_message batch: %s",
+                          grpc_call_error_to_string(rc));
+    }
+    return DUET_OK;
+}
+
+bool duet__rpc_call_on_recv(duet_rpc_call_t *call, bool success)
+{
+    grpc_byte_buffer *bb = call->recv_bb;
+    bool ok = false;
+
+    call->recv_bb = NULL;
+    if (!success) /* cancelled, or over the message size (gRPC said so) */
+        duet_rpc_call_fail(call, GRPC_STATUS_CANCELLED, "call ended before its message");
+    else if (bb == NULL)
+        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "request message missing");
+    else if (duet__rpc_bb_flatten(bb, &call->req, &call->req_len) != DUET_OK)
+        duet_rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of memory");
+    else
+        ok = true;
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    duet__call_unref(call);
+    return ok;
 }
 
 void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success)

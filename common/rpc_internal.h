@@ -27,6 +27,7 @@ typedef enum {
     DUET__RPC_TAG_REQUEST,       /* a request slot got a call (or failed) */
     DUET__RPC_TAG_CALL_CLOSE,    /* server call: RECV_CLOSE_ON_SERVER done */
     DUET__RPC_TAG_CALL_SEND,     /* server call: a send batch done */
+    DUET__RPC_TAG_CALL_RECV,     /* server call: its request message came */
     DUET__RPC_TAG_SHUTDOWN,      /* grpc_server_shutdown_and_notify done */
     DUET__RPC_TAG_STREAM_START,  /* client stream: send batch done */
     DUET__RPC_TAG_STREAM_MSG,    /* client stream: a RECV_MESSAGE done */
@@ -47,10 +48,13 @@ typedef struct {
 
 /* A server call.  refs: one for the application (dropped by the terminal
  * function), one while RECV_CLOSE_ON_SERVER is pending, one while a send batch
- * is in flight.  All mutable fields are under lock. */
+ * is in flight, one while the request message is awaited.  All mutable
+ * fields are under lock. */
 struct duet_rpc_call {
     duet__rpc_tag_t close_tag;
     duet__rpc_tag_t send_tag;
+    duet__rpc_tag_t recv_tag;
+    grpc_byte_buffer *recv_bb; /* RECV_MESSAGE output */
     duet_rpc_server_t *srv;
     const duet__rpc_method_t *method; /* NULL for an unregistered method */
     char *path;                       /* owned copy for unregistered methods */
@@ -110,16 +114,23 @@ void duet__rpc_grpc_release(void);
 /* ---- rpc_call.c (server call state machine) ---- */
 
 /* New call with one application reference and RECV_CLOSE_ON_SERVER posted.
- * Takes ownership of gcall and of md's contents (md is reset); payload is
- * copied, not destroyed.  On failure gcall is cancelled and unreffed.  The
+ * Takes ownership of gcall and of md's contents (md is reset); the request
+ * message comes later (duet__rpc_call_recv).  On failure gcall is cancelled and unreffed.  The
  * caller has counted the call with duet__rpc_server_call_added(); the count
  * drops when the call is freed, or at once on failure. */
 duet_status_t duet__rpc_call_create(duet_rpc_server_t *srv, const duet__rpc_method_t *method,
                                     const char *path, grpc_call *gcall, gpr_timespec deadline,
-                                    grpc_metadata_array *md, grpc_byte_buffer *payload,
-                                    duet_rpc_call_t **call_p);
+                                    grpc_metadata_array *md, duet_rpc_call_t **call_p);
 /* CQ thread: a call's batch completed. */
 void duet__rpc_call_on_close(duet_rpc_call_t *call);
+/* Ask for the request message (after the call passed its checks: nothing
+ * of the message is read before).  On error the call has been failed. */
+duet_status_t duet__rpc_call_recv(duet_rpc_call_t *call);
+/* RECV_MESSAGE done: true when call->req holds the message and the handler
+ * may run; false when the call has been failed (no message, cancelled, no
+ * memory).  Drops the receive's reference either way, after which the
+ * application's keeps the call. */
+bool duet__rpc_call_on_recv(duet_rpc_call_t *call, bool success);
 void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success);
 
 /* ---- rpc_auth.c ---- */

@@ -32,7 +32,6 @@ typedef struct {
     grpc_call *gcall;
     gpr_timespec deadline;
     grpc_metadata_array md;
-    grpc_byte_buffer *payload;
     grpc_call_details details;
 } duet__request_slot_t;
 
@@ -81,6 +80,9 @@ void duet_rpc_server_config_init(duet_rpc_server_config_t *cfg)
     cfg->max_message_bytes = 4u << 20;
     cfg->stream_queue_limit = 1024;
     cfg->shutdown_grace_ms = 5000;
+    cfg->handshake_timeout_ms = 10000;
+    cfg->max_connection_idle_ms = 300000;
+    cfg->max_streams = 4096;
 }
 
 void duet__rpc_server_call_added(duet_rpc_server_t *srv)
@@ -124,8 +126,8 @@ static bool duet__slot_post(duet__request_slot_t *slot)
 
     if (slot->method)
         rc = grpc_server_request_registered_call(srv->server, slot->method->handle, &slot->gcall,
-                                                 &slot->deadline, &slot->md, &slot->payload,
-                                                 slot->cq, slot->cq, &slot->tag);
+                                                 &slot->deadline, &slot->md, NULL, slot->cq,
+                                                 slot->cq, &slot->tag);
     else
         rc = grpc_server_request_call(srv->server, &slot->gcall, &slot->details, &slot->md,
                                       slot->cq, slot->cq, &slot->tag);
@@ -142,7 +144,6 @@ static void duet__on_request(duet__request_slot_t *slot, bool success)
     const duet__rpc_method_t *method = slot->method;
     grpc_call *gcall = slot->gcall;
     grpc_metadata_array md = slot->md;
-    grpc_byte_buffer *payload = slot->payload;
     gpr_timespec deadline = method ? slot->deadline : slot->details.deadline;
     char path[DUET__RPC_MAX_PATH + 1] = "";
     duet_rpc_call_t *call;
@@ -162,16 +163,12 @@ static void duet__on_request(duet__request_slot_t *slot, bool success)
         grpc_call_details_init(&slot->details);
     }
     slot->gcall = NULL;
-    slot->payload = NULL;
     grpc_metadata_array_init(&slot->md);
     /* Re-post before the handler runs.  The call just received holds the
      * server open, so shutdown cannot complete underneath this. */
     duet__slot_post(slot);
 
-    duet_status_t st =
-        duet__rpc_call_create(srv, method, path, gcall, deadline, &md, payload, &call);
-    if (payload)
-        grpc_byte_buffer_destroy(payload);
+    duet_status_t st = duet__rpc_call_create(srv, method, path, gcall, deadline, &md, &call);
     grpc_metadata_array_destroy(&md);
     if (st != DUET_OK) {
         DUET_LOG_ERROR("rpc: dropping call: %s", duet_error_msg());
@@ -200,11 +197,19 @@ static void duet__on_request(duet__request_slot_t *slot, bool success)
             return;
         }
     }
-    if (!payload) {
-        duet_rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "request message missing");
-        return;
-    }
-    method->handler(call, call->req, call->req_len, method->arg);
+    /* Only now is the message read (methods are registered without a
+     * payload): a caller that fails the checks above makes this server read
+     * at most what HTTP/2 flow control lets it send, not a whole message
+     * of up to max_message_bytes.  The handler runs in duet__on_recv. */
+    duet__rpc_call_recv(call);
+}
+
+static void duet__on_recv(duet_rpc_call_t *call, bool success)
+{
+    const duet__rpc_method_t *method = call->method;
+
+    if (duet__rpc_call_on_recv(call, success))
+        method->handler(call, call->req, call->req_len, method->arg);
 }
 
 static void *duet__cq_thread_main(void *p)
@@ -229,6 +234,10 @@ static void *duet__cq_thread_main(void *p)
         case DUET__RPC_TAG_CALL_CLOSE:
             duet__rpc_call_on_close(
                 (duet_rpc_call_t *)((char *)tag - offsetof(duet_rpc_call_t, close_tag)));
+            break;
+        case DUET__RPC_TAG_CALL_RECV:
+            duet__on_recv((duet_rpc_call_t *)((char *)tag - offsetof(duet_rpc_call_t, recv_tag)),
+                          ev.success != 0);
             break;
         case DUET__RPC_TAG_CALL_SEND:
             duet__rpc_call_on_send(
@@ -282,8 +291,6 @@ static void duet__server_free(duet_rpc_server_t *srv)
         duet__request_slot_t *slot = &srv->slots[i];
         grpc_metadata_array_destroy(&slot->md);
         grpc_call_details_destroy(&slot->details);
-        if (slot->payload)
-            grpc_byte_buffer_destroy(slot->payload);
     }
     duet_free(srv->slots);
     for (size_t i = 0; i < srv->n_methods; i++)
@@ -299,7 +306,7 @@ static void duet__server_free(duet_rpc_server_t *srv)
 duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_rpc_server_t **srv_p)
 {
     duet_rpc_server_t *srv;
-    grpc_arg args[7];
+    grpc_arg args[10];
     grpc_channel_args chargs;
 
     if (!cfg->bind_addr || !*cfg->bind_addr)
@@ -312,6 +319,9 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
                           cfg->max_message_bytes);
     if (cfg->stream_queue_limit < 1)
         return duet_error(DUET_ERR_INVALID, "rpc: stream queue limit must be at least 1");
+    if (cfg->handshake_timeout_ms < 1 || cfg->max_connection_idle_ms < 1 || cfg->max_streams < 1)
+        return duet_error(DUET_ERR_INVALID, "rpc: handshake timeout, idle time and streams per "
+                                            "connection must be at least 1");
 
     srv = DUET_NEW(duet_rpc_server_t);
     if (!srv)
@@ -338,6 +348,14 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
     args[4] = duet__rpc_int_arg(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
     args[5] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
     args[6] = duet__rpc_int_arg(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    /* Connections that hold a descriptor and do nothing: one that has not
+     * finished its TLS and HTTP/2 handshakes by then (default 120 s), one
+     * without a call for max_connection_idle_ms (default: forever).  A
+     * client with calls or the health checks of router and decode (every
+     * health_interval_ms) never idles that long. */
+    args[7] = duet__rpc_int_arg(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, cfg->handshake_timeout_ms);
+    args[8] = duet__rpc_int_arg(GRPC_ARG_MAX_CONNECTION_IDLE_MS, cfg->max_connection_idle_ms);
+    args[9] = duet__rpc_int_arg(GRPC_ARG_MAX_CONCURRENT_STREAMS, cfg->max_streams);
     chargs.num_args = sizeof(args) / sizeof(args[0]);
     chargs.args = args;
     srv->server = grpc_server_create(&chargs, NULL);
@@ -386,8 +404,8 @@ duet_status_t duet_rpc_server_add_method(duet_rpc_server_t *srv, const char *pat
     m->kind = kind;
     m->handler = handler;
     m->arg = arg;
-    m->handle = grpc_server_register_method(srv->server, m->path, NULL,
-                                            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    /* the message is asked for after the call's checks (duet__on_request) */
+    m->handle = grpc_server_register_method(srv->server, m->path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
     if (!m->handle) {
         duet_free(m->path);
         return duet_error(DUET_ERR_INVALID, "rpc: gRPC refused method %s", path);

@@ -1,211 +1,181 @@
-/* SHA-256 and HMAC-SHA256, written from FIPS 180-4 §6.2 and RFC 2104
- * (common/sha256.h). */
+/* SHA-256, HMAC-SHA256 and the compares on libcrypto (common/sha256.h). */
 #include "common/sha256.h"
 
-#include "common/sha256_block.h"
-
+#include <pthread.h>
 #include <string.h>
 
-/* FIPS 180-4 §4.2.2: the first 32 bits of the fractional parts of the cube
- * roots of the first 64 primes */
-const uint32_t duet__sha256_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-};
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 
-static inline uint32_t duet__ror(uint32_t x, int n)
+/* Fetched once: an implicit fetch on every init (EVP_sha256()) costs a
+ * lock and a lookup in OpenSSL 3, more than hashing one KV page. */
+static pthread_once_t duet__crypto_once = PTHREAD_ONCE_INIT;
+static EVP_MD *duet__sha256_md;
+static EVP_MAC *duet__hmac;
+
+static void duet__crypto_fetch(void)
 {
-    return (x >> n) | (x << (32 - n));
+    duet__sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    duet__hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
 }
 
-/* One round of §6.2.2 step 3 with the working variables renamed instead of
- * moved: the caller passes them rotated by one each round, so d and h are
- * the only ones written. */
-#define DUET__ROUND(a, b, c, d, e, f, g, h, t)                                                    \
-    do {                                                                                          \
-        uint32_t t1 = h + (duet__ror(e, 6) ^ duet__ror(e, 11) ^ duet__ror(e, 25)) +                \
-                      ((e & f) ^ (~e & g)) + duet__sha256_k[t] + w[t];                                   \
-        uint32_t t2 = (duet__ror(a, 2) ^ duet__ror(a, 13) ^ duet__ror(a, 22)) +                   \
-                      ((a & b) ^ (a & c) ^ (b & c));                                              \
-        d += t1;                                                                                  \
-        h = t1 + t2;                                                                              \
-    } while (0)
-
-void duet__sha256_block_portable(uint32_t hs[8], const uint8_t *p)
+static const EVP_MD *duet__md(void)
 {
-    uint32_t w[64];
-    uint32_t a = hs[0], b = hs[1], c = hs[2], d = hs[3], e = hs[4], f = hs[5], g = hs[6],
-             h = hs[7];
+    pthread_once(&duet__crypto_once, duet__crypto_fetch);
+    return duet__sha256_md;
+}
 
-    for (int t = 0; t < 16; t++)
-        w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 |
-               (uint32_t)p[4 * t + 2] << 8 | (uint32_t)p[4 * t + 3];
-    for (int t = 16; t < 64; t++) {
-        uint32_t s0 = duet__ror(w[t - 15], 7) ^ duet__ror(w[t - 15], 18) ^ (w[t - 15] >> 3);
-        uint32_t s1 = duet__ror(w[t - 2], 17) ^ duet__ror(w[t - 2], 19) ^ (w[t - 2] >> 10);
-        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+static EVP_MAC *duet__mac(void)
+{
+    pthread_once(&duet__crypto_once, duet__crypto_fetch);
+    return duet__hmac;
+}
+
+duet_status_t duet_sha256_init(duet_sha256_t *s)
+{
+    const EVP_MD *md = duet__md();
+
+    s->failed = false;
+    s->ctx = md != NULL ? EVP_MD_CTX_new() : NULL;
+    if (s->ctx == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "sha256: libcrypto has no %s",
+                          md != NULL ? "memory" : "SHA-256");
+    if (EVP_DigestInit_ex2(s->ctx, md, NULL) != 1) {
+        EVP_MD_CTX_free(s->ctx);
+        s->ctx = NULL;
+        return duet_error(DUET_ERR_INTERNAL, "sha256: EVP_DigestInit_ex2 failed");
     }
-    for (int t = 0; t < 64; t += 8) {
-        DUET__ROUND(a, b, c, d, e, f, g, h, t);
-        DUET__ROUND(h, a, b, c, d, e, f, g, t + 1);
-        DUET__ROUND(g, h, a, b, c, d, e, f, t + 2);
-        DUET__ROUND(f, g, h, a, b, c, d, e, t + 3);
-        DUET__ROUND(e, f, g, h, a, b, c, d, t + 4);
-        DUET__ROUND(d, e, f, g, h, a, b, c, t + 5);
-        DUET__ROUND(c, d, e, f, g, h, a, b, t + 6);
-        DUET__ROUND(b, c, d, e, f, g, h, a, t + 7);
-    }
-    hs[0] += a;
-    hs[1] += b;
-    hs[2] += c;
-    hs[3] += d;
-    hs[4] += e;
-    hs[5] += f;
-    hs[6] += g;
-    hs[7] += h;
-    /* the message schedule holds key material under HMAC (the working
-     * variables live in registers, as in other implementations) */
-    duet_wipe(w, sizeof(w));
-}
-
-static void duet__block(uint32_t h[8], const uint8_t *p)
-{
-    /* the CPU's answer is cached after the first call (sha256_x86.c) */
-    if (duet__sha256_x86_ok())
-        duet__sha256_block_x86(h, p);
-    else
-        duet__sha256_block_portable(h, p);
-}
-
-void duet_sha256_init(duet_sha256_t *s)
-{
-    /* §5.3.3: the first 32 bits of the fractional parts of the square
-     * roots of the first 8 primes */
-    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(s->h, h0, sizeof(h0));
-    s->n_bytes = 0;
-    s->n_buf = 0;
+    return DUET_OK;
 }
 
 void duet_sha256_update(duet_sha256_t *s, const void *data, size_t len)
 {
-    const uint8_t *p = data;
-
-    s->n_bytes += len;
-    if (s->n_buf > 0) {
-        size_t take = DUET_SHA256_BLOCK - s->n_buf;
-        if (take > len)
-            take = len;
-        memcpy(s->buf + s->n_buf, p, take);
-        s->n_buf += take;
-        p += take;
-        len -= take;
-        if (s->n_buf < DUET_SHA256_BLOCK)
-            return;
-        duet__block(s->h, s->buf);
-        s->n_buf = 0;
-    }
-    for (; len >= DUET_SHA256_BLOCK; p += DUET_SHA256_BLOCK, len -= DUET_SHA256_BLOCK)
-        duet__block(s->h, p);
-    memcpy(s->buf, p, len);
-    s->n_buf = len;
+    if (!s->failed && len > 0 && EVP_DigestUpdate(s->ctx, data, len) != 1)
+        s->failed = true;
 }
 
-void duet_sha256_final(duet_sha256_t *s, uint8_t out[DUET_SHA256_LEN])
+duet_status_t duet_sha256_final(duet_sha256_t *s, uint8_t out[DUET_SHA256_LEN])
 {
-    uint64_t bits = s->n_bytes * 8;
-    uint8_t pad[DUET_SHA256_BLOCK + 8] = {0x80};
-    /* §5.1.1: a one bit, zeros to 56 mod 64 bytes, the length in bits */
-    size_t n_pad = (s->n_buf < 56 ? 56 : 120) - s->n_buf;
+    unsigned int n = 0;
+    bool ok = !s->failed && EVP_DigestFinal_ex(s->ctx, out, &n) == 1 && n == DUET_SHA256_LEN;
 
-    for (int i = 0; i < 8; i++)
-        pad[n_pad + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
-    duet_sha256_update(s, pad, n_pad + 8);
-    for (int i = 0; i < 8; i++) {
-        out[4 * i] = (uint8_t)(s->h[i] >> 24);
-        out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
-        out[4 * i + 2] = (uint8_t)(s->h[i] >> 8);
-        out[4 * i + 3] = (uint8_t)s->h[i];
+    EVP_MD_CTX_free(s->ctx);
+    s->ctx = NULL;
+    if (!ok) {
+        memset(out, 0, DUET_SHA256_LEN);
+        return duet_error(DUET_ERR_INTERNAL, "sha256: libcrypto failed");
     }
-    duet_wipe(s, sizeof(*s));
+    return DUET_OK;
 }
 
-void duet_sha256(const void *data, size_t len, uint8_t out[DUET_SHA256_LEN])
+duet_status_t duet_sha256_restart(duet_sha256_t *s, uint8_t out[DUET_SHA256_LEN])
+{
+    unsigned int n = 0;
+    bool ok = !s->failed && EVP_DigestFinal_ex(s->ctx, out, &n) == 1 && n == DUET_SHA256_LEN;
+
+    s->failed = EVP_DigestInit_ex2(s->ctx, duet__md(), NULL) != 1;
+    if (!ok) {
+        memset(out, 0, DUET_SHA256_LEN);
+        return duet_error(DUET_ERR_INTERNAL, "sha256: libcrypto failed");
+    }
+    return DUET_OK;
+}
+
+void duet_sha256_cleanup(duet_sha256_t *s)
+{
+    EVP_MD_CTX_free(s->ctx);
+    s->ctx = NULL;
+}
+
+duet_status_t duet_sha256(const void *data, size_t len, uint8_t out[DUET_SHA256_LEN])
 {
     duet_sha256_t s;
-    duet_sha256_init(&s);
+    duet_status_t st = duet_sha256_init(&s);
+    if (st != DUET_OK) {
+        memset(out, 0, DUET_SHA256_LEN);
+        return st;
+    }
     duet_sha256_update(&s, data, len);
-    duet_sha256_final(&s, out);
+    return duet_sha256_final(&s, out);
 }
 
-void duet_hmac_sha256_init(duet_hmac_sha256_t *h, const void *key, size_t key_len)
+duet_status_t duet_hmac_sha256_init(duet_hmac_sha256_t *h, const void *key, size_t key_len)
 {
-    uint8_t k[DUET_SHA256_BLOCK] = {0}, ipad[DUET_SHA256_BLOCK];
+    EVP_MAC *mac = duet__mac();
+    static const unsigned char empty[1] = {0};
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_end(),
+    };
 
-    /* a key longer than a block is hashed first */
-    if (key_len > DUET_SHA256_BLOCK)
-        duet_sha256(key, key_len, k);
-    else if (key_len > 0)
-        memcpy(k, key, key_len);
-    for (int i = 0; i < DUET_SHA256_BLOCK; i++) {
-        ipad[i] = k[i] ^ 0x36;
-        h->opad_key[i] = k[i] ^ 0x5c;
+    h->failed = false;
+    h->ctx = mac != NULL ? EVP_MAC_CTX_new(mac) : NULL;
+    if (h->ctx == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "hmac-sha256: libcrypto has no %s",
+                          mac != NULL ? "memory" : "HMAC");
+    /* an empty key is a valid HMAC key (RFC 2104); OpenSSL wants a
+     * non-NULL pointer for it */
+    if (EVP_MAC_init(h->ctx, key_len > 0 ? key : empty, key_len, params) != 1) {
+        EVP_MAC_CTX_free(h->ctx);
+        h->ctx = NULL;
+        return duet_error(DUET_ERR_INTERNAL, "hmac-sha256: EVP_MAC_init failed");
     }
-    duet_sha256_init(&h->inner);
-    duet_sha256_update(&h->inner, ipad, sizeof(ipad));
-    duet_wipe(k, sizeof(k));
-    duet_wipe(ipad, sizeof(ipad));
+    return DUET_OK;
 }
 
 void duet_hmac_sha256_update(duet_hmac_sha256_t *h, const void *data, size_t len)
 {
-    duet_sha256_update(&h->inner, data, len);
+    if (!h->failed && len > 0 && EVP_MAC_update(h->ctx, data, len) != 1)
+        h->failed = true;
 }
 
-void duet_hmac_sha256_final(duet_hmac_sha256_t *h, uint8_t out[DUET_SHA256_LEN])
+duet_status_t duet_hmac_sha256_final(duet_hmac_sha256_t *h, uint8_t out[DUET_SHA256_LEN])
 {
-    uint8_t inner[DUET_SHA256_LEN];
-    duet_sha256_t outer;
+    size_t n = 0;
+    bool ok =
+        !h->failed && EVP_MAC_final(h->ctx, out, &n, DUET_SHA256_LEN) == 1 && n == DUET_SHA256_LEN;
 
-    duet_sha256_final(&h->inner, inner);
-    duet_sha256_init(&outer);
-    duet_sha256_update(&outer, h->opad_key, sizeof(h->opad_key));
-    duet_sha256_update(&outer, inner, sizeof(inner));
-    duet_sha256_final(&outer, out);
-    duet_wipe(inner, sizeof(inner));
-    duet_wipe(h, sizeof(*h));
+    EVP_MAC_CTX_free(h->ctx); /* cleanses the keyed state */
+    h->ctx = NULL;
+    if (!ok) {
+        memset(out, 0, DUET_SHA256_LEN);
+        return duet_error(DUET_ERR_INTERNAL, "hmac-sha256: libcrypto failed");
+    }
+    return DUET_OK;
 }
 
-void duet_hmac_sha256(const void *key, size_t key_len, const void *data, size_t len,
-                      uint8_t out[DUET_SHA256_LEN])
+duet_status_t duet_hmac_sha256(const void *key, size_t key_len, const void *data, size_t len,
+                               uint8_t out[DUET_SHA256_LEN])
 {
     duet_hmac_sha256_t h;
-    duet_hmac_sha256_init(&h, key, key_len);
+    duet_status_t st = duet_hmac_sha256_init(&h, key, key_len);
+    if (st != DUET_OK) {
+        memset(out, 0, DUET_SHA256_LEN);
+        return st;
+    }
     duet_hmac_sha256_update(&h, data, len);
-    duet_hmac_sha256_final(&h, out);
+    return duet_hmac_sha256_final(&h, out);
 }
 
 bool duet_ct_equal(const void *a, const void *b, size_t len)
 {
-    const volatile uint8_t *x = a, *y = b;
-    uint8_t diff = 0;
-    for (size_t i = 0; i < len; i++)
-        diff |= (uint8_t)(x[i] ^ y[i]);
-    return diff == 0;
+    return len == 0 || CRYPTO_memcmp(a, b, len) == 0;
+}
+
+bool duet_ct_equal_secret(const void *expected, size_t expected_len, const void *got,
+                          size_t got_len)
+{
+    bool same_len = got != NULL && got_len == expected_len;
+    /* the same work whatever got holds: compare expected with itself when
+     * the lengths differ */
+    int diff =
+        expected_len > 0 ? CRYPTO_memcmp(expected, same_len ? got : expected, expected_len) : 0;
+    return same_len && diff == 0;
 }
 
 void duet_wipe(void *p, size_t len)
 {
-    memset(p, 0, len);
-    /* the compiler must assume the asm reads the zeros: the memset stays
-     * (a volatile byte loop did the same at a byte per store, which was
-     * half of hashing a page) */
-    __asm__ __volatile__("" : : "r"(p) : "memory");
+    OPENSSL_cleanse(p, len);
 }

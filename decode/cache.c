@@ -53,7 +53,11 @@ void duet_dc_cache_keep_generated(duet_decode_t *dc, duet_dc_req_t *req)
     }
     for (int t = first * ps; t < last * ps; t++)
         tokens[t - first * ps] = t < req->n_prompt ? req->prompt[t] : req->out[t - req->n_prompt];
-    duet_kv_page_hash_chain_from(parent, tokens, last - first, ps, hashes);
+    if (duet_kv_page_hash_chain_from(parent, tokens, last - first, ps, hashes) != DUET_OK) {
+        DUET_LOG_DEBUG("decode: %s: hashing its generated pages failed: %s", req->request_id,
+                       duet_error_msg());
+        goto out_free;
+    }
     int added = duet_kv_pool_cache_insert(dc->node.pages, hashes, req->pages + first, last - first);
     DUET_LOG_DEBUG("decode: %s: %d of %d generated pages to the prefix cache", req->request_id,
                    added, last - first);

@@ -320,7 +320,8 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
         .stage0 = pr.dst_stage_page,
         .expiry_ms = duet_node_deadline_grant_expiry(c),
     };
-    duet_node_grant_sign(link->base.grant_key, &g, grant);
+    if ((st = duet_node_grant_sign(link->base.grant_key, &g, grant)) != DUET_OK)
+        return duet_error_wrap(st, "prefill %s: signing the grant: ", link->base.key);
     pr.grant = (ProtobufCBinaryData){sizeof(grant), grant};
     pr.grant_expiry_ms = g.expiry_ms;
     ca = DUET_NEW(duet__call_arg_t);

@@ -6,13 +6,16 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
+#include "common/random.h"
 #include "common/sha256.h"
 #include "kv/pool_internal.h"
 
-void duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
-                             duet_kv_page_hash_t *hashes)
+duet_status_t duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
+                                      duet_kv_page_hash_t *hashes)
 {
-    duet_kv_page_hash_chain_from((duet_kv_page_hash_t){0, 0}, tokens, n_pages, page_size, hashes);
+    return duet_kv_page_hash_chain_from((duet_kv_page_hash_t){0, 0}, tokens, n_pages, page_size,
+                                        hashes);
 }
 
 static duet_kv_page_hash_t duet__digest_hash(const uint8_t digest[DUET_SHA256_LEN])
@@ -25,14 +28,34 @@ static duet_kv_page_hash_t duet__digest_hash(const uint8_t digest[DUET_SHA256_LE
     return h;
 }
 
-void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens, int n_pages,
-                                  int page_size, duet_kv_page_hash_t *hashes)
+/* ids that no page has: random (libcrypto's CSPRNG, and failing that the
+ * ids' own address and the clock) */
+static void duet__hash_unmatchable(duet_kv_page_hash_t *hashes, int n)
 {
+    if (n <= 0 || duet_random_bytes(hashes, (size_t)n * sizeof(*hashes)) == DUET_OK)
+        return;
+    for (int i = 0; i < n; i++) {
+        hashes[i].lo = (uint64_t)(uintptr_t)&hashes[i] ^ (uint64_t)duet_now_ns();
+        hashes[i].hi = ~(uint64_t)i ^ (uint64_t)duet_now_ns() << 17;
+    }
+}
+
+duet_status_t duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens,
+                                           int n_pages, int page_size, duet_kv_page_hash_t *hashes)
+{
+    duet_sha256_t s;
+    duet_status_t st;
+
+    if (n_pages <= 0)
+        return DUET_OK;
+    if ((st = duet_sha256_init(&s)) != DUET_OK) {
+        duet__hash_unmatchable(hashes, n_pages);
+        return st;
+    }
     /* per page: SHA-256 of the parent's 16 bytes, then the page's tokens as
      * 32-bit little endian; the bytes go to the hash a buffer at a time
      * (one update per page up to 60 tokens: the cost is the blocks) */
     for (int i = 0; i < n_pages; i++) {
-        duet_sha256_t s;
         uint8_t buf[256], digest[DUET_SHA256_LEN];
         const int32_t *tok = tokens + (size_t)i * (size_t)page_size;
         size_t n = 16;
@@ -40,7 +63,6 @@ void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tok
             buf[b] = (uint8_t)(parent.lo >> (8 * b));
             buf[8 + b] = (uint8_t)(parent.hi >> (8 * b));
         }
-        duet_sha256_init(&s);
         for (int t = 0; t < page_size; t++) {
             for (int b = 0; b < 4; b++)
                 buf[n + (size_t)b] = (uint8_t)((uint32_t)tok[t] >> (8 * b));
@@ -50,9 +72,16 @@ void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tok
             }
         }
         duet_sha256_update(&s, buf, n);
-        duet_sha256_final(&s, digest);
+        if ((st = duet_sha256_restart(&s, digest)) != DUET_OK) {
+            /* a caller that goes on caches these pages under ids that
+             * match no prompt */
+            duet__hash_unmatchable(hashes + i, n_pages - i);
+            break;
+        }
         hashes[i] = parent = duet__digest_hash(digest);
     }
+    duet_sha256_cleanup(&s);
+    return st;
 }
 
 int duet_kv_prefix_lookup_pages(int n_tokens, int page_size)

@@ -31,15 +31,18 @@ typedef struct {
 
 /* The ids of the first n_pages full pages of tokens (page_size tokens each;
  * the caller has at least n_pages * page_size tokens): hashes[i] covers
- * tokens [0, (i + 1) * page_size).  Pure. */
-void duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
-                             duet_kv_page_hash_t *hashes);
+ * tokens [0, (i + 1) * page_size).  Thread-safe.  An error only when
+ * libcrypto fails (no memory): the ids not computed are then random, so
+ * that a caller that caches the pages anyway never matches them. */
+duet_status_t duet_kv_page_hash_chain(const int32_t *tokens, int n_pages, int page_size,
+                                      duet_kv_page_hash_t *hashes);
 
 /* The same continued after a page whose id is parent: hashes[i] is the id
  * of the page holding tokens[i * page_size, (i + 1) * page_size) when that
- * page follows the parent's ({0, 0}: from the first page on).  Pure. */
-void duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens, int n_pages,
-                                  int page_size, duet_kv_page_hash_t *hashes);
+ * page follows the parent's ({0, 0}: from the first page on).  As above on
+ * error. */
+duet_status_t duet_kv_page_hash_chain_from(duet_kv_page_hash_t parent, const int32_t *tokens,
+                                           int n_pages, int page_size, duet_kv_page_hash_t *hashes);
 
 /* Pages of a prompt of n_tokens tokens that a lookup may reuse: full pages
  * that leave at least the last token to compute (its logits give the first

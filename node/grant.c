@@ -20,14 +20,18 @@ static void duet__grant_put_u32(duet_hmac_sha256_t *h, uint32_t v)
 
 /* The signed encoding: a version tag, then every field at a fixed width or
  * length-prefixed, so no two grants encode alike. */
-void duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN], const duet_node_grant_t *g,
-                          uint8_t mac[DUET_NODE_GRANT_LEN])
+duet_status_t duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
+                                   const duet_node_grant_t *g, uint8_t mac[DUET_NODE_GRANT_LEN])
 {
     static const char tag[] = "duet page grant v1";
     size_t id_len = g->decode_id != NULL ? strlen(g->decode_id) : 0;
     duet_hmac_sha256_t h;
+    duet_status_t st = duet_hmac_sha256_init(&h, key, DUET_NODE_GRANT_KEY_LEN);
 
-    duet_hmac_sha256_init(&h, key, DUET_NODE_GRANT_KEY_LEN);
+    if (st != DUET_OK) {
+        memset(mac, 0, DUET_NODE_GRANT_LEN);
+        return st;
+    }
     duet_hmac_sha256_update(&h, tag, sizeof(tag));
     duet__grant_put_u64(&h, g->transfer_id);
     duet__grant_put_u32(&h, (uint32_t)id_len);
@@ -38,7 +42,7 @@ void duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN], const duet
     duet__grant_put_u64(&h, (uint64_t)g->n_pages);
     for (size_t i = 0; i < g->n_pages; i++)
         duet__grant_put_u32(&h, (uint32_t)g->pages[i]);
-    duet_hmac_sha256_final(&h, mac);
+    return duet_hmac_sha256_final(&h, mac);
 }
 
 duet_status_t duet_node_grant_verify(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
@@ -46,6 +50,7 @@ duet_status_t duet_node_grant_verify(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
                                      uint64_t now_ms)
 {
     uint8_t want[DUET_NODE_GRANT_LEN];
+    duet_status_t st;
     bool ok;
 
     if (len == 0)
@@ -57,7 +62,9 @@ duet_status_t duet_node_grant_verify(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
     if (now_ms > g->expiry_ms && now_ms - g->expiry_ms > DUET_NODE_GRANT_SKEW_MS)
         return duet_error(DUET_ERR_INVALID, "page grant expired %llu ms ago",
                           (unsigned long long)(now_ms - g->expiry_ms));
-    duet_node_grant_sign(key, g, want);
+    /* a MAC that could not be computed matches nothing */
+    if ((st = duet_node_grant_sign(key, g, want)) != DUET_OK)
+        return duet_error_wrap(st, "page grant not checked: ");
     ok = duet_ct_equal(want, mac, DUET_NODE_GRANT_LEN);
     duet_wipe(want, sizeof(want));
     if (!ok)

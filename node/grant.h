@@ -40,9 +40,10 @@ typedef struct {
     uint64_t expiry_ms; /* wall clock, ms since the epoch */
 } duet_node_grant_t;
 
-/* The MAC of g under key. */
-void duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN], const duet_node_grant_t *g,
-                          uint8_t mac[DUET_NODE_GRANT_LEN]);
+/* The MAC of g under key.  An error only when libcrypto fails (no
+ * memory): mac is then zeros, which no verify accepts. */
+duet_status_t duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
+                                   const duet_node_grant_t *g, uint8_t mac[DUET_NODE_GRANT_LEN]);
 
 /* Check mac (len bytes, as received) for g under key at wall-clock time
  * now_ms.  DUET_OK, or DUET_ERR_INVALID with a message naming why: no

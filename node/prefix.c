@@ -2,6 +2,7 @@
 #include "node/prefix.h"
 
 #include "common/alloc.h"
+#include "common/log.h"
 
 duet_status_t duet_node_prefix_take(duet_node_t *node, const int32_t *prompt, int n_prompt,
                                     bool lookup, duet_kv_page_hash_t **hashes_p, int32_t *pages,
@@ -18,8 +19,17 @@ duet_status_t duet_node_prefix_take(duet_node_t *node, const int32_t *prompt, in
             *hashes_p = DUET_NEW_ARRAY(duet_kv_page_hash_t, (size_t)n_ins);
             if (*hashes_p == NULL)
                 return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", node->role);
-            duet_kv_page_hash_chain(prompt, n_ins, ps, *hashes_p);
+            /* without ids (libcrypto out of memory) the request runs
+             * uncached: no lookup, nothing kept */
+            if (duet_kv_page_hash_chain(prompt, n_ins, ps, *hashes_p) != DUET_OK) {
+                DUET_LOG_WARN("%s: no prefix cache for this request: %s", node->role,
+                              duet_error_msg());
+                duet_free(*hashes_p);
+                *hashes_p = NULL;
+            }
         }
+    }
+    if (*hashes_p != NULL && duet_kv_pool_cache_enabled(node->pages) && n_ins > 0 && lookup) {
         n_hit = duet_kv_pool_cache_match(
             node->pages, *hashes_p, duet_kv_prefix_lookup_pages(n_prompt, ps), n_prompt, ps, pages);
     }

@@ -12,7 +12,8 @@ packages=(
   libucx-dev ucx-utils
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler protobuf-compiler-grpc
-  libmicrohttpd-dev libssl-dev openssl
+  libmicrohttpd-dev openssl
+  libssl-dev  # OpenSSL 3 libcrypto: SHA-256, HMAC, RAND_bytes (common/sha256.h, random.h)
   python3 python3-numpy python3-grpcio python3-protobuf
   curl libnss-wrapper
   libcurl4-openssl-dev gnuplot-nox

@@ -57,6 +57,8 @@ enum MHD_Result duet__http_respond(duet__hreq_t *r, unsigned status, const char 
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->close_after)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 405)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
                                 r->route == DUET_ROUTER_ROUTE_COMPLETIONS ||
@@ -357,7 +359,8 @@ static duet__hreq_t *duet__hreq_new(duet_router_http_t *http, struct MHD_Connect
 }
 
 /* First call for a request: route, method, auth, declared body size. */
-static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const char *method)
+static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const char *method,
+                                        const char *version)
 {
     duet_router_t *rt = r->http->rt;
     duet_router_oai_error_t err;
@@ -366,7 +369,7 @@ static enum MHD_Result duet__hreq_begin(duet__hreq_t *r, const char *url, const 
     bool want_get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     enum MHD_Result framing_ret;
 
-    if (duet__http_framing_bad(r, &framing_ret))
+    if (duet__http_framing_bad(r, method, version, &framing_ret))
         return framing_ret;
     if (r->route == DUET_ROUTER_ROUTE_OTHER) {
         duet_router_oai_fail(&err, 404, NULL, "not_found", "no route %s %s", method, url);
@@ -420,13 +423,16 @@ static enum MHD_Result duet__access(void *cls, struct MHD_Connection *conn, cons
     duet__hreq_t *r = *con_cls;
     duet_router_oai_error_t err;
 
-    (void)version;
     if (r == NULL) {
         if ((r = duet__hreq_new(http, conn)) == NULL)
             return MHD_NO;
         *con_cls = r;
+        /* the header is complete: from here on the long timeout (the
+         * completed callback restores the header timeout) */
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)DUET__HTTP_REQUEST_TIMEOUT_S);
         r->route = duet__route(url);
-        return duet__hreq_begin(r, url, method);
+        return duet__hreq_begin(r, url, method, version);
     }
     if (r->responded)
         return MHD_YES; /* discarding the rest of an upload we already answered */
@@ -456,7 +462,11 @@ static void duet__completed(void *cls, struct MHD_Connection *conn, void **con_c
     duet_router_http_t *http = cls;
     duet__hreq_t *r = *con_cls;
 
-    (void)conn;
+    /* a keep-alive connection waits for its next request header under the
+     * header timeout again (COMPLETED_OK: the connection is MHD's and in
+     * its timeout lists; not on shutdown or error paths) */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, http->header_timeout_s);
     if (r == NULL)
         return;
     *con_cls = NULL;
@@ -559,6 +569,16 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
     socklen_t sl;
     duet_status_t st;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
+#if MHD_VERSION >= 0x00097700
+    /* RFC 9112 as strictly as libmicrohttpd goes (bare LF, obs-fold,
+     * whitespace before a colon, no Host); http_strict.c adds the rest */
+    const int strict_opt = MHD_OPTION_CLIENT_DISCIPLINE_LVL, strict_lvl = 2;
+#else
+    /* 1: HTTP/1.1 without Host and spaces in the URI are 400 (0.9.75's
+     * -1 would refuse whitespace before a colon instead: http_strict.c
+     * does that) */
+    const int strict_opt = MHD_OPTION_STRICT_FOR_CLIENT, strict_lvl = 1;
+#endif
 
     if (http == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "router: no memory");
@@ -573,6 +593,12 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
     }
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    duet__http_limits_t lim;
+    if ((st = duet__http_limits_get(&rt->cfg->router, &lim)) != DUET_OK) {
+        duet_router_http_destroy(http);
+        return st;
+    }
+    http->header_timeout_s = lim.header_timeout_s;
     /* router.https_cert/https_key (router.c checked them) */
     struct MHD_OptionItem tls[] = {{MHD_OPTION_HTTPS_MEM_KEY, 0, rt->https_key_pem},
                                    {MHD_OPTION_HTTPS_MEM_CERT, 0, rt->https_cert_pem},
@@ -583,15 +609,19 @@ duet_status_t duet_router_http_start(duet_router_t *rt, const char *addr, int th
         flags, 0, NULL, NULL, duet__access, http, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(threads > 0 ? threads : 2),
         MHD_OPTION_NOTIFY_COMPLETED, duet__completed, http, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)1024, MHD_OPTION_ARRAY, rt->https_cert_pem != NULL ? tls : &tls[2],
-        MHD_OPTION_END);
+        lim.header_timeout_s, MHD_OPTION_CONNECTION_LIMIT, lim.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, lim.per_client, strict_opt, strict_lvl,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_ARRAY,
+        rt->https_cert_pem != NULL ? tls : &tls[2], MHD_OPTION_END);
     if (http->daemon == NULL) {
         duet_router_http_destroy(http);
         return duet_error(DUET_ERR_IO, "router.http: cannot listen on %s (in use?)", addr);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
     http->port = di ? di->port : 0;
+    DUET_LOG_INFO("router.http: at most %u connections, %u per client address, header timeout "
+                  "%u s (RLIMIT_NOFILE %llu)",
+                  lim.max_connections, lim.per_client, lim.header_timeout_s, lim.nofile);
     (void)sl;
     *http_p = http;
     return DUET_OK;

@@ -151,6 +151,8 @@ static enum MHD_Result duet__respond_sse(duet__hreq_t *r)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     MHD_add_response_header(resp, "X-Request-Id", r->id);
+    if (r->close_after)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     pthread_mutex_lock(&r->lock);
     r->sse = true;
     r->last_write_ns = duet_now_ns();

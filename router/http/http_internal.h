@@ -58,9 +58,10 @@ struct duet_router_http {
     struct MHD_Daemon *daemon;
     int port;
     int64_t keepalive_ns;
-    atomic_bool stopping; /* no new suspends */
-    atomic_bool stopped;  /* MHD is gone: no MHD calls */
-    pthread_mutex_t lock; /* the list */
+    unsigned header_timeout_s; /* MHD's timeout until a request header is complete */
+    atomic_bool stopping;      /* no new suspends */
+    atomic_bool stopped;       /* MHD is gone: no MHD calls */
+    pthread_mutex_t lock;      /* the list */
     duet__hreq_t *reqs;
     size_t n_reqs;
 };
@@ -74,6 +75,7 @@ struct duet__hreq {
 
     /* MHD */
     duet_router_buf_t body;
+    bool close_after; /* chunked upload: Connection: close on the answer */
     bool too_large;
     bool submitted;
     bool responded;
@@ -122,10 +124,38 @@ void duet__http_hreq_suspend_locked(duet__hreq_t *r);
 /* Resume when suspended (any thread, lock held). */
 void duet__http_hreq_resume_locked(duet__hreq_t *r);
 
-/* http_limits.c: refuse ambiguous framing (differing Content-Length
- * headers, Content-Length with Transfer-Encoding) with a 400 that closes
- * the connection; true when answered (*ret_p: the result to return). */
-bool duet__http_framing_bad(duet__hreq_t *r, enum MHD_Result *ret_p);
+/* http_limits.c: the connection limits of router.http (docs/security.md
+ * "Connection limits"). */
+typedef struct {
+    unsigned max_connections;
+    unsigned per_client;
+    unsigned header_timeout_s;
+    unsigned long long nofile; /* RLIMIT_NOFILE (soft) they were derived from */
+} duet__http_limits_t;
+
+/* Raise the soft RLIMIT_NOFILE to the hard one (at most 2^20) and derive
+ * the limits from rc: 0 = auto.  DUET_ERR_CONFIG naming the key when
+ * http_max_connections does not fit below the descriptor limit or the
+ * per-client cap is above it. */
+duet_status_t duet__http_limits_get(const duet_router_config_t *rc, duet__http_limits_t *out_p);
+
+/* Time a connection out after this long without activity once its
+ * request header is complete (uploads, slow readers; as before issue
+ * 25): the header timeout applies before and between requests. */
+#define DUET__HTTP_REQUEST_TIMEOUT_S 300
+
+/* http_limits.c: refuse a header section RFC 9112 does not allow and
+ * ambiguous framing (two Host, differing Content-Length headers,
+ * Content-Length with Transfer-Encoding, a Transfer-Encoding other than
+ * chunked) with a 400 that closes the connection; true when answered
+ * (*ret_p: the result to return).  method and version: as MHD passed them
+ * to the access handler (pointers into its read buffer). */
+bool duet__http_framing_bad(duet__hreq_t *r, const char *method, const char *version,
+                            enum MHD_Result *ret_p);
+/* http_strict.c: what in the header section RFC 9112 forbids (bare LF,
+ * obs-fold, whitespace before a colon, a name that is not a token, a
+ * control byte or NUL in a value), or NULL.  First access call only. */
+const char *duet__http_strict_why(duet__hreq_t *r, const char *method, const char *version);
 /* http_limits.c: the upload passed router.max_body_bytes: 413 now, close. */
 enum MHD_Result duet__http_upload_too_large(duet__hreq_t *r);
 

@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/random.h"
+#include "common/sha256.h"
 
 duet_status_t duet_router_new_id(duet_router_t *rt, const char *prefix, char *buf, size_t cap)
 {
@@ -25,8 +26,6 @@ duet_status_t duet_router_new_id(duet_router_t *rt, const char *prefix, char *bu
 bool duet_router_auth_ok(const duet_router_t *rt, const char *header, size_t len)
 {
     static const char bearer[] = "Bearer ";
-    size_t klen;
-    unsigned char diff = 0;
 
     if (rt->api_key == NULL)
         return true;
@@ -39,11 +38,8 @@ bool duet_router_auth_ok(const duet_router_t *rt, const char *header, size_t len
         header++, len--;
     while (len > 0 && (header[len - 1] == ' ' || header[len - 1] == '\r'))
         len--;
-    klen = strlen(rt->api_key);
     /* constant time in the key's length */
-    for (size_t i = 0; i < klen; i++)
-        diff |= (unsigned char)(rt->api_key[i] ^ (i < len ? header[i] : 0));
-    return diff == 0 && len == klen;
+    return duet_ct_equal_secret(rt->api_key, strlen(rt->api_key), header, len);
 }
 
 duet_status_t duet_router_prompt_ids(duet_router_t *rt, const char *text, size_t len,

@@ -212,12 +212,76 @@ static void test_server_client(void **state)
     duet_rpc_auth_destroy(sauth);
 }
 
+/* One unary call of len bytes; returns the gRPC code. */
+static grpc_status_code call_size(duet_auth_config_t *cfg, const char *target, size_t len)
+{
+    duet_rpc_auth_t *auth = NULL;
+    duet_rpc_client_config_t cc;
+    duet_rpc_client_t *cli;
+    duet_rpc_result_t res;
+    uint8_t *msg = calloc(len, 1);
+
+    assert_non_null(msg);
+    if (cfg->ca[0] || cfg->secret_file[0])
+        assert_int_equal(duet_rpc_auth_load(cfg, &auth), DUET_OK);
+    duet_rpc_client_config_init(&cc);
+    cc.auth = auth;
+    cc.max_message_bytes = 8u << 20;
+    assert_int_equal(duet_rpc_client_create(&cc, &cli), DUET_OK);
+    duet_rpc_client_unary(cli, target, "/t.T/Echo", msg, len, duet_deadline_in_ms(10000), &res);
+    grpc_status_code code = res.code;
+    duet_rpc_result_cleanup(&res);
+    duet_rpc_client_destroy(cli);
+    duet_rpc_auth_destroy(auth);
+    free(msg);
+    return code;
+}
+
+/* The request message is read only after the call's authentication (issue
+ * 25): a caller without credentials sending more than the server's message
+ * limit is UNAUTHENTICATED, not RESOURCE_EXHAUSTED as when the server read
+ * the message first; with credentials the limit still holds. */
+static void test_message_after_auth(void **state)
+{
+    (void)state;
+    for (int tls = 0; tls < 2; tls++) {
+        duet_auth_config_t sc = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, ""};
+        duet_auth_config_t good = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, ""};
+        duet_auth_config_t no_secret = {tls ? ca : "", tls ? cert : "", tls ? key : "", "", ""};
+        duet_rpc_auth_t *sauth = NULL;
+        duet_rpc_server_config_t cfg;
+        duet_rpc_server_t *srv;
+        char target[64];
+
+        assert_int_equal(duet_rpc_auth_load(&sc, &sauth), DUET_OK);
+        duet_rpc_server_config_init(&cfg);
+        cfg.bind_addr = "127.0.0.1:0";
+        cfg.auth = sauth;
+        cfg.max_message_bytes = 64u << 10;
+        assert_int_equal(duet_rpc_server_create(&cfg, &srv), DUET_OK);
+        assert_int_equal(
+            duet_rpc_server_add_method(srv, "/t.T/Echo", DUET_RPC_UNARY, h_echo, NULL), DUET_OK);
+        assert_int_equal(duet_rpc_server_start(srv), DUET_OK);
+        snprintf(target, sizeof(target), "127.0.0.1:%d", duet_rpc_server_port(srv));
+
+        assert_int_equal(call_size(&good, target, 1000), GRPC_STATUS_OK);
+        assert_int_equal(call_size(&good, target, 1u << 20), GRPC_STATUS_RESOURCE_EXHAUSTED);
+        assert_int_equal(call_size(&no_secret, target, 1000), GRPC_STATUS_UNAUTHENTICATED);
+        assert_int_equal(call_size(&no_secret, target, 4u << 20), GRPC_STATUS_UNAUTHENTICATED);
+        /* an empty message is still a message */
+        assert_int_equal(call_size(&good, target, 0), GRPC_STATUS_OK);
+        duet_rpc_server_destroy(srv);
+        duet_rpc_auth_destroy(sauth);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_secret_equal),
         cmocka_unit_test(test_server_client),
+        cmocka_unit_test(test_message_after_auth),
     };
     if (system("command -v openssl >/dev/null") != 0) {
         printf("SKIP: the openssl command is missing (scripts/install-deps.sh)\n");

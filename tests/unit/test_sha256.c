@@ -1,7 +1,7 @@
-/* common/sha256 (FIPS 180-2 and RFC 4231 vectors, on whichever block
- * function this CPU runs; the SHA-extensions block against the portable
- * one), common/random and the page grants of node/grant.h (every field is
- * bound; expiry; length). */
+/* common/sha256, the wrapper of libcrypto's SHA-256 and HMAC (FIPS 180-2
+ * and RFC 4231 vectors; one-shot, incremental and restarted hashes agree),
+ * its constant-time compares, common/random and the page grants of
+ * node/grant.h (every field is bound; expiry; length). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +14,6 @@
 
 #include "common/random.h"
 #include "common/sha256.h"
-#include "common/sha256_block.h"
 #include "node/grant.h"
 
 static void duet__hex(const uint8_t *b, size_t n, char *out)
@@ -27,7 +26,7 @@ static void duet__check_sha(const void *data, size_t len, const char *want)
 {
     uint8_t d[DUET_SHA256_LEN];
     char hex[2 * DUET_SHA256_LEN + 1];
-    duet_sha256(data, len, d);
+    assert_int_equal(duet_sha256(data, len, d), DUET_OK);
     duet__hex(d, sizeof(d), hex);
     assert_string_equal(hex, want);
 }
@@ -47,37 +46,44 @@ static void test_sha256_fips(void **state)
     duet_sha256_t s;
     uint8_t d[DUET_SHA256_LEN];
     char hex[2 * DUET_SHA256_LEN + 1];
-    duet_sha256_init(&s);
+    assert_int_equal(duet_sha256_init(&s), DUET_OK);
     for (size_t off = 0, step = 1; off < 1000000; off += step, step = step % 97 + 13)
         duet_sha256_update(&s, a + off, off + step > 1000000 ? 1000000 - off : step);
-    duet_sha256_final(&s, d);
+    assert_int_equal(duet_sha256_final(&s, d), DUET_OK);
     duet__hex(d, sizeof(d), hex);
     assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     free(a);
 }
 
-/* The x86 SHA-extensions block equals the portable one on random states
- * and blocks (skipped where the CPU lacks them: the vectors above then ran
- * the portable one). */
-static void test_block_x86(void **state)
+/* One context restarted between messages (the prefix cache's page ids)
+ * gives what one-shot hashing and uneven incremental pieces give, on
+ * random messages of every length around the 64-byte block and the
+ * 56-byte padding boundary. */
+static void test_sha256_restart(void **state)
 {
     (void)state;
     uint32_t seed = 1;
-    if (!duet__sha256_x86_ok()) {
-        print_message("no SHA extensions on this CPU: the portable block only\n");
-        skip();
-    }
-    for (int r = 0; r < 2000; r++) {
-        uint32_t a[8], b[8];
-        uint8_t blk[64];
-        for (int i = 0; i < 8; i++)
-            a[i] = b[i] = seed = seed * 1664525u + 1013904223u;
-        for (int i = 0; i < 64; i++)
-            blk[i] = (uint8_t)((seed = seed * 1664525u + 1013904223u) >> 24);
-        duet__sha256_block_portable(a, blk);
-        duet__sha256_block_x86(b, blk);
+    uint8_t msg[300], a[DUET_SHA256_LEN], b[DUET_SHA256_LEN], c[DUET_SHA256_LEN];
+    duet_sha256_t r;
+    assert_int_equal(duet_sha256_init(&r), DUET_OK);
+    for (size_t len = 0; len < sizeof(msg); len++) {
+        for (size_t i = 0; i < len; i++)
+            msg[i] = (uint8_t)((seed = seed * 1664525u + 1013904223u) >> 24);
+        assert_int_equal(duet_sha256(msg, len, a), DUET_OK);
+        duet_sha256_t s;
+        assert_int_equal(duet_sha256_init(&s), DUET_OK);
+        for (size_t off = 0, step = 1; off < len; off += step, step = step * 3 % 71 + 1)
+            duet_sha256_update(&s, msg + off, off + step > len ? len - off : step);
+        assert_int_equal(duet_sha256_final(&s, b), DUET_OK);
+        assert_null(s.ctx);
+        duet_sha256_update(&r, msg, len);
+        assert_int_equal(duet_sha256_restart(&r, c), DUET_OK);
         assert_memory_equal(a, b, sizeof(a));
+        assert_memory_equal(a, c, sizeof(a));
     }
+    duet_sha256_cleanup(&r);
+    assert_null(r.ctx);
+    duet_sha256_cleanup(&r); /* twice: a no-op */
 }
 
 static void test_hmac_rfc4231(void **state)
@@ -118,11 +124,26 @@ static void test_hmac_rfc4231(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint8_t mac[DUET_SHA256_LEN];
         char hex[2 * DUET_SHA256_LEN + 1];
-        duet_hmac_sha256(cases[i].key, cases[i].key_len, cases[i].data, cases[i].len, mac);
+        assert_int_equal(
+            duet_hmac_sha256(cases[i].key, cases[i].key_len, cases[i].data, cases[i].len, mac),
+            DUET_OK);
         duet__hex(mac, sizeof(mac), hex);
         hex[strlen(cases[i].want)] = '\0';
         assert_string_equal(hex, cases[i].want);
     }
+    /* incremental in pieces equals one-shot (case 7), and an empty key is
+     * a valid key (RFC 2104: zero-padded to the block) */
+    duet_hmac_sha256_t h;
+    uint8_t one[DUET_SHA256_LEN], inc[DUET_SHA256_LEN], zero_key[DUET_SHA256_BLOCK] = {0};
+    assert_int_equal(duet_hmac_sha256(k131, 131, t7, strlen(t7), one), DUET_OK);
+    assert_int_equal(duet_hmac_sha256_init(&h, k131, 131), DUET_OK);
+    for (size_t off = 0; off < strlen(t7); off += 7)
+        duet_hmac_sha256_update(&h, t7 + off, strlen(t7) - off < 7 ? strlen(t7) - off : 7);
+    assert_int_equal(duet_hmac_sha256_final(&h, inc), DUET_OK);
+    assert_memory_equal(one, inc, sizeof(one));
+    assert_int_equal(duet_hmac_sha256("", 0, "abc", 3, one), DUET_OK);
+    assert_int_equal(duet_hmac_sha256(zero_key, sizeof(zero_key), "abc", 3, inc), DUET_OK);
+    assert_memory_equal(one, inc, sizeof(one));
 }
 
 static void test_ct_equal(void **state)
@@ -132,6 +153,18 @@ static void test_ct_equal(void **state)
     assert_false(duet_ct_equal("abcdef", "abcdeg", 6));
     assert_false(duet_ct_equal("xbcdef", "abcdef", 6));
     assert_true(duet_ct_equal("", "", 0));
+    /* the secret compare: contents and length must both match */
+    assert_true(duet_ct_equal_secret("abcdef", 6, "abcdef", 6));
+    assert_false(duet_ct_equal_secret("abcdef", 6, "abcdeg", 6));
+    assert_false(duet_ct_equal_secret("abcdef", 6, "abcde", 5));
+    assert_false(duet_ct_equal_secret("abcdef", 6, "abcdefg", 7));
+    assert_false(duet_ct_equal_secret("abcdef", 6, NULL, 0));
+    assert_false(duet_ct_equal_secret("abcdef", 6, "abcdef\0junk", 11));
+    /* wipe zeroes */
+    char w[9] = "secretky";
+    duet_wipe(w, sizeof(w));
+    for (size_t i = 0; i < sizeof(w); i++)
+        assert_int_equal(w[i], 0);
 }
 
 static void test_random_ids(void **state)
@@ -175,7 +208,7 @@ static void test_grant(void **state)
                            .packed = true,
                            .stage0 = 100,
                            .expiry_ms = now + 5000};
-    duet_node_grant_sign(key, &g, mac);
+    assert_int_equal(duet_node_grant_sign(key, &g, mac), DUET_OK);
     assert_int_equal(duet_node_grant_verify(key, &g, mac, sizeof(mac), now), DUET_OK);
     /* clock skew is tolerated, an old grant is not */
     assert_int_equal(duet_node_grant_verify(key, &g, mac, sizeof(mac), now + 5000 + 1000), DUET_OK);
@@ -214,7 +247,7 @@ static void test_grant(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sha256_fips),  cmocka_unit_test(test_block_x86),
+        cmocka_unit_test(test_sha256_fips),  cmocka_unit_test(test_sha256_restart),
         cmocka_unit_test(test_hmac_rfc4231), cmocka_unit_test(test_ct_equal),
         cmocka_unit_test(test_random_ids),   cmocka_unit_test(test_grant),
     };
