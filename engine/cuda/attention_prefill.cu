@@ -387,22 +387,9 @@ static __global__ void __launch_bounds__(DUET__PF_THREADS)
         }
     }
 
-    if (rA < rows) {
-        float inv = 1.0f / lA;
-        duet_bf16 *op = out + (size_t)(qs + t0 + rA) * (size_t)nq * HD + (size_t)h * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++)
-            *reinterpret_cast<uint32_t *>(op + j * 8 + 2 * t4) =
-                duet__pack2f(o[j][0] * inv, o[j][1] * inv);
-    }
-    if (rB < rows) {
-        float inv = 1.0f / lB;
-        duet_bf16 *op = out + (size_t)(qs + t0 + rB) * (size_t)nq * HD + (size_t)h * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++)
-            *reinterpret_cast<uint32_t *>(op + j * 8 + 2 * t4) =
-                duet__pack2f(o[j][2] * inv, o[j][3] * inv);
-    }
+    duet_bf16 *row0 = out + (size_t)(qs + t0) * (size_t)nq * HD + (size_t)h * HD;
+    duet__mma_rows_store<HD>(rA < rows ? row0 + (size_t)rA * nq * HD : NULL,
+                             rB < rows ? row0 + (size_t)rB * nq * HD : NULL, o, lA, lB, t4);
 }
 
 extern "C" int duet__cuda_attention_prefill_supported(int head_dim)

@@ -160,4 +160,29 @@ static __device__ __forceinline__ uint32_t duet__pack2f(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* The two rows an attention warp's mma accumulators hold for lane (g, t):
+ * row g in o[j][0..1], row g + 8 in o[j][2..3], columns 8j + 2t, 2t + 1;
+ * each divided by its softmax sum (la, lb) and stored as bf16 at pa / pb
+ * (NULL: that row is past the tile's end). */
+template <int HD>
+static __device__ __forceinline__ void duet__mma_rows_store(duet_bf16 *pa, duet_bf16 *pb,
+                                                            const float (*o)[4], float la,
+                                                            float lb, int t4)
+{
+    if (pa != NULL) {
+        float inv = 1.0f / la;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+            *reinterpret_cast<uint32_t *>(pa + j * 8 + 2 * t4) =
+                duet__pack2f(o[j][0] * inv, o[j][1] * inv);
+    }
+    if (pb != NULL) {
+        float inv = 1.0f / lb;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+            *reinterpret_cast<uint32_t *>(pb + j * 8 + 2 * t4) =
+                duet__pack2f(o[j][2] * inv, o[j][3] * inv);
+    }
+}
+
 #endif
