@@ -303,7 +303,7 @@ def test(build, src):
             check(reqs, "the proxy saw no Prefill call")
             victim = reqs[-1]
             answers = []
-            for variant in ("other prompt", "unchanged"):
+            for variant in ("unchanged", "other prompt"):
                 evil = pb["prefill"].PrefillRequest()
                 evil.CopyFrom(victim)
                 if variant == "other prompt":
@@ -315,9 +315,6 @@ def test(build, src):
                 except grpc.RpcError as e:
                     answers.append((variant, e.code(), e.details() or ""))
             print("  replays: %s" % [(v, str(c), d[:100]) for v, c, d in answers], flush=True)
-            for v, c, d in answers:
-                check(c == grpc.StatusCode.PERMISSION_DENIED,
-                      "replayed grant (%s) not refused: %s %s" % (v, c, d))
             # the prefix cache must not serve poisoned pages: the same prompt
             # and longer ones sharing its pages
             for t2 in (text, text + " liked to play", text + " was very happy"):
@@ -325,6 +322,9 @@ def test(build, src):
                 check(st == 200 and r["choices"][0]["text"] == expect(t2, n),
                       "after the replays, %r: %s\n got %r\nwant %r" %
                       (t2, st, r["choices"][0]["text"] if st == 200 else r, expect(t2, n)))
+            for v, c, d in answers:
+                check(c == grpc.StatusCode.PERMISSION_DENIED,
+                      "replayed grant (%s) not refused: %s %s" % (v, c, d))
 
         def replay_running():
             texts = ["One day, a little bird flew over the big green tree and",
@@ -364,13 +364,13 @@ def test(build, src):
             print("  %d replays while running: %s" % (len(replays), [str(c) for c in codes]),
                   flush=True)
             check(len(replays) >= len(texts), "only %d replays sent" % len(replays))
-            check(all(c == grpc.StatusCode.PERMISSION_DENIED for c in codes),
-                  "replays not refused: %s" % codes)
             for t in texts:
                 st, _, r = results[t]
                 check(st == 200 and r["choices"][0]["text"] == exp[t],
                       "victim %r: %s\n got %r\nwant %r" %
                       (t, st, r["choices"][0]["text"] if st == 200 else r, exp[t]))
+            check(all(c == grpc.StatusCode.PERMISSION_DENIED for c in codes),
+                  "replays not refused: %s" % codes)
 
         def duplicate_id():
             text, n = "The little dog", 120
