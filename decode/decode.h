@@ -235,6 +235,7 @@ typedef struct {
 
     /* scheduler-owned */
     duet_prefill_local_t local_mode; /* the instance's prefill_local */
+    uint64_t unsolicited_seen;       /* slices nobody granted, as of the last check (cache.c) */
     pthread_t sched_thread;
     bool sched_started;
     duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */

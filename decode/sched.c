@@ -379,6 +379,7 @@ static void *duet__dc_sched_main(void *arg)
             duet__abort_all(dc);
             stopping = true;
         }
+        duet_dc_cache_check_writes(dc); /* before admission looks pages up */
         duet__admit(dc);
         duet__first_tokens(dc); /* those prefilled locally */
         /* before the step: a request admitted and prefilled locally in this

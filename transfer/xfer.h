@@ -173,6 +173,11 @@ typedef struct {
     uint64_t crc_failures, peer_failures, timeouts;
     uint64_t progress_sent;     /* prefill: progress messages (packed, progress_layers) */
     uint64_t progress_received; /* decode: progress messages applied */
+    /* decode: slices whose bytes landed (a successful notification) for a
+     * transfer that had already completed here, or that was never expected
+     * (counted when dropped): pages nobody granted at that moment were
+     * written -- a replay or a rogue sender (decode drops its prefix cache) */
+    uint64_t unsolicited;
     uint64_t active_recv, active_send; /* gauges: entries held now */
 } duet_xfer_stats_t;
 
