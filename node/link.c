@@ -223,6 +223,8 @@ void duet_node_links_destroy(duet_node_t *node)
 
 /* ---- connecting ----------------------------------------------------------- */
 
+#define DUET__PROBE_MAX_MS 5000
+
 /* Before UCX sees the remote's descriptors: try them in a child process
  * (transfer/xfer_probe.c), so that a malformed worker address or rkey
  * fails this bootstrap alone, never the daemon.  Only the ranks some local
@@ -250,7 +252,11 @@ static duet_status_t duet__probe(duet_node_t *node, duet_node_link_t *link,
         blobs[n] = descs[q].data;
         lens[n++] = descs[q].len;
     }
-    st = duet_xfer_probe_descs(node->ke.xfer, blobs, lens, n, prefill, deadline);
+    /* a few ms when healthy (docs/security.md); a hung one holds the
+     * node's worker thread for no more than this */
+    int64_t cap = duet_now_ns() + DUET__PROBE_MAX_MS * DUET_NS_PER_MS;
+    st = duet_xfer_probe_descs(node->ke.xfer, blobs, lens, n, prefill,
+                               deadline < cap ? deadline : cap);
     if (st == DUET_OK)
         return DUET_OK;
     if (prefill)

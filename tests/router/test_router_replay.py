@@ -209,7 +209,9 @@ def test(build, src):
         pstub = pb["prefill_grpc"].PrefillStub(cl.channel("127.0.0.1:%d" % p0_port))
         dstub = pb["decode_grpc"].DecodeStub(cl.channel(cl.address("d0")))
         model = cl.model
-        rnd = random.Random(25)
+        # DUET_REPLAY_FUZZ_N / _SEED: longer or other fuzz runs by hand
+        rnd = random.Random(int(os.environ.get("DUET_REPLAY_FUZZ_SEED", "25")))
+        fuzz_n = int(os.environ.get("DUET_REPLAY_FUZZ_N", "80"))
 
         def completion(text, n):
             return cl.post_json("/v1/completions",
@@ -263,9 +265,11 @@ def test(build, src):
 
         def fuzz_bootstrap():
             codes = {}
-            for i in range(80):
+            kinds = [int(k) for k in os.environ.get("DUET_REPLAY_FUZZ_KINDS",
+                                                    "0,1,2,3,4,5,6,7").split(",")]
+            for i in range(fuzz_n):
                 r, a = bytearray(rkey), bytearray(addr)
-                kind = i % 8
+                kind = kinds[i % len(kinds)]
                 if kind == 0:
                     a = bytearray(os.urandom(rnd.randrange(1, 200)))
                 elif kind == 1:
@@ -290,9 +294,9 @@ def test(build, src):
                 codes[code] = codes.get(code, 0) + 1
                 check(cl.procs["p0"].alive(), "prefill died on fuzz input %d (kind %d):\n%s" %
                       (i, kind, cl.procs["p0"].log()))
-            print("  80 mutated descriptors: %s" %
-                  {str(k): v for k, v in codes.items()}, flush=True)
-            serving("80 mutated descriptors")
+            print("  %d mutated descriptors: %s" %
+                  (fuzz_n, {str(k): v for k, v in codes.items()}), flush=True)
+            serving("%d mutated descriptors" % fuzz_n)
 
         def replay_done():
             text, n = "Once upon a time, there was a little girl named Lily. She", 8
