@@ -7,6 +7,11 @@ Debian's python3-grpcio and the public protos, each shown to have no effect
 bytes", "Request ids are per owner").  Every case fails against the
 daemons before these fixes.
 
+The cases run twice: on a cluster without authentication, and on one
+whose members authenticate with the shared secret only (auth.secret_file,
+no TLS: the traffic is still readable, and the attacker holds the secret,
+as every process of the cluster does).
+
 Decode reaches prefill p0 through a recording TCP proxy (p0's `address` is
 the proxy, its `listen` its own port): the proxy reads the HTTP/2 frames
 decode sends and keeps every gRPC message, which is how the attacker gets
@@ -188,11 +193,53 @@ def other_prompt(ids, rnd):
     return out
 
 
+class SecretCluster(Cluster):
+    """Members authenticate with the shared secret (no TLS)."""
+
+    def __init__(self, build, src, **kw):
+        self.secret_path = None
+        self.secret = os.urandom(32).hex()
+        super().__init__(build, src, **kw)
+
+    def write_config(self, path=None, router=None):
+        import json
+        path = super().write_config(path, router)
+        if self.secret_path is None:
+            self.secret_path = os.path.join(self.tmp, "secret")
+            with open(self.secret_path, "w") as f:
+                f.write(self.secret + "\n")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["auth"] = {"secret_file": self.secret_path}
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=1)
+        return path
+
+    def md(self):
+        return [("x-duet-secret", self.secret)]
+
+    def info(self, name, timeout=5):
+        ch = self.channel(self.address(name))
+        if self.role(name) == "decode":
+            stub = self.pb["decode_grpc"].DecodeStub(ch)
+        else:
+            stub = self.pb["prefill_grpc"].PrefillStub(ch)
+        return stub.Info(self.pb["common"].InfoRequest(), timeout=timeout, metadata=self.md())
+
+
 def test(build, src):
+    for auth in ("off", "secret"):
+        print("==== authentication %s" % auth, flush=True)
+        run(build, src, auth)
+
+
+def run(build, src, auth):
     names = set(sys.argv[3:])
     p0_port = free_port()
-    cl = Cluster(build, src, prefill=[("p0", 1, {"listen": "127.0.0.1:%d" % p0_port})],
-                 decode=[("d0", 1)], n_pages=256)
+    kind = SecretCluster if auth == "secret" else Cluster
+    cl = kind(build, src, prefill=[("p0", 1, {"listen": "127.0.0.1:%d" % p0_port})],
+              decode=[("d0", 1)], n_pages=256)
+    md = cl.md() if auth == "secret" else None
     proxy = RecordingProxy(p0_port)
     for _, e in cl.instances:
         if e["name"] == "p0":
@@ -250,7 +297,7 @@ def test(build, src):
                 model_fingerprint=real.model_fingerprint, kv_heads=real.kv_heads,
                 rank_descriptors=[desc], grant_key=os.urandom(32))
             try:
-                pstub.Bootstrap(req, timeout=20)
+                pstub.Bootstrap(req, timeout=20, metadata=md)
                 return grpc.StatusCode.OK, ""
             except grpc.RpcError as e:
                 return e.code(), e.details() or ""
@@ -314,7 +361,7 @@ def test(build, src):
                     del evil.prompt_ids[:]
                     evil.prompt_ids.extend(other_prompt(victim.prompt_ids, rnd))
                 try:
-                    pstub.Prefill(evil, timeout=20)
+                    pstub.Prefill(evil, timeout=20, metadata=md)
                     answers.append((variant, grpc.StatusCode.OK, ""))
                 except grpc.RpcError as e:
                     answers.append((variant, e.code(), e.details() or ""))
@@ -345,7 +392,7 @@ def test(build, src):
                 evil.CopyFrom(req)
                 del evil.prompt_ids[:]
                 evil.prompt_ids.extend(other_prompt(req.prompt_ids, rnd))
-                replays.append(pstub.Prefill.future(evil, timeout=20))
+                replays.append(pstub.Prefill.future(evil, timeout=20, metadata=md))
             proxy.on_message = replay
             try:
                 ths = []
@@ -382,16 +429,16 @@ def test(build, src):
             attacker = dstub.Generate(pb["decode"].DecodeGenerateRequest(
                 request=cl.gen_request(text, max_tokens=n, request_id="shared-id"),
                 prefill_target=cl.address("p0"),
-                abort_token="attacker-token-0123456789abcdef"), timeout=120)
+                abort_token="attacker-token-0123456789abcdef"), timeout=120, metadata=md)
             check(next(attacker).HasField("chunk"), "attacker's first message")
             victim = dstub.Generate(pb["decode"].DecodeGenerateRequest(
                 request=cl.gen_request(text, max_tokens=n, request_id="shared-id"),
                 prefill_target=cl.address("p0"),
-                abort_token="victim-token-0123456789abcdef0"), timeout=120)
+                abort_token="victim-token-0123456789abcdef0"), timeout=120, metadata=md)
             check(next(victim).HasField("chunk"), "victim's first message")
             r = dstub.Abort(cm.AbortRequest(request_id="shared-id",
                                             abort_token="victim-token-0123456789abcdef0"),
-                            timeout=5)
+                            timeout=5, metadata=md)
             check(r.found, "the victim's Abort did not find its request (shadowed by the "
                   "attacker's of the same id)")
             try:
@@ -408,7 +455,7 @@ def test(build, src):
             # a wrong token still finds nothing
             r = dstub.Abort(cm.AbortRequest(request_id="shared-id",
                                             abort_token="victim-token-0123456789abcdef0"),
-                            timeout=5)
+                            timeout=5, metadata=md)
             check(not r.found, "a finished request was found")
 
         for case in (garbage_address, fuzz_bootstrap, replay_done, replay_running, duplicate_id):
