@@ -36,12 +36,6 @@
 
 #define DUET__UCX_AM_ID     0x2d /* active-message id of notifications and acks */
 #define DUET__UCX_PUT_AM_ID 0x2e /* active-message id of routed puts */
-/* A peer's worker address or packed rkey goes to UCX in a copy followed by
- * this many zero bytes: UCX's parsers take no length and read past the end
- * of a malformed blob; with the same padding everywhere, what they read is
- * the same in the daemon and in the probe child that tried it first
- * (transfer/xfer_probe.c), not whatever followed the blob in memory. */
-#define DUET__UCX_BLOB_PAD ((size_t)64 << 10)
 
 struct duet_xfer_transport {
     ucp_context_h ucp;
@@ -605,15 +599,6 @@ static bool duet__ucx_ep_has_rma(ucp_ep_h ep)
     return rma || !lanes;
 }
 
-/* addr/blob of len bytes, then DUET__UCX_BLOB_PAD zeros; NULL: no memory */
-static void *duet__ucx_padded(const void *blob, size_t len)
-{
-    uint8_t *p = duet_calloc(1, len + DUET__UCX_BLOB_PAD);
-    if (p != NULL)
-        memcpy(p, blob, len);
-    return p;
-}
-
 static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr, size_t addr_len,
                                          duet_xfer_ep_error_cb_t on_error, void *arg,
                                          duet_xfer_ep_t **ep_p, const char **why_p)
@@ -621,13 +606,10 @@ static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr
     ucp_ep_params_t ep;
     duet_xfer_ep_t *e;
     ucs_status_t us;
-    void *padded;
 
+    (void)addr_len; /* a UCP worker address knows its length */
     e = DUET_NEW(duet_xfer_ep_t);
-    padded = duet__ucx_padded(addr, addr_len);
-    if (e == NULL || padded == NULL) {
-        duet_free(e);
-        duet_free(padded);
+    if (e == NULL) {
         *why_p = "out of memory";
         return DUET_ERR_NO_MEMORY;
     }
@@ -636,7 +618,7 @@ static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr
     e->arg = arg;
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.address = padded; /* (a UCP worker address carries its own length) */
+    ep.address = addr;
     ep.err_mode = on_error != NULL ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     if (on_error != NULL) {
         ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -644,7 +626,6 @@ static duet_status_t duet__ucx_ep_create(duet_xfer_worker_t *w, const void *addr
         ep.err_handler.arg = e;
     }
     us = ucp_ep_create(w->worker, &ep, &e->ep);
-    duet_free(padded); /* (UCX keeps no pointer into it) */
     if (us != UCS_OK) {
         duet_free(e);
         *why_p = ucs_status_string(us);
@@ -736,13 +717,8 @@ static duet_status_t duet__ucx_rkey_unpack(duet_xfer_ep_t *e, const void *blob, 
 {
     ucp_rkey_h rkey;
     ucs_status_t us;
-    void *padded = duet__ucx_padded(blob, len); /* (a packed rkey carries its own length) */
-    if (padded == NULL) {
-        *why_p = "out of memory";
-        return DUET_ERR_NO_MEMORY;
-    }
-    us = ucp_ep_rkey_unpack(e->ep, padded, &rkey);
-    duet_free(padded);
+    (void)len; /* a packed UCP rkey knows its length */
+    us = ucp_ep_rkey_unpack(e->ep, blob, &rkey);
     if (us != UCS_OK) {
         *why_p = ucs_status_string(us);
         return DUET_ERR_PEER;

@@ -25,8 +25,8 @@ duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size
     /* The transport gets a private copy: UCX's cuda_ipc rkey unpack (1.13)
      * writes into the packed rkey it is given, and the caller's blob may be
      * shared by several ranks connecting to the same peer (seen: the second
-     * rank's checksum check failed). */
-    copy = duet_malloc(len ? len : 1);
+     * rank's checksum check failed), zero-padded (DUET__DESC_PAD). */
+    copy = duet_calloc(1, len + DUET__DESC_PAD);
     if (copy == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "xfer rank %d: connect: no memory", r->index);
     if (blob != NULL)

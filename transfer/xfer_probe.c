@@ -170,7 +170,7 @@ int duet_xfer_probe_main(const char *tls)
 
         if (duet__probe_read_all(0, &len, sizeof(len)) != 0 || len > 4 * DUET__DESC_BLOB_MAX)
             return 3;
-        blob = duet_malloc(len > 0 ? len : 1);
+        blob = duet_calloc(1, len + DUET__DESC_PAD); /* as duet_xfer_peer_connect's copy */
         if (blob == NULL || duet__probe_read_all(0, blob, len) != 0)
             return 3;
         /* (a blob that does not decode: the daemon refuses it on its own) */

@@ -28,6 +28,12 @@
 #define DUET__DESC_FIXED    92u
 #define DUET__DESC_BLOB_MAX 65536u /* rkey and address each stay below this */
 #define DUET__DESC_F_DEVICE 0x1u   /* flags: the pool is device memory */
+/* A descriptor handed to the transport is a copy followed by this many
+ * zero bytes: UCX's parsers take no length and read past the end of a
+ * malformed worker address or rkey; padded alike, they read the same
+ * bytes in the daemon and in the probe child that tried them first
+ * (transfer/xfer_probe.c), not whatever followed the blob in memory. */
+#define DUET__DESC_PAD ((size_t)64 << 10)
 
 typedef struct {
     duet_xfer_desc_info_t info;
