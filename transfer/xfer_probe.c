@@ -53,6 +53,19 @@ extern char **environ;
 #define DUET__PROBE_MAX_DESCS 64
 #define DUET__PROBE_FLUSH_MS  1000
 
+duet_status_t duet__desc_pad(duet__desc_t *d, void **buf_p)
+{
+    uint8_t *b = duet_calloc(1, d->rkey_len + d->addr_len + 2 * DUET__DESC_PAD);
+    if (b == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "descriptor: no memory");
+    memcpy(b, d->rkey, d->rkey_len);
+    memcpy(b + d->rkey_len + DUET__DESC_PAD, d->addr, d->addr_len);
+    d->rkey = b;
+    d->addr = b + d->rkey_len + DUET__DESC_PAD;
+    *buf_p = b;
+    return DUET_OK;
+}
+
 /* ---- the child ------------------------------------------------------------------------ */
 
 static int duet__probe_read_all(int fd, void *buf, size_t len)
@@ -170,11 +183,12 @@ int duet_xfer_probe_main(const char *tls)
 
         if (duet__probe_read_all(0, &len, sizeof(len)) != 0 || len > 4 * DUET__DESC_BLOB_MAX)
             return 3;
-        blob = duet_calloc(1, len + DUET__DESC_PAD); /* as duet_xfer_peer_connect's copy */
+        blob = duet_malloc(len > 0 ? len : 1);
         if (blob == NULL || duet__probe_read_all(0, blob, len) != 0)
             return 3;
         /* (a blob that does not decode: the daemon refuses it on its own) */
-        if (duet__desc_decode(blob, len, &d) == DUET_OK)
+        void *padded = NULL;
+        if (duet__desc_decode(blob, len, &d) == DUET_OK && duet__desc_pad(&d, &padded) == DUET_OK)
             duet__probe_one(ops, w, peer_mode, (hdr[1] & 1u) != 0, host_id, &d, &pending);
     }
     /* until every flush ended (a real peer answers in a round trip) or a
