@@ -252,6 +252,8 @@ static duet_status_t duet__probe(duet_node_t *node, duet_node_link_t *link,
         blobs[n] = descs[q].data;
         lens[n++] = descs[q].len;
     }
+    if (n == 0)
+        return DUET_OK;
     /* a few ms when healthy (docs/security.md); a hung one holds the
      * node's worker thread for no more than this */
     int64_t cap = duet_now_ns() + DUET__PROBE_MAX_MS * DUET_NS_PER_MS;

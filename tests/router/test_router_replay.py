@@ -18,8 +18,9 @@ decode sends and keeps every gRPC message, which is how the attacker gets
 a real Bootstrap descriptor and real page grants.
 
   garbage_address  Prefill.Bootstrap whose descriptor is well formed (magic,
-                   version, layout, fingerprint, CRC32C: decode's own,
-                   captured) around 64 random bytes as the UCX worker
+                   version, layout, fingerprint, CRC32C: a decode's own,
+                   captured: d1's, a decode the router does not use)
+                   around 64 random bytes as the UCX worker
                    address: refused, and prefill keeps serving (it used to
                    abort inside ucp_ep_create)
   fuzz_bootstrap   ~80 whole descriptors mutated (address and rkey bytes,
@@ -245,12 +246,29 @@ def run(build, src, auth):
         if e["name"] == "p0":
             e["address"] = "127.0.0.1:%d" % proxy.port
     cl.write_config()
+    # d1: a decode the router does not know (its own config file), whose
+    # descriptor the garbage and fuzz cases start from.  UCX trusts its
+    # connected peers: an accepted mutated descriptor makes prefill open a
+    # second set of endpoints to that decode's worker, which can kill the
+    # decode (docs/security.md); the case checks what item 1 promises,
+    # that the *prefill* survives and serves d0.
+    d1_port = free_port()
+    cl.instances.append(("decode", {"name": "d1", "address": "127.0.0.1:%d" % d1_port,
+                                    "tp": 1, "threads": 1, "n_pages": 64, "max_seqs": 4,
+                                    "drain_timeout_ms": 5000}))
+    d1_config = os.path.join(cl.tmp, "cluster_d1.json")
+    cl.write_config(d1_config)
+    cl.instances.pop()
+    cl.write_config()
+    cl.instances.append(("decode", {"name": "d1", "address": "127.0.0.1:%d" % d1_port}))
     failed = []
     try:
         cl.start("p0")
         cl.start("d0", env={"DUET_FAULTS": "decode.step_delay_ms=%d" % STEP_DELAY_MS})
+        cl.start("d1", config=d1_config)
         cl.wait_worker("p0")
         cl.wait_worker("d0")
+        cl.wait_worker("d1")
         cl.start_router()
         pb, cm = cl.pb, cl.pb["common"]
         pstub = pb["prefill_grpc"].PrefillStub(cl.channel("127.0.0.1:%d" % p0_port))
@@ -282,8 +300,14 @@ def run(build, src, auth):
 
         st, _, _ = completion("Hello", 2)
         check(st == 200, "warm-up: %s" % st)
-        boots = captured(as_bootstrap)
-        check(boots, "the proxy saw no Bootstrap from decode")
+        d1_id = cl.info("d1").instance_id
+        d1stub = pb["decode_grpc"].DecodeStub(cl.channel(cl.address("d1")))
+        for _ in d1stub.Generate(pb["decode"].DecodeGenerateRequest(
+                request=cl.gen_request("Hi", max_tokens=1),
+                prefill_target=cl.address("p0")), timeout=60, metadata=md):
+            pass
+        boots = [b for b in captured(as_bootstrap) if b.decode_id == d1_id]
+        check(boots, "the proxy saw no Bootstrap from d1")
         real = boots[0]
         fixed, rkey, addr = desc_parts(real.rank_descriptors[0])
         check(desc_build(fixed, rkey, addr) == real.rank_descriptors[0],
@@ -470,6 +494,9 @@ def run(build, src, auth):
                 failed.append(case.__name__)
                 if not cl.procs["p0"].alive():
                     break
+        if not cl.procs["d1"].alive():
+            print("  (d1, whose descriptor was mutated, died: UCX trusts connected peers)",
+                  flush=True)
         check(not failed, "failed: " + ", ".join(failed))
         check(not cl.pages_at_baseline(), "decode pages not back to baseline")
         cl.stop_all()
