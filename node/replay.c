@@ -122,8 +122,8 @@ duet_status_t duet_node_replay_take(duet_node_replay_t *t, const char *decode_id
     }
     if (free_slot == t->cap) {
         if (t->used >= t->cap / 2 + t->cap / 4) {
-            st = duet_error(DUET_ERR_EXHAUSTED,
-                            "too many page grants in flight (%zu): retry later", t->used);
+            st = duet_error(DUET_ERR_EXHAUSTED, "too many page grants in flight (%zu): retry later",
+                            t->used);
             goto out;
         }
         free_slot = i;

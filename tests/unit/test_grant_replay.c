@@ -20,9 +20,9 @@ static void test_replay_once(void **state)
     assert_int_equal(duet_node_replay_take(t, "dec-a", 7, now + 5000, now), DUET_OK);
     /* the same grant again: refused, while it (plus the skew) lasts */
     assert_int_equal(duet_node_replay_take(t, "dec-a", 7, now + 5000, now + 1), DUET_ERR_INVALID);
-    assert_int_equal(duet_node_replay_take(t, "dec-a", 7, now + 5000,
-                                           now + 5000 + DUET_NODE_GRANT_SKEW_MS - 1),
-                     DUET_ERR_INVALID);
+    assert_int_equal(
+        duet_node_replay_take(t, "dec-a", 7, now + 5000, now + 5000 + DUET_NODE_GRANT_SKEW_MS - 1),
+        DUET_ERR_INVALID);
     /* another transfer, another decode: their own */
     assert_int_equal(duet_node_replay_take(t, "dec-a", 8, now + 5000, now), DUET_OK);
     assert_int_equal(duet_node_replay_take(t, "dec-b", 7, now + 5000, now), DUET_OK);
@@ -61,13 +61,21 @@ static void test_grant_binds_prompt(void **state)
 {
     (void)state;
     uint8_t key[DUET_NODE_GRANT_KEY_LEN], mac[DUET_NODE_GRANT_LEN];
-    int32_t pages[] = {3, 4, 5}, prompt[] = {1, 300, 400, 350, 450}, other[] = {1, 300, 401, 350,
-                                                                              450};
+    int32_t pages[] = {3, 4, 5}, prompt[] = {1, 300, 400, 350, 450},
+            other[] = {1, 300, 401, 350, 450};
     uint64_t now = duet_node_grant_now_ms();
     memset(key, 7, sizeof(key));
-    duet_node_grant_t g = {.transfer_id = 99, .decode_id = "dec", .pages = pages, .n_pages = 3,
-                           .expiry_ms = now + 5000, .prompt = prompt, .n_prompt = 5,
-                           .cached_pages = 0, .temperature = 0.5f, .top_p = 0.9f, .top_k = 4,
+    duet_node_grant_t g = {.transfer_id = 99,
+                           .decode_id = "dec",
+                           .pages = pages,
+                           .n_pages = 3,
+                           .expiry_ms = now + 5000,
+                           .prompt = prompt,
+                           .n_prompt = 5,
+                           .cached_pages = 0,
+                           .temperature = 0.5f,
+                           .top_p = 0.9f,
+                           .top_k = 4,
                            .seed = 11};
     duet_node_grant_sign(key, &g, mac);
     assert_int_equal(duet_node_grant_verify(key, &g, mac, sizeof(mac), now), DUET_OK);
