@@ -33,7 +33,6 @@
  * an endpoint whose connection drops when the child exits. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
