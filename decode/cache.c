@@ -66,6 +66,27 @@ out_free:
     duet_free(hashes);
 }
 
+void duet_dc_cache_check_writes(duet_decode_t *dc)
+{
+    uint64_t n = 0;
+    if (dc->node.ke.xfer == NULL || dc->node.pages == NULL)
+        return;
+    for (int r = 0; r < dc->node.ke.tp; r++) {
+        duet_xfer_stats_t s;
+        duet_xfer_rank_stats(duet_xfer_rank(dc->node.ke.xfer, r), &s);
+        n += s.unsolicited;
+    }
+    if (n == dc->unsolicited_seen)
+        return;
+    /* which pages they hit is unknown: none of the cache is trusted */
+    int gone = duet_kv_pool_cache_forget(dc->node.pages);
+    DUET_LOG_WARN("decode: %llu slice(s) landed that no live transfer expected (a replayed "
+                  "grant or a rogue prefill, docs/security.md): the prefix cache is dropped "
+                  "(%d pages)",
+                  (unsigned long long)(n - dc->unsolicited_seen), gone);
+    dc->unsolicited_seen = n;
+}
+
 int duet_dc_uncached_tokens(const duet_decode_t *dc, const duet_dc_req_t *req)
 {
     return req->n_prompt - req->n_cached_pages * dc->node.args.cluster->page_size;

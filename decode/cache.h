@@ -23,4 +23,11 @@ int duet_dc_uncached_tokens(const duet_decode_t *dc, const duet_dc_req_t *req);
  * are left): no prefill instance is needed. */
 bool duet_dc_cache_covers(const duet_decode_t *dc, const duet_dc_req_t *req);
 
+/* Scheduler thread, before admission: when a slice landed that no live
+ * transfer expected (transfer/xfer.h `unsolicited`: a replayed grant or a
+ * rogue sender wrote into pages it did not own), forget the whole prefix
+ * cache (kv/prefix_cache.h): which pages were hit is unknown, so none is
+ * served again; pages held by live requests stay theirs. */
+void duet_dc_cache_check_writes(duet_decode_t *dc);
+
 #endif

@@ -253,6 +253,7 @@ typedef struct {
     /* prompt tokens of local prefills per decode step (prefill_chunk_tokens
      * capped to max_batch_tokens); 0: whole prompts at admission */
     int chunk_tokens;
+    uint64_t unsolicited_seen;       /* slices nobody granted, as of the last check (cache.c) */
     pthread_t sched_thread;
     bool sched_started;
     duet_dc_req_t *queue_head, *queue_tail; /* QUEUED */

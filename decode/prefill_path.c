@@ -319,6 +319,13 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
         .packed = pr.packed,
         .stage0 = pr.dst_stage_page,
         .expiry_ms = duet_node_deadline_grant_expiry(c),
+        .prompt = pr.prompt_ids,
+        .n_prompt = pr.n_prompt_ids,
+        .cached_pages = pr.cached_pages,
+        .temperature = sp.temperature,
+        .top_p = sp.top_p,
+        .top_k = sp.top_k,
+        .seed = sp.seed,
     };
     if ((st = duet_node_grant_sign(link->base.grant_key, &g, grant)) != DUET_OK)
         return duet_error_wrap(st, "prefill %s: signing the grant: ", link->base.key);

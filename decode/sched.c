@@ -21,25 +21,29 @@
 #include "decode/req.h"
 #include "duet/v1/common.pb-c.h"
 
-/* The live request with this id (not yet ENDED); NULL: none. */
-static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id)
+/* The live request (not yet ENDED) with this id whose abort token is
+ * token; NULL: none.  Ids are namespaced by owner: another caller may
+ * start a request with the same id (it cannot know whether the id is
+ * taken), and it must never shadow the owner's own (issue 25). */
+static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id, const char *token)
 {
     duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
                               dc->ready_head};
     for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
         for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
-            if (strcmp(r->request_id, id) == 0)
+            if (strcmp(r->request_id, id) == 0 && duet_dc_abort_allowed(r, token))
                 return r;
         }
     }
     for (int i = 0; i < dc->n_running; i++) {
-        if (strcmp(dc->running[i]->request_id, id) == 0)
-            return dc->running[i];
+        duet_dc_req_t *r = dc->running[i];
+        if (strcmp(r->request_id, id) == 0 && duet_dc_abort_allowed(r, token))
+            return r;
     }
     for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
         duet_dc_link_t *k = duet_dc_link_of(nk);
         for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
-            if (strcmp(r->request_id, id) == 0)
+            if (strcmp(r->request_id, id) == 0 && duet_dc_abort_allowed(r, token))
                 return r;
         }
     }
@@ -72,10 +76,9 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
         pthread_mutex_unlock(&dc->evlock);
         break;
     case DUET_DC_EV_ABORT: {
-        duet_dc_req_t *r = duet__req_find(dc, ev->request_id);
+        /* not the owner (or no such id): as if unknown */
+        duet_dc_req_t *r = duet__req_find(dc, ev->request_id, ev->abort_token);
         Duet__V1__AbortResponse resp = DUET__V1__ABORT_RESPONSE__INIT;
-        if (r != NULL && !duet_dc_abort_allowed(r, ev->abort_token))
-            r = NULL; /* not the owner: as if unknown */
         if (r != NULL)
             duet_dc_req_go(
                 dc, r,
@@ -458,6 +461,7 @@ static void *duet__dc_sched_main(void *arg)
             duet__abort_all(dc);
             stopping = true;
         }
+        duet_dc_cache_check_writes(dc); /* before admission looks pages up */
         duet__admit(dc);
         duet__first_tokens(dc); /* those prefilled locally */
         /* before the step: a request admitted and prefilled locally in this

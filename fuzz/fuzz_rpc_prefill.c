@@ -49,6 +49,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     node->args.self = &duet__fuzz_self;
     node->role = "prefill";
     pthread_mutex_init(&pf->lock, NULL);
+    pf->grants_seen = duet_node_replay_create(1024);
     pthread_mutex_init(&node->links_lock, NULL);
     duet_engine_opts_t eo;
     duet_engine_opts_default(&eo);
@@ -104,7 +105,7 @@ static void duet__fuzz_prefill(const uint8_t *data, size_t size)
             if (req->dst_pages[i] < 0)
                 abort();
         /* the fuzz link has no grant secret: this refuses, after parsing */
-        (void)duet_pf_grant_check(m, req);
+        (void)duet_pf_grant_check(pf, m, req);
     } else if (duet_error_msg()[0] == '\0') {
         abort();
     }

@@ -301,6 +301,33 @@ int duet_kv_pool_cache_clear(duet_kv_pool_t *pool)
     return n;
 }
 
+int duet_kv_pool_cache_forget(duet_kv_pool_t *pool)
+{
+    duet_kv_prefix_t *c;
+    int n = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    c = pool->prefix;
+    while (c != NULL && duet__kv_prefix_evict_one(pool) >= 0)
+        n++;
+    for (int32_t p = 0; c != NULL && p < pool->n_pages; p++) {
+        if (!c->cached[p])
+            continue;
+        /* held by a request (idle ones went above): its count stays >= 1 */
+        c->cached[p] = 0;
+        c->chain[p] = -1;
+        c->n_cached--;
+        c->evictions++;
+        pool->refs[p]--;
+        n++;
+    }
+    if (c != NULL)
+        for (uint32_t b = 0; b <= c->mask; b++)
+            c->buckets[b] = -1;
+    pthread_mutex_unlock(&pool->lock);
+    return n;
+}
+
 void duet_kv_pool_stats(duet_kv_pool_t *pool, duet_kv_pool_stats_t *stats_p)
 {
     duet_kv_pool_stats_t s;

@@ -81,6 +81,13 @@ int duet_kv_pool_release_chain(duet_kv_pool_t *pool, const int32_t *pages, int n
  * cache).  Returns how many were freed. */
 int duet_kv_pool_cache_clear(duet_kv_pool_t *pool);
 
+/* Unpublish every cached page: idle ones are freed, ones a request holds
+ * lose the cache's reference (they are freed with the request's) and are
+ * never matched again.  For KV that may have been overwritten (decode: a
+ * slice nobody granted landed, docs/security.md).  Returns how many pages
+ * left the cache. */
+int duet_kv_pool_cache_forget(duet_kv_pool_t *pool);
+
 typedef struct {
     /* page accounting, counted independently from the reference counts:
      * free + cached_idle + in_use == total */

@@ -18,12 +18,19 @@ static void duet__grant_put_u32(duet_hmac_sha256_t *h, uint32_t v)
     duet_hmac_sha256_update(h, b, sizeof(b));
 }
 
+static uint32_t duet__grant_float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
 /* The signed encoding: a version tag, then every field at a fixed width or
  * length-prefixed, so no two grants encode alike. */
 duet_status_t duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
                                    const duet_node_grant_t *g, uint8_t mac[DUET_NODE_GRANT_LEN])
 {
-    static const char tag[] = "duet page grant v1";
+    static const char tag[] = "duet page grant v2";
     size_t id_len = g->decode_id != NULL ? strlen(g->decode_id) : 0;
     duet_hmac_sha256_t h;
     duet_status_t st = duet_hmac_sha256_init(&h, key, DUET_NODE_GRANT_KEY_LEN);
@@ -42,6 +49,14 @@ duet_status_t duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
     duet__grant_put_u64(&h, (uint64_t)g->n_pages);
     for (size_t i = 0; i < g->n_pages; i++)
         duet__grant_put_u32(&h, (uint32_t)g->pages[i]);
+    duet__grant_put_u32(&h, g->cached_pages);
+    duet__grant_put_u64(&h, (uint64_t)g->n_prompt);
+    for (size_t i = 0; i < g->n_prompt; i++)
+        duet__grant_put_u32(&h, (uint32_t)g->prompt[i]);
+    duet__grant_put_u32(&h, duet__grant_float_bits(g->temperature));
+    duet__grant_put_u32(&h, duet__grant_float_bits(g->top_p));
+    duet__grant_put_u32(&h, (uint32_t)g->top_k);
+    duet__grant_put_u64(&h, g->seed);
     return duet_hmac_sha256_final(&h, mac);
 }
 

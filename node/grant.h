@@ -6,11 +6,14 @@
  * hands it to prefill with its descriptors (node/link.c); both keep it in
  * the link.  For each Prefill call decode signs a grant -- HMAC-SHA256 over
  * a fixed encoding of the transfer id, its own instance id, the exact
- * destination page list, the packed flag and staging page, and an expiry
- * -- and prefill recomputes it over the request it is about to serve,
- * compares in constant time and checks the expiry before any put.  A
- * caller without the key cannot name pages, and a grant for one transfer
- * does not cover another transfer's ids or pages.
+ * destination page list, the packed flag and staging page, an expiry, and
+ * what decides the bytes written there: the prompt ids, the cached-page
+ * count and the first token's sampling -- and prefill recomputes it over
+ * the request it is about to serve, compares in constant time and checks
+ * the expiry before any put.  A caller without the key cannot name pages,
+ * a grant for one transfer does not cover another transfer's ids or
+ * pages, and a captured grant replayed with another prompt does not match.
+ * Prefill also takes each grant once (node/replay.h).
  *
  * The key travels on the bootstrap call: it is as secret as that channel
  * (authenticated and encrypted once the cluster runs with mTLS, see
@@ -38,6 +41,13 @@ typedef struct {
     bool packed;
     int32_t stage0;     /* first staging page when packed, else ignored */
     uint64_t expiry_ms; /* wall clock, ms since the epoch */
+    /* what the KV written there is computed from (grant v2) */
+    const int32_t *prompt; /* the prompt ids, [n_prompt] */
+    size_t n_prompt;
+    uint32_t cached_pages;
+    float temperature, top_p;
+    int32_t top_k;
+    uint64_t seed;
 } duet_node_grant_t;
 
 /* The MAC of g under key.  An error only when libcrypto fails (no

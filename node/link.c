@@ -223,6 +223,51 @@ void duet_node_links_destroy(duet_node_t *node)
 
 /* ---- connecting ----------------------------------------------------------- */
 
+#define DUET__PROBE_MAX_MS 5000
+
+/* Before UCX sees the remote's descriptors: try them in a child process
+ * (transfer/xfer_probe.c), so that a malformed worker address or rkey
+ * fails this bootstrap alone, never the daemon.  Only the ranks some local
+ * rank connects to; prefill unpacks rkeys, decode does not. */
+static duet_status_t duet__probe(duet_node_t *node, duet_node_link_t *link,
+                                 const ProtobufCBinaryData *descs, int64_t deadline)
+{
+    bool prefill = node->args.role == DUET_ROLE_PREFILL;
+    bool used[DUET_TP_MAX] = {false};
+    const void *blobs[DUET_TP_MAX];
+    size_t lens[DUET_TP_MAX];
+    int remote[DUET_TP_MAX], n = 0, qs[DUET_TP_MAX];
+    duet_status_t st;
+
+    for (int r = 0; r < node->ke.tp; r++) {
+        int k = prefill ? duet_slice_plan_receivers(link->plan, r, remote)
+                        : duet_slice_plan_senders(link->plan, r, remote);
+        for (int i = 0; i < k; i++)
+            used[remote[i]] = true;
+    }
+    for (int q = 0; q < link->remote_tp; q++) {
+        if (!used[q])
+            continue;
+        qs[n] = q;
+        blobs[n] = descs[q].data;
+        lens[n++] = descs[q].len;
+    }
+    if (n == 0)
+        return DUET_OK;
+    /* a few ms when healthy (docs/security.md); a hung one holds the
+     * node's worker thread for no more than this */
+    int64_t cap = duet_now_ns() + DUET__PROBE_MAX_MS * DUET_NS_PER_MS;
+    st = duet_xfer_probe_descs(node->ke.xfer, blobs, lens, n, prefill,
+                               deadline < cap ? deadline : cap);
+    if (st == DUET_OK)
+        return DUET_OK;
+    if (prefill)
+        return duet_error_wrap(st, "bootstrap: decode %s ranks %d..%d: ", link->remote_name, qs[0],
+                               qs[n - 1]);
+    return duet_error_wrap(st, "bootstrap with prefill %s: prefill ranks %d..%d: ", link->key,
+                           qs[0], qs[n - 1]);
+}
+
 /* Make the plan and connect every local rank to the remote ranks it shares
  * heads with (a prefill rank to its receivers, a decode rank to its
  * senders), from the remote's descriptors.  Worker thread. */
@@ -242,6 +287,8 @@ static duet_status_t duet__connect(duet_node_t *node, duet_node_link_t *link,
         st = duet_error(DUET_ERR_NO_MEMORY, "bootstrap: no memory");
         goto err;
     }
+    if ((st = duet__probe(node, link, descs, deadline)) != DUET_OK)
+        goto err;
     for (int r = 0; r < L; r++) {
         int n = prefill ? duet_slice_plan_receivers(link->plan, r, remote)
                         : duet_slice_plan_senders(link->plan, r, remote);

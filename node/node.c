@@ -180,6 +180,9 @@ int duet_node_main(duet_node_t *node, const duet_node_ops_t *ops, void *ud, int 
     duet_status_t st;
     int rc = 1;
 
+    /* the child that tries a peer's UCX descriptors (transfer/xfer_probe.c) */
+    if (argc >= 2 && strcmp(argv[1], DUET_XFER_PROBE_FLAG) == 0)
+        return duet_xfer_probe_main(argc >= 3 ? argv[2] : "");
     node->ops = ops;
     node->ud = ud;
     node->role = duet_role_name(ops->role);

@@ -65,7 +65,14 @@ int main(int argc, char **argv)
 
     pthread_mutex_init(&pf.lock, NULL);
     pthread_cond_init(&pf.cv, NULL);
+    /* grants served once (node/replay.h): room for 196,608 live ones */
+    pf.grants_seen = duet_node_replay_create(DUET_PF_GRANTS_SEEN);
+    if (pf.grants_seen == NULL) {
+        DUET_LOG_ERROR("prefill: no memory for the grant table");
+        return 1;
+    }
     rc = duet_node_main(&pf.node, &duet__prefill_ops, &pf, argc, argv);
+    duet_node_replay_destroy(pf.grants_seen);
     pthread_cond_destroy(&pf.cv);
     pthread_mutex_destroy(&pf.lock);
     return rc;

@@ -25,6 +25,10 @@
 #include "engine/tp.h"
 #include "node/link.h"
 #include "node/node.h"
+#include "node/replay.h"
+
+/* slots of the table of grants served (node/replay.h; 24 bytes each) */
+#define DUET_PF_GRANTS_SEEN (1u << 18)
 
 typedef struct duet_pf_req {
     duet_rpc_call_t *call; /* NULL once answered */
@@ -83,6 +87,8 @@ typedef struct {
     bool stop;
     pthread_t sched_thread;
     bool sched_started;
+    /* the grants served, refused when replayed (node/replay.h) */
+    duet_node_replay_t *grants_seen;
 
     /* the batch whose layers the engine hook posts (scheduler-owned) */
     duet_pf_req_t **batch;
@@ -98,9 +104,11 @@ duet_status_t duet_pf_validate(duet_prefill_t *pf, const struct Duet__V1__Prefil
                                duet_pf_req_t *req);
 
 /* grant.c: verify the page grant of a validated request (req->link set)
- * before it is queued; DUET_ERR_INVALID naming why (the caller answers
- * PERMISSION_DENIED). */
-duet_status_t duet_pf_grant_check(const Duet__V1__PrefillRequest *m, const duet_pf_req_t *req);
+ * before it is queued, and take it (a grant is served once); an error
+ * naming why: DUET_ERR_INVALID (the caller answers PERMISSION_DENIED) or
+ * DUET_ERR_EXHAUSTED (too many grants live). */
+duet_status_t duet_pf_grant_check(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
+                                  const duet_pf_req_t *req);
 
 /* cache.c (scheduler thread; docs/prefix-cache.md) */
 /* Give req its source pages: the longest prefix its prompt finds in the

@@ -184,9 +184,12 @@ static void duet__pf_prefill_serve(duet_rpc_call_t *call, const uint8_t *data, s
         goto out;
     }
     /* before anything is queued: only the pages decode granted */
-    if (duet_pf_grant_check(m, req) != DUET_OK) {
+    if ((st = duet_pf_grant_check(pf, m, req)) != DUET_OK) {
         DUET_LOG_WARN("prefill: Prefill from %s: %s", m->decode_id, duet_error_msg());
-        duet_rpc_call_fail(call, GRPC_STATUS_PERMISSION_DENIED, duet_error_msg());
+        duet_rpc_call_fail(call,
+                           st == DUET_ERR_EXHAUSTED ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                                    : GRPC_STATUS_PERMISSION_DENIED,
+                           duet_error_msg());
         duet_pf_req_free(pf, req);
         req = NULL;
         goto out;

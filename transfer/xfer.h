@@ -173,6 +173,11 @@ typedef struct {
     uint64_t crc_failures, peer_failures, timeouts;
     uint64_t progress_sent;     /* prefill: progress messages (packed, progress_layers) */
     uint64_t progress_received; /* decode: progress messages applied */
+    /* decode: slices whose bytes landed (a successful notification) for a
+     * transfer that had already completed here, or that was never expected
+     * (counted when dropped): pages nobody granted at that moment were
+     * written -- a replay or a rogue sender (decode drops its prefix cache) */
+    uint64_t unsolicited;
     uint64_t active_recv, active_send; /* gauges: entries held now */
 } duet_xfer_stats_t;
 
@@ -294,6 +299,23 @@ duet_status_t duet_xfer_desc_peek(const void *blob, size_t len, duet_xfer_desc_i
  * Not callback-safe. */
 duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size_t len,
                                      int64_t deadline_ns, duet_xfer_peer_t **peer_p);
+
+/* Try n peer descriptors (blobs[i], lens[i]) the way duet_xfer_peer_connect
+ * will hand them to UCX -- an endpoint to each worker address and, with
+ * rkeys, the rkey unpacked on it -- in a short-lived child process
+ * (/proc/self/exe --duet-xfer-probe, which must run duet_xfer_probe_main),
+ * killed at deadline_ns (transfer/xfer_probe.c; docs/security.md).
+ * DUET_OK: UCX read them without dying (it may still refuse them with an
+ * error); DUET_ERR_PEER: reading them killed the child or did not finish,
+ * so this process must not call UCX with them; DUET_ERR_IO: no child could
+ * run.  Blocks; any thread but a rank's progress thread. */
+duet_status_t duet_xfer_probe_descs(duet_xfer_t *x, const void *const *blobs, const size_t *lens,
+                                    int n, bool rkeys, int64_t deadline_ns);
+/* The child's side: read the descriptors from stdin, try them with a UCX
+ * context of transport list tls ("" = the environment's), exit 0 (or 3 when
+ * it could not start).  Does not return on success. */
+int duet_xfer_probe_main(const char *tls);
+#define DUET_XFER_PROBE_FLAG "--duet-xfer-probe"
 
 /* Close the connection: work still using the peer fails (DUET_ERR_PEER),
  * endpoints are closed, the rkey destroyed and the handle freed.  Accepts

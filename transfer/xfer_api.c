@@ -18,14 +18,14 @@ duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size
     duet__desc_t d;
     duet__cmd_t c;
     duet_status_t st;
-    void *copy;
+    void *copy, *padded = NULL;
 
     if (r->pool_kind == DUET__POOL_NONE)
         return duet_error(DUET_ERR_INVALID, "xfer rank %d: connect needs the pool first", r->index);
     /* The transport gets a private copy: UCX's cuda_ipc rkey unpack (1.13)
      * writes into the packed rkey it is given, and the caller's blob may be
      * shared by several ranks connecting to the same peer (seen: the second
-     * rank's checksum check failed). */
+     * rank's checksum check failed); duet__desc_pad copies again. */
     copy = duet_malloc(len ? len : 1);
     if (copy == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "xfer rank %d: connect: no memory", r->index);
@@ -34,6 +34,8 @@ duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size
     st = duet__desc_decode(blob != NULL ? copy : NULL, len, &d);
     if (st == DUET_OK)
         st = duet__desc_check_peer(&r->info, &d.info);
+    if (st == DUET_OK)
+        st = duet__desc_pad(&d, &padded);
     if (st == DUET_OK) {
         memset(&c, 0, sizeof(c));
         c.kind = DUET__CMD_CONNECT;
@@ -43,6 +45,7 @@ duet_status_t duet_xfer_peer_connect(duet_xfer_rank_t *r, const void *blob, size
         if (st == DUET_OK)
             *peer_p = c.u.connect.peer;
     }
+    duet_free(padded);
     duet_free(copy);
     return st;
 }

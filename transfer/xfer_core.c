@@ -210,7 +210,7 @@ duet_status_t duet_xfer_create(const duet_xfer_config_t *cfg, duet_xfer_t **xfer
     if (st != DUET_OK)
         goto err_free;
     if (!x->ops->detects_peer_failure(x->transport))
-        atomic_store(&x->no_peer_mode, 1);
+        atomic_store(&x->no_peer_mode, 1); /* (logged by the transport) */
     x->ranks = DUET_NEW_ARRAY(duet_xfer_rank_t *, (size_t)cfg->tp);
     if (x->ranks == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "xfer ranks");

@@ -49,7 +49,7 @@
     X(recv_done) X(recv_failed) X(send_done) X(send_failed)                                        \
     X(early_buffered) X(dropped_late) X(dropped_unknown) X(dropped_duplicate) X(dropped_invalid)   \
     X(acks_dropped) X(crc_failures) X(peer_failures) X(timeouts) X(active_recv) X(active_send)  \
-    X(progress_sent) X(progress_received)
+    X(progress_sent) X(progress_received) X(unsolicited)
 /* clang-format on */
 
 typedef struct {

@@ -400,9 +400,14 @@ void duet__peer_exec_connect(duet_xfer_rank_t *r, duet__cmd_t *c)
             return;
         }
     }
-    if (!p->ctl_peer_mode && !atomic_exchange(&r->x->no_peer_mode, 1))
-        DUET_LOG_WARN("xfer: no UCX transport here detects peer failure (UCX_TLS?); a dead peer "
-                      "is found by deadlines and missing acknowledgements");
+    /* Only this peer: one whose address a detecting endpoint cannot reach
+     * (a garbage or hostile descriptor, issue 25) must not turn detection
+     * off for every later peer.  A transport list without detection at
+     * all is known at create (no_peer_mode) and logged there. */
+    if (!p->ctl_peer_mode && !atomic_load(&r->x->no_peer_mode))
+        DUET_LOG_WARN("xfer rank %d: %s rank %d: no transport to it detects peer failure; a "
+                      "dead peer is found by deadlines and missing acknowledgements",
+                      r->index, duet__role_name(p->info.role), p->info.rank);
 
     /* Flushing wires the endpoints up now, so the first request does not pay
      * for it, and shows an unreachable peer before any request depends on it. */

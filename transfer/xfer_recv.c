@@ -302,6 +302,11 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
     }
     if (duet__recv_tomb_get(r, m->transfer_id, &st)) {
         DUET__STAT_ADD(r, dropped_late, 1);
+        /* a transfer that failed or was cancelled here keeps its pages
+         * until prefill has answered (decode/req.c): bytes for it land in
+         * pages nobody else has.  One that completed gave its pages on. */
+        if (m->status == DUET_OK && st == DUET_OK)
+            DUET__STAT_ADD(r, unsolicited, 1);
         if (m->status == DUET_OK)
             duet__recv_send_ack(r, m, st == DUET_OK ? DUET_ERR_INVALID : st);
         return;
@@ -317,8 +322,10 @@ void duet__recv_on_notify(duet_xfer_rank_t *r, const duet__msg_t *m)
         return;
     }
     DUET__STAT_ADD(r, dropped_unknown, 1);
-    if (m->status == DUET_OK)
+    if (m->status == DUET_OK) {
+        DUET__STAT_ADD(r, unsolicited, 1);
         duet__recv_send_ack(r, m, DUET_ERR_NOT_FOUND);
+    }
 }
 
 /* Tell e's progress callback when the layers landed from every sender (a
@@ -513,8 +520,10 @@ void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
             break;
         }
         DUET__STAT_ADD(r, dropped_unknown, 1);
-        if (ent->msg.status == DUET_OK)
+        if (ent->msg.status == DUET_OK) {
+            DUET__STAT_ADD(r, unsolicited, 1);
             duet__recv_send_ack(r, &ent->msg, DUET_ERR_NOT_FOUND);
+        }
         r->early_head = (r->early_head + 1) % max;
         r->n_early--;
     }

@@ -28,6 +28,12 @@
 #define DUET__DESC_FIXED    92u
 #define DUET__DESC_BLOB_MAX 65536u /* rkey and address each stay below this */
 #define DUET__DESC_F_DEVICE 0x1u   /* flags: the pool is device memory */
+/* The transport gets a descriptor's rkey and worker address each copied
+ * and followed by this many zero bytes (duet__desc_pad): UCX's parsers
+ * take no length and read past the end of a malformed blob; padded alike,
+ * they read the same bytes in the daemon and in the probe child that
+ * tried them first (transfer/xfer_probe.c), not whatever followed. */
+#define DUET__DESC_PAD ((size_t)64 << 10)
 
 typedef struct {
     duet_xfer_desc_info_t info;
@@ -43,6 +49,10 @@ duet_status_t duet__desc_encode(const duet__desc_t *d, void **blob_p, size_t *le
 
 /* Parse and self-check a blob; d_p's pointers point into blob. */
 duet_status_t duet__desc_decode(const void *blob, size_t len, duet__desc_t *d_p);
+
+/* Point d's rkey and address at padded copies (DUET__DESC_PAD), in one
+ * new allocation *buf_p that the caller frees (xfer_probe.c). */
+duet_status_t duet__desc_pad(duet__desc_t *d, void **buf_p);
 
 /* Can `local` (this daemon's rank) talk to `remote`?  DUET_ERR_MISMATCH
  * naming the first differing field: "peer decode rank 1: head_dim 64 != 128"

@@ -197,6 +197,40 @@ static void fill(duet_kv_pool_t *pool, int n, duet_kv_page_hash_t *h, int32_t *p
     }
 }
 
+/* Forgetting the cache (decode, after a slice nobody granted landed):
+ * idle pages are freed, held ones lose the cache's reference and are never
+ * matched again, and go free with their request. */
+static void test_forget(void **state)
+{
+    (void)state;
+    duet_kv_pool_t *pool;
+    duet_kv_page_hash_t h[4];
+    int32_t pages[4], hit[4];
+    duet_kv_pool_stats_t s;
+
+    assert_int_equal(duet_kv_pool_create(8, &pool), DUET_OK);
+    assert_int_equal(duet_kv_pool_cache_enable(pool), DUET_OK);
+    fill(pool, 4, h, pages);
+    /* a request holds prompt 1's page */
+    assert_int_equal(duet_kv_pool_cache_match(pool, &h[1], 1, 4, PS, hit), 1);
+    assert_int_equal(duet_kv_pool_cache_forget(pool), 4);
+    duet_kv_pool_stats(pool, &s);
+    assert_int_equal(s.cached, 0);
+    assert_int_equal(s.in_use, 1);
+    assert_int_equal(s.free, 7);
+    check_accounting(pool);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(duet_kv_pool_cache_match(pool, &h[i], 1, 4, PS, hit + 1), 0);
+    assert_int_equal(duet_kv_pool_release(pool, hit, 1), 1);
+    assert_int_equal(duet_kv_pool_free_count(pool), 8);
+    /* the cache works again afterwards */
+    fill(pool, 1, h, pages);
+    assert_int_equal(duet_kv_pool_cache_match(pool, &h[0], 1, 4, PS, hit), 1);
+    assert_int_equal(duet_kv_pool_release(pool, hit, 1), 0);
+    check_accounting(pool);
+    duet_kv_pool_destroy(pool);
+}
+
 static void test_lru_eviction(void **state)
 {
     (void)state;
@@ -368,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_hash_chain),           cmocka_unit_test(test_hash_chain_definition),
         cmocka_unit_test(test_match_insert_refs),
         cmocka_unit_test(test_chain_eviction_order), cmocka_unit_test(test_lru_eviction),
+        cmocka_unit_test(test_forget),
         cmocka_unit_test(test_run_eviction),         cmocka_unit_test(test_random_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
