@@ -16,7 +16,10 @@
 # with runtime = "runc" (when runc is installed) and default ulimits equal
 # to this shell's hard limits, and points CONTAINERS_CONF at it.  That
 # file replaces /etc/containers/containers.conf for the commands run from
-# the scripts only.
+# the scripts only.  Where the hard RLIMIT_NOFILE is below 1048576 the
+# runtime is scripts/lib/runc-clamp, runc behind a wrapper that lowers the
+# rlimits of each container to the hard limits: `podman kube play` (4.3)
+# ignores default_ulimits and asks for nofile 1048576 as root.
 
 duet_cache_dir() {
   printf '%s\n' "${DUET_CACHE:-${HOME:-/root}/.cache/duet}"
@@ -43,14 +46,21 @@ duet_podman_conf() {
   mkdir -p "$dir"
   nofile=$(duet_ulimit n)
   nproc=$(duet_ulimit u)
-  conf="$dir/containers.conf"
+  # one file per checkout: it names this checkout's runc-clamp
+  conf="$dir/containers-$(printf '%s' "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" | cksum | cut -d' ' -f1).conf"
   {
     echo "# written by scripts/lib/containers.sh (duet); safe to delete"
     echo "[containers]"
     echo "default_ulimits = [\"nofile=$nofile\", \"nproc=$nproc\"]"
     echo "[engine]"
     if command -v runc >/dev/null 2>&1; then
-      echo 'runtime = "runc"'
+      if [ "$(ulimit -Hn)" != unlimited ] && [ "$(ulimit -Hn)" -lt 1048576 ]; then
+        echo 'runtime = "duet-runc"'
+        echo '[engine.runtimes]'
+        echo "duet-runc = [\"$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/runc-clamp\"]"
+      else
+        echo 'runtime = "runc"'
+      fi
     fi
   } > "$conf.tmp"
   mv "$conf.tmp" "$conf"

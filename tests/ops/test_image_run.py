@@ -137,7 +137,15 @@ class Fleet:
         c.close()
         return r.status, data
 
+    def ip(self, role):
+        out = self.pm.ok("inspect", "--format",
+                         "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                         self.names[role])
+        return out.strip()
+
     def workers_healthy(self):
+        """Every running daemon container is a healthy worker at its
+        current address (a restarted container may have a new one)."""
         try:
             st, data = self.https("GET", "/workers", timeout=5)
         except OSError:
@@ -145,15 +153,17 @@ class Fleet:
         if st != 200:
             return False
         ws = json.loads(data).get("workers", [])
-        roles = {w.get("role") for w in ws if w.get("healthy")}
-        return {"prefill", "decode"} <= roles
+        have = {(w.get("role"), (w.get("address") or "").rsplit(":", 1)[0])
+                for w in ws if w.get("healthy")}
+        return all((role, self.ip(role)) in have for role in ("prefill", "decode"))
 
     def wait_serving(self, timeout=120):
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.workers_healthy():
                 try:
-                    st, _ = self.https("GET", "/health", timeout=5)
+                    st, _ = self.https("POST", "/v1/completions",
+                                       {"prompt": "Hello", "max_tokens": 2}, timeout=30)
                     if st == 200:
                         return
                 except OSError:
@@ -260,6 +270,7 @@ def drain(fl, role, model, build, restart):
     t = threading.Thread(target=stream_in_flight, args=(fl, prompt, n, first, out))
     t.start()
     check(first.wait(120), "%s drain: no first event" % role)
+    check("status" not in out, "%s drain: the stream ended before the signal: %s" % (role, out))
     out["signalled"] = True
     t0 = time.time()
     fl.pm.ok("kill", "--signal", "TERM", fl.names[role])
