@@ -27,6 +27,7 @@ if [ "$profile" != build ]; then
   packages+=(
     libcmocka-dev
     python3 python3-numpy python3-grpcio python3-protobuf
+    python3-yaml  # tests/ops: the kube play conversion
     libnss-wrapper gnuplot-nox
     iproute2  # ip netns, tc: the network-fault tests (tests/netfault)
     clang libclang-rt-14-dev
@@ -35,7 +36,8 @@ fi
 # podman with runc (Debian's crun fails on hybrid cgroup hosts) and
 # iptables (netavark's bridge networks), debootstrap for the images' base
 # (scripts/images.sh), Prometheus and promtool (tests/ops)
-ops_packages=(podman runc iptables debootstrap prometheus)
+# and catatonit (the pause image kube play builds)
+ops_packages=(podman runc iptables catatonit debootstrap prometheus)
 
 missing=()
 for p in "${packages[@]}"; do
