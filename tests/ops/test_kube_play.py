@@ -114,7 +114,9 @@ class _Conn(http.client.HTTPSConnection):
     (what the Service name resolves to in the cluster)."""
 
     def connect(self):
-        sock = socket.create_connection((self.host, self.port), self.timeout)
+        # a pod that is gone answers nothing: connect fails fast, reads wait
+        sock = socket.create_connection((self.host, self.port), 5)
+        sock.settimeout(self.timeout)
         self.sock = self._context.wrap_socket(sock, server_hostname="duet.duet.svc")
 
 
