@@ -62,8 +62,8 @@ duet_podman_conf() {
         echo 'runtime = "runc"'
       fi
     fi
-  } > "$conf.tmp"
-  mv "$conf.tmp" "$conf"
+  } > "$conf.$$"
+  mv "$conf.$$" "$conf"
   export CONTAINERS_CONF="$conf"
 }
 
