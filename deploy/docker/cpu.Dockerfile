@@ -2,9 +2,12 @@
 # duet CPU image (Debian 12): duet-prefill, duet-decode (cpu backend) and duet-router.
 #
 #   docker build -f deploy/docker/cpu.Dockerfile -t duet-cpu:0.1.0 .
+#   scripts/images.sh --cpu      (podman or docker; makes the debian:12.11
+#                                 bases with debootstrap where no registry answers)
 #
-# The build stage runs the scripts CI runs (scripts/install-deps.sh,
-# scripts/build.sh: a release build, fault injection compiled out); the final stage is Debian 12 slim plus the
+# The build stage runs the scripts CI runs (scripts/install-deps.sh with
+# only the build's packages, scripts/build.sh: a release build without the
+# benchmarks, fault injection compiled out); the final stage is Debian 12 slim plus the
 # packages of the shared libraries the binaries load, found by
 # deploy/docker/runtime-packages.sh in the build stage.
 
@@ -12,9 +15,9 @@ FROM debian:12.11 AS build
 ARG DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+RUN DUET_DEPS_PROFILE=build scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN DUET_SKIP_DEPS=1 DUET_BUILD_DIR=build/image scripts/build.sh \
+RUN DUET_SKIP_DEPS=1 DUET_BUILD_DIR=build/image DUET_CMAKE_ARGS=-DDUET_BUILD_BENCH=OFF scripts/build.sh \
  && mkdir -p /out/bin \
  && install -m 0755 build/image/prefill/duet-prefill build/image/decode/duet-decode \
       build/image/router/duet-router build/image/tools/duet build/image/tools/duet-client \

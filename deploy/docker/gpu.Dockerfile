@@ -27,7 +27,8 @@ FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS build
 ARG DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+# DUET_DEPS_OPS=0: not the container/Prometheus test tools (podman, ...)
+RUN DUET_DEPS_OPS=0 scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 # UCX before the sources, so a source change does not rebuild it.  rdma-core's
 # headers make build_ucx.sh build the verbs, rdmacm and mlx5 transports;
 # nvml.h and the libnvidia-ml stub are the devel image's cuda-nvml-dev

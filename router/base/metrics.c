@@ -120,6 +120,16 @@ void duet_router_metrics_render(duet_router_metrics_t *m, duet_router_buf_t *b)
     duet__hist(b, "request_duration_seconds", "Admission to the end of the response", &m->duration);
     duet__hist(b, "queue_wait_seconds", "Time spent in the router's admission queue",
                &m->queue_wait);
+    duet__hist(b, "time_per_output_token_seconds",
+               "Per finished request of 2+ tokens: first to last token over tokens - 1", &m->tpot);
+    duet__counter(b, "prompt_tokens_admitted_total", "Prompt tokens of created requests",
+                  &m->prompt_tokens_admitted);
+    duet_router_buf_printf(
+        b,
+        "# HELP duet_router_prompt_tokens_waiting Prompt tokens of requests without a first token "
+        "yet (queued or being prefilled)\n# TYPE duet_router_prompt_tokens_waiting gauge\n"
+        "duet_router_prompt_tokens_waiting %lld\n",
+        (long long)atomic_load_explicit(&m->prompt_tokens_waiting, memory_order_relaxed));
     duet__counter(b, "retries_total", "Requests retried on another worker pair", &m->retries);
     duet_router_buf_puts(b, "# HELP duet_router_migrations_total Started streams moved to "
                             "another decode, by reason\n# TYPE duet_router_migrations_total "

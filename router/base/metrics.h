@@ -11,6 +11,15 @@
  *   queue_wait_seconds                    histogram, time spent queued
  *   retries_total, client_disconnects_total, stream_errors_total,
  *   prompt_tokens_total, generation_tokens_total
+ *   time_per_output_token_seconds         histogram, per finished request with
+ *                                         2+ tokens: first to last token over
+ *                                         tokens - 1 (TPOT; SLO attainment is
+ *                                         a bucket over the count)
+ *   prompt_tokens_admitted_total          prompt tokens of created requests
+ *                                         (the rate prefill must absorb)
+ *   prompt_tokens_waiting                 gauge, prompt tokens of requests
+ *                                         without a first token yet (queued
+ *                                         here or being prefilled)
  *   workers_joined_total, workers_left_total   discovered workers (workers.h)
  *   discovery_lookup_failures_total            failed DNS lookups of groups
  *   migrations_total{reason}              started streams moved to another
@@ -61,9 +70,12 @@ enum {
 typedef struct {
     _Atomic uint64_t http[DUET_ROUTER_ROUTE_COUNT][DUET_ROUTER_METRICS_N_CODES];
     _Atomic uint64_t grpc[17];
-    duet_router_hist_t ttft, itl, duration, queue_wait;
+    duet_router_hist_t ttft, itl, duration, queue_wait, tpot;
     _Atomic uint64_t retries, disconnects, stream_errors, prompt_tokens, generation_tokens;
     _Atomic uint64_t workers_joined, workers_left, discovery_failures;
+    /* per-role autoscaling signals (docs/deploy.md "Scaling P and D apart") */
+    _Atomic uint64_t prompt_tokens_admitted;
+    _Atomic int64_t prompt_tokens_waiting;
     /* launches by route: whole requests to a colocated decode, or a decode
      * with a prefill (docs/design-notes.md "Colocated mode ...") */
     _Atomic uint64_t routes_colocated, routes_disaggregated;

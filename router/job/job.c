@@ -33,10 +33,18 @@
 #include "router/fleet/cache_index.h"
 #include "router/job/job_internal.h"
 
+/* The job's prompt no longer waits for its first token. */
+static void duet__job_prompt_done(duet_router_job_t *job)
+{
+    if (atomic_exchange(&job->prompt_waiting, false))
+        atomic_fetch_sub(&job->rt->metrics.prompt_tokens_waiting, (int64_t)job->n_prompt);
+}
+
 void duet__job_unref(duet_router_job_t *job)
 {
     if (atomic_fetch_sub(&job->refs, 1) != 1)
         return;
+    duet__job_prompt_done(job);
     pthread_mutex_destroy(&job->lock);
     duet_free(job->req);
     duet_free(job->keys);
@@ -112,6 +120,9 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
         job->key.keys = job->keys;
         job->key.n_tokens = req->token_ids->n_ids;
     }
+    atomic_fetch_add(&rt->metrics.prompt_tokens_admitted, job->n_prompt);
+    atomic_fetch_add(&rt->metrics.prompt_tokens_waiting, (int64_t)job->n_prompt);
+    atomic_store(&job->prompt_waiting, true);
     *job_p = job;
     return DUET_OK;
 }
@@ -381,7 +392,14 @@ static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bo
     end->started = job->started;
     pthread_mutex_unlock(&job->lock);
 
+    duet__job_prompt_done(job);
     duet_router_hist_observe(&rt->metrics.duration, duet_now_ns() - job->t_create);
+    if (end->ok && end->completion_tokens >= 2 && end->started) {
+        pthread_mutex_lock(&job->lock);
+        int64_t span = job->t_last - job->t_first;
+        pthread_mutex_unlock(&job->lock);
+        duet_router_hist_observe(&rt->metrics.tpot, span / (int64_t)(end->completion_tokens - 1));
+    }
     if (end->ok) {
         atomic_fetch_add(&rt->metrics.prompt_tokens, end->prompt_tokens);
         atomic_fetch_add(&rt->metrics.generation_tokens, end->completion_tokens);
@@ -614,6 +632,7 @@ static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size
     }
     if (!job->started) {
         job->started = true;
+        job->t_first = now;
         duet_router_hist_observe(&rt->metrics.ttft, now - job->t_create);
     } else {
         int64_t per = (now - job->t_last) / (int64_t)n_ids;
@@ -621,6 +640,8 @@ static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size
             duet_router_hist_observe(&rt->metrics.itl, per);
     }
     job->t_last = now;
+    if (first)
+        duet__job_prompt_done(job);
     duet_router_ca_tokens_append(&job->toks, resp->chunk->ids, resp->chunk->n_ids);
     bool cancelled = job->cancelled;
     /* what the sink gets, for a migration; without it the stream could

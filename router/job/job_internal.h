@@ -39,6 +39,9 @@ struct duet_router_job {
     int64_t t_create, t_admit;
     uint32_t n_prompt;    /* the prompt's tokens */
     uint32_t max_tokens;  /* the request's (0: the decode's default) */
+    /* n_prompt counted in metrics.prompt_tokens_waiting until the first
+     * token (or the job's end); atomic: set once by whoever takes it off */
+    _Atomic bool prompt_waiting;
     bool prompt_logprobs; /* skips the prefix cache */
     duet__pins_t pins;    /* set before start; the first launch prefers it */
 
@@ -57,7 +60,7 @@ struct duet_router_job {
     bool overflow;    /* the sink could not keep up */
     bool bad_message; /* decode sent something unparsable */
     bool started;
-    int64_t t_last;
+    int64_t t_first, t_last;
     int attempts;            /* streams opened */
     int done_attempts;       /* streams whose on_done ran */
     int prefill, decode;     /* current pair (-1 = none); after a failure, the pair to avoid */
