@@ -136,6 +136,7 @@ typedef struct {
     int transfer_timeout_ms;
     bool transfer_checksum;
     int rpc_timeout_ms; /* control-plane calls between daemons */
+    int transfer_queue_timeout_ms; /* a request's wait in prefill's queue, before its start */
     duet_xfer_on_failure_t transfer_on_failure;
     duet_router_config_t router;
     duet_auth_config_t auth;

@@ -90,6 +90,9 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
     case DUET_DC_EV_KV_PROGRESS:
         duet_dc_req_event(dc, req, DUET_DC_GO_KV_PROGRESS, ev);
         break;
+    case DUET_DC_EV_KV_STARTED:
+        duet_dc_req_event(dc, req, DUET_DC_GO_KV_STARTED, ev);
+        break;
     case DUET_DC_EV_RPC_DONE:
         duet_dc_req_event(dc, req, DUET_DC_GO_RPC_DONE, ev);
         break;

@@ -52,7 +52,8 @@ typedef struct duet_pf_req {
     duet_sampling_t sampling;
     uint64_t first_index; /* the output index of the token it samples (a migrated stream's) */
     atomic_bool aborted;
-    bool begun; /* sends begun on every rank */
+    bool announce_start; /* the call wants a {started} message when it leaves the queue */
+    bool begun;          /* sends begun on every rank */
     /* completion, written by the progress threads */
     atomic_int ranks_pending; /* sends not ended + the scheduler's until send_end */
     _Atomic duet_status_t status;

@@ -200,6 +200,21 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
     return DUET_OK;
 }
 
+/* Tell the decode its request left our queue: its transfer deadline counts
+ * from here (node/deadline.h). */
+static duet_status_t duet__announce_start(duet_pf_req_t *req)
+{
+    Duet__V1__PrefillResponse m = DUET__V1__PREFILL_RESPONSE__INIT;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    m.started = true;
+    duet_status_t st = duet_pb_pack(&m.base, &buf, &len);
+    if (st == DUET_OK)
+        st = duet_rpc_call_write(req->call, buf, len);
+    duet_free(buf);
+    return st == DUET_OK ? DUET_OK : duet_error_wrap(st, "announcing the start: ");
+}
+
 /* Begin the sends of one request on every rank; false when it failed (and
  * was completed). */
 static bool duet__req_begin(duet_prefill_t *pf, duet_pf_req_t *req)
@@ -219,6 +234,10 @@ static bool duet__req_begin(duet_prefill_t *pf, duet_pf_req_t *req)
         return false;
     }
     if (req->packed && (st0 = duet__pack_lists(pf, req)) != DUET_OK) {
+        duet__fail_unsent(pf, req, st0, duet_error_msg());
+        return false;
+    }
+    if (req->announce_start && (st0 = duet__announce_start(req)) != DUET_OK) {
         duet__fail_unsent(pf, req, st0, duet_error_msg());
         return false;
     }
