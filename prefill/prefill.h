@@ -81,6 +81,11 @@ typedef struct {
     duet_pf_req_t *inflight; /* computing or sending */
     int n_queued, n_inflight;
     uint64_t requests_total, requests_failed;
+    /* the router's admission signal (Info): prompt tokens queued or in
+     * the batch computing; measured tokens per second and prompt length
+     * (moving averages, 0 before the first batch) */
+    int64_t queue_tokens;
+    double tokens_per_s, prompt_mean;
     bool stop;
     pthread_t sched_thread;
     bool sched_started;

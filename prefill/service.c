@@ -235,6 +235,9 @@ static void duet__pf_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     r.running = (uint32_t)pf->n_inflight;
     r.requests_total = pf->requests_total;
     r.requests_failed = pf->requests_failed;
+    r.queue_tokens = pf->queue_tokens > 0 ? (uint64_t)pf->queue_tokens : 0;
+    r.prefill_tokens_per_s = pf->tokens_per_s;
+    r.prompt_tokens_mean = (uint32_t)(pf->prompt_mean + 0.5);
     pthread_mutex_unlock(&pf->lock);
     duet_pb_reply(call, &r.base);
 }

@@ -339,14 +339,28 @@ static void duet__active_remove(duet_router_t *rt, duet_router_job_t *job)
 
 static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running);
 
-/* A running slot was freed: start queued jobs while slots are free. */
+/* Admission's view of the prefills (docs/migration.md "Overload"): a new
+ * job starts only while some prefill's queue is shorter than
+ * router.prefill_wait_max_ms (then it could start before decode's
+ * transfer.queue_timeout_ms), or nothing of ours runs (so a job always
+ * progresses).  Read without adm_lock (it takes the workers' locks). */
+static bool duet__prefill_room(duet_router_t *rt)
+{
+    int max = rt->cfg->router.prefill_wait_max_ms;
+    return max <= 0 || duet_router_workers_prefill_wait_ms(rt->workers) <= max;
+}
+
+/* A running slot was freed, or the ticker came: start queued jobs while
+ * slots are free and the prefills have room. */
 static void duet__admit_next(duet_router_t *rt)
 {
     for (;;) {
         duet_router_job_t *job;
+        bool room = duet__prefill_room(rt);
         pthread_mutex_lock(&rt->adm_lock);
         job = rt->q_head;
-        if (job == NULL || rt->running >= rt->cfg->router.max_concurrent) {
+        if (job == NULL || rt->running >= rt->cfg->router.max_concurrent ||
+            (!room && rt->running > 0)) {
             pthread_mutex_unlock(&rt->adm_lock);
             return;
         }
@@ -422,8 +436,10 @@ duet_status_t duet__job_start(duet_router_job_t *job, bool follower)
                           duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) == 0
                               ? "decode worker"
                               : "prefill worker (and no healthy decode that prefills locally)");
+    bool room = duet__prefill_room(rt);
     pthread_mutex_lock(&rt->adm_lock);
-    if (rt->running < rt->cfg->router.max_concurrent && rt->q_head == NULL) {
+    if (rt->running < rt->cfg->router.max_concurrent && rt->q_head == NULL &&
+        (room || rt->running == 0)) {
         rt->running++;
         job->state = DUET__JOB_RUNNING;
     } else if (rt->queued < rt->cfg->router.queue_limit) {
@@ -544,6 +560,11 @@ void duet_router_jobs_expire(duet_router_t *rt)
                                      .message = "the request timed out in the router's queue"};
         duet__job_end(job, &end, false);
     }
+}
+
+void duet_router_jobs_admit(duet_router_t *rt)
+{
+    duet__admit_next(rt);
 }
 
 void duet_router_jobs_cancel_all(duet_router_t *rt)
