@@ -116,6 +116,7 @@ struct duet_dc_req {
      * this decode's outputs are indexes first_index + 0, 1, ... */
     int first_index;
     size_t resumed_text;
+    bool migratable; /* its caller migrates it when a drain ends it (DecodeGenerateRequest) */
     int max_tokens; /* this decode's outputs (what is left of the stream's) */
     duet_sampling_t sampling;
     bool ignore_eos;
@@ -208,6 +209,7 @@ typedef enum {
     DUET_DC_EV_LINK_DONE,  /* a bootstrap finished */
     DUET_DC_EV_PEER_ERROR, /* a transfer peer failed (peer pointer, compared only) */
     DUET_DC_EV_WAKE,
+    DUET_DC_EV_DRAIN, /* SIGTERM: end the migratable requests (their router moves them) */
 } duet_dc_ev_type_t;
 
 typedef struct duet_dc_ev {

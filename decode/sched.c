@@ -14,6 +14,7 @@
 #include "common/rpc_pb.h"
 #include "common/sync.h"
 #include "decode/cache.h"
+#include "decode/events.h"
 #include "decode/local_prefill.h"
 #include "decode/lp.h"
 #include "decode/owner.h"
@@ -22,28 +23,74 @@
 #include "duet/v1/common.pb-c.h"
 
 /* The live request with this id (not yet ENDED); NULL: none. */
-static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id)
+/* The first live request (not ENDED) that match accepts, NULL: none. */
+static duet_dc_req_t *duet__req_scan(duet_decode_t *dc,
+                                     bool (*match)(const duet_dc_req_t *r, const void *arg),
+                                     const void *arg)
 {
     duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
                               dc->ready_head};
     for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
         for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
-            if (strcmp(r->request_id, id) == 0)
+            if (match(r, arg))
                 return r;
         }
     }
     for (int i = 0; i < dc->n_running; i++) {
-        if (strcmp(dc->running[i]->request_id, id) == 0)
+        if (match(dc->running[i], arg))
             return dc->running[i];
     }
     for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
         duet_dc_link_t *k = duet_dc_link_of(nk);
         for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
-            if (strcmp(r->request_id, id) == 0)
+            if (match(r, arg))
                 return r;
         }
     }
     return NULL;
+}
+
+static bool duet__req_named(const duet_dc_req_t *r, const void *id)
+{
+    return strcmp(r->request_id, id) == 0;
+}
+
+static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id)
+{
+    return duet__req_scan(dc, duet__req_named, id);
+}
+
+static bool duet__req_movable(const duet_dc_req_t *r, const void *arg)
+{
+    (void)arg;
+    return r->migratable && r->state != DUET_DC_ENDED;
+}
+
+/* DRAIN: every request whose router migrates it ends now, UNAVAILABLE
+ * "decode draining" (the router continues it on another decode, token for
+ * token: docs/migration.md "Drains"); the rest finish within the drain. */
+static void duet__drain_migrate(duet_decode_t *dc)
+{
+    int n = 0;
+    duet_dc_req_t *r;
+    while ((r = duet__req_scan(dc, duet__req_movable, NULL)) != NULL) {
+        r->migratable = false; /* (once) */
+        duet_dc_req_go(dc, r,
+                       &(duet_dc_input_t){.go = DUET_DC_GO_FAIL,
+                                          .status = DUET_ERR_SHUTDOWN,
+                                          .msg = "decode draining: its router moves the stream"});
+        n++;
+    }
+    if (n > 0)
+        DUET_LOG_INFO("decode: draining: %d stream(s) handed back to their router to migrate", n);
+}
+
+void duet_dc_drain_begin(void *arg)
+{
+    duet_decode_t *dc = arg;
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_DRAIN, NULL);
+    if (ev != NULL)
+        duet_dc_post(dc, ev); /* (without memory the drain finishes them) */
 }
 
 /* LINK_DONE: the link is ready (or retired), and every request waiting
@@ -98,6 +145,9 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
         break;
     case DUET_DC_EV_LINK_DONE:
         duet__link_done(dc, ev);
+        break;
+    case DUET_DC_EV_DRAIN:
+        duet__drain_migrate(dc);
         break;
     case DUET_DC_EV_PEER_ERROR:
         duet_dc_on_peer_failed(dc, ev);

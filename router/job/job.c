@@ -136,9 +136,10 @@ typedef struct {
 /* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
  * prefill_target = 2, prefill_local = 4 when set, router_cached_tokens = 5
  * when not 0, first_output_index = 6 and resumed_text_bytes = 7 when
- * not 0}: written directly around the already packed request. */
+ * not 0, migratable = 8 when set}: written directly around the already
+ * packed request. */
 static uint8_t *duet__decode_request(const duet__resume_t *rq, const char *target, bool local,
-                                     size_t cached, size_t *len_p)
+                                     size_t cached, bool migratable, size_t *len_p)
 {
     size_t tlen = strlen(target);
     uint8_t *out = duet_malloc(rq->req_len + tlen + 60), *p = out;
@@ -167,6 +168,10 @@ static uint8_t *duet__decode_request(const duet__resume_t *rq, const char *targe
     if (rq->text > 0) {
         *p++ = (7 << 3) | 0;
         p += duet__varint(p, rq->text);
+    }
+    if (migratable) {
+        *p++ = (8 << 3) | 0;
+        *p++ = 1;
     }
     *len_p = (size_t)(p - out);
     return out;
@@ -250,7 +255,7 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     duet__count_route(rt, p < 0);
     msg = duet__decode_request(
         &rq, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
-        cached, &len);
+        cached, rt->cfg->router.migrate_max > 0, &len);
     duet_free(resumed);
     if (msg == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
@@ -685,7 +690,7 @@ static bool duet__job_migrate(duet_router_job_t *job, duet_router_job_end_t *end
                               bool no_fin)
 {
     duet_router_t *rt = job->rt;
-    const char *reason = duet__job_migrate_reason(end->code, stalled, no_fin);
+    const char *reason = duet__job_migrate_reason(end->code, end->message, stalled, no_fin);
     /* broken weights fail the same way on every decode (docs/security.md) */
     if (end->message != NULL && strstr(end->message, "non-finite") != NULL)
         reason = NULL;
