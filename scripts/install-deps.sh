@@ -17,6 +17,7 @@ packages=(
   curl libnss-wrapper
   libcurl4-openssl-dev gnuplot-nox
   iproute2  # ip netns, tc: the network-fault tests (tests/netfault)
+  nftables  # nft: packet loss in those tests where the kernel has no sch_netem
   clang libclang-rt-14-dev
 )
 
