@@ -44,6 +44,7 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, policy, "least_load", "worker selection policy (checked by duet-router: see its --help)"),
     DUET_CFG_F_INT(duet_router_config_t, max_concurrent, 1, 1 << 20, 256, "requests in flight before queueing"),
     DUET_CFG_F_INT(duet_router_config_t, queue_limit, 0, 1 << 20, 1024, "queued requests before 429"),
+    DUET_CFG_F_INT(duet_router_config_t, prefill_wait_max_ms, 0, 86400000, 10000, "admission: requests wait in the router's queue (429 once it is full) while every prefill's estimated queue wait exceeds this (0 = off; docs/migration.md \"Overload\")"),
     DUET_CFG_F_STRING(duet_router_config_t, api_key, "", "required bearer token (\"\" = none)"),
     DUET_CFG_F_STRING(duet_router_config_t, api_key_env, "", "environment variable holding the bearer token"),
     DUET_CFG_F_INT(duet_router_config_t, max_body_bytes, 64, 1 << 30, 1 << 20, "largest request body (413 above)"),
@@ -56,7 +57,6 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, https_key, "", "PEM private key of router.https_cert"),
     DUET_CFG_F_INT(duet_router_config_t, migrate_max, 0, 64, 3, "times a started stream moves to another decode when its decode fails or stalls (0 = never; docs/migration.md)"),
     DUET_CFG_F_INT(duet_router_config_t, stall_timeout_ms, 0, 86400000, 5000, "a started stream with no token for this long migrates (0 = off; docs/migration.md)"),
-    DUET_CFG_F_INT(duet_router_config_t, prefill_wait_max_ms, 0, 86400000, 10000, "admission: requests wait in the router's queue (429 once it is full) while every prefill's estimated queue wait exceeds this (0 = off; docs/migration.md \"Overload\")"),
     DUET_CFG_F_CUSTOM(duet_router_config_t, cache_aware, duet__parse_cache_aware, "object: the cache_aware policy's thresholds (router.cache_aware.*)"),
 };
 

@@ -23,47 +23,53 @@
 #include "duet/v1/common.pb-c.h"
 
 /* The live request with this id (not yet ENDED); NULL: none. */
-/* The first live request (not ENDED) that match accepts, NULL: none. */
-static duet_dc_req_t *duet__req_scan(duet_decode_t *dc,
-                                     bool (*match)(const duet_dc_req_t *r, const void *arg),
-                                     const void *arg)
+static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id)
 {
     duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
                               dc->ready_head};
     for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
         for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
-            if (match(r, arg))
+            if (strcmp(r->request_id, id) == 0)
                 return r;
         }
     }
     for (int i = 0; i < dc->n_running; i++) {
-        if (match(dc->running[i], arg))
+        if (strcmp(dc->running[i]->request_id, id) == 0)
             return dc->running[i];
     }
     for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
         duet_dc_link_t *k = duet_dc_link_of(nk);
         for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
-            if (match(r, arg))
+            if (strcmp(r->request_id, id) == 0)
                 return r;
         }
     }
     return NULL;
 }
 
-static bool duet__req_named(const duet_dc_req_t *r, const void *id)
+/* The first live request (not ENDED) its router migrates; NULL: none. */
+static duet_dc_req_t *duet__req_movable(duet_decode_t *dc)
 {
-    return strcmp(r->request_id, id) == 0;
-}
-
-static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id)
-{
-    return duet__req_scan(dc, duet__req_named, id);
-}
-
-static bool duet__req_movable(const duet_dc_req_t *r, const void *arg)
-{
-    (void)arg;
-    return r->migratable && r->state != DUET_DC_ENDED;
+    duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
+                              dc->ready_head};
+    for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
+        for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
+            if (r->migratable)
+                return r;
+        }
+    }
+    for (int i = 0; i < dc->n_running; i++) {
+        if (dc->running[i]->migratable)
+            return dc->running[i];
+    }
+    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
+        duet_dc_link_t *k = duet_dc_link_of(nk);
+        for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
+            if (r->migratable)
+                return r;
+        }
+    }
+    return NULL;
 }
 
 /* DRAIN: every request whose router migrates it ends now, UNAVAILABLE
@@ -73,7 +79,7 @@ static void duet__drain_migrate(duet_decode_t *dc)
 {
     int n = 0;
     duet_dc_req_t *r;
-    while ((r = duet__req_scan(dc, duet__req_movable, NULL)) != NULL) {
+    while ((r = duet__req_movable(dc)) != NULL) {
         r->migratable = false; /* (once) */
         duet_dc_req_go(dc, r,
                        &(duet_dc_input_t){.go = DUET_DC_GO_FAIL,
