@@ -44,6 +44,7 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, policy, "least_load", "worker selection policy (checked by duet-router: see its --help)"),
     DUET_CFG_F_INT(duet_router_config_t, max_concurrent, 1, 1 << 20, 256, "requests in flight before queueing"),
     DUET_CFG_F_INT(duet_router_config_t, queue_limit, 0, 1 << 20, 1024, "queued requests before 429"),
+    DUET_CFG_F_INT(duet_router_config_t, prefill_wait_max_ms, 0, 86400000, 10000, "admission: requests wait in the router's queue (429 once it is full) while every prefill's estimated queue wait exceeds this (0 = off; docs/migration.md \"Overload\")"),
     DUET_CFG_F_STRING(duet_router_config_t, api_key, "", "required bearer token (\"\" = none)"),
     DUET_CFG_F_STRING(duet_router_config_t, api_key_env, "", "environment variable holding the bearer token"),
     DUET_CFG_F_INT(duet_router_config_t, max_body_bytes, 64, 1 << 30, 1 << 20, "largest request body (413 above)"),
@@ -91,6 +92,7 @@ typedef struct {
     int timeout_ms;
     bool checksum;
     int rpc_timeout_ms;
+    int queue_timeout_ms;
     char *on_failure;
 } duet__transfer_section_t;
 
@@ -100,6 +102,9 @@ static const duet_cfg_field_t duet__transfer_fields[] = {
     DUET_CFG_F_BOOL(duet__transfer_section_t, checksum, 0, "CRC32C of every KV slice"),
     DUET_CFG_F_INT(duet__transfer_section_t, rpc_timeout_ms, 1, 3600000, 30000,
                    "deadline of control-plane calls between daemons"),
+    DUET_CFG_F_INT(duet__transfer_section_t, queue_timeout_ms, 0, 3600000, 30000,
+                   "how long a request may wait in prefill's queue before prefill starts it; "
+                   "timeout_ms counts from that start (docs/migration.md \"Overload\")"),
     DUET_CFG_F_STRING(duet__transfer_section_t, on_failure, "recompute",
                       "a request's KV transfer failed after decode admitted it: fail, retry "
                       "(the router, on another pair) or recompute (decode prefills it "
@@ -327,6 +332,7 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
     cfg->transfer_timeout_ms = tr.timeout_ms;
     cfg->transfer_checksum = tr.checksum;
     cfg->rpc_timeout_ms = tr.rpc_timeout_ms;
+    cfg->transfer_queue_timeout_ms = tr.queue_timeout_ms;
     cfg->transfer_on_failure = DUET_XFER_ON_FAILURE_COUNT;
     for (size_t m = 0; m < N_OF(duet__on_failure_names); m++)
         if (tr.on_failure != NULL && strcmp(tr.on_failure, duet__on_failure_names[m]) == 0)

@@ -109,6 +109,8 @@ typedef struct {
     duet_router_cache_aware_config_t cache_aware;
     int migrate_max;      /* migrations of a started stream (docs/migration.md) */
     int stall_timeout_ms; /* no token for this long: the stream migrates (0 = off) */
+    int prefill_wait_max_ms; /* admission: hold requests while every prefill's queue is
+                                longer than this (0 = off; docs/migration.md "Overload") */
 } duet_router_config_t;
 
 /* auth: how the cluster's gRPC servers authenticate their callers and how
@@ -141,6 +143,7 @@ typedef struct {
     int transfer_timeout_ms;
     bool transfer_checksum;
     int rpc_timeout_ms; /* control-plane calls between daemons */
+    int transfer_queue_timeout_ms; /* a request's wait in prefill's queue, before its start */
     duet_xfer_on_failure_t transfer_on_failure;
     duet_router_config_t router;
     duet_auth_config_t auth;

@@ -116,6 +116,7 @@ struct duet_dc_req {
      * this decode's outputs are indexes first_index + 0, 1, ... */
     int first_index;
     size_t resumed_text;
+    bool migratable; /* its caller migrates it when a drain ends it (DecodeGenerateRequest) */
     int max_tokens; /* this decode's outputs (what is left of the stream's) */
     duet_sampling_t sampling;
     bool ignore_eos;
@@ -161,6 +162,9 @@ struct duet_dc_req {
     int32_t kv_first_token;
     int kv_ok;                    /* ranks that completed */
     bool rpc_started, rpc_done;
+    int64_t call_deadline_ns;     /* the Prefill call's (node/deadline.h) */
+    bool kv_started;              /* prefill announced its start (KV_STARTED) */
+    bool kv_timed_out_queued;     /* a rank's transfer timed out before that */
     duet_rpc_stream_t *rpc_stream;
     bool retried;                 /* re-bootstrapped once already */
     /* its KV transfer failed and transfer.on_failure is recompute: it
@@ -200,10 +204,12 @@ typedef enum {
     DUET_DC_EV_ABORT,      /* Decode.Abort(request_id) */
     DUET_DC_EV_KV_DONE,    /* one rank's expectation ended */
     DUET_DC_EV_KV_PROGRESS, /* packed: more layers landed on one rank */
+    DUET_DC_EV_KV_STARTED, /* prefill began the request (its Prefill call's first message) */
     DUET_DC_EV_RPC_DONE,   /* the Prefill call returned */
     DUET_DC_EV_LINK_DONE,  /* a bootstrap finished */
     DUET_DC_EV_PEER_ERROR, /* a transfer peer failed (peer pointer, compared only) */
     DUET_DC_EV_WAKE,
+    DUET_DC_EV_DRAIN, /* SIGTERM: end the migratable requests (their router moves them) */
 } duet_dc_ev_type_t;
 
 typedef struct duet_dc_ev {
@@ -211,7 +217,7 @@ typedef struct duet_dc_ev {
     duet_dc_req_t *req;
     duet_dc_link_t *link;
     const void *peer;
-    uint64_t transfer_id;                 /* KV_DONE: the transfer it reports on */
+    uint64_t transfer_id;                 /* KV_*: the transfer it reports on */
     uint64_t peer_instance;       /* PEER_ERROR: the remote side of peer */
     int rank;                     /* KV_*: decode rank; PEER_ERROR: remote rank */
     int layers;                   /* KV_PROGRESS: layers [0, layers) landed on that rank */

@@ -83,6 +83,7 @@ static const duet_node_ops_t duet__decode_ops = {
     .register_services = duet__decode_register,
     .start = duet__decode_start,
     .pending = duet_dc_pending,
+    .drain_begin = duet_dc_drain_begin,
     .stop = duet__decode_stop,
     .cleanup = duet__decode_cleanup,
     .on_peer_error = duet_dc_on_peer_error,

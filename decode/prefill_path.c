@@ -130,6 +130,7 @@ static void duet__expect_progress_cb(void *arg, uint64_t id, int layers)
 typedef struct {
     duet_decode_t *dc;
     duet_dc_req_t *req;
+    uint64_t transfer_id;
     duet_dc_ev_t *ev; /* RPC_DONE, allocated with the call */
 } duet__call_arg_t;
 
@@ -139,8 +140,19 @@ static void duet__call_message(duet_rpc_stream_t *stream, const uint8_t *data, s
     /* the first token comes with the notifications; the reply's timings
      * are only logged */
     duet__call_arg_t *a = arg;
-    duet_dc_lp_take_reply(a->dc, a->req, data, len);
     Duet__V1__PrefillResponse *r = duet__v1__prefill_response__unpack(NULL, len, data);
+    if (r != NULL && r->started) {
+        /* prefill began it (announce_start): losing the event to a failed
+         * allocation only keeps the first, longer deadline */
+        duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_KV_STARTED, a->req);
+        if (ev != NULL) {
+            ev->transfer_id = a->transfer_id;
+            duet_dc_post(a->dc, ev);
+        }
+        duet__v1__prefill_response__free_unpacked(r, NULL);
+        return;
+    }
+    duet_dc_lp_take_reply(a->dc, a->req, data, len);
     if (r != NULL) {
         DUET_LOG_DEBUG("decode: prefill replied: queue %u us compute %u us transfer %u us, %llu "
                        "bytes",
@@ -260,7 +272,7 @@ duet_status_t duet_dc_expect_all(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_
             .deadline_ns = deadline_ns,
             .cb = duet__expect_done_cb,
             .arg = &req->rank_args[d],
-            .flags = req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0,
+            .flags = (req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0) | DUET_XFER_EXPECT_STARTS,
             .dst_stage0 = req->stage0,
             .progress = progress > 0 ? duet__expect_progress_cb : NULL,
             .progress_arg = &req->rank_args[d],
@@ -309,6 +321,7 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
     pr.logprobs = req->logprobs;
     pr.top_logprobs = (uint32_t)req->top_logprobs;
     pr.prompt_logprobs = req->prompt_logprobs;
+    pr.announce_start = true;
     /* the grant for exactly these pages (node/grant.h); it outlives the
      * call's deadline by nothing (node/deadline.h) */
     duet_node_grant_t g = {
@@ -338,6 +351,7 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
     }
     ca->dc = dc;
     ca->req = req;
+    ca->transfer_id = req->transfer_id;
     if ((st = duet_pb_pack(&pr.base, &buf, &len)) != DUET_OK)
         goto err_free_event;
     st = duet_rpc_client_stream(dc->node.cli, link->base.key, "/duet.v1.Prefill/Prefill", buf, len,
@@ -372,6 +386,20 @@ void duet_dc_prefill_abort(duet_decode_t *dc, const duet_dc_req_t *req)
         DUET_LOG_WARN("decode: cannot ask prefill %s to abort %s: %s", req->prefill_target,
                       req->request_id, duet_error_msg());
     duet_free(buf);
+}
+
+void duet_dc_link_cut(duet_decode_t *dc, duet_dc_link_t *link, const char *why)
+{
+    if (link->base.peers == NULL)
+        return;
+    for (int d = 0; d < dc->node.ke.tp; d++) {
+        duet_xfer_peer_t *const *peers = duet_node_link_peers(&link->base, d);
+        for (int s = 0; s < link->base.remote_tp; s++)
+            if (peers[s] != NULL)
+                (void)duet_xfer_peer_cut(duet_xfer_rank(dc->node.ke.xfer, d), peers[s], why);
+    }
+    if (link->base.state == DUET_NODE_LINK_READY)
+        duet_node_link_retire(&link->base);
 }
 
 void duet_dc_on_peer_failed(duet_decode_t *dc, const duet_dc_ev_t *ev)

@@ -60,6 +60,9 @@ void duet_dc_prefill_abort(duet_decode_t *dc, const duet_dc_req_t *req);
 
 /* PEER_ERROR (scheduler): retire the link whose connection failed. */
 void duet_dc_on_peer_failed(duet_decode_t *dc, const duet_dc_ev_t *ev);
+/* Force-close every connection of link (duet_xfer_peer_cut) and retire
+ * it: nothing its prefill still sends can land here. */
+void duet_dc_link_cut(duet_decode_t *dc, duet_dc_link_t *link, const char *why);
 /* Transfer layer callback (progress thread): post PEER_ERROR. */
 void duet_dc_on_peer_error(void *arg, duet_xfer_peer_t *peer, duet_status_t st, const char *detail);
 

@@ -359,6 +359,9 @@ static duet_status_t duet__req_call(duet_decode_t *dc, duet_dc_req_t *req, duet_
     req->rpc_started = true;
     req->rpc_done = false;
     req->t_called = duet_now_ns();
+    req->call_deadline_ns = duet_node_deadline_prefill_call(dc->node.args.cluster, now);
+    req->kv_started = false;
+    req->kv_timed_out_queued = false;
     return DUET_OK;
 }
 
@@ -513,6 +516,8 @@ static void duet__req_kv_done(duet_decode_t *dc, duet_dc_req_t *req, const duet_
     if (ev->status != DUET_OK) {
         char msg[640];
         req->kv_failed = true;
+        if (ev->status == DUET_ERR_TIMEOUT && !req->kv_started)
+            req->kv_timed_out_queued = true; /* the link stayed up (rpc_done) */
         /* prefill refused to send (non-finite logits): its Prefill reply,
          * which follows, says why; RPC_DONE fails the request with it */
         if (ev->status == DUET_ERR_INTERNAL && req->rpc_started && !req->rpc_done &&
@@ -572,11 +577,36 @@ static void duet__req_kv_progress(duet_decode_t *dc, duet_dc_req_t *req, const d
     req->unpacked = least;
 }
 
+/* Prefill took the request off its queue: the transfer has
+ * transfer.timeout_ms from now (node/deadline.h); a wait in prefill's
+ * queue no longer counts against it. */
+static void duet__req_kv_started(duet_decode_t *dc, duet_dc_req_t *req, const duet_dc_ev_t *ev)
+{
+    if (ev->transfer_id != req->transfer_id || req->state != DUET_DC_PREFILL ||
+        req->expecting == NULL)
+        return;
+    int64_t deadline = duet_node_deadline_started(dc->node.args.cluster, duet_now_ns());
+    req->kv_started = true;
+    for (int d = 0; d < dc->node.ke.tp; d++)
+        if (req->expecting[d])
+            (void)duet_xfer_recv_started(duet_xfer_rank(dc->node.ke.xfer, d), req->transfer_id,
+                                         deadline); /* (NOT_FOUND: it has ended) */
+}
+
 static void duet__req_rpc_done(duet_decode_t *dc, duet_dc_req_t *req, const duet_dc_ev_t *ev)
 {
     req->rpc_done = true;
     duet_rpc_stream_release(req->rpc_stream);
     req->rpc_stream = NULL;
+    /* its transfer timed out while it waited in prefill's queue, so the
+     * link stayed up; prefill's answer means it sends nothing more, but
+     * a call that ended without one (connection lost, our own deadline:
+     * a partition?) leaves its sends unknown: cut the link before the
+     * pages go back */
+    if (req->kv_timed_out_queued && req->link != NULL &&
+        (ev->status == DUET_ERR_PEER ||
+         (ev->status == DUET_ERR_TIMEOUT && duet_now_ns() >= req->call_deadline_ns)))
+        duet_dc_link_cut(dc, req->link, "a Prefill call ended without its answer");
     if (req->state == DUET_DC_ENDED) {
         duet__req_release(dc, req);
         return;
@@ -745,6 +775,9 @@ duet_status_t duet_dc_req_go(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
         break;
     case DUET_DC_GO_KV_PROGRESS:
         duet__req_kv_progress(dc, req, in->ev);
+        break;
+    case DUET_DC_GO_KV_STARTED:
+        duet__req_kv_started(dc, req, in->ev);
         break;
     case DUET_DC_GO_RPC_DONE:
         duet__req_rpc_done(dc, req, in->ev);

@@ -34,6 +34,7 @@ typedef enum {
     DUET_DC_GO_LINKED,      /* LINKING: ev, its link's LINK_DONE -> PREFILL */
     DUET_DC_GO_KV_DONE,     /* PREFILL (or later): ev, one rank's expectation ended */
     DUET_DC_GO_KV_PROGRESS, /* PREFILL, packed: ev, more layers landed on one rank */
+    DUET_DC_GO_KV_STARTED,  /* PREFILL: ev, prefill began it (its transfer deadline restarts) */
     DUET_DC_GO_RPC_DONE,    /* PREFILL (or later): ev, the Prefill call returned */
     DUET_DC_GO_FIRST,       /* KV_IN: send output 0, KV into its pages -> READY */
     DUET_DC_GO_RUN,         /* READY -> RUNNING (the caller has a batch slot) */
@@ -44,7 +45,7 @@ typedef enum {
 
 typedef struct {
     duet_dc_go_t go;
-    const duet_dc_ev_t *ev;   /* LINKED, KV_DONE, KV_PROGRESS, RPC_DONE */
+    const duet_dc_ev_t *ev;   /* LINKED, KV_DONE, KV_PROGRESS, KV_STARTED, RPC_DONE */
     int32_t token;            /* TOKEN */
     const duet_logprob_t *lp; /* TOKEN: its log-probability, NULL: none */
     int n_tokens;             /* CHUNK */

@@ -14,6 +14,7 @@
 #include "common/rpc_pb.h"
 #include "common/sync.h"
 #include "decode/cache.h"
+#include "decode/events.h"
 #include "decode/local_prefill.h"
 #include "decode/lp.h"
 #include "decode/owner.h"
@@ -48,6 +49,58 @@ static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id, const ch
         }
     }
     return NULL;
+}
+
+/* The first live request (not ENDED) its router migrates; NULL: none. */
+static duet_dc_req_t *duet__req_movable(duet_decode_t *dc)
+{
+    duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
+                              dc->ready_head};
+    for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
+        for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
+            if (r->migratable)
+                return r;
+        }
+    }
+    for (int i = 0; i < dc->n_running; i++) {
+        if (dc->running[i]->migratable)
+            return dc->running[i];
+    }
+    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
+        duet_dc_link_t *k = duet_dc_link_of(nk);
+        for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
+            if (r->migratable)
+                return r;
+        }
+    }
+    return NULL;
+}
+
+/* DRAIN: every request whose router migrates it ends now, UNAVAILABLE
+ * "decode draining" (the router continues it on another decode, token for
+ * token: docs/migration.md "Drains"); the rest finish within the drain. */
+static void duet__drain_migrate(duet_decode_t *dc)
+{
+    int n = 0;
+    duet_dc_req_t *r;
+    while ((r = duet__req_movable(dc)) != NULL) {
+        r->migratable = false; /* (once) */
+        duet_dc_req_go(dc, r,
+                       &(duet_dc_input_t){.go = DUET_DC_GO_FAIL,
+                                          .status = DUET_ERR_SHUTDOWN,
+                                          .msg = "decode draining: its router moves the stream"});
+        n++;
+    }
+    if (n > 0)
+        DUET_LOG_INFO("decode: draining: %d stream(s) handed back to their router to migrate", n);
+}
+
+void duet_dc_drain_begin(void *arg)
+{
+    duet_decode_t *dc = arg;
+    duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_DRAIN, NULL);
+    if (ev != NULL)
+        duet_dc_post(dc, ev); /* (without memory the drain finishes them) */
 }
 
 /* LINK_DONE: the link is ready (or retired), and every request waiting
@@ -93,11 +146,17 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
     case DUET_DC_EV_KV_PROGRESS:
         duet_dc_req_event(dc, req, DUET_DC_GO_KV_PROGRESS, ev);
         break;
+    case DUET_DC_EV_KV_STARTED:
+        duet_dc_req_event(dc, req, DUET_DC_GO_KV_STARTED, ev);
+        break;
     case DUET_DC_EV_RPC_DONE:
         duet_dc_req_event(dc, req, DUET_DC_GO_RPC_DONE, ev);
         break;
     case DUET_DC_EV_LINK_DONE:
         duet__link_done(dc, ev);
+        break;
+    case DUET_DC_EV_DRAIN:
+        duet__drain_migrate(dc);
         break;
     case DUET_DC_EV_PEER_ERROR:
         duet_dc_on_peer_failed(dc, ev);

@@ -1,10 +1,13 @@
 /* The timing rule of a remote prefill, one place for both daemons
  * (DESIGN §3 rule 7; docs/security.md "Page grants and ownership").
  *
- * Decode registers what every rank expects at t0 and gives the transfer
- * until t0 + transfer_timeout; its Prefill call may run one rpc timeout
- * longer (prefill answers only after every send ended), and the page grant
- * it signs expires then too, on the wall clock.  Prefill, serving the call,
+ * Decode registers what every rank expects at t0 and gives the request
+ * until t0 + queue_timeout + transfer_timeout (a request may wait in
+ * prefill's queue); once prefill says it started the request (at s, its
+ * Prefill call's first message) the transfer has until s +
+ * transfer_timeout.  The Prefill call may run one rpc timeout longer than
+ * the first deadline (prefill answers only after every send ended), and the
+ * page grant decode signs expires then too, on the wall clock.  Prefill, serving the call,
  * writes nothing after the call's deadline minus one rpc timeout: decode
  * has given up on the transfer by then and reuses the pages once the call
  * ended.  Pure functions; thread-safe. */
@@ -18,6 +21,10 @@
 /* Decode: the deadline of the expectations registered at now_ns
  * (monotonic, duet_now_ns). */
 int64_t duet_node_deadline_transfer(const duet_cluster_config_t *c, int64_t now_ns);
+
+/* Decode: the deadline of the expectations once prefill started the
+ * request (its announcement arrived at now_ns). */
+int64_t duet_node_deadline_started(const duet_cluster_config_t *c, int64_t now_ns);
 
 /* Decode: the deadline of the Prefill call made at now_ns (monotonic). */
 int64_t duet_node_deadline_prefill_call(const duet_cluster_config_t *c, int64_t now_ns);

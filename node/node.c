@@ -123,6 +123,8 @@ static void duet__drain(duet_node_t *node)
 
     duet_rpc_health_set(node->health, "", DUET_RPC_HEALTH_NOT_SERVING);
     atomic_store(&node->draining, true);
+    if (node->ops->drain_begin != NULL)
+        node->ops->drain_begin(node->ud);
     /* an engine failure during the drain ends it: what is left cannot run */
     while ((left = node->ops->pending(node->ud)) > 0 && duet_now_ns() < deadline &&
            !duet_node_failed(node))

@@ -58,6 +58,9 @@ typedef struct {
     duet_status_t (*start)(void *ud);
     /* Requests not finished yet (drain; any thread may call it). */
     int (*pending)(void *ud);
+    /* The drain began (new requests are refused from now on): hand back
+     * what others can continue (optional; any thread). */
+    void (*drain_begin)(void *ud);
     /* The drain deadline passed: abort what is left (optional). */
     void (*drain_abort)(void *ud);
     /* Stop the scheduler: it ends what is left (also after a failed

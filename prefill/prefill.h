@@ -56,7 +56,8 @@ typedef struct duet_pf_req {
     duet_sampling_t sampling;
     uint64_t first_index; /* the output index of the token it samples (a migrated stream's) */
     atomic_bool aborted;
-    bool begun; /* sends begun on every rank */
+    bool announce_start; /* the call wants a {started} message when it leaves the queue */
+    bool begun;          /* sends begun on every rank */
     /* completion, written by the progress threads */
     atomic_int ranks_pending; /* sends not ended + the scheduler's until send_end */
     _Atomic duet_status_t status;
@@ -84,6 +85,11 @@ typedef struct {
     duet_pf_req_t *inflight; /* computing or sending */
     int n_queued, n_inflight;
     uint64_t requests_total, requests_failed;
+    /* the router's admission signal (Info): prompt tokens queued or in
+     * the batch computing; measured tokens per second and prompt length
+     * (moving averages, 0 before the first batch) */
+    int64_t queue_tokens;
+    double tokens_per_s, prompt_mean;
     bool stop;
     pthread_t sched_thread;
     bool sched_started;

@@ -200,6 +200,21 @@ static duet_status_t duet__pack_lists(duet_prefill_t *pf, duet_pf_req_t *req)
     return DUET_OK;
 }
 
+/* Tell the decode its request left our queue: its transfer deadline counts
+ * from here (node/deadline.h). */
+static duet_status_t duet__announce_start(duet_pf_req_t *req)
+{
+    Duet__V1__PrefillResponse m = DUET__V1__PREFILL_RESPONSE__INIT;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    m.started = true;
+    duet_status_t st = duet_pb_pack(&m.base, &buf, &len);
+    if (st == DUET_OK)
+        st = duet_rpc_call_write(req->call, buf, len);
+    duet_free(buf);
+    return st == DUET_OK ? DUET_OK : duet_error_wrap(st, "announcing the start: ");
+}
+
 /* Begin the sends of one request on every rank; false when it failed (and
  * was completed). */
 static bool duet__req_begin(duet_prefill_t *pf, duet_pf_req_t *req)
@@ -219,6 +234,10 @@ static bool duet__req_begin(duet_prefill_t *pf, duet_pf_req_t *req)
         return false;
     }
     if (req->packed && (st0 = duet__pack_lists(pf, req)) != DUET_OK) {
+        duet__fail_unsent(pf, req, st0, duet_error_msg());
+        return false;
+    }
+    if (req->announce_start && (st0 = duet__announce_start(req)) != DUET_OK) {
         duet__fail_unsent(pf, req, st0, duet_error_msg());
         return false;
     }
@@ -370,6 +389,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
         if (req->aborted) {
             pf->queue_head = req->next;
             pf->n_queued--;
+            pf->queue_tokens -= req->n_prompt;
             req->next = *cancelled_p;
             *cancelled_p = req;
             continue;
@@ -400,6 +420,18 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
     if (pf->queue_head == NULL)
         pf->queue_tail = NULL;
     return n;
+}
+
+/* A batch of n requests, tokens prompt tokens, left the queue and ran
+ * (computed, sends posted) in wall_ns: the admission signal (lock held). */
+static void duet__measure(duet_prefill_t *pf, int n, int tokens, int64_t wall_ns)
+{
+    const double a = 0.3; /* weight of the newest batch */
+    double rate = (double)tokens * 1e9 / (double)(wall_ns > 0 ? wall_ns : 1);
+    double mean = (double)tokens / n;
+    pf->queue_tokens -= tokens;
+    pf->tokens_per_s = pf->tokens_per_s > 0 ? (1 - a) * pf->tokens_per_s + a * rate : rate;
+    pf->prompt_mean = pf->prompt_mean > 0 ? (1 - a) * pf->prompt_mean + a * mean : mean;
 }
 
 static void *duet__pf_sched_main(void *arg)
@@ -437,6 +469,10 @@ static void *duet__pf_sched_main(void *arg)
             pthread_mutex_unlock(&pf->lock);
             duet_pf_req_free(pf, req);
         }
+        int64_t t_batch = duet_now_ns();
+        int batch_tokens = 0;
+        for (int i = 0; i < n; i++)
+            batch_tokens += batch[i]->n_prompt;
         if (n > 0 && delay_ms > 0) {
             DUET_LOG_WARN("prefill: fault injection: holding a batch for %ld ms", delay_ms);
             nanosleep(&(struct timespec){delay_ms / 1000, (delay_ms % 1000) * 1000000L}, NULL);
@@ -444,6 +480,8 @@ static void *duet__pf_sched_main(void *arg)
         if (n > 0)
             duet__run_batch(pf, batch, n);
         pthread_mutex_lock(&pf->lock);
+        if (n > 0)
+            duet__measure(pf, n, batch_tokens, duet_now_ns() - t_batch);
     }
     pthread_mutex_unlock(&pf->lock);
     duet_free(batch);
@@ -477,6 +515,7 @@ void duet_pf_submit(duet_prefill_t *pf, duet_pf_req_t *req)
         pf->queue_head = req;
     pf->queue_tail = req;
     pf->n_queued++;
+    pf->queue_tokens += req->n_prompt;
     pf->requests_total++;
     pthread_cond_broadcast(&pf->cv);
     pthread_mutex_unlock(&pf->lock);

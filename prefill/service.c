@@ -105,6 +105,7 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
     if ((st = duet__pf_sampling_parse(m->sampling, &req->sampling)) != DUET_OK)
         return duet_error_wrap(st, "%s: ", m->request_id);
     req->first_index = m->first_output_index;
+    req->announce_start = m->announce_start;
     if ((m->logprobs || m->prompt_logprobs) &&
         (st = duet_logprob_params_check(m->top_logprobs > INT32_MAX ? -1 : (int)m->top_logprobs,
                                         m->prompt_logprobs, (int)m->n_prompt_ids, cfg->vocab)) !=
@@ -237,6 +238,9 @@ static void duet__pf_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     r.running = (uint32_t)pf->n_inflight;
     r.requests_total = pf->requests_total;
     r.requests_failed = pf->requests_failed;
+    r.queue_tokens = pf->queue_tokens > 0 ? (uint64_t)pf->queue_tokens : 0;
+    r.prefill_tokens_per_s = pf->tokens_per_s;
+    r.prompt_tokens_mean = (uint32_t)(pf->prompt_mean + 0.5);
     pthread_mutex_unlock(&pf->lock);
     duet_pb_reply(call, &r.base);
 }
@@ -260,8 +264,13 @@ duet_status_t duet_pf_service_register(duet_prefill_t *pf)
         {"/duet.v1.Prefill/Info", duet__pf_info_serve},
     };
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
-        duet_status_t st = duet_rpc_server_add_method(pf->node.srv, methods[i].path, DUET_RPC_UNARY,
-                                                      methods[i].cb, pf);
+        /* Prefill is served as a stream: a call with announce_start gets
+         * a {started} message before its reply (the rest are unary on
+         * the wire either way) */
+        duet_status_t st = duet_rpc_server_add_method(
+            pf->node.srv, methods[i].path,
+            methods[i].cb == duet__pf_prefill_serve ? DUET_RPC_SERVER_STREAMING : DUET_RPC_UNARY,
+            methods[i].cb, pf);
         if (st != DUET_OK)
             return st;
     }

@@ -244,6 +244,7 @@ static void *duet__ticker_main(void *arg)
             break;
         pthread_mutex_unlock(&rt->tick_lock);
         duet_router_jobs_expire(rt);
+        duet_router_jobs_admit(rt);
         duet_router_jobs_watch(rt);
         if (rt->http)
             duet_router_http_tick(rt->http);

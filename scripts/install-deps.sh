@@ -31,6 +31,7 @@ if [ "$profile" != build ]; then
     python3-yaml  # tests/ops: the kube play conversion
     libnss-wrapper gnuplot-nox
     iproute2  # ip netns, tc: the network-fault tests (tests/netfault)
+    nftables  # nft: packet loss in those tests where the kernel has no sch_netem
     clang libclang-rt-14-dev
   )
 fi

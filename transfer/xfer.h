@@ -322,6 +322,14 @@ int duet_xfer_probe_main(const char *tls);
  * NULL.  Not callback-safe. */
 void duet_xfer_peer_disconnect(duet_xfer_peer_t *peer);
 
+/* Cut the link to peer (connected on rank r) at once: its endpoints are
+ * force-closed, so nothing it still sends lands here, and it fails like a
+ * broken peer (its requests fail, on_peer_error follows).  For a peer that
+ * may still write pages about to be reused (decode: a Prefill call that
+ * ended without prefill's answer).  No effect on a peer already gone or
+ * closing.  Not callback-safe. */
+duet_status_t duet_xfer_peer_cut(duet_xfer_rank_t *r, duet_xfer_peer_t *peer, const char *why);
+
 /* The remote side of a peer (fixed at connect; thread-safe). */
 const duet_xfer_desc_info_t *duet_xfer_peer_info(const duet_xfer_peer_t *peer);
 
@@ -348,6 +356,12 @@ typedef struct {
 
 enum {
     DUET_XFER_EXPECT_PACKED = 1u << 0, /* the senders put into staging (see "Packed requests") */
+    /* the senders' start is announced (duet_xfer_recv_started): until then
+     * nothing was written, so a timeout before it fails this request alone
+     * and leaves the link up; without the flag, or after the start, a
+     * timeout cuts the link to the senders that did not report (their late
+     * puts must not land in pages given to other requests) */
+    DUET_XFER_EXPECT_STARTS = 1u << 1,
 };
 
 /* Register an expectation on rank r: the request completes when every rank
@@ -381,6 +395,14 @@ duet_status_t duet_xfer_recv_wait(duet_xfer_rank_t *r, uint64_t transfer_id, int
  * (dropped_late) and acknowledged as cancelled.  DUET_ERR_NOT_FOUND for an
  * unknown id.  Callback-safe. */
 duet_status_t duet_xfer_recv_cancel(duet_xfer_rank_t *r, uint64_t transfer_id);
+
+/* The senders of an expectation registered with DUET_XFER_EXPECT_STARTS
+ * began (prefill dequeued the request): its deadline becomes deadline_ns
+ * and a timeout from now on cuts the link as without the flag.  No effect
+ * on an expectation that has ended.  DUET_ERR_NOT_FOUND for an unknown
+ * id.  Not callback-safe. */
+duet_status_t duet_xfer_recv_started(duet_xfer_rank_t *r, uint64_t transfer_id,
+                                     int64_t deadline_ns);
 
 /* ---- prefill side: sends ------------------------------------------------ */
 

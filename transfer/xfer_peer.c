@@ -225,6 +225,27 @@ int duet__peer_reset(duet_xfer_rank_t *r, duet_xfer_peer_t *p, const char *why)
     return 1;
 }
 
+typedef struct {
+    duet_xfer_rank_t *r;
+    duet_xfer_peer_t *p;
+    const char *why;
+} duet__cut_t;
+
+/* (rank thread) */
+static duet_status_t duet__peer_cut_run(void *arg)
+{
+    duet__cut_t *a = arg;
+    if (duet__peer_known(a->r, a->p))
+        duet__peer_reset(a->r, a->p, a->why);
+    return DUET_OK;
+}
+
+duet_status_t duet_xfer_peer_cut(duet_xfer_rank_t *r, duet_xfer_peer_t *peer, const char *why)
+{
+    duet__cut_t a = {r, peer, why};
+    return duet_xfer_rank_run(r, duet__peer_cut_run, &a);
+}
+
 int duet__peers_idle(const duet_xfer_rank_t *r)
 {
     return r->peers == NULL;

@@ -47,6 +47,8 @@ struct duet__expect {
     int32_t *pages;
     int n_pages;
     int packed; /* DUET_XFER_EXPECT_PACKED: the senders put into staging at stage0 */
+    int starts;  /* DUET_XFER_EXPECT_STARTS: the senders announce their start */
+    int started; /* ... and they did (duet_xfer_recv_started) */
     int32_t stage0;
     int token_from;                   /* sender whose first token was taken, -1: none yet */
     duet_xfer_progress_cb_t progress; /* packed: told of landed layers */
@@ -502,9 +504,12 @@ void duet__recv_scan(duet_xfer_rank_t *r, int64_t now, int64_t *next_p)
         DUET__STAT_ADD(r, timeouts, 1);
         duet__recv_rank_list(e->senders & ~e->reported, missing, sizeof(missing));
         /* the senders that did not report may still be putting into this
-         * request's pages: cut them off before the pages are given back */
+         * request's pages: cut them off before the pages are given back --
+         * unless they never started (the request waited in prefill's
+         * queue): then nothing is on the way and the link stays up for
+         * the other requests on it */
         for (int s = 0; s < e->P; s++)
-            if (!(e->reported >> s & 1u) && e->peers[s] != NULL)
+            if (!(e->reported >> s & 1u) && e->peers[s] != NULL && (!e->starts || e->started))
                 duet__peer_reset(r, e->peers[s], "a transfer from it timed out here");
         duet__recv_fail(r, e, DUET_ERR_TIMEOUT,
                         "request %" PRIu64
@@ -536,6 +541,35 @@ void duet__recv_fail_all(duet_xfer_rank_t *r, duet_status_t st, const char *why)
         duet__expect_t *e = v;
         duet__recv_fail(r, e, st, "request %" PRIu64 ": %s", e->o.transfer_id, why);
     }
+}
+
+typedef struct {
+    duet_xfer_rank_t *r;
+    uint64_t id;
+    int64_t deadline_ns;
+} duet__started_t;
+
+/* (rank thread) */
+static duet_status_t duet__recv_started_run(void *arg)
+{
+    duet__started_t *a = arg;
+    duet__expect_t *e = duet__map_get(&a->r->expects, a->id);
+    if (e == NULL)
+        return duet_error(DUET_ERR_NOT_FOUND, "xfer: request %" PRIu64 " is not expected here",
+                          a->id);
+    if (e->o.terminal)
+        return DUET_OK;
+    e->started = 1;
+    e->o.deadline_ns = a->deadline_ns;
+    duet__deadline_hint(a->r, a->deadline_ns);
+    return DUET_OK;
+}
+
+duet_status_t duet_xfer_recv_started(duet_xfer_rank_t *r, uint64_t transfer_id,
+                                     int64_t deadline_ns)
+{
+    duet__started_t a = {r, transfer_id, deadline_ns};
+    return duet_xfer_rank_run(r, duet__recv_started_run, &a);
 }
 
 duet__outcome_t *duet__recv_outcome(duet_xfer_rank_t *r, uint64_t id)
@@ -596,7 +630,7 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
                               "xfer expect: request %" PRIu64 ": page %d outside the %d pages of "
                               "decode rank %d",
                               in->transfer_id, (int)in->pages[i], r->info.layout.n_pages, r->index);
-    if (in->flags & ~(unsigned)DUET_XFER_EXPECT_PACKED)
+    if (in->flags & ~(unsigned)(DUET_XFER_EXPECT_PACKED | DUET_XFER_EXPECT_STARTS))
         return duet_error(DUET_ERR_INVALID, "xfer expect: request %" PRIu64 ": unknown flags 0x%x",
                           in->transfer_id, in->flags);
     if (in->flags & DUET_XFER_EXPECT_PACKED) {
@@ -628,6 +662,7 @@ duet_status_t duet__recv_prepare(duet_xfer_rank_t *r, const duet_xfer_expect_t *
     memcpy(e->pages, in->pages, (size_t)in->n_pages * sizeof(int32_t));
     e->n_pages = in->n_pages;
     e->packed = (in->flags & DUET_XFER_EXPECT_PACKED) != 0;
+    e->starts = (in->flags & DUET_XFER_EXPECT_STARTS) != 0;
     e->stage0 = in->dst_stage0;
     e->P = P;
     e->senders = duet_slice_plan_sender_mask(in->plan, r->index);

@@ -134,7 +134,8 @@ void duet_router_metrics_render(duet_router_metrics_t *m, duet_router_buf_t *b)
     duet_router_buf_puts(b, "# HELP duet_router_migrations_total Started streams moved to "
                             "another decode, by reason\n# TYPE duet_router_migrations_total "
                             "counter\n");
-    static const char *const reasons[DUET_ROUTER_MIGRATE_N] = {"unavailable", "stall", "error"};
+    static const char *const reasons[DUET_ROUTER_MIGRATE_N] = {"unavailable", "stall", "error",
+                                                                "drain"};
     for (int i = 0; i < DUET_ROUTER_MIGRATE_N; i++)
         duet_router_buf_printf(
             b, "duet_router_migrations_total{reason=\"%s\"} %llu\n", reasons[i],

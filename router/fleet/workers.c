@@ -142,6 +142,10 @@ duet_status_t duet__workers_slot_fill(duet__worker_t *wk, duet__group_t *g, cons
     wk->steps = wk->forward_ns = wk->cycles = wk->cycle_ns = 0;
     wk->poke = wk->have_info = wk->draining = false;
     wk->free_pages = wk->total_pages = wk->queue_depth = wk->running = wk->max_context = 0;
+    wk->queue_tokens = 0;
+    wk->tokens_per_s = 0;
+    wk->prompt_mean = 0;
+    atomic_store(&wk->routed, 0);
     wk->checks = wk->failures = 0;
     wk->last_ok_ns = 0;
     wk->instance_id[0] = '\0';
@@ -241,6 +245,10 @@ static bool duet__worker_probe(duet__worker_t *wk, char *err, size_t err_len)
         wk->running = info->running;
         wk->max_context = info->max_context;
         wk->draining = info->draining;
+        wk->queue_tokens = info->queue_tokens;
+        wk->tokens_per_s = info->prefill_tokens_per_s;
+        wk->prompt_mean = info->prompt_tokens_mean;
+        atomic_store(&wk->routed, 0); /* counted in queue_tokens from now */
         duet__workers_info_local(wk, info);
         duet__workers_info_cache(wk, info);
         snprintf(wk->instance_id, sizeof(wk->instance_id), "%s", info->instance_id);
@@ -528,6 +536,27 @@ size_t duet_router_workers_healthy(duet_router_workers_t *w, duet_role_t role)
     return n;
 }
 
+int64_t duet_router_workers_prefill_wait_ms(duet_router_workers_t *w)
+{
+    int64_t best = -1;
+    size_t slots = atomic_load(&w->n_slots[DUET_ROLE_PREFILL]);
+    for (size_t i = 0; i < slots; i++) {
+        duet__worker_t *wk = duet__slot(w, DUET_ROLE_PREFILL, i);
+        if (wk->state != DUET__ACTIVE || !atomic_load(&wk->healthy))
+            continue;
+        int64_t routed = atomic_load(&wk->routed);
+        pthread_mutex_lock(&wk->lock);
+        int64_t est = 0; /* not measured yet: no limit */
+        if (wk->have_info && !wk->draining && wk->tokens_per_s > 0)
+            est = (int64_t)(((double)wk->queue_tokens + (double)routed * wk->prompt_mean) *
+                            1000.0 / wk->tokens_per_s);
+        pthread_mutex_unlock(&wk->lock);
+        if (best < 0 || est < best)
+            best = est;
+    }
+    return best < 0 ? 0 : best;
+}
+
 bool duet_router_workers_ready(duet_router_workers_t *w)
 {
     return duet_router_workers_healthy(w, DUET_ROLE_DECODE) > 0 &&
@@ -594,6 +623,8 @@ int duet__workers_pick(duet_router_workers_t *w, duet_role_t role, int avoid, bo
             duet__worker_t *wk = duet__slot(w, role, (size_t)i);
             if (wk->state == DUET__ACTIVE && atomic_load(&wk->healthy)) {
                 atomic_fetch_add(&wk->inflight, 1);
+                if (role == DUET_ROLE_PREFILL)
+                    atomic_fetch_add(&wk->routed, 1);
                 idx = i;
                 break;
             }

@@ -51,6 +51,7 @@ typedef struct {
 
     atomic_bool healthy;
     _Atomic int64_t inflight;
+    _Atomic int64_t routed; /* prefill: requests picked since its last Info */
     _Atomic uint64_t instance; /* bumped when the slot holds a new instance (cache_aware) */
 
     pthread_mutex_t lock; /* the fields below */
@@ -64,6 +65,10 @@ typedef struct {
     uint64_t prefills_local, prefills_remote;
     uint64_t steps, forward_ns, cycles, cycle_ns; /* decode step timing (Info) */
     duet_router_cache_stats_t cache;
+    /* prefill: its queue as its Info says (duet_router_workers_prefill_wait_ms) */
+    uint64_t queue_tokens;
+    double tokens_per_s;
+    uint32_t prompt_mean;
     uint64_t checks, failures;
     int64_t last_ok_ns;
     char instance_id[64];

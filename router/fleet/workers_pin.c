@@ -52,6 +52,8 @@ int duet_router_workers_pick_pinned(duet_router_workers_t *w, duet_role_t role, 
     if (wk->state == DUET__ACTIVE && atomic_load(&wk->healthy) &&
         atomic_load(&wk->instance) == pin->instance) {
         atomic_fetch_add(&wk->inflight, 1);
+        if (role == DUET_ROLE_PREFILL)
+            atomic_fetch_add(&wk->routed, 1);
         idx = pin->idx;
     }
     pthread_mutex_unlock(&w->lock);

@@ -147,9 +147,10 @@ typedef struct {
 /* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
  * prefill_target = 2, prefill_local = 4 when set, router_cached_tokens = 5
  * when not 0, first_output_index = 6 and resumed_text_bytes = 7 when
- * not 0}: written directly around the already packed request. */
+ * not 0, migratable = 8 when set}: written directly around the already
+ * packed request. */
 static uint8_t *duet__decode_request(const duet__resume_t *rq, const char *target, bool local,
-                                     size_t cached, size_t *len_p)
+                                     size_t cached, bool migratable, size_t *len_p)
 {
     size_t tlen = strlen(target);
     uint8_t *out = duet_malloc(rq->req_len + tlen + 60), *p = out;
@@ -178,6 +179,10 @@ static uint8_t *duet__decode_request(const duet__resume_t *rq, const char *targe
     if (rq->text > 0) {
         *p++ = (7 << 3) | 0;
         p += duet__varint(p, rq->text);
+    }
+    if (migratable) {
+        *p++ = (8 << 3) | 0;
+        *p++ = 1;
     }
     *len_p = (size_t)(p - out);
     return out;
@@ -259,9 +264,14 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     if (resumed != NULL)
         rq.req = resumed;
     duet__count_route(rt, p < 0);
+    /* a draining decode hands the stream back (docs/migration.md "Drains")
+     * only while another decode could take it: with one alone the drain
+     * finishes it as before */
+    bool movable = rt->cfg->router.migrate_max > 0 &&
+                   duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 1;
     msg = duet__decode_request(
         &rq, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
-        cached, &len);
+        cached, movable, &len);
     duet_free(resumed);
     if (msg == NULL) {
         st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
@@ -350,14 +360,28 @@ static void duet__active_remove(duet_router_t *rt, duet_router_job_t *job)
 
 static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running);
 
-/* A running slot was freed: start queued jobs while slots are free. */
+/* Admission's view of the prefills (docs/migration.md "Overload"): a new
+ * job starts only while some prefill's queue is shorter than
+ * router.prefill_wait_max_ms (then it could start before decode's
+ * transfer.queue_timeout_ms), or nothing of ours runs (so a job always
+ * progresses).  Read without adm_lock (it takes the workers' locks). */
+static bool duet__prefill_room(duet_router_t *rt)
+{
+    int max = rt->cfg->router.prefill_wait_max_ms;
+    return max <= 0 || duet_router_workers_prefill_wait_ms(rt->workers) <= max;
+}
+
+/* A running slot was freed, or the ticker came: start queued jobs while
+ * slots are free and the prefills have room. */
 static void duet__admit_next(duet_router_t *rt)
 {
     for (;;) {
         duet_router_job_t *job;
+        bool room = duet__prefill_room(rt);
         pthread_mutex_lock(&rt->adm_lock);
         job = rt->q_head;
-        if (job == NULL || rt->running >= rt->cfg->router.max_concurrent) {
+        if (job == NULL || rt->running >= rt->cfg->router.max_concurrent ||
+            (!room && rt->running > 0)) {
             pthread_mutex_unlock(&rt->adm_lock);
             return;
         }
@@ -440,8 +464,10 @@ duet_status_t duet__job_start(duet_router_job_t *job, bool follower)
                           duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) == 0
                               ? "decode worker"
                               : "prefill worker (and no healthy decode that prefills locally)");
+    bool room = duet__prefill_room(rt);
     pthread_mutex_lock(&rt->adm_lock);
-    if (rt->running < rt->cfg->router.max_concurrent && rt->q_head == NULL) {
+    if (rt->running < rt->cfg->router.max_concurrent && rt->q_head == NULL &&
+        (room || rt->running == 0)) {
         rt->running++;
         job->state = DUET__JOB_RUNNING;
     } else if (rt->queued < rt->cfg->router.queue_limit) {
@@ -562,6 +588,11 @@ void duet_router_jobs_expire(duet_router_t *rt)
                                      .message = "the request timed out in the router's queue"};
         duet__job_end(job, &end, false);
     }
+}
+
+void duet_router_jobs_admit(duet_router_t *rt)
+{
+    duet__admit_next(rt);
 }
 
 void duet_router_jobs_cancel_all(duet_router_t *rt)
@@ -685,7 +716,7 @@ static bool duet__job_migrate(duet_router_job_t *job, duet_router_job_end_t *end
                               bool no_fin)
 {
     duet_router_t *rt = job->rt;
-    const char *reason = duet__job_migrate_reason(end->code, stalled, no_fin);
+    const char *reason = duet__job_migrate_reason(end->code, end->message, stalled, no_fin);
     /* broken weights fail the same way on every decode (docs/security.md) */
     if (end->message != NULL && strstr(end->message, "non-finite") != NULL)
         reason = NULL;

@@ -70,6 +70,9 @@ void duet_router_job_release(duet_router_job_t *job);
 grpc_status_code duet_router_job_start_code(duet_status_t st);
 /* End queued jobs whose deadline passed (ticker). */
 void duet_router_jobs_expire(duet_router_t *rt);
+/* Start queued jobs the admission holds now that the prefills may have
+ * room (ticker). */
+void duet_router_jobs_admit(duet_router_t *rt);
 /* Cut started streams whose decode sent no token for the configured
  * stall_timeout_ms; each then migrates (ticker; docs/migration.md). */
 void duet_router_jobs_watch(duet_router_t *rt);

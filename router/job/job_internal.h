@@ -86,7 +86,8 @@ struct duet_router_job {
  * (connection lost, the decode gone or draining), "stall" (the watch cut
  * it), "error" (a failure the decode reported, or a stream that ended
  * without Finished); NULL: it does not move. */
-const char *duet__job_migrate_reason(grpc_status_code code, bool stalled, bool no_fin);
+const char *duet__job_migrate_reason(grpc_status_code code, const char *msg, bool stalled,
+                                     bool no_fin);
 /* Count a migration for reason in the metrics. */
 void duet__job_migrate_count(duet_router_t *rt, const char *reason);
 /* Record a chunk the sink got (job->lock held). */

@@ -15,10 +15,14 @@
 #include "common/log.h"
 #include "router/job/job_internal.h"
 
-const char *duet__job_migrate_reason(grpc_status_code code, bool stalled, bool no_fin)
+const char *duet__job_migrate_reason(grpc_status_code code, const char *msg, bool stalled,
+                                     bool no_fin)
 {
     if (stalled)
         return "stall";
+    /* its decode drains (SIGTERM) and handed the stream back (decode/sched.c) */
+    if (code == GRPC_STATUS_UNAVAILABLE && msg != NULL && strstr(msg, "decode draining") != NULL)
+        return "drain";
     if (no_fin)
         return "error";
     switch (code) {
@@ -40,6 +44,7 @@ void duet__job_migrate_count(duet_router_t *rt, const char *reason)
 {
     int i = strcmp(reason, "unavailable") == 0 ? DUET_ROUTER_MIGRATE_UNAVAILABLE
             : strcmp(reason, "stall") == 0     ? DUET_ROUTER_MIGRATE_STALL
+            : strcmp(reason, "drain") == 0     ? DUET_ROUTER_MIGRATE_DRAIN
                                                : DUET_ROUTER_MIGRATE_ERROR;
     atomic_fetch_add_explicit(&rt->metrics.migrations[i], 1, memory_order_relaxed);
 }

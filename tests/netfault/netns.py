@@ -18,6 +18,9 @@ the cluster link's two ends (egress of each side):
   partition   pfifo limit 0: every packet dropped silently, both ways
   slow        tbf: a rate limit
   netem       delay/jitter, loss, reordering (needs the sch_netem module)
+
+and, without sch_netem, random loss with nftables in each namespace (an
+output rule on the cluster link: `numgen random mod 100 < N drop`).
 """
 import os
 import random
@@ -89,6 +92,34 @@ def why_no_netem():
         return None if r.returncode == 0 else "tc netem: %s" % r.stderr.strip()
     finally:
         sh("ip", "netns", "del", name, check=False)
+
+
+NFT_TABLE = "dnfloss"
+
+
+def why_no_nft():
+    """None when nftables can drop packets inside a namespace here; else
+    the reason."""
+    if sh("sh", "-c", "command -v nft", check=False).returncode != 0:
+        return "'nft' is not installed (nftables)"
+    name = "%s%dxnft" % (PREFIX, os.getpid())
+    sh("ip", "netns", "add", name)
+    try:
+        r = subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"],
+                           input=_nft_loss_rules("lo", 1), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        return None if r.returncode == 0 else "nft: %s" % r.stderr.strip()
+    finally:
+        sh("ip", "netns", "del", name, check=False)
+
+
+def _nft_loss_rules(dev, percent):
+    return ("table inet %s {\n"
+            "  chain out {\n"
+            "    type filter hook output priority 0; policy accept;\n"
+            "    oifname \"%s\" numgen random mod 100 < %d counter drop\n"
+            "  }\n"
+            "}\n" % (NFT_TABLE, dev, percent))
 
 
 class Pair:
@@ -165,6 +196,27 @@ class Pair:
         self.shaping = None
         for side in ("p", "d"):
             sh("tc", "-n", self.ns[side], "qdisc", "del", "dev", self.link, "root", check=False)
+            sh(*self.exec_prefix(side), "nft", "delete", "table", "inet", NFT_TABLE,
+               check=False)
+
+    def nft_loss(self, percent):
+        """Drop percent % of the packets each side sends on the link (KV
+        over UCX tcp and gRPC alike), at random: nftables, no netem."""
+        for side in ("p", "d"):
+            r = subprocess.run(self.exec_prefix(side) + ["nft", "-f", "-"],
+                               input=_nft_loss_rules(self.link, percent),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if r.returncode != 0:
+                raise RuntimeError("nft: %s" % r.stderr.strip())
+
+    def nft_dropped(self):
+        """Packets the loss rules dropped, both sides together."""
+        n = 0
+        for side in ("p", "d"):
+            out = sh(*self.exec_prefix(side), "nft", "list", "table", "inet", NFT_TABLE,
+                     check=False).stdout
+            n += sum(int(x) for x in re.findall(r"counter packets (\d+)", out))
+        return n
 
     def partition(self):
         """Drop every packet on the link, both ways, silently."""

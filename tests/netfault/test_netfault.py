@@ -32,9 +32,14 @@ on both daemons, and both keep serving afterwards.
   netem_delay        netem delay 20ms jitter 10ms         } need the
   netem_loss         netem loss 3%                        } sch_netem
   netem_reorder      netem delay 5ms reorder 25% 50%      } kernel module
+  nft_loss_1         1% of the packets on the link dropped  } nftables in the
+  nft_loss_5         5% of the packets on the link dropped  } namespaces: KV
+                     (UCX tcp) and gRPC lose packets both ways; every
+                     request correct (no sch_netem needed)
 
 Exit 77 (ctest: skipped) when network namespaces cannot be made here, or
-when every case asked for needs netem and this kernel has none.
+when every case asked for needs netem (nft) and this kernel has none (nft
+is not installed).
 
 usage: test_netfault.py BUILD_DIR SOURCE_DIR [case ...]
 """
@@ -396,6 +401,33 @@ def netem_case(spec, label):
     with_cluster(body)
 
 
+def nft_loss_case(percent, must_drop):
+    def body(pair, c):
+        pair.nft_loss(percent)
+        calls = [(prompt(80 + percent + k), None) for k in range(3)]
+        calls = [(ids, Call(c, ids)) for ids, _ in calls]
+        for ids, call in calls:
+            call.wait(END_WITHIN_S + 20)
+            print("  nftables loss %d%% -> %s" % (percent, call.describe()))
+            expect_correct(call, ids)
+        dropped = pair.nft_dropped()
+        print("  %d packets dropped" % dropped)
+        expect(dropped > 0 or not must_drop, "no packet was dropped")
+        pair.clear()
+        expect_baseline(c, ["d0", "p0"])
+        expect_serving(c)
+        expect_baseline(c, ["d0", "p0"])
+    with_cluster(body)
+
+
+def nft_loss_1():
+    nft_loss_case(1, False)
+
+
+def nft_loss_5():
+    nft_loss_case(5, True)
+
+
 def netem_delay():
     netem_case(("delay", "20ms", "10ms"), "delay 20ms jitter 10ms")
 
@@ -409,8 +441,10 @@ def netem_reorder():
 
 
 CASES = [slow_link, partition_heals, partition_stays, partition_late, partition_prefill_dies,
-         partition_recompute, control_delay, netem_delay, netem_loss, netem_reorder]
+         partition_recompute, control_delay, netem_delay, netem_loss, netem_reorder,
+         nft_loss_1, nft_loss_5]
 NETEM = {netem_delay, netem_loss, netem_reorder}
+NFT = {nft_loss_1, nft_loss_5}
 
 
 def main():
@@ -429,8 +463,14 @@ def main():
             if k in NETEM:
                 print("%-24s SKIP: %s (this kernel has no sch_netem)" % (k.__name__, no_netem))
         cases = [k for k in cases if k not in NETEM]
-        if not cases:
-            sys.exit(SKIP)
+    no_nft = netns.why_no_nft() if any(k in NFT for k in cases) else None
+    if no_nft is not None:
+        for k in cases:
+            if k in NFT:
+                print("%-24s SKIP: %s" % (k.__name__, no_nft))
+        cases = [k for k in cases if k not in NFT]
+    if not cases:
+        sys.exit(SKIP)
     failed = []
     for case in cases:
         t0 = time.time()

@@ -96,7 +96,7 @@ class Cluster:
     """prefill/decode: lists of (name, tp[, extra instance keys])."""
 
     def __init__(self, build, src, prefill, decode, model=None, router=None, n_pages=512,
-                 env=None):
+                 env=None, transfer=None):
         self.build, self.src = build, src
         self.model = os.path.abspath(model or os.path.join(src, "models", "stories260K"))
         self.tmp = tempfile.mkdtemp(prefix="duet_router_test_")
@@ -118,6 +118,8 @@ class Cluster:
                            "health_interval_ms": 200, "request_timeout_ms": 60000,
                            "max_tokens_limit": 2048}
         self.router_cfg.update(router or {})
+        self.transfer = {"timeout_ms": 10000, "rpc_timeout_ms": 10000}
+        self.transfer.update(transfer or {})
         self.config = os.path.join(self.tmp, "cluster.json")
         self.write_config()
         self.procs = {}
@@ -128,7 +130,7 @@ class Cluster:
         r = dict(self.router_cfg)
         r.update(router or {})
         cfg = {"model": self.model, "kv": {"page_size": 16},
-               "transfer": {"timeout_ms": 10000, "rpc_timeout_ms": 10000},
+               "transfer": self.transfer,
                "router": r,
                "prefill": [e for role, e in self.instances if role == "prefill"],
                "decode": [e for role, e in self.instances if role == "decode"]}

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -216,6 +217,58 @@ static int order_decode(void *arg)
     return scene_stop(&sd, plan);
 }
 
+/* DUET_XFER_EXPECT_STARTS (docs/migration.md "Overload"): request 50's
+ * sender never starts (it waits in prefill's queue) and times out alone --
+ * the link stays up, so request 51, announced started afterwards and sent
+ * then, completes on the same connections. */
+static int queued_prefill(void *arg)
+{
+    const spec_t *sp = arg;
+    duet_slice_plan_t *plan;
+    duet_testkit_side_t sd;
+    if (scene_start(&sd, sp, DUET_XFER_PREFILL, sp->fd_p, 2, &plan))
+        return 1;
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "go", WAIT_MS) == 0, "no go");
+    if (send_one(&sd, plan, 0, 51, 1, 0) || send_ok(&sd, 0, 51))
+        return 1;
+    DUET_TESTKIT_CHECK(duet_testkit_chan_expect(sp->fd_p, "verified", WAIT_MS) == 0,
+                       "decode did not verify");
+    return scene_stop(&sd, plan);
+}
+
+static int queued_decode(void *arg)
+{
+    const spec_t *sp = arg;
+    int reqs[1] = {1};
+    duet_slice_plan_t *plan;
+    duet_xfer_result_t res;
+    duet_testkit_side_t sd;
+    if (scene_start(&sd, sp, DUET_XFER_DECODE, sp->fd_d, 2, &plan))
+        return 1;
+    if (expect_all_flags(&sd, plan, 50, 0, NPG, duet_deadline_in_ms(500),
+                         DUET_XFER_EXPECT_STARTS) ||
+        expect_all_flags(&sd, plan, 51, 1, NPG, duet_deadline_in_ms(800),
+                         DUET_XFER_EXPECT_STARTS))
+        return 1;
+    if (recv_result(&sd, 0, 50, &res))
+        return 1;
+    DUET_TESTKIT_CHECK(res.status == DUET_ERR_TIMEOUT, "request 50: %s (%s)",
+                       duet_status_name(res.status), res.detail);
+    /* 51 starts now: its deadline counts from here, past the first one */
+    DUET_TESTKIT_OK(duet_xfer_recv_started(duet_xfer_rank(sd.x, 0), 51,
+                                           duet_deadline_in_ms(WAIT_MS)));
+    DUET_TESTKIT_CHECK(duet_xfer_recv_started(duet_xfer_rank(sd.x, 0), 999,
+                                              duet_deadline_in_ms(WAIT_MS)) ==
+                           DUET_ERR_NOT_FOUND,
+                       "started: an unknown id");
+    nanosleep(&(struct timespec){0, 500 * 1000000L}, NULL); /* past 51's first deadline */
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "go") == 0, "channel");
+    if (recv_ok(&sd, 51) || decode_verify_some(&sd, reqs, 1, NPG, 0))
+        return 1;
+    DUET_TESTKIT_CHECK(duet_testkit_chan_say(sp->fd_d, "verified") == 0, "channel");
+    return scene_stop(&sd, plan);
+}
+
 /* The corrupted slice is caught by the receiver's CRC; the next request on
  * the same connections is fine. */
 static int crc_prefill(void *arg)
@@ -371,6 +424,12 @@ static void test_crc(void **state)
     scene(1, 2, 4, crc_prefill, crc_decode, 0);
 }
 
+static void test_queued_timeout(void **state)
+{
+    (void)state;
+    scene(1, 1, 4, queued_prefill, queued_decode, 0);
+}
+
 static void test_mismatch(void **state)
 {
     (void)state;
@@ -395,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_plans),
         cmocka_unit_test(test_notify_order),
         cmocka_unit_test(test_crc),
+        cmocka_unit_test(test_queued_timeout),
         cmocka_unit_test(test_mismatch),
     };
     xs_init();

@@ -80,7 +80,8 @@ class Daemon:
 
 class Cluster:
     def __init__(self, build, src, model, prefill, decode, page_size=16, n_pages=512,
-                 transfer_timeout_ms=5000, env=None, checksum=False, on_failure=None):
+                 transfer_timeout_ms=5000, env=None, checksum=False, on_failure=None,
+                 transfer=None):
         self.build, self.src, self.model = build, src, os.path.abspath(model)
         self.tmp = tempfile.mkdtemp(prefix="duet_cluster_")
         self.n_pages = n_pages
@@ -88,6 +89,7 @@ class Cluster:
         self.transfer_timeout_ms = transfer_timeout_ms
         self.checksum = checksum
         self.on_failure = on_failure  # transfer.on_failure (None: the default, recompute)
+        self.transfer = dict(transfer or {})  # more transfer keys
         self.env = dict(os.environ)
         self.env.setdefault("DUET_LOG_LEVEL", "info")
         if env:
@@ -110,6 +112,7 @@ class Cluster:
                "decode": [d.entry() for d in self.daemons.values() if d.role == "decode"]}
         if self.on_failure is not None:
             cfg["transfer"]["on_failure"] = self.on_failure
+        cfg["transfer"].update(self.transfer)
         with open(self.config, "w") as f:
             json.dump(cfg, f, indent=1)
 

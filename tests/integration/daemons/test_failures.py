@@ -12,6 +12,13 @@ shows its KV pages back at baseline afterwards (no leaks).
   prefill_killed_recompute  the same with the default on_failure
                          (recompute): decode prefills the prompt itself and
                          the request equals the reference
+  queued_timeout_keeps_link  requests wait in a slow prefill's queue
+                         (prefill.delay_ms, one per batch) longer than
+                         transfer.timeout_ms: each transfer's deadline
+                         counts from prefill's start, so they complete;
+                         those that wait past transfer.queue_timeout_ms
+                         fail alone (on_failure fail), the link stays up
+                         for the others (docs/migration.md "Overload")
   decode_killed          decode SIGKILLed while prefill computes/sends
   prefill_restart        prefill restarts: the next request re-bootstraps
   decode_restart         decode restarts: it bootstraps under a new id
@@ -158,6 +165,61 @@ def prefill_killed_recompute():
         expect(c.info("d0").prefills_local == 1, "no local prefill counted")
         expect("recomputing its prompt here" in c.log("d0"), "no recompute log line")
         baseline(c, ["d0", "p1"])
+    finally:
+        c.close()
+
+
+def queued_timeout_keeps_link():
+    # prefill holds every batch 1 s and runs one request per batch; the
+    # transfer itself takes milliseconds.  Request k starts ~k+1 s after
+    # its registration: k = 0, 1 start within queue + transfer (2.5 s),
+    # later ones are given up while queued (decode's deadline, then
+    # prefill refuses to start them).  Before the fix the transfer deadline
+    # (1.5 s) counted from registration: k = 1 timed out, and the cut link
+    # failed every request on it.
+    c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1, {"max_seqs": 1})], decode=[("d0", 1)],
+                transfer_timeout_ms=1500, on_failure="fail",
+                transfer={"queue_timeout_ms": 1000})
+    ref = reference_ids(BUILD, STORIES, PROMPT, 8)
+    try:
+        c.start("p0", env={"DUET_FAULTS": "prefill.delay_ms=1000"})
+        c.start("d0")
+        c.generate("d0", PROMPT, max_tokens=2, prefill="p0")  # bootstrap first
+        results = [None] * 5
+
+        def one(k):
+            try:
+                results[k] = c.generate("d0", PROMPT, max_tokens=8, prefill="p0")[0]
+            except grpc.RpcError as e:
+                results[k] = e
+
+        ts = []
+        for k in range(len(results)):
+            ts.append(threading.Thread(target=one, args=(k,)))
+            ts[-1].start()
+            time.sleep(0.05)  # in this order in prefill's queue
+        for t in ts:
+            t.join(60)
+        print("  queued past the deadline: %s" % [
+            r.code().name if isinstance(r, grpc.RpcError) else "ok" for r in results])
+        for k in (0, 1):
+            expect(results[k] == ref, "request %d (queued %d s, within the queue timeout): %s"
+                   % (k, k + 1, results[k]))
+        for k, r in enumerate(results):
+            if isinstance(r, grpc.RpcError):
+                expect(k >= 2 and r.code() == grpc.StatusCode.DEADLINE_EXCEEDED and
+                       "disconnected" not in r.details() and "failed:" not in r.details(),
+                       "request %d: %s %s" % (k, r.code(), r.details()))
+            else:
+                expect(r == ref, "request %d: %s" % (k, r))
+        expect(any(isinstance(r, grpc.RpcError) for r in results[2:]),
+               "no request waited past the queue timeout")
+        log = c.log("d0")
+        expect("cutting the link" not in log and "bootstraps again" not in log,
+               "the link was cut:\n%s" % log)
+        # the same link serves on
+        expect(c.generate("d0", PROMPT, max_tokens=8, prefill="p0")[0] == ref, "after")
+        baseline(c, ["d0", "p0"])
     finally:
         c.close()
 
@@ -442,7 +504,7 @@ def kv_copy_fails():
 
 
 CASES = [cancel_mid_stream, cancel_during_prefill, prefill_killed, prefill_killed_recompute,
-         decode_killed,
+         queued_timeout_keeps_link, decode_killed,
          prefill_restart, decode_restart, model_mismatch, sigterm_drain, decode_engine_fails,
          prefill_engine_fails, bad_progress_env, unstaged, kv_copy_fails]
 

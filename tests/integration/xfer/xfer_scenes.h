@@ -162,8 +162,8 @@ static inline int decode_verify(duet_testkit_side_t *sd, const int *reqs, int n_
     return decode_verify_some(sd, reqs, n_req, n, 1);
 }
 
-static inline int expect_all(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, uint64_t id,
-                             int req, int n, int64_t deadline)
+static inline int expect_all_flags(duet_testkit_side_t *sd, const duet_slice_plan_t *plan,
+                                   uint64_t id, int req, int n, int64_t deadline, unsigned flags)
 {
     int32_t pages[POOL_PAGES];
     duet_xfer_expect_t e[DUET_TP_MAX];
@@ -178,10 +178,17 @@ static inline int expect_all(duet_testkit_side_t *sd, const duet_slice_plan_t *p
                                     .peers = sd->peers[d],
                                     .pages = pages,
                                     .n_pages = n,
-                                    .deadline_ns = deadline};
+                                    .deadline_ns = deadline,
+                                    .flags = flags};
     }
     DUET_TESTKIT_OK(duet_xfer_recv_expect_all(ranks, e, sd->tp, st));
     return 0;
+}
+
+static inline int expect_all(duet_testkit_side_t *sd, const duet_slice_plan_t *plan, uint64_t id,
+                             int req, int n, int64_t deadline)
+{
+    return expect_all_flags(sd, plan, id, req, n, deadline, 0);
 }
 
 static inline duet_xfer_send_t send_desc(duet_testkit_side_t *sd, const duet_slice_plan_t *plan,
