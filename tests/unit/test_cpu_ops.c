@@ -473,10 +473,12 @@ static void test_rope_kv_store(void **state)
             rank_open(&rk, threads, isa, 2, 60, ps, nkv, hd);
             assert_int_equal(duet_backend_cpu.batch_prepare(rk.r, &b->d), DUET_OK);
             for (int layer = 0; layer < 2; layer++) {
-                float theta = 10000.0f;
+                float theta = 10000.0f, tab[512];
+                for (int i = 0; i < hd / 2; i++)
+                    tab[i] = (float)(1.0 / pow(theta, 2.0 * i / hd));
                 memcpy(x, src, sizeof(float) * (size_t)n * stride);
                 assert_int_equal(
-                    duet_backend_cpu.rope_kv_store(rk.r, x, n, nq, nkv, hd, theta, layer),
+                    duet_backend_cpu.rope_kv_store(rk.r, x, n, nq, nkv, hd, tab, 1.0f, layer),
                     DUET_OK);
                 for (int t = 0; t < n; t++) {
                     double pos = b->positions[t];
@@ -645,10 +647,13 @@ static void test_out_of_memory(void **state)
     duet_alloc_fail_after(0);
     assert_int_equal(duet_backend_cpu.attention(rk.r, out, qkv, 42, nq, nkv, hd, 0),
                      DUET_ERR_NO_MEMORY);
-    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, 1e4f, 0),
+    float tab[512];
+    for (int i = 0; i < hd / 2; i++)
+        tab[i] = (float)(1.0 / pow(1e4, 2.0 * i / hd));
+    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, tab, 1.0f, 0),
                      DUET_ERR_NO_MEMORY);
     duet_alloc_fail_after(-1);
-    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, 1e4f, 0),
+    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, tab, 1.0f, 0),
                      DUET_OK);
     assert_int_equal(duet_backend_cpu.attention(rk.r, out, qkv, 42, nq, nkv, hd, 0), DUET_OK);
     rank_close(&rk);
