@@ -102,11 +102,10 @@ static duet_status_t duet__load_layer(duet__rank_t *rk, int l)
         return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
     if (lw->bq != NULL && (st = duet__qkv_bias(rk, lw, &L->qkv_bias)) != DUET_OK)
         return st;
-    if (lw->q_norm != NULL &&
-        ((st = ops->vector_create(rk->br, lw->q_norm->data, lw->q_norm->dtype, 0, hd,
-                                  &L->q_norm)) != DUET_OK ||
-         (st = ops->vector_create(rk->br, lw->k_norm->data, lw->k_norm->dtype, 0, hd,
-                                  &L->k_norm)) != DUET_OK))
+    if (lw->q_norm != NULL && ((st = ops->vector_create(rk->br, lw->q_norm->data, lw->q_norm->dtype,
+                                                        0, hd, &L->q_norm)) != DUET_OK ||
+                               (st = ops->vector_create(rk->br, lw->k_norm->data, lw->k_norm->dtype,
+                                                        0, hd, &L->k_norm)) != DUET_OK))
         return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
     /* the whole o_proj bias on every rank: it is added to the reduced sum */
     if (lw->bo != NULL && (st = ops->vector_create(rk->br, lw->bo->data, lw->bo->dtype, 0,

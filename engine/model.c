@@ -101,10 +101,9 @@ static uint64_t duet__model_fingerprint(const duet_model_t *m)
     for (int l = 0; l < c->n_layers; l++) {
         const duet_layer_weights_t *w = &m->layers[l];
         /* o_bias follows from arch and qkv_bias; absent tensors add nothing */
-        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,    w->wv, w->bq,
-                                        w->bk,        w->bv,   w->wo,    w->bo, w->mlp_norm,
-                                        w->w_gate,    w->w_up, w->w_down, w->q_norm,
-                                        w->k_norm};
+        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,     w->wv,     w->bq,
+                                        w->bk,        w->bv,   w->wo,     w->bo,     w->mlp_norm,
+                                        w->w_gate,    w->w_up, w->w_down, w->q_norm, w->k_norm};
         for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
             if (ts[i] != NULL)
                 duet__fp_tensor(&fp, ts[i]);
@@ -191,8 +190,7 @@ static duet_status_t duet__model_bind_layer(duet_model_t *m, int l)
         if (is_qk_norm && !c->qk_norm) {
             const duet_st_tensor_t *t = duet_st_find(m->st, name);
             if (t != NULL)
-                return duet_error(DUET_ERR_FORMAT,
-                                  "%s: tensor %s: present, but %s has no q/k norm",
+                return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: present, but %s has no q/k norm",
                                   t->file, name, duet_arch_name(c->arch));
             continue;
         }

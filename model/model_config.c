@@ -97,7 +97,8 @@ static duet_status_t duet__cfg_arch(const cJSON *json, const char *what, duet_ar
         }
     }
     return duet_error(DUET_ERR_UNSUPPORTED,
-                      "%s: model_type: %s is not supported (llama, mistral, qwen2, qwen3)", what, type);
+                      "%s: model_type: %s is not supported (llama, mistral, qwen2, qwen3)", what,
+                      type);
 }
 
 /* An integer in [lo, DUET_CFG_MAX_DIM]; def < 0 makes the key required. */
@@ -325,8 +326,7 @@ static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what,
         r->type = DUET_ROPE_YARN;
         return duet__cfg_yarn(rs, what, max_pos, r);
     }
-    if (strcmp(name, "linear") != 0 && strcmp(name, "llama3") != 0 &&
-        strcmp(name, "dynamic") != 0)
+    if (strcmp(name, "linear") != 0 && strcmp(name, "llama3") != 0 && strcmp(name, "dynamic") != 0)
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: rope_scaling.type %s is not supported (default, linear, llama3, "
                           "yarn)",
@@ -349,10 +349,10 @@ static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what,
     r->type = DUET_ROPE_LLAMA3;
     if ((st = duet__rs_num(rs, what, name, "low_freq_factor", -1, false, &r->low_freq_factor)) !=
             DUET_OK ||
-        (st = duet__rs_num(rs, what, name, "high_freq_factor", -1, false,
-                           &r->high_freq_factor)) != DUET_OK ||
-        (st = duet__rs_num(rs, what, name, "original_max_position_embeddings", -1, false,
-                           &orig)) != DUET_OK)
+        (st = duet__rs_num(rs, what, name, "high_freq_factor", -1, false, &r->high_freq_factor)) !=
+            DUET_OK ||
+        (st = duet__rs_num(rs, what, name, "original_max_position_embeddings", -1, false, &orig)) !=
+            DUET_OK)
         return st;
     if (orig != floor(orig) || orig > DUET_CFG_MAX_DIM)
         return duet_error(DUET_ERR_FORMAT,
@@ -443,8 +443,8 @@ duet_status_t duet_model_config_parse(const cJSON *json, const char *what,
                           what, c.hidden, c.n_heads);
     /* Qwen3Config's head_dim defaults to 128, not hidden / heads */
     if ((st = duet__cfg_int(json, what, "head_dim", 1,
-                            c.arch == DUET_ARCH_QWEN3 ? 128 : c.hidden / c.n_heads,
-                            &c.head_dim)) != DUET_OK)
+                            c.arch == DUET_ARCH_QWEN3 ? 128 : c.hidden / c.n_heads, &c.head_dim)) !=
+        DUET_OK)
         return st;
     if (c.head_dim % 2 != 0)
         return duet_error(DUET_ERR_FORMAT, "%s: head_dim: %d must be even for RoPE", what,

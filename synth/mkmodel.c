@@ -236,8 +236,8 @@ duet_status_t duet_mkmodel_check(const duet_mkmodel_opts_t *o)
 {
     duet__mk_dims_t d;
 
-    if (o->arch != DUET_ARCH_LLAMA && o->arch != DUET_ARCH_MISTRAL &&
-        o->arch != DUET_ARCH_QWEN2 && o->arch != DUET_ARCH_QWEN3)
+    if (o->arch != DUET_ARCH_LLAMA && o->arch != DUET_ARCH_MISTRAL && o->arch != DUET_ARCH_QWEN2 &&
+        o->arch != DUET_ARCH_QWEN3)
         return duet_error(DUET_ERR_INVALID, "mkmodel: arch %d: unknown", (int)o->arch);
     if (o->rope_scaling != NULL) {
         cJSON *rs = cJSON_Parse(o->rope_scaling);

@@ -303,10 +303,16 @@ static duet_status_t duet__cpu_op_head_rmsnorm(duet_backend_rank_t *r, void *qkv
                                                int nkv, int head_dim, const void *qw,
                                                const void *kw, float eps)
 {
-    duet__head_norm_job_t j = {.r = r, .qkv = qkv, .qw = qw, .kw = kw, .n = n, .nq = nq,
-                               .nkv = nkv, .hd = head_dim, .eps = eps};
-    duet__cpu_run(r, (size_t)n * (size_t)(nq + nkv) * (size_t)head_dim, duet__head_rmsnorm_job,
-                  &j);
+    duet__head_norm_job_t j = {.r = r,
+                               .qkv = qkv,
+                               .qw = qw,
+                               .kw = kw,
+                               .n = n,
+                               .nq = nq,
+                               .nkv = nkv,
+                               .hd = head_dim,
+                               .eps = eps};
+    duet__cpu_run(r, (size_t)n * (size_t)(nq + nkv) * (size_t)head_dim, duet__head_rmsnorm_job, &j);
     return DUET_OK;
 }
 

@@ -39,7 +39,7 @@ struct duet_backend_rank {
     const duet_batch_desc_t *batch;
     float *inv_freq;          /* [head_dim / 2] */
     int inv_freq_dim;
-    float rope_attn;          /* cos and sin times this (yarn) */
+    float rope_attn; /* cos and sin times this (yarn) */
     /* RoPE angles of the prepared batch's tokens, filled by the first
      * rope_kv_store of the batch and reused by every later layer */
     float *rope_cs, *rope_sn; /* [rope_cap][head_dim / 2] */

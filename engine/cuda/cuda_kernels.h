@@ -71,9 +71,8 @@ duet_status_t duet__cuda_add_rmsnorm(cudaStream_t s, void *out, void *x, const v
                                      const void *w, int n, int d, float eps);
 /* inv_freq: float32 device [head_dim / 2]; cos and sin times attn_factor */
 duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, duet__cuda_batch_t b,
-                                       const float *inv_freq, float attn_factor,
-                                       duet__cuda_kv_t kv, int layer, int n, int nq, int nkv,
-                                       int head_dim);
+                                       const float *inv_freq, float attn_factor, duet__cuda_kv_t kv,
+                                       int layer, int n, int nq, int nkv, int head_dim);
 /* In place on qkv[n][(nq + 2 nkv) head_dim]: each q head times qw, each k
  * head times kw, after RMSNorm over head_dim (float32 sum of squares) */
 duet_status_t duet__cuda_head_rmsnorm(cudaStream_t s, void *qkv, const void *qw, const void *kw,

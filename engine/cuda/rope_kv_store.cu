@@ -10,8 +10,8 @@
 #include "engine/cuda/cuda_kernels.h"
 
 static __global__ void duet__rope_kv_kernel(duet_bf16 *qkv, const int32_t *positions,
-                                            const int32_t *slots, const float *inv_freq,
-                                            float attn, duet__cuda_kv_t kv, int layer, int nq, int nkv, int hd)
+                                            const int32_t *slots, const float *inv_freq, float attn,
+                                            duet__cuda_kv_t kv, int layer, int nq, int nkv, int hd)
 {
     extern __shared__ float cs[]; /* [half] cos, then [half] sin */
     const int half = hd / 2;
@@ -62,6 +62,7 @@ extern "C" duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, due
     if (n <= 0)
         return DUET_OK;
     duet__rope_kv_kernel<<<n, threads, (size_t)head_dim * sizeof(float), s>>>(
-        (duet_bf16 *)qkv, b.positions, b.slots, inv_freq, attn_factor, kv, layer, nq, nkv, head_dim);
+        (duet_bf16 *)qkv, b.positions, b.slots, inv_freq, attn_factor, kv, layer, nq, nkv,
+        head_dim);
     return DUET__CUDA_LAUNCHED("rope_kv_store");
 }

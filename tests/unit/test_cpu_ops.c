@@ -490,8 +490,8 @@ static void test_head_rmsnorm(void **state)
                         for (int i = 0; i < hd; i++) {
                             double want = h < nq + nkv ? in[i] * sc * g[i] : in[i];
                             if (fabs(got[i] - want) > 1e-5 * (1 + fabs(want)))
-                                fail_msg("head_rmsnorm hd %d t %d h %d i %d: %g vs %g", hd, t,
-                                         h, i, got[i], want);
+                                fail_msg("head_rmsnorm hd %d t %d h %d i %d: %g vs %g", hd, t, h, i,
+                                         got[i], want);
                         }
                     }
                 }
@@ -771,11 +771,11 @@ static void test_out_of_memory(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_silu_mul_add),
-        cmocka_unit_test(test_rope_kernel),   cmocka_unit_test(test_to_f32_argmax),
-        cmocka_unit_test(test_attention),     cmocka_unit_test(test_rope_kv_store),
-        cmocka_unit_test(test_head_rmsnorm),  cmocka_unit_test(test_rope_scaled),
-        cmocka_unit_test(test_backend_rows),  cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_silu_mul_add),
+        cmocka_unit_test(test_rope_kernel),  cmocka_unit_test(test_to_f32_argmax),
+        cmocka_unit_test(test_attention),    cmocka_unit_test(test_rope_kv_store),
+        cmocka_unit_test(test_head_rmsnorm), cmocka_unit_test(test_rope_scaled),
+        cmocka_unit_test(test_backend_rows), cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -28,13 +28,19 @@ static void run_scaled(int nq, int nkv, int hd, float theta, int pos0, int scali
     cfg.rope_scaling.factor = 1.0;
     cfg.rope_scaling.attention_factor = 1.0;
     if (scaling == 1)
-        cfg.rope_scaling = (duet_rope_scaling_t){.type = DUET_ROPE_LLAMA3, .factor = 8,
-                                                 .low_freq_factor = 1, .high_freq_factor = 4,
-                                                 .orig_max_pos = 8192, .attention_factor = 1};
+        cfg.rope_scaling = (duet_rope_scaling_t){.type = DUET_ROPE_LLAMA3,
+                                                 .factor = 8,
+                                                 .low_freq_factor = 1,
+                                                 .high_freq_factor = 4,
+                                                 .orig_max_pos = 8192,
+                                                 .attention_factor = 1};
     else if (scaling == 2)
-        cfg.rope_scaling = (duet_rope_scaling_t){.type = DUET_ROPE_YARN, .factor = 4,
-                                                 .orig_max_pos = 32768, .beta_fast = 32,
-                                                 .beta_slow = 1, .truncate = true,
+        cfg.rope_scaling = (duet_rope_scaling_t){.type = DUET_ROPE_YARN,
+                                                 .factor = 4,
+                                                 .orig_max_pos = 32768,
+                                                 .beta_fast = 32,
+                                                 .beta_slow = 1,
+                                                 .truncate = true,
                                                  .attention_factor = 0.1 * log(4.0) + 1.0};
     duet_rope_inv_freq(&cfg, tab);
     float attn = (float)cfg.rope_scaling.attention_factor;
@@ -54,10 +60,8 @@ static void run_scaled(int nq, int nkv, int hd, float theta, int pos0, int scali
     void *dqkv = duet_test_dev_bf16(&duet_backend_cuda, p.gpu, qkv, nw);
     assert_int_equal(duet_backend_cpu.batch_prepare(p.cpu, &b.d), 0);
     assert_int_equal(duet_backend_cuda.batch_prepare(p.gpu, &b.d), 0);
-    assert_int_equal(
-        duet_backend_cpu.rope_kv_store(p.cpu, qkv, n, nq, nkv, hd, tab, attn, 1), 0);
-    assert_int_equal(
-        duet_backend_cuda.rope_kv_store(p.gpu, dqkv, n, nq, nkv, hd, tab, attn, 1), 0);
+    assert_int_equal(duet_backend_cpu.rope_kv_store(p.cpu, qkv, n, nq, nkv, hd, tab, attn, 1), 0);
+    assert_int_equal(duet_backend_cuda.rope_kv_store(p.gpu, dqkv, n, nq, nkv, hd, tab, attn, 1), 0);
     assert_int_equal(duet_test_host_f32(&duet_backend_cuda, p.gpu, dqkv, got, nw), 0);
     char what[112];
     snprintf(what, sizeof(what), "rope qkv %d/%d hd %d theta %g pos %d scaling %d", nq, nkv, hd,

@@ -855,12 +855,11 @@ static void test_model_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_st_bad_files),  cmocka_unit_test(test_st_bad_headers),
-        cmocka_unit_test(test_st_valid_file), cmocka_unit_test(test_st_writer),
-        cmocka_unit_test(test_st_sharded),    cmocka_unit_test(test_config),
-        cmocka_unit_test(test_rope_tables),
-        cmocka_unit_test(test_stories260k),   cmocka_unit_test(test_open_alloc_failures),
-        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_st_bad_files),        cmocka_unit_test(test_st_bad_headers),
+        cmocka_unit_test(test_st_valid_file),       cmocka_unit_test(test_st_writer),
+        cmocka_unit_test(test_st_sharded),          cmocka_unit_test(test_config),
+        cmocka_unit_test(test_rope_tables),         cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_open_alloc_failures), cmocka_unit_test(test_model_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
