@@ -7,9 +7,9 @@
  * (q/k/v biases always for Qwen2; attention_bias: true gives q/k/v and o
  * biases, as in LlamaAttention and Qwen3Attention), torch_dtype = float32;
  * Qwen3's head_dim defaults to 128 as in Qwen3Config.  rope_scaling linear,
- * llama3 and yarn are read as transformers' modeling_rope_utils reads them.
+ * llama3, yarn and dynamic are read as transformers' modeling_rope_utils reads them.
  * Anything that would change the computation and that duet does not
- * implement (dynamic NTK or longrope scaling, sliding windows shorter than
+ * implement (longrope and other scaling types, sliding windows shorter than
  * the context, another activation, MLP bias) is refused rather than
  * ignored. */
 #include "model/model_config.h"
@@ -295,8 +295,7 @@ static duet_status_t duet__cfg_yarn(const cJSON *rs, const char *what, int max_p
     return DUET_OK;
 }
 
-/* rope_scaling: linear, llama3 and yarn; dynamic (NTK) only at factor 1
- * (see the error). */
+/* rope_scaling: linear, llama3, yarn and dynamic (NTK); others refused. */
 static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what, int max_pos,
                                             duet_rope_scaling_t *r)
 {
@@ -329,19 +328,16 @@ static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what,
     if (strcmp(name, "linear") != 0 && strcmp(name, "llama3") != 0 && strcmp(name, "dynamic") != 0)
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: rope_scaling.type %s is not supported (default, linear, llama3, "
-                          "yarn)",
+                          "yarn, dynamic)",
                           what, name);
     if ((st = duet__rs_num(rs, what, name, "factor", -1, false, &r->factor)) != DUET_OK)
         return st;
     if (r->factor == 1.0) /* linear, llama3 and dynamic are plain RoPE at factor 1 */
         return DUET_OK;
-    if (strcmp(name, "dynamic") == 0)
-        return duet_error(DUET_ERR_UNSUPPORTED,
-                          "%s: rope_scaling.type dynamic (NTK) is not supported: transformers "
-                          "recomputes its frequencies from the longest position of each forward "
-                          "pass, so a token's rotation would depend on how the server batches "
-                          "and chunks requests",
-                          what);
+    if (strcmp(name, "dynamic") == 0) { /* see DUET_ROPE_DYNAMIC */
+        r->type = DUET_ROPE_DYNAMIC;
+        return DUET_OK;
+    }
     if (strcmp(name, "linear") == 0) {
         r->type = DUET_ROPE_LINEAR;
         return DUET_OK;

@@ -27,6 +27,11 @@ typedef enum {
     DUET_ROPE_LINEAR = 1, /* factor */
     DUET_ROPE_LLAMA3 = 2, /* factor, low/high_freq_factor, original_max_position_embeddings */
     DUET_ROPE_YARN = 3,   /* factor, beta_fast/slow, attention_factor or mscale(_all_dim) */
+    /* dynamic NTK: transformers rescales theta only for sequences longer
+     * than max_position_embeddings, which the engine refuses (a context
+     * is at most max_pos tokens): for every position duet runs, the
+     * frequencies are the default ones */
+    DUET_ROPE_DYNAMIC = 4,
 } duet_rope_type_t;
 
 typedef struct {

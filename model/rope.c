@@ -32,6 +32,7 @@ void duet_rope_inv_freq(const duet_model_config_t *cfg, float *inv_freq)
         double f = 1.0 / pow(base, (double)(2 * i) / (double)dim);
         switch (rs->type) {
         case DUET_ROPE_NONE:
+        case DUET_ROPE_DYNAMIC: /* unscaled up to max_pos, the engine's limit */
             break;
         case DUET_ROPE_LINEAR:
             f /= rs->factor;

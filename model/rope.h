@@ -8,6 +8,8 @@
 /* inv_freq[i] for i < head_dim / 2, as transformers' modeling_rope_utils
  * computes them (in double, rounded to float):
  *   default  theta^(-2i/d)
+ *   dynamic  default: transformers' NTK rescaling starts past
+ *            max_position_embeddings, where the engine refuses to go
  *   linear   default / factor
  *   llama3   default where the wavelength 2 pi / f < orig / high_freq_factor,
  *            default / factor where it is > orig / low_freq_factor, and in

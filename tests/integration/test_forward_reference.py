@@ -3,7 +3,7 @@
 reference (tests/reference/llama_ref.py) on stories260K and synthetic
 models of several shapes and dtypes (Qwen2 q/k/v biases, a Llama with
 attention_bias: q/k/v and o_proj biases, Qwen3 q/k norms, RoPE scaling
-linear / llama3 / yarn with original_max_position_embeddings below the
+linear / llama3 / yarn / dynamic, with original_max_position_embeddings below the
 prompt length so that positions past it are checked), at TP 1 and 2.
 
 Tolerance: max |duet - ref| <= 2e-4 * (1 + max |ref|) over every position
@@ -54,6 +54,11 @@ MODELS = [
                     "--rope-theta", "1000000", "--dtype", "bf16",
                     "--rope-scaling", '{"type": "yarn", "factor": 4.0, '
                     '"original_max_position_embeddings": 64}']),
+    # dynamic NTK: transformers' formula in the reference; duet keeps plain
+    # RoPE, which is what it gives for every context up to max_pos
+    ("llama-dynamic", ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+                       "--intermediate", "96", "--vocab", "300", "--seed", "18", "--max-pos", "24",
+                       "--rope-scaling", '{"type": "dynamic", "factor": 4.0}']),
     ("llama-linear", ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "4",
                       "--intermediate", "96", "--vocab", "300", "--seed", "15",
                       "--rope-scaling", '{"type": "linear", "factor": 2.5}']),

@@ -7,7 +7,8 @@ transformers implementation (RMSNorm, rotate-half RoPE, GQA attention,
 SwiGLU MLP, q/k/v bias for Qwen2, q/k/v and o_proj bias for a Llama with
 attention_bias, Qwen3's per-head q_norm / k_norm before RoPE, tied
 embeddings) and RoPE scaling as transformers' modeling_rope_utils defines
-it (linear, llama3, yarn with its attention factor on cos and sin).  It shares no code with duet: it is the
+it (linear, llama3, yarn with its attention factor on cos and sin, dynamic
+NTK over the prompt's length).  It shares no code with duet: it is the
 oracle for tests/integration/test_forward_reference.py.
 
 usage: llama_ref.py MODEL_DIR "1 2 3" OUT.f32   (writes [n][vocab] float32)
@@ -63,8 +64,9 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(var + eps) * w
 
 
-def rope_params(cfg, hd):
-    """(inv_freq [hd/2], attention factor) of config.json, float64."""
+def rope_params(cfg, hd, seq_len):
+    """(inv_freq [hd/2], attention factor) of config.json for a forward
+    pass over seq_len positions, float64."""
     theta = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     rs = cfg.get("rope_scaling") or {}
@@ -72,6 +74,11 @@ def rope_params(cfg, hd):
     if kind == "default":
         return inv, 1.0
     factor = rs.get("factor")
+    if kind == "dynamic":  # NTK: theta grows once the pass is past max_position_embeddings
+        mp = cfg.get("max_position_embeddings", 2048)
+        seq_len = max(seq_len, mp)
+        base = theta * ((factor * seq_len / mp) - (factor - 1)) ** (hd / (hd - 2))
+        return 1.0 / (base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)), 1.0
     if kind == "linear":
         return inv / factor, 1.0
     if kind == "llama3":
@@ -129,7 +136,6 @@ def forward(cfg, t, ids):
     qwen3 = arch == "Qwen3ForCausalLM" or cfg.get("model_type") == "qwen3"
     hd = cfg.get("head_dim") or (128 if qwen3 else H // nh)
     eps = cfg.get("rms_norm_eps", 1e-6)
-    inv, attn = rope_params(cfg, hd)
     L = cfg["num_hidden_layers"]
     # LlamaAttention: every projection, o_proj included, has a bias when
     # attention_bias is set; Qwen2Attention: q/k/v only, always
@@ -138,6 +144,7 @@ def forward(cfg, t, ids):
     o_bias = cfg.get("attention_bias", False) and not qwen2
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
+    inv, attn = rope_params(cfg, hd, n)
     x = t["model.embed_tokens.weight"][ids]
     mask = np.triu(np.full((n, n), -np.inf), 1)
     for l in range(L):

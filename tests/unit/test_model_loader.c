@@ -535,8 +535,10 @@ static void test_config(void **state)
                      " \"linear\", \"factor\": -2}}",
                      DUET_ERR_FORMAT, "rope_scaling.factor: expected a positive number");
     expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
-                     " \"dynamic\", \"factor\": 2.0}}",
-                     DUET_ERR_UNSUPPORTED, "rope_scaling.type dynamic (NTK) is not supported");
+                     " \"dynamic\"}}",
+                     DUET_ERR_FORMAT,
+                     "rope_scaling.factor: missing (required by rope_scaling.type "
+                     "dynamic)");
     expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
                      " \"longrope\", \"factor\": 2.0}}",
                      DUET_ERR_UNSUPPORTED, "rope_scaling.type longrope is not supported");
@@ -555,6 +557,11 @@ static void test_config(void **state)
                                &c),
                      DUET_OK);
     assert_int_equal(c.rope_scaling.type, DUET_ROPE_NONE);
+    assert_int_equal(parse_cfg("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {"
+                               "\"type\": \"dynamic\", \"factor\": 2.0}}",
+                               &c),
+                     DUET_OK);
+    assert_int_equal(c.rope_scaling.type, DUET_ROPE_DYNAMIC);
     expect_cfg_error("{\"model_type\": \"mistral\", " BASE ", \"sliding_window\": 1024}",
                      DUET_ERR_UNSUPPORTED, "sliding_window 1024");
     expect_cfg_error("{\"model_type\": \"qwen2\", " BASE ", \"use_sliding_window\": true,"
@@ -648,9 +655,13 @@ static void test_rope_tables(void **state)
     expect_freqs("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
                  " \"linear\", \"factor\": 4.0}}",
                  li_i, li_w, 4, 1.0);
-    /* unscaled: theta^(-2i/d) */
+    /* unscaled: theta^(-2i/d); dynamic NTK too (transformers rescales only
+     * past max_position_embeddings, beyond what the engine accepts) */
     static const double d_w[] = {1.0, 0.1, 0.01, 0.001};
     expect_freqs("{\"model_type\": \"llama\", " BASE "}", li_i, d_w, 4, 1.0);
+    expect_freqs("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
+                 " \"dynamic\", \"factor\": 4.0}}",
+                 li_i, d_w, 4, 1.0);
 }
 
 static void stories_dir(char *buf, size_t n)
