@@ -112,10 +112,19 @@ typedef struct duet_backend_ops {
                             const duet_weight_t *w, const void *bias);
     /* In place on qkv[n][(nq + nk + nv) * head_dim] (q heads, then k heads,
      * then v heads): rotate the nq + nk q/k heads (HF rotate-half) at the
-     * prepared batch's positions, then store the k and v heads into layer's
-     * KV pages at the batch's slots. */
+     * prepared batch's positions, with the angles pos * inv_freq[i] (host
+     * memory, [head_dim / 2], the model's table: the same pointer and
+     * contents for the engine's life) and their cos and sin multiplied by
+     * attn_factor (yarn; 1 otherwise), then store the k and v heads into
+     * layer's KV pages at the batch's slots. */
     duet_status_t (*rope_kv_store)(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
-                                   int head_dim, float theta, int layer);
+                                   int head_dim, const float *inv_freq, float attn_factor,
+                                   int layer);
+    /* In place on the same qkv rows: every q head (of nq) and k head (of
+     * nkv) becomes rmsnorm(head) * qw (q) or * kw (k), over head_dim
+     * (Qwen3's q_norm / k_norm, before RoPE); v is untouched. */
+    duet_status_t (*head_rmsnorm)(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
+                                  int head_dim, const void *qw, const void *kw, float eps);
     /* out[n][nq * head_dim] = causal attention of the q heads in
      * qkv[n][(nq + 2 nkv) * head_dim] over layer's paged KV of the prepared
      * batch; query head h reads local KV head h / (nq / nkv). */

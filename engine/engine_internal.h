@@ -55,6 +55,8 @@ typedef struct {
     duet_weight_t *wqkv;  /* [(nq + 2 nkv) * head_dim][hidden]: q, k, v shards stacked */
     duet_weight_t *wo;    /* [hidden][nq * head_dim]: row-parallel, output partial */
     void *o_bias;         /* [hidden] whole, added after the all-reduce, or NULL */
+    void *q_norm;         /* [head_dim] Qwen3's q_norm, or NULL */
+    void *k_norm;         /* [head_dim] Qwen3's k_norm, or NULL */
     duet_weight_t *wgu;   /* [2 * n_ffn][hidden]: gate shard then up shard */
     duet_weight_t *wdown; /* [hidden][n_ffn]: row-parallel, output partial */
 } duet__layer_t;

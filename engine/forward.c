@@ -102,6 +102,11 @@ static duet_status_t duet__load_layer(duet__rank_t *rk, int l)
         return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
     if (lw->bq != NULL && (st = duet__qkv_bias(rk, lw, &L->qkv_bias)) != DUET_OK)
         return st;
+    if (lw->q_norm != NULL && ((st = ops->vector_create(rk->br, lw->q_norm->data, lw->q_norm->dtype,
+                                                        0, hd, &L->q_norm)) != DUET_OK ||
+                               (st = ops->vector_create(rk->br, lw->k_norm->data, lw->k_norm->dtype,
+                                                        0, hd, &L->k_norm)) != DUET_OK))
+        return duet_error_wrap(st, "rank %d layer %d: ", rk->rank, l);
     /* the whole o_proj bias on every rank: it is added to the reduced sum */
     if (lw->bo != NULL && (st = ops->vector_create(rk->br, lw->bo->data, lw->bo->dtype, 0,
                                                    cfg->hidden, &L->o_bias)) != DUET_OK)
@@ -233,6 +238,8 @@ void duet__rank_cleanup(duet__rank_t *rk)
             ops->free(rk->br, L->mlp_norm);
             ops->free(rk->br, L->qkv_bias);
             ops->free(rk->br, L->o_bias);
+            ops->free(rk->br, L->q_norm);
+            ops->free(rk->br, L->k_norm);
             ops->weight_destroy(rk->br, L->wqkv);
             ops->weight_destroy(rk->br, L->wo);
             ops->weight_destroy(rk->br, L->wgu);
@@ -436,7 +443,11 @@ static duet_status_t duet__rank_layers(duet__rank_t *rk, const duet__job_t *job)
         const duet__layer_t *L = &rk->layers[l];
         const void *next_norm = l + 1 < cfg->n_layers ? rk->layers[l + 1].attn_norm : NULL;
         if ((st = ops->matmul(rk->br, rk->qkv, rk->h, n, L->wqkv, L->qkv_bias)) ||
-            (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, (float)cfg->rope_theta, l)))
+            (L->q_norm != NULL &&
+             (st = ops->head_rmsnorm(rk->br, rk->qkv, n, nq, nkv, hd, L->q_norm, L->k_norm,
+                                     (float)cfg->rms_eps))) ||
+            (st = ops->rope_kv_store(rk->br, rk->qkv, n, nq, nkv, hd, e->model->rope_inv_freq,
+                                     (float)cfg->rope_scaling.attention_factor, l)))
             return st;
         /* layer l's KV is in the pool: a transfer may start reading it */
         if (e->opts.on_layer != NULL)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "model/rope.h"
 
 /* Bytes sampled from each end of every tensor for the fingerprint: cheap
  * (a few pages per tensor of a memory-mapped file) and enough to tell two
@@ -90,13 +91,19 @@ static uint64_t duet__model_fingerprint(const duet_model_t *m)
     duet__fp_double(&fp, c->rms_eps);
     duet__fp_u64(&fp, (uint64_t)c->tie_embeddings);
     duet__fp_u64(&fp, (uint64_t)c->qkv_bias);
+    if (c->rope_scaling.type != DUET_ROPE_NONE) { /* unscaled models keep their fingerprint */
+        duet__fp_u64(&fp, (uint64_t)c->rope_scaling.type);
+        duet__fp_double(&fp, (double)c->rope_scaling.attention_factor);
+        for (int i = 0; i < c->head_dim / 2; i++)
+            duet__fp_double(&fp, (double)m->rope_inv_freq[i]);
+    }
     duet__fp_tensor(&fp, m->embed);
     for (int l = 0; l < c->n_layers; l++) {
         const duet_layer_weights_t *w = &m->layers[l];
         /* o_bias follows from arch and qkv_bias; absent tensors add nothing */
-        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,    w->wv, w->bq,
-                                        w->bk,        w->bv,   w->wo,    w->bo, w->mlp_norm,
-                                        w->w_gate,    w->w_up, w->w_down};
+        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,     w->wv,     w->bq,
+                                        w->bk,        w->bv,   w->wo,     w->bo,     w->mlp_norm,
+                                        w->w_gate,    w->w_up, w->w_down, w->q_norm, w->k_norm};
         for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
             if (ts[i] != NULL)
                 duet__fp_tensor(&fp, ts[i]);
@@ -170,12 +177,23 @@ static duet_status_t duet__model_bind_layer(duet_model_t *m, int l)
         {"self_attn.k_proj.bias", kv, -1, &w->bk},
         {"self_attn.v_proj.bias", kv, -1, &w->bv},
         {"self_attn.o_proj.bias", c->hidden, -1, &w->bo},
+        {"self_attn.q_norm.weight", c->head_dim, -1, &w->q_norm},
+        {"self_attn.k_norm.weight", c->head_dim, -1, &w->k_norm},
     };
 
     for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
         bool is_bias = strstr(specs[i].suffix, ".bias") != NULL;
         bool is_o = strstr(specs[i].suffix, "o_proj") != NULL;
+        bool is_qk_norm = strstr(specs[i].suffix, "_norm.weight") != NULL &&
+                          strstr(specs[i].suffix, "self_attn.") != NULL;
         snprintf(name, sizeof(name), "model.layers.%d.%s", l, specs[i].suffix);
+        if (is_qk_norm && !c->qk_norm) {
+            const duet_st_tensor_t *t = duet_st_find(m->st, name);
+            if (t != NULL)
+                return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: present, but %s has no q/k norm",
+                                  t->file, name, duet_arch_name(c->arch));
+            continue;
+        }
         if (is_bias && !(is_o ? c->o_bias : c->qkv_bias)) {
             const duet_st_tensor_t *t = duet_st_find(m->st, name);
             if (t != NULL)
@@ -230,6 +248,12 @@ duet_status_t duet_model_open(const char *dir, duet_model_t **model_p)
                                       &m->lm_head)) != DUET_OK) {
         goto err_free_layers;
     }
+    m->rope_inv_freq = DUET_NEW_ARRAY(float, (size_t)(m->cfg.head_dim / 2));
+    if (m->rope_inv_freq == NULL) {
+        st = duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", dir);
+        goto err_free_layers;
+    }
+    duet_rope_inv_freq(&m->cfg, m->rope_inv_freq);
     m->fingerprint = duet__model_fingerprint(m);
     *model_p = m;
     return DUET_OK;
@@ -249,6 +273,7 @@ void duet_model_close(duet_model_t *model)
 {
     if (model == NULL)
         return;
+    duet_free(model->rope_inv_freq);
     duet_free(model->layers);
     duet_st_close(model->st);
     duet_free(model->dir);

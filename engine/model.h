@@ -20,6 +20,8 @@ typedef struct {
     const duet_st_tensor_t *bv;        /* [n_kv_heads*head_dim] or NULL */
     const duet_st_tensor_t *wo;        /* [hidden][n_heads*head_dim] */
     const duet_st_tensor_t *bo;        /* [hidden] or NULL (cfg.o_bias) */
+    const duet_st_tensor_t *q_norm;    /* [head_dim] or NULL (cfg.qk_norm) */
+    const duet_st_tensor_t *k_norm;    /* [head_dim] or NULL (cfg.qk_norm) */
     const duet_st_tensor_t *mlp_norm;  /* [hidden] post_attention_layernorm */
     const duet_st_tensor_t *w_gate;    /* [intermediate][hidden] */
     const duet_st_tensor_t *w_up;      /* [intermediate][hidden] */
@@ -34,6 +36,7 @@ typedef struct {
     const duet_st_tensor_t *norm;    /* [hidden] model.norm.weight */
     const duet_st_tensor_t *lm_head; /* [vocab][hidden]; == embed when tied */
     duet_layer_weights_t *layers;    /* [n_layers] */
+    float *rope_inv_freq;            /* [head_dim / 2], rope_scaling applied (model/rope.h) */
     /* Identity of the weights and shapes: equal fingerprints mean the same
      * model to both sides of a KV transfer.  A 64-bit hash of the config
      * fields that change the computation (arch, sizes, rope_theta, rms_eps,

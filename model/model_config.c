@@ -5,10 +5,13 @@
  * num_attention_heads, max_position_embeddings = 2048, rope_theta = 10000,
  * rms_norm_eps = 1e-6, tie_word_embeddings = false, attention_bias = false
  * (q/k/v biases always for Qwen2; attention_bias: true gives q/k/v and o
- * biases, as in LlamaAttention), torch_dtype = float32.  Anything that would
- * change the computation and that duet does not implement (RoPE scaling,
- * sliding windows shorter than the context, another activation, MLP bias)
- * is refused rather than ignored. */
+ * biases, as in LlamaAttention and Qwen3Attention), torch_dtype = float32;
+ * Qwen3's head_dim defaults to 128 as in Qwen3Config.  rope_scaling linear,
+ * llama3, yarn and dynamic are read as transformers' modeling_rope_utils reads them.
+ * Anything that would change the computation and that duet does not
+ * implement (longrope and other scaling types, sliding windows shorter than
+ * the context, another activation, MLP bias) is refused rather than
+ * ignored. */
 #include "model/model_config.h"
 
 #include <limits.h>
@@ -28,6 +31,7 @@ static const struct {
     {"LlamaForCausalLM", "llama", DUET_ARCH_LLAMA},
     {"MistralForCausalLM", "mistral", DUET_ARCH_MISTRAL},
     {"Qwen2ForCausalLM", "qwen2", DUET_ARCH_QWEN2},
+    {"Qwen3ForCausalLM", "qwen3", DUET_ARCH_QWEN3},
 };
 #define DUET__N_ARCHS (sizeof(duet__archs) / sizeof(duet__archs[0]))
 
@@ -77,7 +81,7 @@ static duet_status_t duet__cfg_arch(const cJSON *json, const char *what, duet_ar
         }
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: architectures[0]: %s is not supported (LlamaForCausalLM, "
-                          "MistralForCausalLM, Qwen2ForCausalLM)",
+                          "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
                           what, a0->valuestring);
     }
     st = duet_json_get_string(json, "model_type", what, &type);
@@ -93,7 +97,8 @@ static duet_status_t duet__cfg_arch(const cJSON *json, const char *what, duet_ar
         }
     }
     return duet_error(DUET_ERR_UNSUPPORTED,
-                      "%s: model_type: %s is not supported (llama, mistral, qwen2)", what, type);
+                      "%s: model_type: %s is not supported (llama, mistral, qwen2, qwen3)", what,
+                      type);
 }
 
 /* An integer in [lo, DUET_CFG_MAX_DIM]; def < 0 makes the key required. */
@@ -223,13 +228,87 @@ static duet_status_t duet__cfg_dtype(const cJSON *json, const char *what, duet_d
                       what, key, s);
 }
 
-/* Accept only RoPE scaling that changes nothing. */
-static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what)
+/* A number of rope_scaling; def < 0 makes it required.  Positive unless
+ * zero_ok. */
+static duet_status_t duet__rs_num(const cJSON *rs, const char *what, const char *type,
+                                  const char *key, double def, bool zero_ok, double *out)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (it == NULL || cJSON_IsNull(it)) {
+        if (def < 0)
+            return duet_error(DUET_ERR_FORMAT,
+                              "%s: rope_scaling.%s: missing (required by rope_scaling.type %s)",
+                              what, key, type);
+        *out = def;
+        return DUET_OK;
+    }
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+        !(it->valuedouble > 0 || (zero_ok && it->valuedouble == 0)))
+        return duet_error(DUET_ERR_FORMAT, "%s: rope_scaling.%s: expected a %s number", what, key,
+                          zero_ok ? "non-negative" : "positive");
+    *out = it->valuedouble;
+    return DUET_OK;
+}
+
+/* yarn's default attention factor: get_mscale of modeling_rope_utils */
+static double duet__yarn_mscale(double scale, double mscale)
+{
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+static duet_status_t duet__cfg_yarn(const cJSON *rs, const char *what, int max_pos,
+                                    duet_rope_scaling_t *r)
+{
+    const cJSON *tr = cJSON_GetObjectItemCaseSensitive(rs, "truncate");
+    double orig = max_pos, mscale, mscale_all, attn;
+    duet_status_t st;
+
+    if ((st = duet__rs_num(rs, what, "yarn", "original_max_position_embeddings", max_pos, false,
+                           &orig)) != DUET_OK ||
+        (st = duet__rs_num(rs, what, "yarn", "factor", max_pos / orig, false, &r->factor)) !=
+            DUET_OK ||
+        (st = duet__rs_num(rs, what, "yarn", "beta_fast", 32, false, &r->beta_fast)) != DUET_OK ||
+        (st = duet__rs_num(rs, what, "yarn", "beta_slow", 1, false, &r->beta_slow)) != DUET_OK ||
+        (st = duet__rs_num(rs, what, "yarn", "mscale", 0, true, &mscale)) != DUET_OK ||
+        (st = duet__rs_num(rs, what, "yarn", "mscale_all_dim", 0, true, &mscale_all)) != DUET_OK ||
+        (st = duet__rs_num(rs, what, "yarn", "attention_factor", 0, true, &attn)) != DUET_OK)
+        return st;
+    if (orig != floor(orig) || orig > DUET_CFG_MAX_DIM)
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: rope_scaling.original_max_position_embeddings: expected a "
+                          "positive integer",
+                          what);
+    if (tr != NULL && !cJSON_IsNull(tr) && !cJSON_IsBool(tr))
+        return duet_error(DUET_ERR_FORMAT, "%s: rope_scaling.truncate: expected a boolean", what);
+    r->truncate = tr == NULL || cJSON_IsNull(tr) || cJSON_IsTrue(tr);
+    r->orig_max_pos = (int)orig;
+    /* an explicit attention_factor wins; 0 counts as absent (as `or` does) */
+    if (attn > 0)
+        r->attention_factor = attn;
+    else if (mscale > 0 && mscale_all > 0)
+        r->attention_factor =
+            duet__yarn_mscale(r->factor, mscale) / duet__yarn_mscale(r->factor, mscale_all);
+    else
+        r->attention_factor = duet__yarn_mscale(r->factor, 1.0);
+    if (r->factor == 1.0 && r->attention_factor == 1.0)
+        r->type = DUET_ROPE_NONE;
+    return DUET_OK;
+}
+
+/* rope_scaling: linear, llama3, yarn and dynamic (NTK); others refused. */
+static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what, int max_pos,
+                                            duet_rope_scaling_t *r)
 {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(json, "rope_scaling");
-    const cJSON *type, *factor;
+    const cJSON *type;
     const char *name;
+    double orig = 0;
+    duet_status_t st;
 
+    memset(r, 0, sizeof(*r));
+    r->type = DUET_ROPE_NONE;
+    r->factor = 1.0;
+    r->attention_factor = 1.0;
     if (rs == NULL || cJSON_IsNull(rs))
         return DUET_OK;
     if (!cJSON_IsObject(rs))
@@ -242,21 +321,46 @@ static duet_status_t duet__cfg_rope_scaling(const cJSON *json, const char *what)
     name = type->valuestring;
     if (strcmp(name, "default") == 0)
         return DUET_OK;
-    factor = cJSON_GetObjectItemCaseSensitive(rs, "factor");
-    /* linear, dynamic, llama3 and yarn all reduce to plain RoPE at factor 1 */
-    if ((strcmp(name, "linear") == 0 || strcmp(name, "dynamic") == 0 ||
-         strcmp(name, "llama3") == 0 || strcmp(name, "yarn") == 0) &&
-        cJSON_IsNumber(factor) && factor->valuedouble == 1.0)
-        return DUET_OK;
-    if (strcmp(name, "llama3") == 0)
+    if (strcmp(name, "yarn") == 0) {
+        r->type = DUET_ROPE_YARN;
+        return duet__cfg_yarn(rs, what, max_pos, r);
+    }
+    if (strcmp(name, "linear") != 0 && strcmp(name, "llama3") != 0 && strcmp(name, "dynamic") != 0)
         return duet_error(DUET_ERR_UNSUPPORTED,
-                          "%s: rope_scaling.type llama3 (Llama-3.1-style frequency scaling) is "
-                          "not supported yet; only unscaled RoPE is implemented",
+                          "%s: rope_scaling.type %s is not supported (default, linear, llama3, "
+                          "yarn, dynamic)",
+                          what, name);
+    if ((st = duet__rs_num(rs, what, name, "factor", -1, false, &r->factor)) != DUET_OK)
+        return st;
+    if (r->factor == 1.0) /* linear, llama3 and dynamic are plain RoPE at factor 1 */
+        return DUET_OK;
+    if (strcmp(name, "dynamic") == 0) { /* see DUET_ROPE_DYNAMIC */
+        r->type = DUET_ROPE_DYNAMIC;
+        return DUET_OK;
+    }
+    if (strcmp(name, "linear") == 0) {
+        r->type = DUET_ROPE_LINEAR;
+        return DUET_OK;
+    }
+    r->type = DUET_ROPE_LLAMA3;
+    if ((st = duet__rs_num(rs, what, name, "low_freq_factor", -1, false, &r->low_freq_factor)) !=
+            DUET_OK ||
+        (st = duet__rs_num(rs, what, name, "high_freq_factor", -1, false, &r->high_freq_factor)) !=
+            DUET_OK ||
+        (st = duet__rs_num(rs, what, name, "original_max_position_embeddings", -1, false, &orig)) !=
+            DUET_OK)
+        return st;
+    if (orig != floor(orig) || orig > DUET_CFG_MAX_DIM)
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: rope_scaling.original_max_position_embeddings: expected a "
+                          "positive integer",
                           what);
-    return duet_error(DUET_ERR_UNSUPPORTED,
-                      "%s: rope_scaling.type %s is not supported; only unscaled RoPE is "
-                      "implemented",
-                      what, name);
+    if (!(r->high_freq_factor > r->low_freq_factor))
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: rope_scaling.high_freq_factor %g must be above low_freq_factor %g",
+                          what, r->high_freq_factor, r->low_freq_factor);
+    r->orig_max_pos = (int)orig;
+    return DUET_OK;
 }
 
 /* Sliding-window attention equals full attention only when the window
@@ -328,12 +432,14 @@ duet_status_t duet_model_config_parse(const cJSON *json, const char *what,
                           "%d",
                           what, c.n_heads, c.n_kv_heads);
     if (duet_json_get_int(json, "head_dim", what, &(int64_t){0}) == DUET_ERR_NOT_FOUND &&
-        c.hidden % c.n_heads != 0)
+        c.arch != DUET_ARCH_QWEN3 && c.hidden % c.n_heads != 0)
         return duet_error(DUET_ERR_FORMAT,
                           "%s: hidden_size %d is not a multiple of num_attention_heads %d and "
                           "head_dim is not given",
                           what, c.hidden, c.n_heads);
-    if ((st = duet__cfg_int(json, what, "head_dim", 1, c.hidden / c.n_heads, &c.head_dim)) !=
+    /* Qwen3Config's head_dim defaults to 128, not hidden / heads */
+    if ((st = duet__cfg_int(json, what, "head_dim", 1,
+                            c.arch == DUET_ARCH_QWEN3 ? 128 : c.hidden / c.n_heads, &c.head_dim)) !=
         DUET_OK)
         return st;
     if (c.head_dim % 2 != 0)
@@ -346,12 +452,13 @@ duet_status_t duet_model_config_parse(const cJSON *json, const char *what,
         (st = duet__cfg_bool(json, what, "attention_bias", false, &attention_bias)) != DUET_OK ||
         (st = duet__cfg_tokens(json, what, &c)) != DUET_OK ||
         (st = duet__cfg_dtype(json, what, &c.torch_dtype)) != DUET_OK ||
-        (st = duet__cfg_rope_scaling(json, what)) != DUET_OK ||
+        (st = duet__cfg_rope_scaling(json, what, c.max_pos, &c.rope_scaling)) != DUET_OK ||
         (st = duet__cfg_sliding_window(json, what, c.max_pos)) != DUET_OK ||
         (st = duet__cfg_mlp(json, what)) != DUET_OK)
         return st;
     c.qkv_bias = c.arch == DUET_ARCH_QWEN2 || attention_bias;
     c.o_bias = c.arch != DUET_ARCH_QWEN2 && attention_bias;
+    c.qk_norm = c.arch == DUET_ARCH_QWEN3;
     *cfg_p = c;
     return DUET_OK;
 }

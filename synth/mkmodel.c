@@ -217,7 +217,10 @@ static void duet__mk_dims(const duet_mkmodel_opts_t *o, duet__mk_dims_t *d)
 
 static size_t duet__mk_tensor_count(const duet_mkmodel_opts_t *o)
 {
-    size_t per_layer = o->arch == DUET_ARCH_QWEN2 ? 12 : o->attention_bias ? 13 : 9;
+    size_t per_layer = o->arch == DUET_ARCH_QWEN2   ? 12
+                       : o->arch == DUET_ARCH_QWEN3 ? 11
+                       : o->attention_bias          ? 13
+                                                    : 9;
     return 2 + (size_t)o->layers * per_layer + (o->tied ? 0 : 1);
 }
 
@@ -233,12 +236,21 @@ duet_status_t duet_mkmodel_check(const duet_mkmodel_opts_t *o)
 {
     duet__mk_dims_t d;
 
-    if (o->arch != DUET_ARCH_LLAMA && o->arch != DUET_ARCH_MISTRAL && o->arch != DUET_ARCH_QWEN2)
+    if (o->arch != DUET_ARCH_LLAMA && o->arch != DUET_ARCH_MISTRAL && o->arch != DUET_ARCH_QWEN2 &&
+        o->arch != DUET_ARCH_QWEN3)
         return duet_error(DUET_ERR_INVALID, "mkmodel: arch %d: unknown", (int)o->arch);
+    if (o->rope_scaling != NULL) {
+        cJSON *rs = cJSON_Parse(o->rope_scaling);
+        bool obj = cJSON_IsObject(rs);
+        cJSON_Delete(rs);
+        if (!obj)
+            return duet_error(DUET_ERR_INVALID, "mkmodel: rope_scaling %s: not a JSON object",
+                              o->rope_scaling);
+    }
     if (o->attention_bias && o->arch != DUET_ARCH_LLAMA)
         return duet_error(DUET_ERR_INVALID,
                           "mkmodel: attention_bias: only for llama (qwen2 always has q/k/v "
-                          "biases, mistral none)");
+                          "biases, mistral and qwen3 none)");
     DUET__MK_RANGE(o->layers, 1, 1024);
     DUET__MK_RANGE(o->hidden, 1, 1 << 20);
     DUET__MK_RANGE(o->heads, 1, 1 << 12);
@@ -323,6 +335,10 @@ static duet_status_t duet__mk_specs(const duet_mkmodel_opts_t *o, duet__mk_spec_
         DUET__MK_LAYER("self_attn.o_proj.weight", h, q, 0.0f, DUET_MKMODEL_GAIN / sqrtf((float)q));
         if (o->attention_bias)
             DUET__MK_LAYER("self_attn.o_proj.bias", h, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
+        if (o->arch == DUET_ARCH_QWEN3) {
+            DUET__MK_LAYER("self_attn.q_norm.weight", d.head_dim, -1, 1.0f, DUET_MKMODEL_NORM_STD);
+            DUET__MK_LAYER("self_attn.k_norm.weight", d.head_dim, -1, 1.0f, DUET_MKMODEL_NORM_STD);
+        }
         DUET__MK_LAYER("post_attention_layernorm.weight", h, -1, 1.0f, DUET_MKMODEL_NORM_STD);
         DUET__MK_LAYER("mlp.gate_proj.weight", ff, h, 0.0f, lin_h);
         DUET__MK_LAYER("mlp.up_proj.weight", ff, h, 0.0f, lin_h);
@@ -578,7 +594,8 @@ static void duet__mk_fmt_double(char *buf, size_t size, double v)
 
 static void duet__mk_config_body(FILE *f, const void *arg)
 {
-    static const char *const hf[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+    static const char *const hf[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                     "Qwen3ForCausalLM"};
     static const char *const torch[] = {"float32", "float16", "bfloat16"};
     const duet_mkmodel_opts_t *o = arg;
     duet__mk_dims_t d;
@@ -594,15 +611,29 @@ static void duet__mk_config_body(FILE *f, const void *arg)
             "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
             "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n"
             "  \"max_position_embeddings\": %d,\n  \"rope_theta\": %s,\n"
-            "  \"rms_norm_eps\": %s,\n  \"rope_scaling\": null,\n"
+            "  \"rms_norm_eps\": %s,\n"
             "  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n",
             o->hidden, o->intermediate, o->layers, o->heads, d.kv_heads, d.head_dim, o->vocab,
             o->max_pos, theta, eps, o->tied ? "true" : "false");
+    if (o->rope_scaling == NULL) {
+        fprintf(f, "  \"rope_scaling\": null,\n");
+    } else { /* checked to be an object by duet_mkmodel_check */
+        cJSON *rs = cJSON_Parse(o->rope_scaling);
+        char *text = rs != NULL ? cJSON_PrintUnformatted(rs) : NULL;
+        fprintf(f, "  \"rope_scaling\": %s,\n", text != NULL ? text : "null");
+        cJSON_free(text);
+        cJSON_Delete(rs);
+    }
     if (o->arch == DUET_ARCH_LLAMA)
         fprintf(f, "  \"attention_bias\": %s,\n  \"mlp_bias\": false,\n",
                 o->attention_bias ? "true" : "false");
     else if (o->arch == DUET_ARCH_MISTRAL)
         fprintf(f, "  \"sliding_window\": null,\n");
+    else if (o->arch == DUET_ARCH_QWEN3)
+        fprintf(f,
+                "  \"attention_bias\": false,\n  \"use_sliding_window\": false,\n"
+                "  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n",
+                o->layers);
     else
         fprintf(f,
                 "  \"use_sliding_window\": false,\n  \"sliding_window\": %d,\n"

@@ -8,7 +8,7 @@
  *   embed_tokens            U, std 0.2, times a per-row scale in [0.48, 2.08]
  *   q/k/v/o, gate/up/down   U, std 1.5 / sqrt(fan_in)
  *   lm_head (untied)        U, std 1.5 / sqrt(hidden), times a per-row scale
- *   norm weights            1 + U, std 0.1
+ *   norm weights            1 + U, std 0.1 (q_norm / k_norm of qwen3 too)
  *   q/k/v and o biases      U, std 0.5
  * so that a forward pass stays well-conditioned, greedy decoding is
  * decisive (median top-1/top-2 logit gap around 0.1 of the top logit's
@@ -28,7 +28,7 @@
 #include "model/model_config.h"
 
 typedef struct {
-    duet_arch_t arch;    /* qwen2 gets q/k/v biases */
+    duet_arch_t arch;    /* qwen2 gets q/k/v biases, qwen3 q_norm / k_norm */
     bool attention_bias; /* llama only: q/k/v and o_proj biases (attention_bias: true) */
     int layers;
     int hidden;
@@ -39,6 +39,7 @@ typedef struct {
     int vocab; /* >= 260 (the synthetic tokenizer's minimum) */
     int max_pos;
     double rope_theta;
+    const char *rope_scaling; /* NULL: null; else a JSON object, config.json's rope_scaling */
     double rms_eps;
     bool tied;          /* tie_word_embeddings: no lm_head.weight */
     duet_dtype_t dtype; /* F32, F16 or BF16 */

@@ -1,9 +1,11 @@
 /* RoPE + KV store and causal paged attention on the cpu: the drivers (work
  * split, tables); the kernels are in ops_simd.inc.
  *
- * RoPE (HF rotate-half): for i < d/2, with a = pos * theta^(-2i/d),
- *   x'[i]       = x[i] cos a - x[i + d/2] sin a
- *   x'[i + d/2] = x[i + d/2] cos a + x[i] sin a
+ * RoPE (HF rotate-half): for i < d/2, with a = pos * inv_freq[i] (the
+ * model's table: theta^(-2i/d) with rope_scaling applied) and m the
+ * attention factor (yarn; else 1),
+ *   x'[i]       = m (x[i] cos a - x[i + d/2] sin a)
+ *   x'[i + d/2] = m (x[i + d/2] cos a + x[i] sin a)
  * The angles' cosines and sines are computed once per batch (by the first
  * layer) and reused by every layer.
  * Attention: out = softmax(q . K^T / sqrt(d)) . V over positions 0..pos of
@@ -31,19 +33,22 @@ static int duet__attn_rows(int head_dim)
  * query rows of each item rounded up to 16, as the kernel computes them. */
 #define DUET__ATTN_INLINE_MACS (1L << 16)
 
-static duet_status_t duet__ensure_inv_freq(duet_backend_rank_t *r, int head_dim, float theta)
+/* The model's table, copied once (and again only if it changes). */
+static duet_status_t duet__ensure_inv_freq(duet_backend_rank_t *r, int head_dim,
+                                           const float *inv_freq, float attn_factor)
 {
-    if (r->inv_freq != NULL && r->inv_freq_dim == head_dim && r->inv_freq_theta == theta)
+    size_t bytes = (size_t)(head_dim / 2) * sizeof(float);
+    if (r->inv_freq != NULL && r->inv_freq_dim == head_dim && r->rope_attn == attn_factor &&
+        memcmp(r->inv_freq, inv_freq, bytes) == 0)
         return DUET_OK;
-    float *f = duet_malloc((size_t)(head_dim / 2) * sizeof(float));
+    float *f = duet_malloc(bytes);
     if (f == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for rope");
-    for (int i = 0; i < head_dim / 2; i++)
-        f[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)head_dim));
+    memcpy(f, inv_freq, bytes);
     duet_free(r->inv_freq);
     r->inv_freq = f;
     r->inv_freq_dim = head_dim;
-    r->inv_freq_theta = theta;
+    r->rope_attn = attn_factor;
     r->rope_ready = false;
     return DUET_OK;
 }
@@ -78,11 +83,11 @@ static void duet__rope_kv_job(void *arg, int ti, int nt)
         int page = slot / kv->page_size, off = slot % kv->page_size;
 
         if (j->fill) {
-            float pos = (float)r->batch->positions[t];
+            float pos = (float)r->batch->positions[t], m = r->rope_attn;
             for (int i = 0; i < half; i++) {
                 float a = pos * r->inv_freq[i];
-                cs[i] = cosf(a);
-                sn[i] = sinf(a);
+                cs[i] = cosf(a) * m; /* m is 1 but for yarn: exact */
+                sn[i] = sinf(a) * m;
             }
         }
         r->ops->rope(row, j->nq + j->nkv, j->hd, cs, sn);
@@ -100,7 +105,8 @@ static void duet__rope_kv_job(void *arg, int ti, int nt)
 }
 
 duet_status_t duet__cpu_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
-                                      int head_dim, float theta, int layer)
+                                      int head_dim, const float *inv_freq, float attn_factor,
+                                      int layer)
 {
     duet_status_t st;
     if (head_dim > 1024 || head_dim % 2 != 0)
@@ -111,7 +117,7 @@ duet_status_t duet__cpu_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, 
     if (n > r->rope_cap)
         return duet_error(DUET_ERR_INTERNAL, "cpu backend: rope of %d tokens, batch of %d", n,
                           r->rope_cap);
-    st = duet__ensure_inv_freq(r, head_dim, theta);
+    st = duet__ensure_inv_freq(r, head_dim, inv_freq, attn_factor);
     if (st != DUET_OK)
         return st;
     duet__attn_job_t j = {.r = r, .qkv = qkv, .n = n, .nq = nq, .nkv = nkv, .hd = head_dim,

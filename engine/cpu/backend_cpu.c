@@ -274,6 +274,48 @@ static duet_status_t duet__cpu_op_rmsnorm(duet_backend_rank_t *r, void *out, con
     return DUET_OK;
 }
 
+/* Qwen3's q_norm / k_norm: rows of (nq + 2 nkv) heads, the first nq + nkv
+ * normalised in place */
+typedef struct {
+    duet_backend_rank_t *r;
+    float *qkv;
+    const float *qw, *kw;
+    int n, nq, nkv, hd;
+    float eps;
+} duet__head_norm_job_t;
+
+static void duet__head_rmsnorm_job(void *arg, int ti, int nt)
+{
+    duet__head_norm_job_t *j = arg;
+    size_t stride = (size_t)(j->nq + 2 * j->nkv) * (size_t)j->hd;
+    long b, e;
+    duet_cpu_split(j->n, ti, nt, &b, &e);
+    for (long t = b; t < e; t++) {
+        float *row = j->qkv + (size_t)t * stride;
+        for (int h = 0; h < j->nq + j->nkv; h++) {
+            float *x = row + (size_t)h * (size_t)j->hd;
+            j->r->ops->rmsnorm(x, x, h < j->nq ? j->qw : j->kw, j->hd, j->eps);
+        }
+    }
+}
+
+static duet_status_t duet__cpu_op_head_rmsnorm(duet_backend_rank_t *r, void *qkv, int n, int nq,
+                                               int nkv, int head_dim, const void *qw,
+                                               const void *kw, float eps)
+{
+    duet__head_norm_job_t j = {.r = r,
+                               .qkv = qkv,
+                               .qw = qw,
+                               .kw = kw,
+                               .n = n,
+                               .nq = nq,
+                               .nkv = nkv,
+                               .hd = head_dim,
+                               .eps = eps};
+    duet__cpu_run(r, (size_t)n * (size_t)(nq + nkv) * (size_t)head_dim, duet__head_rmsnorm_job, &j);
+    return DUET_OK;
+}
+
 static duet_status_t duet__cpu_op_matmul(duet_backend_rank_t *r, void *y, const void *x, int n,
                                          const duet_weight_t *w, const void *bias)
 {
@@ -451,6 +493,7 @@ const duet_backend_ops_t duet_backend_cpu = {
     .rmsnorm = duet__cpu_op_rmsnorm,
     .matmul = duet__cpu_op_matmul,
     .rope_kv_store = duet__cpu_rope_kv_store,
+    .head_rmsnorm = duet__cpu_op_head_rmsnorm,
     .attention = duet__cpu_attention,
     .silu_mul = duet__cpu_op_silu_mul,
     .add = duet__cpu_op_add,

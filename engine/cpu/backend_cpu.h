@@ -39,7 +39,7 @@ struct duet_backend_rank {
     const duet_batch_desc_t *batch;
     float *inv_freq;          /* [head_dim / 2] */
     int inv_freq_dim;
-    float inv_freq_theta;
+    float rope_attn; /* cos and sin times this (yarn) */
     /* RoPE angles of the prepared batch's tokens, filled by the first
      * rope_kv_store of the batch and reused by every later layer */
     float *rope_cs, *rope_sn; /* [rope_cap][head_dim / 2] */
@@ -54,7 +54,8 @@ struct duet_backend_rank {
 };
 
 duet_status_t duet__cpu_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
-                                      int head_dim, float theta, int layer);
+                                      int head_dim, const float *inv_freq, float attn_factor,
+                                      int layer);
 duet_status_t duet__cpu_attention(duet_backend_rank_t *r, void *out, const void *qkv, int n,
                                   int nq, int nkv, int head_dim, int layer);
 

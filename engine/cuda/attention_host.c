@@ -14,6 +14,7 @@
  * recorded graph. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/alloc.h"
 #include "engine/cuda/cuda_internal.h"
@@ -42,36 +43,40 @@ static duet_status_t duet__check(duet_backend_rank_t *r, const char *op, int n, 
     return DUET_OK;
 }
 
-/* theta^(-2i/d) as the cpu backend computes it */
-static duet_status_t duet__inv_freq(duet_backend_rank_t *r, int head_dim, float theta)
+/* The model's table on the device: uploaded once (and again only if it
+ * changes, never while recording). */
+static duet_status_t duet__inv_freq(duet_backend_rank_t *r, int head_dim, const float *inv_freq)
 {
     int half = head_dim / 2;
+    size_t bytes = (size_t)half * sizeof(float);
     float *h;
 
-    if (r->inv_freq_d != NULL && r->inv_freq_dim == head_dim && r->inv_freq_theta == theta)
+    if (r->inv_freq_d != NULL && r->inv_freq_dim == head_dim &&
+        memcmp(r->inv_freq_h, inv_freq, bytes) == 0)
         return DUET_OK;
     if (r->capturing)
         return duet_error(DUET_ERR_INTERNAL, "cuda rope: table built while recording");
-    h = duet_malloc((size_t)half * sizeof(float));
+    h = duet_malloc(bytes);
     if (h == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "cuda rope: no memory");
-    for (int i = 0; i < half; i++)
-        h[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)head_dim));
+    memcpy(h, inv_freq, bytes);
     cudaFree(r->inv_freq_d); /* synchronous: no queued kernel still reads it */
     r->inv_freq_d = NULL;
-    cudaError_t e = cudaMalloc((void **)&r->inv_freq_d, (size_t)half * sizeof(float));
+    duet_free(r->inv_freq_h);
+    r->inv_freq_h = h;
+    r->inv_freq_dim = 0;
+    cudaError_t e = cudaMalloc((void **)&r->inv_freq_d, bytes);
     if (e == cudaSuccess)
-        e = cudaMemcpy(r->inv_freq_d, h, (size_t)half * sizeof(float), cudaMemcpyHostToDevice);
-    duet_free(h);
+        e = cudaMemcpy(r->inv_freq_d, h, bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess)
         return duet__cuda_check(e, "rope table", __FILE__, __LINE__);
     r->inv_freq_dim = head_dim;
-    r->inv_freq_theta = theta;
     return DUET_OK;
 }
 
 duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
-                                          int head_dim, float theta, int layer)
+                                          int head_dim, const float *inv_freq, float attn_factor,
+                                          int layer)
 {
     duet_status_t st;
 
@@ -79,9 +84,9 @@ duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int
         return st;
     if (head_dim % 2 != 0 || head_dim > 1024)
         return duet_error(DUET_ERR_UNSUPPORTED, "cuda rope: head_dim %d", head_dim);
-    if ((st = duet__inv_freq(r, head_dim, theta)) != DUET_OK ||
-        (st = duet__cuda_rope_kv_store(r->stream, qkv, r->bd, r->inv_freq_d, duet__kv(r), layer, n,
-                                       nq, nkv, head_dim)) != DUET_OK)
+    if ((st = duet__inv_freq(r, head_dim, inv_freq)) != DUET_OK ||
+        (st = duet__cuda_rope_kv_store(r->stream, qkv, r->bd, r->inv_freq_d, attn_factor,
+                                       duet__kv(r), layer, n, nq, nkv, head_dim)) != DUET_OK)
         return st;
     if (r->capturing) {
         /* an event node of the graph: recorded again at every replay */
@@ -220,4 +225,14 @@ duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const v
                                        head_dim, !r->decode_cores, splits, r->part, r->fd_counts);
     return duet__cuda_attention_decode(r->stream, out, qkv, r->bd, duet__kv(r), layer, n, nq, nkv,
                                        head_dim, splits, r->part);
+}
+
+/* Qwen3's q_norm / k_norm (no kv pool involved) */
+duet_status_t duet__cuda_op_head_rmsnorm(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
+                                         int head_dim, const void *qw, const void *kw, float eps)
+{
+    if (n < 0 || nq < 0 || nkv < 0 || head_dim <= 0 || head_dim > 1024)
+        return duet_error(DUET_ERR_INTERNAL, "cuda head_rmsnorm: %d tokens, %d+%d heads of %d", n,
+                          nq, nkv, head_dim);
+    return duet__cuda_head_rmsnorm(r->stream, qkv, qw, kw, n, nq, nkv, head_dim, eps);
 }

@@ -118,6 +118,7 @@ static void duet__cuda_op_rank_destroy(duet_backend_rank_t *r)
     cudaFree(r->am_val);
     cudaFree(r->am_idx);
     cudaFree(r->inv_freq_d);
+    duet_free(r->inv_freq_h);
     if (r->ev_kv != NULL) {
         for (int l = 0; l < r->kv.n_layers; l++) {
             if (r->ev_kv[l] != NULL)
@@ -554,6 +555,7 @@ const duet_backend_ops_t duet_backend_cuda = {
     .rmsnorm = duet__cuda_op_rmsnorm,
     .matmul = duet__cuda_op_matmul,
     .rope_kv_store = duet__cuda_op_rope_kv_store,
+    .head_rmsnorm = duet__cuda_op_head_rmsnorm,
     .attention = duet__cuda_op_attention,
     .silu_mul = duet__cuda_op_silu_mul,
     .add = duet__cuda_op_add,

@@ -202,8 +202,8 @@ struct duet_backend_rank {
 
     /* RoPE */
     float *inv_freq_d;
+    float *inv_freq_h; /* host copy of what inv_freq_d holds */
     int inv_freq_dim;
-    float inv_freq_theta;
 
     int vocab, hidden; /* of the embedding table */
 
@@ -300,6 +300,9 @@ duet_status_t duet__cuda_op_batch_prepare(duet_backend_rank_t *r, const duet_bat
 duet_status_t duet__cuda_op_attention(duet_backend_rank_t *r, void *out, const void *qkv, int n,
                                       int nq, int nkv, int head_dim, int layer);
 duet_status_t duet__cuda_op_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
-                                          int head_dim, float theta, int layer);
+                                          int head_dim, const float *inv_freq, float attn_factor,
+                                          int layer);
+duet_status_t duet__cuda_op_head_rmsnorm(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
+                                         int head_dim, const void *qw, const void *kw, float eps);
 
 #endif

@@ -69,10 +69,14 @@ duet_status_t duet__cuda_rmsnorm(cudaStream_t s, void *out, const void *in, cons
  * bits as duet__cuda_add then duet__cuda_rmsnorm */
 duet_status_t duet__cuda_add_rmsnorm(cudaStream_t s, void *out, void *x, const void *res,
                                      const void *w, int n, int d, float eps);
-/* inv_freq: float32 device [head_dim / 2] */
+/* inv_freq: float32 device [head_dim / 2]; cos and sin times attn_factor */
 duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, duet__cuda_batch_t b,
-                                       const float *inv_freq, duet__cuda_kv_t kv, int layer, int n,
-                                       int nq, int nkv, int head_dim);
+                                       const float *inv_freq, float attn_factor, duet__cuda_kv_t kv,
+                                       int layer, int n, int nq, int nkv, int head_dim);
+/* In place on qkv[n][(nq + 2 nkv) head_dim]: each q head times qw, each k
+ * head times kw, after RMSNorm over head_dim (float32 sum of squares) */
+duet_status_t duet__cuda_head_rmsnorm(cudaStream_t s, void *qkv, const void *qw, const void *kw,
+                                      int n, int nq, int nkv, int head_dim, float eps);
 /* Attention of tokens with any number of queries per sequence, one block
  * per (token, KV head, split).  part: float32 scratch of
  * duet__cuda_attention_decode_scratch() bytes when splits > 1. */

@@ -1,15 +1,16 @@
 /* RoPE (HF rotate-half) on the q and k heads of qkv[n][(nq + 2 nkv) d],
  * then the k and v heads into the paged KV cache at each token's slot.
- * For i < d/2 and a = pos * inv_freq[i]:
- *   x'[i]       = x[i] cos a - x[i + d/2] sin a
- *   x'[i + d/2] = x[i + d/2] cos a + x[i] sin a
+ * For i < d/2, a = pos * inv_freq[i] and m the attention factor (yarn;
+ * 1 otherwise, which changes no bit):
+ *   x'[i]       = x[i] m cos a - x[i + d/2] m sin a
+ *   x'[i + d/2] = x[i + d/2] m cos a + x[i] m sin a
  * One block per token.  The cache gets the bf16-rounded rotated k that
  * stays in qkv, so both hold the same values. */
 #include "engine/cuda/cuda_device.cuh"
 #include "engine/cuda/cuda_kernels.h"
 
 static __global__ void duet__rope_kv_kernel(duet_bf16 *qkv, const int32_t *positions,
-                                            const int32_t *slots, const float *inv_freq,
+                                            const int32_t *slots, const float *inv_freq, float attn,
                                             duet__cuda_kv_t kv, int layer, int nq, int nkv, int hd)
 {
     extern __shared__ float cs[]; /* [half] cos, then [half] sin */
@@ -21,8 +22,8 @@ static __global__ void duet__rope_kv_kernel(duet_bf16 *qkv, const int32_t *posit
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, c;
         sincosf(pos * inv_freq[i], &s, &c);
-        cs[i] = c;
-        cs[half + i] = s;
+        cs[i] = c * attn;
+        cs[half + i] = s * attn;
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < (nq + nkv) * half; idx += blockDim.x) {
@@ -51,8 +52,9 @@ static __global__ void duet__rope_kv_kernel(duet_bf16 *qkv, const int32_t *posit
 }
 
 extern "C" duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, duet__cuda_batch_t b,
-                                                  const float *inv_freq, duet__cuda_kv_t kv,
-                                                  int layer, int n, int nq, int nkv, int head_dim)
+                                                  const float *inv_freq, float attn_factor,
+                                                  duet__cuda_kv_t kv, int layer, int n, int nq,
+                                                  int nkv, int head_dim)
 {
     int work = (nq + nkv) * head_dim / 2;
     int threads = (work + 31) / 32 * 32;
@@ -60,6 +62,7 @@ extern "C" duet_status_t duet__cuda_rope_kv_store(cudaStream_t s, void *qkv, due
     if (n <= 0)
         return DUET_OK;
     duet__rope_kv_kernel<<<n, threads, (size_t)head_dim * sizeof(float), s>>>(
-        (duet_bf16 *)qkv, b.positions, b.slots, inv_freq, kv, layer, nq, nkv, head_dim);
+        (duet_bf16 *)qkv, b.positions, b.slots, inv_freq, attn_factor, kv, layer, nq, nkv,
+        head_dim);
     return DUET__CUDA_LAUNCHED("rope_kv_store");
 }

@@ -36,6 +36,16 @@ static inline float duet_test_uniform(duet_test_rng_t *g)
 }
 
 /* x[i] = bf16-representable value uniform in [-scale, scale) */
+/* Unscaled RoPE inverse frequencies theta^(-2i/hd), hd <= 1024, into a
+ * static table (rope_kv_store's inv_freq argument). */
+static inline const float *duet_test_rope_table(int hd, double theta)
+{
+    static float tab[512];
+    for (int i = 0; i < hd / 2; i++)
+        tab[i] = (float)(1.0 / pow(theta, (double)(2 * i) / (double)hd));
+    return tab;
+}
+
 static inline void duet_test_fill(duet_test_rng_t *g, float *x, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++)

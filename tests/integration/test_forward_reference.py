@@ -2,7 +2,9 @@
 """Forward correctness: duet's CPU logits against the independent numpy
 reference (tests/reference/llama_ref.py) on stories260K and synthetic
 models of several shapes and dtypes (Qwen2 q/k/v biases, a Llama with
-attention_bias: q/k/v and o_proj biases), at TP 1 and 2.
+attention_bias: q/k/v and o_proj biases, Qwen3 q/k norms, RoPE scaling
+linear / llama3 / yarn / dynamic, with original_max_position_embeddings below the
+prompt length so that positions past it are checked), at TP 1 and 2.
 
 Tolerance: max |duet - ref| <= 2e-4 * (1 + max |ref|) over every position
 of the prompt and every vocab entry.  duet computes in float32, the
@@ -39,6 +41,36 @@ MODELS = [
     ("llama-attn-bias", ["--attention-bias", "--layers", "2", "--hidden", "64", "--heads", "4",
                          "--kv-heads", "2", "--intermediate", "96", "--vocab", "300",
                          "--dtype", "bf16", "--seed", "12"]),
+    # llama3 scaling with a small original context: the 24-token prompt
+    # runs past it, and head_dim 16 at theta 1e4 puts frequencies in all
+    # three bands (kept, interpolated, divided by the factor)
+    ("llama3-scaled", ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+                       "--intermediate", "96", "--vocab", "300", "--seed", "13",
+                       "--rope-scaling", '{"rope_type": "llama3", "factor": 8.0, '
+                       '"low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+                       '"original_max_position_embeddings": 16}']),
+    ("qwen2-yarn", ["--arch", "qwen2", "--layers", "2", "--hidden", "64", "--heads", "4",
+                    "--kv-heads", "2", "--intermediate", "96", "--vocab", "300", "--seed", "14",
+                    "--rope-theta", "1000000", "--dtype", "bf16",
+                    "--rope-scaling", '{"type": "yarn", "factor": 4.0, '
+                    '"original_max_position_embeddings": 64}']),
+    # dynamic NTK: transformers' formula in the reference; duet keeps plain
+    # RoPE, which is what it gives for every context up to max_pos
+    ("llama-dynamic", ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+                       "--intermediate", "96", "--vocab", "300", "--seed", "18", "--max-pos", "24",
+                       "--rope-scaling", '{"type": "dynamic", "factor": 4.0}']),
+    ("llama-linear", ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "4",
+                      "--intermediate", "96", "--vocab", "300", "--seed", "15",
+                      "--rope-scaling", '{"type": "linear", "factor": 2.5}']),
+    # Qwen3: head_dim 32 != hidden / heads, tied embeddings, q/k norms
+    ("qwen3-tied", ["--arch", "qwen3", "--layers", "2", "--hidden", "64", "--heads", "4",
+                    "--kv-heads", "2", "--head-dim", "32", "--intermediate", "96",
+                    "--vocab", "300", "--tied", "--rope-theta", "1000000", "--seed", "16"]),
+    ("qwen3-yarn-bf16", ["--arch", "qwen3", "--layers", "2", "--hidden", "48", "--heads", "4",
+                         "--kv-heads", "1", "--head-dim", "16", "--intermediate", "64",
+                         "--vocab", "290", "--dtype", "bf16", "--seed", "17",
+                         "--rope-scaling", '{"rope_type": "yarn", "factor": 8.0, '
+                         '"original_max_position_embeddings": 20, "beta_fast": 16}']),
     ("mistral-sharded", ["--arch", "mistral", "--layers", "2", "--hidden", "64", "--heads", "8",
                          "--kv-heads", "8", "--intermediate", "64", "--vocab", "290",
                          "--shards", "3", "--seed", "11"]),

@@ -5,7 +5,10 @@ Reads config.json and model.safetensors (or a sharded index) directly and
 computes the logits of every position of a prompt in float64, following the
 transformers implementation (RMSNorm, rotate-half RoPE, GQA attention,
 SwiGLU MLP, q/k/v bias for Qwen2, q/k/v and o_proj bias for a Llama with
-attention_bias, tied embeddings).  It shares no code with duet: it is the
+attention_bias, Qwen3's per-head q_norm / k_norm before RoPE, tied
+embeddings) and RoPE scaling as transformers' modeling_rope_utils defines
+it (linear, llama3, yarn with its attention factor on cos and sin, dynamic
+NTK over the prompt's length).  It shares no code with duet: it is the
 oracle for tests/integration/test_forward_reference.py.
 
 usage: llama_ref.py MODEL_DIR "1 2 3" OUT.f32   (writes [n][vocab] float32)
@@ -61,13 +64,65 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(var + eps) * w
 
 
-def rope(x, pos, theta):
-    # x: [n, heads, hd]; HF rotate_half convention
-    hd = x.shape[-1]
+def rope_params(cfg, hd, seq_len):
+    """(inv_freq [hd/2], attention factor) of config.json for a forward
+    pass over seq_len positions, float64."""
+    theta = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    factor = rs.get("factor")
+    if kind == "dynamic":  # NTK: theta grows once the pass is past max_position_embeddings
+        mp = cfg.get("max_position_embeddings", 2048)
+        seq_len = max(seq_len, mp)
+        base = theta * ((factor * seq_len / mp) - (factor - 1)) ** (hd / (hd - 2))
+        return 1.0 / (base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)), 1.0
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "llama3":
+        orig = rs["original_max_position_embeddings"]
+        lo, hi = rs["low_freq_factor"], rs["high_freq_factor"]
+        wave = 2 * np.pi / inv
+        smooth = (orig / wave - lo) / (hi - lo)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        return np.where(wave < orig / hi, inv,
+                        np.where(wave > orig / lo, inv / factor, mid)), 1.0
+    if kind == "yarn":
+        orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        if factor is None:
+            factor = cfg["max_position_embeddings"] / orig
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * np.log(scale) + 1.0
+        attn = rs.get("attention_factor")
+        if not attn:
+            if rs.get("mscale") and rs.get("mscale_all_dim"):
+                attn = mscale(factor, rs["mscale"]) / mscale(factor, rs["mscale_all_dim"])
+            else:
+                attn = mscale(factor)
+
+        def corr_dim(rot):
+            return hd * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(theta))
+        lo, hi = corr_dim(rs.get("beta_fast") or 32), corr_dim(rs.get("beta_slow") or 1)
+        if rs.get("truncate", True):
+            lo, hi = np.floor(lo), np.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, hd - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(hd // 2) - lo) / (hi - lo), 0, 1)
+        keep = 1 - ramp  # the share of the unscaled (extrapolated) frequency
+        return inv / factor * (1 - keep) + inv * keep, float(attn)
+    raise ValueError("rope_scaling type %s" % kind)
+
+
+def rope(x, pos, inv, attn):
+    # x: [n, heads, hd]; HF rotate_half convention, cos and sin times attn
+    hd = x.shape[-1]
     ang = pos[:, None] * inv[None, :]                     # [n, hd/2]
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
-    sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :] * attn
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :] * attn
     x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
     rot = np.concatenate([-x2, x1], -1)
     return x * cos + rot * sin
@@ -77,9 +132,10 @@ def forward(cfg, t, ids):
     H = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
-    hd = cfg.get("head_dim") or H // nh
+    arch = cfg.get("architectures", [""])[0]
+    qwen3 = arch == "Qwen3ForCausalLM" or cfg.get("model_type") == "qwen3"
+    hd = cfg.get("head_dim") or (128 if qwen3 else H // nh)
     eps = cfg.get("rms_norm_eps", 1e-6)
-    theta = cfg.get("rope_theta", 10000.0)
     L = cfg["num_hidden_layers"]
     # LlamaAttention: every projection, o_proj included, has a bias when
     # attention_bias is set; Qwen2Attention: q/k/v only, always
@@ -88,6 +144,7 @@ def forward(cfg, t, ids):
     o_bias = cfg.get("attention_bias", False) and not qwen2
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
+    inv, attn = rope_params(cfg, hd, n)
     x = t["model.embed_tokens.weight"][ids]
     mask = np.triu(np.full((n, n), -np.inf), 1)
     for l in range(L):
@@ -100,8 +157,13 @@ def forward(cfg, t, ids):
             q = q + t[p + "self_attn.q_proj.bias"]
             k = k + t[p + "self_attn.k_proj.bias"]
             v = v + t[p + "self_attn.v_proj.bias"]
-        q = rope(q.reshape(n, nh, hd), pos, theta)
-        k = rope(k.reshape(n, nkv, hd), pos, theta)
+        q = q.reshape(n, nh, hd)
+        k = k.reshape(n, nkv, hd)
+        if qwen3:  # Qwen3Attention: RMSNorm of each head, before RoPE
+            q = rms_norm(q, t[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, t[p + "self_attn.k_norm.weight"], eps)
+        q = rope(q, pos, inv, attn)
+        k = rope(k, pos, inv, attn)
         v = v.reshape(n, nkv, hd)
         g = nh // nkv
         out = np.zeros((n, nh, hd))

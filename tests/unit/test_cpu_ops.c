@@ -448,6 +448,112 @@ static void test_attention(void **state)
     check_attention(36, 16, 1, 5, seed++);
 }
 
+/* head_rmsnorm (Qwen3's q_norm / k_norm): each q head and k head of the
+ * qkv rows normalised over head_dim with its own weights, v untouched,
+ * against a float64 computation. */
+static void test_head_rmsnorm(void **state)
+{
+    (void)state;
+    static const int hds[] = {8, 20, 64, 128};
+    rng_t rng = {21};
+    for (size_t hi = 0; hi < sizeof(hds) / sizeof(hds[0]); hi++) {
+        int hd = hds[hi], nq = 4, nkv = 2, n = 9;
+        size_t stride = (size_t)(nq + 2 * nkv) * (size_t)hd, nw = (size_t)n * stride;
+        float *x = malloc(sizeof(float) * nw), *src = malloc(sizeof(float) * nw);
+        float *w = malloc(sizeof(float) * 2 * (size_t)hd);
+        fill(&rng, src, nw, 2.0f);
+        fill(&rng, w, 2 * (size_t)hd, 0.5f);
+        for (int i = 0; i < 2 * hd; i++)
+            w[i] += 1.0f;
+        FOR_EACH_ISA(isa)
+        {
+            for (int threads = 1; threads <= 2; threads++) {
+                rank_t rk;
+                void *qw, *kw;
+                rank_open(&rk, threads, isa, 1, 4, 4, nkv, hd);
+                assert_int_equal(
+                    duet_backend_cpu.vector_create(rk.r, w, DUET_DTYPE_F32, 0, hd, &qw), 0);
+                assert_int_equal(
+                    duet_backend_cpu.vector_create(rk.r, w, DUET_DTYPE_F32, hd, hd, &kw), 0);
+                memcpy(x, src, sizeof(float) * nw);
+                assert_int_equal(
+                    duet_backend_cpu.head_rmsnorm(rk.r, x, n, nq, nkv, hd, qw, kw, 1e-6f), 0);
+                for (int t = 0; t < n; t++) {
+                    for (int h = 0; h < nq + 2 * nkv; h++) {
+                        const float *in = src + (size_t)t * stride + (size_t)h * (size_t)hd;
+                        const float *got = x + (size_t)t * stride + (size_t)h * (size_t)hd;
+                        const float *g = h < nq ? w : w + hd;
+                        double ss = 0;
+                        for (int i = 0; i < hd; i++)
+                            ss += (double)in[i] * in[i];
+                        double sc = 1.0 / sqrt(ss / hd + 1e-6);
+                        for (int i = 0; i < hd; i++) {
+                            double want = h < nq + nkv ? in[i] * sc * g[i] : in[i];
+                            if (fabs(got[i] - want) > 1e-5 * (1 + fabs(want)))
+                                fail_msg("head_rmsnorm hd %d t %d h %d i %d: %g vs %g", hd, t, h, i,
+                                         got[i], want);
+                        }
+                    }
+                }
+                duet_backend_cpu.free(rk.r, qw);
+                duet_backend_cpu.free(rk.r, kw);
+                rank_close(&rk);
+            }
+        }
+        free(x);
+        free(src);
+        free(w);
+    }
+}
+
+/* rope_kv_store with a scaled table and an attention factor: the result
+ * is the plain rotation with the table's angles, times the factor; a new
+ * table (another model's) replaces the cached one. */
+static void test_rope_scaled(void **state)
+{
+    (void)state;
+    int nq = 2, nkv = 1, hd = 16, n = 5, ps = 4;
+    size_t stride = (size_t)(nq + 2 * nkv) * (size_t)hd;
+    float src[5 * 64], x[5 * 64], tab[8];
+    int ctx[1] = {30}, n_new[1] = {5};
+    int32_t pages[8] = {1, 0, 2, 3, 4, 5, 6, 7};
+    batch_t *b = calloc(1, sizeof(batch_t));
+    rng_t rng = {5};
+    fill(&rng, src, (size_t)n * stride, 1.0f);
+    batch_make(b, 1, ctx, n_new, pages, 8, ps);
+    for (int round = 0; round < 2; round++) {
+        float m = round == 0 ? 1.25f : 1.0f;
+        for (int i = 0; i < hd / 2; i++)
+            tab[i] = (float)(1.0 / pow(1e4, 2.0 * i / hd) / (round == 0 ? 3.0 : 1.0));
+        rank_t rk;
+        rank_open(&rk, 1, g_isa_max, 1, 8, ps, nkv, hd);
+        assert_int_equal(duet_backend_cpu.batch_prepare(rk.r, &b->d), DUET_OK);
+        for (int again = 0; again < 2; again++) { /* a second table on the same rank */
+            if (again)
+                for (int i = 0; i < hd / 2; i++)
+                    tab[i] *= 0.5f;
+            memcpy(x, src, sizeof(float) * (size_t)n * stride);
+            assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, x, n, nq, nkv, hd, tab, m, 0),
+                             DUET_OK);
+            for (int t = 0; t < n; t++) {
+                for (int h = 0; h < nq + nkv; h++) {
+                    const float *in = src + (size_t)t * stride + (size_t)h * hd;
+                    const float *got = x + (size_t)t * stride + (size_t)h * hd;
+                    for (int i = 0; i < hd / 2; i++) {
+                        double a = (double)((float)b->positions[t] * tab[i]);
+                        double r1 = m * (in[i] * cos(a) - in[i + hd / 2] * sin(a));
+                        double r2 = m * (in[i + hd / 2] * cos(a) + in[i] * sin(a));
+                        if (fabs(got[i] - r1) > 1e-5 || fabs(got[i + hd / 2] - r2) > 1e-5)
+                            fail_msg("scaled rope round %d t %d h %d i %d", round, t, h, i);
+                    }
+                }
+            }
+        }
+        rank_close(&rk);
+    }
+    free(b);
+}
+
 /* rope_kv_store: rotated q/k in place, k/v in the pages at the slots; the
  * angle table made by the first layer is reused by the next. */
 static void test_rope_kv_store(void **state)
@@ -473,10 +579,12 @@ static void test_rope_kv_store(void **state)
             rank_open(&rk, threads, isa, 2, 60, ps, nkv, hd);
             assert_int_equal(duet_backend_cpu.batch_prepare(rk.r, &b->d), DUET_OK);
             for (int layer = 0; layer < 2; layer++) {
-                float theta = 10000.0f;
+                float theta = 10000.0f, tab[512];
+                for (int i = 0; i < hd / 2; i++)
+                    tab[i] = (float)(1.0 / pow(theta, 2.0 * i / hd));
                 memcpy(x, src, sizeof(float) * (size_t)n * stride);
                 assert_int_equal(
-                    duet_backend_cpu.rope_kv_store(rk.r, x, n, nq, nkv, hd, theta, layer),
+                    duet_backend_cpu.rope_kv_store(rk.r, x, n, nq, nkv, hd, tab, 1.0f, layer),
                     DUET_OK);
                 for (int t = 0; t < n; t++) {
                     double pos = b->positions[t];
@@ -645,10 +753,13 @@ static void test_out_of_memory(void **state)
     duet_alloc_fail_after(0);
     assert_int_equal(duet_backend_cpu.attention(rk.r, out, qkv, 42, nq, nkv, hd, 0),
                      DUET_ERR_NO_MEMORY);
-    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, 1e4f, 0),
+    float tab[512];
+    for (int i = 0; i < hd / 2; i++)
+        tab[i] = (float)(1.0 / pow(1e4, 2.0 * i / hd));
+    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, tab, 1.0f, 0),
                      DUET_ERR_NO_MEMORY);
     duet_alloc_fail_after(-1);
-    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, 1e4f, 0),
+    assert_int_equal(duet_backend_cpu.rope_kv_store(rk.r, qkv, 42, nq, nkv, hd, tab, 1.0f, 0),
                      DUET_OK);
     assert_int_equal(duet_backend_cpu.attention(rk.r, out, qkv, 42, nq, nkv, hd, 0), DUET_OK);
     rank_close(&rk);
@@ -660,10 +771,11 @@ static void test_out_of_memory(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_silu_mul_add),
-        cmocka_unit_test(test_rope_kernel),   cmocka_unit_test(test_to_f32_argmax),
-        cmocka_unit_test(test_attention),     cmocka_unit_test(test_rope_kv_store),
-        cmocka_unit_test(test_backend_rows),  cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_silu_mul_add),
+        cmocka_unit_test(test_rope_kernel),  cmocka_unit_test(test_to_f32_argmax),
+        cmocka_unit_test(test_attention),    cmocka_unit_test(test_rope_kv_store),
+        cmocka_unit_test(test_head_rmsnorm), cmocka_unit_test(test_rope_scaled),
+        cmocka_unit_test(test_backend_rows), cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -65,11 +65,13 @@ static void fx_step(fixture_t *f, int n_seqs, const int *n_new, const int *start
     assert_non_null(dqkv);
     assert_int_equal(duet_backend_cpu.batch_prepare(f->p.cpu, &b.d), 0);
     assert_int_equal(duet_backend_cuda.batch_prepare(f->p.gpu, &b.d), 0);
-    assert_int_equal(
-        duet_backend_cpu.rope_kv_store(f->p.cpu, qkv, n, f->nq, f->nkv, f->hd, 10000.0f, f->layer),
-        0);
+    assert_int_equal(duet_backend_cpu.rope_kv_store(f->p.cpu, qkv, n, f->nq, f->nkv, f->hd,
+                                                    duet_test_rope_table(f->hd, 10000.0), 1.0f,
+                                                    f->layer),
+                     0);
     assert_int_equal(duet_backend_cuda.rope_kv_store(f->p.gpu, dqkv, n, f->nq, f->nkv, f->hd,
-                                                     10000.0f, f->layer),
+                                                     duet_test_rope_table(f->hd, 10000.0), 1.0f,
+                                                     f->layer),
                      0);
     if (attend) {
         assert_int_equal(

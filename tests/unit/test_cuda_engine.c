@@ -35,8 +35,8 @@
 
 static char tmpdir[256];
 
-static const char *make_model(const char *name, duet_arch_t arch, int hidden, int heads,
-                              int kv_heads, int head_dim, bool tied)
+static const char *make_model_rs(const char *name, duet_arch_t arch, int hidden, int heads,
+                                 int kv_heads, int head_dim, bool tied, const char *rope_scaling)
 {
     static char path[512];
     snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -54,8 +54,15 @@ static const char *make_model(const char *name, duet_arch_t arch, int hidden, in
     o.tied = tied;
     o.dtype = DUET_DTYPE_BF16;
     o.seed = 77;
+    o.rope_scaling = rope_scaling;
     assert_int_equal(duet_mkmodel_write(path, &o), DUET_OK);
     return path;
+}
+
+static const char *make_model(const char *name, duet_arch_t arch, int hidden, int heads,
+                              int kv_heads, int head_dim, bool tied)
+{
+    return make_model_rs(name, arch, hidden, heads, kv_heads, head_dim, tied, NULL);
 }
 
 static duet_engine_t *open_engine(const char *dir, const char *backend, int tp)
@@ -183,6 +190,17 @@ static void test_against_cpu(void **state)
     compare_backends(make_model("qwen32", DUET_ARCH_QWEN2, 128, 4, 2, 32, false),
                      "qwen2 bias hd32");
     compare_backends(make_model("mqa128", DUET_ARCH_LLAMA, 256, 2, 1, 128, true), "mqa hd128 tied");
+    /* rope_scaling (the model's table on both backends) and Qwen3's q/k
+     * norms (head_rmsnorm) with yarn's attention factor */
+    compare_backends(make_model_rs("llama3rs", DUET_ARCH_LLAMA, 256, 4, 2, 64, false,
+                                   "{\"rope_type\": \"llama3\", \"factor\": 8, "
+                                   "\"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                                   "\"original_max_position_embeddings\": 16}"),
+                     "llama3 rope hd64");
+    compare_backends(make_model_rs("qwen3yarn", DUET_ARCH_QWEN3, 128, 4, 2, 64, true,
+                                   "{\"rope_type\": \"yarn\", \"factor\": 4, "
+                                   "\"original_max_position_embeddings\": 16}"),
+                     "qwen3 yarn hd64 tied");
 }
 
 /* steps with changing batch sizes; logits or device greedy */

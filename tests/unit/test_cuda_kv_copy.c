@@ -350,7 +350,9 @@ static void test_pack_waits_for_store(void **state)
     void *dqkv = duet_test_dev_bf16(&OPS, k.r, qkv, nw);
     assert_int_equal(OPS.batch_prepare(k.r, &b.d), DUET_OK);
     /* warm-up: the RoPE table and the descriptor ring exist before the hold */
-    assert_int_equal(OPS.rope_kv_store(k.r, dqkv, n, nq, nkv, hd, 10000.0f, 0), DUET_OK);
+    assert_int_equal(
+        OPS.rope_kv_store(k.r, dqkv, n, nq, nkv, hd, duet_test_rope_table(hd, 1e4), 1.0f, 0),
+        DUET_OK);
     atomic_int runs = 0;
     duet_kv_copy_t warm = {0, duet_kv_page_bytes(&kv) * 15, 16, 0, 0};
     assert_int_equal(OPS.kv_copy(k.r, 0, 1, &warm, 1, on_done, &runs), DUET_OK);
@@ -367,7 +369,9 @@ static void test_pack_waits_for_store(void **state)
                                          10 * pb + (uint64_t)(h * 3 + i) * hb, hb, 0, 0};
     cudaStream_t cs = duet_cuda_rank_stream(k.r);
     assert_int_equal(cudaLaunchHostFunc(cs, hold_stream, NULL), cudaSuccess);
-    assert_int_equal(OPS.rope_kv_store(k.r, dqkv, n, nq, nkv, hd, 10000.0f, 1), DUET_OK);
+    assert_int_equal(
+        OPS.rope_kv_store(k.r, dqkv, n, nq, nkv, hd, duet_test_rope_table(hd, 1e4), 1.0f, 1),
+        DUET_OK);
     int64_t t0 = duet_now_ns();
     assert_int_equal(OPS.kv_copy(k.r, 1, 2, list, m, on_done, &runs), DUET_OK);
     int64_t call_ms = (duet_now_ns() - t0) / DUET_NS_PER_MS;

@@ -388,9 +388,10 @@ static duet_status_t d_rank_create(const duet_backend_rank_opts_t *o, duet_backe
 }
 
 static duet_status_t d_rope_kv_store(duet_backend_rank_t *r, void *qkv, int n, int nq, int nkv,
-                                     int head_dim, float theta, int layer)
+                                     int head_dim, const float *inv_freq, float attn, int layer)
 {
-    duet_status_t st = duet_backend_cpu.rope_kv_store(r, qkv, n, nq, nkv, head_dim, theta, layer);
+    duet_status_t st =
+        duet_backend_cpu.rope_kv_store(r, qkv, n, nq, nkv, head_dim, inv_freq, attn, layer);
     log_ev(EV_STORE, br_rank(r), layer);
     return st;
 }

@@ -2,6 +2,7 @@
  * matrix (bad files are written into a temp dir), sharded checkpoints, the
  * writer, stories260K, fingerprints and out-of-memory unwinding. */
 #include <dirent.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +20,7 @@
 #include "common/status.h"
 #include "engine/model.h"
 #include "model/model_config.h"
+#include "model/rope.h"
 #include "model/safetensors.h"
 
 static char tmpdir[256];
@@ -460,6 +462,22 @@ static void test_config(void **state)
                      DUET_OK);
     assert_true(c.qkv_bias);
     assert_true(c.o_bias);
+    assert_false(c.qk_norm);
+
+    /* Qwen3: q/k norms, head_dim from the config (128 when absent, as
+     * Qwen3Config), attention_bias as Llama */
+    assert_int_equal(parse_cfg("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE
+                               ", \"head_dim\": 32, \"num_key_value_heads\": 4}",
+                               &c),
+                     DUET_OK);
+    assert_int_equal(c.arch, DUET_ARCH_QWEN3);
+    assert_true(c.qk_norm);
+    assert_false(c.qkv_bias);
+    assert_false(c.o_bias);
+    assert_int_equal(c.head_dim, 32);
+    assert_int_equal(parse_cfg("{\"model_type\": \"qwen3\", " BASE "}", &c), DUET_OK);
+    assert_int_equal(c.head_dim, 128);
+    assert_string_equal(duet_arch_name(DUET_ARCH_QWEN3), "qwen3");
     assert_string_equal(duet_arch_name(DUET_ARCH_QWEN2), "qwen2");
     assert_int_equal(duet_arch_parse("MistralForCausalLM"), DUET_ARCH_MISTRAL);
     assert_int_equal(duet_arch_parse("gpt2"), -1);
@@ -498,12 +516,52 @@ static void test_config(void **state)
                      DUET_ERR_FORMAT, "eos_token_id: 100 is outside the vocabulary");
     expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"bos_token_id\": \"<s>\"}",
                      DUET_ERR_FORMAT, "bos_token_id");
+    /* llama3 without all of its keys: the missing key is named */
     expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\":"
                      " \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0}}",
-                     DUET_ERR_UNSUPPORTED, "rope_scaling.type llama3");
+                     DUET_ERR_FORMAT, "rope_scaling.high_freq_factor: missing");
+    expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\":"
+                     " \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                     " \"high_freq_factor\": 4.0}}",
+                     DUET_ERR_FORMAT, "rope_scaling.original_max_position_embeddings: missing");
+    expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\":"
+                     " \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0,"
+                     " \"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}}",
+                     DUET_ERR_FORMAT, "rope_scaling.high_freq_factor 1 must be above");
     expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
-                     " \"linear\", \"factor\": 2.0}}",
-                     DUET_ERR_UNSUPPORTED, "rope_scaling.type linear");
+                     " \"linear\"}}",
+                     DUET_ERR_FORMAT, "rope_scaling.factor: missing");
+    expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
+                     " \"linear\", \"factor\": -2}}",
+                     DUET_ERR_FORMAT, "rope_scaling.factor: expected a positive number");
+    expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
+                     " \"dynamic\"}}",
+                     DUET_ERR_FORMAT,
+                     "rope_scaling.factor: missing (required by rope_scaling.type "
+                     "dynamic)");
+    expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
+                     " \"longrope\", \"factor\": 2.0}}",
+                     DUET_ERR_UNSUPPORTED, "rope_scaling.type longrope is not supported");
+    expect_cfg_error("{\"model_type\": \"qwen2\", " BASE ", \"rope_scaling\": {\"type\":"
+                     " \"yarn\", \"factor\": 4.0, \"truncate\": 1}}",
+                     DUET_ERR_FORMAT, "rope_scaling.truncate");
+    assert_int_equal(parse_cfg("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {"
+                               "\"type\": \"linear\", \"factor\": 2.0}}",
+                               &c),
+                     DUET_OK);
+    assert_int_equal(c.rope_scaling.type, DUET_ROPE_LINEAR);
+    assert_true(c.rope_scaling.factor == 2.0);
+    assert_true(c.rope_scaling.attention_factor == 1.0);
+    assert_int_equal(parse_cfg("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {"
+                               "\"type\": \"dynamic\", \"factor\": 1.0}}",
+                               &c),
+                     DUET_OK);
+    assert_int_equal(c.rope_scaling.type, DUET_ROPE_NONE);
+    assert_int_equal(parse_cfg("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {"
+                               "\"type\": \"dynamic\", \"factor\": 2.0}}",
+                               &c),
+                     DUET_OK);
+    assert_int_equal(c.rope_scaling.type, DUET_ROPE_DYNAMIC);
     expect_cfg_error("{\"model_type\": \"mistral\", " BASE ", \"sliding_window\": 1024}",
                      DUET_ERR_UNSUPPORTED, "sliding_window 1024");
     expect_cfg_error("{\"model_type\": \"qwen2\", " BASE ", \"use_sliding_window\": true,"
@@ -515,6 +573,95 @@ static void test_config(void **state)
                      DUET_ERR_UNSUPPORTED, "mlp_bias");
     expect_cfg_error("{\"model_type\": \"llama\", " BASE ", \"torch_dtype\": \"float64\"}",
                      DUET_ERR_UNSUPPORTED, "torch_dtype: float64");
+}
+
+/* The frequency tables of model/rope.c against values computed
+ * independently (numpy, float64, from transformers' formulas). */
+static void expect_freqs(const char *text, const int *idx, const double *want, int n_idx,
+                         double attn)
+{
+    duet_model_config_t c;
+    float tab[512];
+    if (parse_cfg(text, &c) != DUET_OK)
+        fail_msg("%s: %s", text, duet_error_msg());
+    duet_rope_inv_freq(&c, tab);
+    for (int k = 0; k < n_idx; k++) {
+        if (fabs((double)tab[idx[k]] - want[k]) > 1e-6 * want[k])
+            fail_msg("%s: inv_freq[%d] %.9g, want %.9g", text, idx[k], (double)tab[idx[k]],
+                     want[k]);
+    }
+    if (fabs(c.rope_scaling.attention_factor - attn) > 1e-12)
+        fail_msg("%s: attention factor %.12g, want %.12g", text, c.rope_scaling.attention_factor,
+                 attn);
+}
+
+static void test_rope_tables(void **state)
+{
+    (void)state;
+    /* Llama-3.1-8B: wavelengths above 8192 divided by 8, below 2048 kept,
+     * indices 29..34 interpolated */
+    static const int l3_i[] = {0, 10, 20, 29, 30, 31, 32, 33, 40, 45, 50, 63};
+    static const double l3_w[] = {1.0,
+                                  0.12868737343265052,
+                                  0.016560440080994446,
+                                  0.002166570763503359,
+                                  0.0013718935677611381,
+                                  0.0008567514129196321,
+                                  0.0005248461609929549,
+                                  0.00031269375038406517,
+                                  3.428102195952591e-05,
+                                  1.2297638677963614e-05,
+                                  4.411534674558404e-06,
+                                  3.068925988914511e-07};
+    expect_freqs("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096,"
+                 " \"num_hidden_layers\": 1, \"num_attention_heads\": 32,"
+                 " \"num_key_value_heads\": 8, \"intermediate_size\": 14336,"
+                 " \"vocab_size\": 128256, \"max_position_embeddings\": 131072,"
+                 " \"rope_theta\": 500000.0, \"rope_scaling\": {\"factor\": 8.0,"
+                 " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+                 " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}}",
+                 l3_i, l3_w, 12, 1.0);
+    /* Qwen2.5's YaRN (factor 4 over 32768 positions, theta 1e6, head_dim
+     * 128): correction dims floor(23.x) = 23 and ceil(39.x) = 40 */
+    static const int y_i[] = {0, 10, 20, 25, 30, 35, 40, 50, 63};
+    static const double y_w[] = {1.0,
+                                 0.11547819846894583,
+                                 0.01333521432163324,
+                                 0.004131738022518394,
+                                 0.001064360981247002,
+                                 0.0002462584069089387,
+                                 4.4456985250973074e-05,
+                                 5.133812566142866e-06,
+                                 3.102344401879299e-07};
+    expect_freqs("{\"model_type\": \"qwen2\", \"hidden_size\": 2048,"
+                 " \"num_hidden_layers\": 1, \"num_attention_heads\": 16,"
+                 " \"intermediate_size\": 64, \"vocab_size\": 100,"
+                 " \"max_position_embeddings\": 131072, \"rope_theta\": 1000000.0,"
+                 " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0,"
+                 " \"original_max_position_embeddings\": 32768}}",
+                 y_i, y_w, 9, 0.1 * log(4.0) + 1.0);
+    /* yarn's attention factor: explicit, or from mscale / mscale_all_dim */
+    static const int z_i[] = {0};
+    static const double z_w[] = {1.0};
+    expect_freqs("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\": \"yarn\","
+                 " \"factor\": 4.0, \"attention_factor\": 0.5}}",
+                 z_i, z_w, 1, 0.5);
+    expect_freqs("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\": \"yarn\","
+                 " \"factor\": 40.0, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}}",
+                 z_i, z_w, 1, (0.1 * log(40.0) + 1.0) / (0.05 * log(40.0) + 1.0));
+    /* linear: every frequency over the factor (head_dim 8, theta 1e4) */
+    static const int li_i[] = {0, 1, 2, 3};
+    static const double li_w[] = {0.25, 0.025, 0.0025, 0.00025};
+    expect_freqs("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
+                 " \"linear\", \"factor\": 4.0}}",
+                 li_i, li_w, 4, 1.0);
+    /* unscaled: theta^(-2i/d); dynamic NTK too (transformers rescales only
+     * past max_position_embeddings, beyond what the engine accepts) */
+    static const double d_w[] = {1.0, 0.1, 0.01, 0.001};
+    expect_freqs("{\"model_type\": \"llama\", " BASE "}", li_i, d_w, 4, 1.0);
+    expect_freqs("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\":"
+                 " \"dynamic\", \"factor\": 4.0}}",
+                 li_i, d_w, 4, 1.0);
 }
 
 static void stories_dir(char *buf, size_t n)
@@ -719,11 +866,11 @@ static void test_model_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_st_bad_files),  cmocka_unit_test(test_st_bad_headers),
-        cmocka_unit_test(test_st_valid_file), cmocka_unit_test(test_st_writer),
-        cmocka_unit_test(test_st_sharded),    cmocka_unit_test(test_config),
-        cmocka_unit_test(test_stories260k),   cmocka_unit_test(test_open_alloc_failures),
-        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_st_bad_files),        cmocka_unit_test(test_st_bad_headers),
+        cmocka_unit_test(test_st_valid_file),       cmocka_unit_test(test_st_writer),
+        cmocka_unit_test(test_st_sharded),          cmocka_unit_test(test_config),
+        cmocka_unit_test(test_rope_tables),         cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_open_alloc_failures), cmocka_unit_test(test_model_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -16,11 +16,16 @@ static void duet__mkmodel_usage(FILE *f)
     fprintf(f, "usage: duet mkmodel --out DIR [options]\n"
                "  --preset NAME       bench-124m | llama-3.2-1b-shape | llama-3-8b-shape\n"
                "                      (applied first; other flags override it)\n"
-               "  --arch A            llama | mistral | qwen2 (qwen2 has q/k/v biases)\n"
+               "  --arch A            llama | mistral | qwen2 (qwen2 has q/k/v biases) |\n"
+               "                      qwen3 (q_norm / k_norm)\n"
                "  --attention-bias    llama with q/k/v and o_proj biases (attention_bias: true)\n"
                "  --layers N          --hidden N   --heads N   --kv-heads N   --head-dim N\n"
                "  --intermediate N    --vocab N (>= 260)       --max-pos N\n"
                "  --rope-theta X      --rms-eps X  --tied | --untied   --dtype f32|f16|bf16\n"
+               "  --rope-scaling JSON config.json's rope_scaling (default null), e.g.\n"
+               "                      '{\"rope_type\": \"llama3\", \"factor\": 8,\n"
+               "                      \"low_freq_factor\": 1, \"high_freq_factor\": 4,\n"
+               "                      \"original_max_position_embeddings\": 8192}'\n"
                "  --seed N            --shards N (> 1: sharded with an index)\n"
                "  --threads N         generation threads (0: all CPUs)\n"
                "defaults: llama, 2 layers, hidden 64, 4/2 heads, head_dim 16, intermediate 128,\n"
@@ -107,6 +112,7 @@ static duet_status_t duet__mkmodel_parse(int argc, char **argv, duet_mkmodel_opt
         {"vocab", DUET_FLAG_INT, &dst->vocab, 260, 1 << 24, .arg = "N"},
         {"max-pos", DUET_FLAG_INT, &dst->max_pos, 1, 1 << 24, .arg = "N"},
         {"rope-theta", DUET_FLAG_FUNC, &dst->rope_theta, .fn = duet__mkmodel_positive, .arg = "X"},
+        {"rope-scaling", DUET_FLAG_STRING, &dst->rope_scaling, .arg = "JSON"},
         {"rms-eps", DUET_FLAG_FUNC, &dst->rms_eps, .fn = duet__mkmodel_positive, .arg = "X"},
         {"tied", DUET_FLAG_TRUE, &dst->tied, .help = "see the usage"},
         {"untied", DUET_FLAG_FALSE, &dst->tied, .help = "see the usage"},

@@ -4,8 +4,10 @@ real processes on 127.0.0.1 moving KV over UCX, give the greedy tokens of
 `duet generate --tp 1`, for (P, D) in {(1,1), (1,2), (2,1), (2,4), (4,2),
 (1,4), (4,1)}, on stories260K (4 KV heads) and synthetic models with 1, 2
 and 8 KV heads, for a prompt shorter than a page, one of exactly a page
-and one spanning many pages.  Then 32 concurrent requests of mixed lengths
-through one pair, every one correct, pages back at baseline.
+and one spanning many pages; a llama3-scaled Llama and a yarn-scaled Qwen3
+(q/k norms, attention factor) whose original context (32 positions) the
+long prompt runs past, on fewer pairs.  Then 32 concurrent requests of
+mixed lengths through one pair, every one correct, pages back at baseline.
 
 usage: test_equivalence.py BUILD_DIR SOURCE_DIR [--quick]
 """
@@ -29,11 +31,11 @@ def prompts(vocab):
     return {"short": ids(5, 1), "one-page": ids(PAGE, 2), "many-pages": ids(7 * PAGE + 3, 3)}
 
 
-def check_model(name, model, vocab, failures):
+def check_model(name, model, vocab, failures, pairs=PAIRS):
     ps = prompts(vocab)
     refs = {k: reference_ids(BUILD, model, p, GEN, ignore_eos=True) for k, p in ps.items()}
     early = 0  # packed, P != D: layers decode unpacked before their transfer ended
-    for P, D in PAIRS:
+    for P, D in pairs:
         c = Cluster(BUILD, SRC, model, prefill=[("p0", P)], decode=[("d0", D)], page_size=PAGE,
                     n_pages=128)
         try:
@@ -121,6 +123,22 @@ def main():
         models = models[:1]
     for name, path, vocab in models:
         check_model(name, path, vocab, failures)
+    if "--quick" not in sys.argv:
+        scaled = [
+            ("llama3-rope", mkmodel(BUILD, os.path.join(tmp, "llama3"), layers=2, hidden=64,
+                                    heads=4, kv_heads=2, intermediate=96, vocab=300,
+                                    max_pos=512, seed=50, rope_scaling=(
+                                        '{"rope_type": "llama3", "factor": 8.0, '
+                                        '"low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+                                        '"original_max_position_embeddings": 32}'))),
+            ("qwen3-yarn", mkmodel(BUILD, os.path.join(tmp, "qwen3"), arch="qwen3", layers=2,
+                                   hidden=64, heads=4, kv_heads=2, head_dim=32,
+                                   intermediate=96, vocab=300, max_pos=512, tied=True, seed=51,
+                                   rope_scaling=('{"rope_type": "yarn", "factor": 4.0, '
+                                                 '"original_max_position_embeddings": 32}'))),
+        ]
+        for name, path in scaled:
+            check_model(name, path, 300, failures, pairs=[(1, 1), (2, 4), (4, 1)])
     concurrent(models[0][1], models[0][2], failures)
     if failures:
         sys.exit("FAIL: %d mismatches: %s" % (len(failures), failures))
