@@ -75,43 +75,43 @@ static void expect_error(duet_auth_config_t *cfg, const char *want)
 static void test_load_errors(void **state)
 {
     (void)state;
-    duet_auth_config_t c = {ca, cert, key, secret, ""};
+    duet_auth_config_t c = {ca, cert, key, secret, "", "", false};
     duet_rpc_auth_t *auth = NULL;
     char path[320];
 
     assert_int_equal(duet_rpc_auth_load(&c, &auth), DUET_OK);
     assert_string_equal(duet_rpc_auth_mode(auth), "mtls+secret");
     duet_rpc_auth_destroy(auth);
-    duet_auth_config_t off = {"", "", "", "", ""};
+    duet_auth_config_t off = {"", "", "", "", "", "", false};
     assert_int_equal(duet_rpc_auth_load(&off, &auth), DUET_OK);
     assert_null(auth);
     assert_string_equal(duet_rpc_auth_mode(NULL), "off");
 
-    duet_auth_config_t c1 = {"", cert, key, "", ""};
+    duet_auth_config_t c1 = {"", cert, key, "", "", "", false};
     expect_error(&c1, "auth.ca: required");
-    duet_auth_config_t c2 = {ca, "", key, "", ""};
+    duet_auth_config_t c2 = {ca, "", key, "", "", "", false};
     expect_error(&c2, "auth.cert: required");
-    duet_auth_config_t c3 = {ca, cert, "", "", ""};
+    duet_auth_config_t c3 = {ca, cert, "", "", "", "", false};
     expect_error(&c3, "auth.key: required");
     snprintf(path, sizeof(path), "%s/missing.pem", dir);
-    duet_auth_config_t c4 = {path, cert, key, "", ""};
+    duet_auth_config_t c4 = {path, cert, key, "", "", "", false};
     expect_error(&c4, "auth.ca: ");
-    duet_auth_config_t c5 = {dir, cert, key, "", ""};
+    duet_auth_config_t c5 = {dir, cert, key, "", "", "", false};
     expect_error(&c5, "not a regular file");
     snprintf(path, sizeof(path), "%s/fifo", dir);
     assert_int_equal(mkfifo(path, 0600), 0);
-    duet_auth_config_t c6 = {ca, path, key, "", ""};
+    duet_auth_config_t c6 = {ca, path, key, "", "", "", false};
     expect_error(&c6, "auth.cert: ");
     write_file(bad, "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
-    duet_auth_config_t c7 = {bad, cert, key, "", ""};
+    duet_auth_config_t c7 = {bad, cert, key, "", "", "", false};
     expect_error(&c7, "auth.ca: ");
-    duet_auth_config_t c8 = {ca, cert, ca, "", ""};
+    duet_auth_config_t c8 = {ca, cert, ca, "", "", "", false};
     expect_error(&c8, "auth.key: ");
     /* a certificate the CA did not sign: its own CA as the leaf */
-    duet_auth_config_t c9 = {cert, ca, key, "", ""};
+    duet_auth_config_t c9 = {cert, ca, key, "", "", "", false};
     expect_error(&c9, "auth.");
     write_file(bad, "short\n");
-    duet_auth_config_t c10 = {"", "", "", bad, ""};
+    duet_auth_config_t c10 = {"", "", "", bad, "", "", false};
     expect_error(&c10, "auth.secret_file: ");
     write_file(bad, "0123456789 abcdef0123\n");
     expect_error(&c10, "not printable");
@@ -166,7 +166,7 @@ static grpc_status_code call_with(duet_auth_config_t *cfg, const char *target, c
 static void test_server_client(void **state)
 {
     (void)state;
-    duet_auth_config_t sc = {ca, cert, key, secret, ""};
+    duet_auth_config_t sc = {ca, cert, key, secret, "", "", false};
     duet_rpc_auth_t *sauth = NULL;
     duet_rpc_server_config_t cfg;
     duet_rpc_server_t *srv;
@@ -185,13 +185,13 @@ static void test_server_client(void **state)
     snprintf(target, sizeof(target), "127.0.0.1:%d", duet_rpc_server_port(srv));
 
     write_file(bad, "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff\n");
-    duet_auth_config_t good = {ca, cert, key, secret, ""};
-    duet_auth_config_t no_secret = {ca, cert, key, "", ""};
-    duet_auth_config_t wrong = {ca, cert, key, bad, ""};
-    duet_auth_config_t plain_secret = {"", "", "", secret, ""};
+    duet_auth_config_t good = {ca, cert, key, secret, "", "", false};
+    duet_auth_config_t no_secret = {ca, cert, key, "", "", "", false};
+    duet_auth_config_t wrong = {ca, cert, key, bad, "", "", false};
+    duet_auth_config_t plain_secret = {"", "", "", secret, "", "", false};
     /* the server certificate names localhost: an override that matches */
-    duet_auth_config_t named = {ca, cert, key, secret, "localhost"};
-    duet_auth_config_t misnamed = {ca, cert, key, secret, "elsewhere.example"};
+    duet_auth_config_t named = {ca, cert, key, secret, "localhost", "", false};
+    duet_auth_config_t misnamed = {ca, cert, key, secret, "elsewhere.example", "", false};
 
     assert_int_equal(call_with(&good, target, "/t.T/Echo"), GRPC_STATUS_OK);
     assert_int_equal(call_with(&named, target, "/t.T/Echo"), GRPC_STATUS_OK);
@@ -245,9 +245,9 @@ static void test_message_after_auth(void **state)
 {
     (void)state;
     for (int tls = 0; tls < 2; tls++) {
-        duet_auth_config_t sc = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, ""};
-        duet_auth_config_t good = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, ""};
-        duet_auth_config_t no_secret = {tls ? ca : "", tls ? cert : "", tls ? key : "", "", ""};
+        duet_auth_config_t sc = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, "", "", false};
+        duet_auth_config_t good = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, "", "", false};
+        duet_auth_config_t no_secret = {tls ? ca : "", tls ? cert : "", tls ? key : "", "", "", "", false};
         duet_rpc_auth_t *sauth = NULL;
         duet_rpc_server_config_t cfg;
         duet_rpc_server_t *srv;
