@@ -377,6 +377,8 @@ typedef struct {
 /* The instance part of a decode_name ("<name>@<host>") equals name. */
 static bool duet__name_is(const char *decode_name, const char *name)
 {
+    if (decode_name == NULL)
+        return false;
     size_t n = strcspn(decode_name, "@");
     return strlen(name) == n && memcmp(decode_name, name, n) == 0;
 }
@@ -395,7 +397,7 @@ static duet_status_t duet__check_identity(duet_node_t *node, const Duet__V1__Boo
         return duet_error(DUET_ERR_PEER,
                           "bootstrap: decode_name %s is not the instance the caller's "
                           "certificate names (decode/%s)",
-                          m->decode_name, peer);
+                          m->decode_name ? m->decode_name : "", peer);
     pthread_mutex_lock(&node->links_lock);
     for (const duet_node_link_t *l = node->links; l != NULL; l = l->next)
         if (strcmp(l->remote_id, m->decode_id) == 0 && !duet__name_is(l->remote_name, peer)) {
@@ -466,13 +468,13 @@ static void duet__serve_task(void *arg)
     duet_node_link_t *link = NULL;
     duet_status_t st;
 
-    if ((st = duet__check_request(node, m)) != DUET_OK)
-        goto refuse;
     if ((st = duet__check_identity(node, m, t->peer)) != DUET_OK) {
         DUET_LOG_WARN("prefill: bootstrap from decode/%s refused: %s", t->peer, duet_error_msg());
         duet_rpc_call_fail(t->call, GRPC_STATUS_PERMISSION_DENIED, duet_error_msg());
         goto out;
     }
+    if ((st = duet__check_request(node, m)) != DUET_OK)
+        goto refuse;
     /* CONNECTING beside any READY link of the same decode, which keeps
      * serving (lookups take READY links only) until this one works */
     link = duet_node_link_add(node, m->decode_id, sizeof(*link));
