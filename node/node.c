@@ -30,7 +30,7 @@ static duet_status_t duet__check_auth(duet_node_t *node, const duet_rpc_auth_t *
     char key[192];
     duet_status_t st;
 
-    snprintf(key, sizeof(key), "%s %s: listen", node->role, a->self->name);
+    snprintf(key, sizeof(key), "listen (%s %s)", node->role, a->self->name);
     if ((st = duet_rpc_auth_listen_check(tls, ac->insecure, key, a->self->listen)) != DUET_OK)
         return st;
     const char *id = duet_rpc_auth_identity(auth);

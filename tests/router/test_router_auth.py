@@ -405,7 +405,7 @@ def insecure_listen(cl, build):
         path = os.path.join(cl.tmp, "insecure%d.json" % insecure)
         with open(path, "w") as f:
             json.dump(cfg, f)
-        for exe, extra, key in (("prefill/duet-prefill", ["--name", "p1"], "prefill p1: listen"),
+        for exe, extra, key in (("prefill/duet-prefill", ["--name", "p1"], "listen (prefill p1)"),
                                 ("router/duet-router", [], "router.http")):
             r = subprocess.run([os.path.join(build, exe), "--config", path, "--check-config"] +
                                extra, capture_output=True, text=True, timeout=30)
