@@ -13,7 +13,9 @@
 #   DUET_CLUSTER_AUTH=0                authentication off (default on, below)
 #
 # Authentication (docs/security.md "Authentication") is on by default: a CA,
-# one certificate for every process and a random shared secret are made by
+# one certificate per process naming its identity (spiffe://duet/<role>/
+# <name>, docs/security.md "Identities and roles") and a random shared
+# secret are made by
 # scripts/gen-auth.sh in a private temp dir (0700, files 0600, removed at
 # exit); every gRPC server then wants mutual TLS and the secret, and the
 # router's HTTP side is HTTPS (curl --cacert <dir>/ca.pem).  A config that
@@ -50,6 +52,7 @@ done
 auth_dir=""
 auth_args=()
 https_args=()
+router_own=()
 has_own=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(1 if c.get("auth") or c.get("router",{}).get("https_cert") else 0)' "$config")
 if [ "${DUET_CLUSTER_AUTH:-1}" != "0" ] && [ "$has_own" = 0 ]; then
   auth_dir=$(mktemp -d -t duet-auth.XXXXXX)
@@ -62,9 +65,11 @@ if [ "${DUET_CLUSTER_AUTH:-1}" != "0" ] && [ "$has_own" = 0 ]; then
   auth_args=(--auth-ca "$auth_dir/ca.pem" --auth-cert "$auth_dir/node.pem"
              --auth-key "$auth_dir/node.key" --auth-secret-file "$auth_dir/secret")
   https_args=(--https-cert "$auth_dir/node.pem" --https-key "$auth_dir/node.key")
+  rname=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("router", {}).get("name", "router"))' "$config")
+  router_own=(--auth-cert "$auth_dir/router-$rname.pem" --auth-key "$auth_dir/router-$rname.key")
 fi
 "$build/router/duet-router" --config "$config" --check-config "${auth_args[@]}" \
-  "${https_args[@]}" >/dev/null
+  "${https_args[@]}" "${router_own[@]}" >/dev/null
 
 # Instance names and the router's HTTP address from the config.
 read -r http grpc prefills decodes keyvar scheme cacert < <(python3 - "$config" "$auth_dir" <<'PY'
@@ -177,11 +182,6 @@ IFS=, read -r -a plist <<<"$prefills"
 IFS=, read -r -a dlist <<<"$decodes"
 for n in "${plist[@]}"; do [ "$n" != "-" ] && start prefill "$n"; done
 for n in "${dlist[@]}"; do [ "$n" != "-" ] && start decode "$n"; done
-router_own=()
-if [ -n "$auth_dir" ]; then
-  rname=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("router", {}).get("name", "router"))' "$config")
-  router_own=(--auth-cert "$auth_dir/router-$rname.pem" --auth-key "$auth_dir/router-$rname.key")
-fi
 setsid "$build/router/duet-router" --config "$config" "${auth_args[@]}" "${https_args[@]}" \
   "${router_own[@]}" >"$logs/router.log" 2>&1 </dev/null &
 names+=("router")
