@@ -47,7 +47,7 @@ struct duet_rpc_auth {
     char *server_name; /* NULL: the host dialled */
     char *secret;      /* NULL: no secret */
     size_t secret_len;
-    char *clients;     /* ",a,b," (client names allowed as routers), NULL: none */
+    char *clients; /* ",a,b," (client names allowed as routers), NULL: none */
     char self_id[DUET_RPC_ID_NAME_MAX + 16]; /* "decode/decode-0" from auth.cert, "" */
 
     /* refusal log limiter: the only mutable state */
@@ -461,8 +461,7 @@ static bool duet__host_loopback(const char *addr)
     return false;
 }
 
-duet_status_t duet_rpc_auth_listen_check(bool tls, bool insecure, const char *key,
-                                         const char *addr)
+duet_status_t duet_rpc_auth_listen_check(bool tls, bool insecure, const char *key, const char *addr)
 {
     if (tls || insecure || addr == NULL || addr[0] == '\0' || duet__host_loopback(addr))
         return DUET_OK;
@@ -470,7 +469,8 @@ duet_status_t duet_rpc_auth_listen_check(bool tls, bool insecure, const char *ke
                       "%s: %s is not a loopback address and TLS is off: set auth.ca, auth.cert "
                       "and auth.key%s, or auth.insecure: true to serve without TLS (anyone who "
                       "reaches the port can call it; docs/security.md)",
-                      key, addr, strncmp(key, "router.http", 11) == 0 ? " (router.https_cert)" : "");
+                      key, addr,
+                      strncmp(key, "router.http", 11) == 0 ? " (router.https_cert)" : "");
 }
 
 duet_status_t duet_rpc_auth_load(const duet_auth_config_t *cfg, duet_rpc_auth_t **auth_p)
@@ -634,9 +634,21 @@ static const struct {
      "a router identity or a client named in auth.clients"},
 };
 
+/* The method's row of the table, or -1. */
+static int duet__authz_find(const char *path)
+{
+    for (size_t i = 0; i < sizeof(duet__authz) / sizeof(duet__authz[0]); i++)
+        if (strcmp(path, duet__authz[i].path) == 0)
+            return (int)i;
+    return -1;
+}
+
 /* The peer's identity from the call's auth context: gRPC's peer_uri
- * properties (one per URI SAN), else the leaf certificate's PEM. */
-static void duet__peer_identity(grpc_auth_context *ctx, duet_rpc_call_t *call)
+ * properties (one per URI SAN; gRPC 1.51 has them).  Where there are none,
+ * and pem (a method of the table), the leaf certificate's PEM is parsed
+ * too, for a gRPC that does not report URIs: it costs a parse per call, so
+ * not for the methods open to every caller. */
+static void duet__peer_identity(grpc_auth_context *ctx, duet_rpc_call_t *call, bool pem)
 {
     grpc_auth_property_iterator it =
         grpc_auth_context_find_properties_by_name(ctx, GRPC_PEER_URI_PROPERTY_NAME);
@@ -650,7 +662,7 @@ static void duet__peer_identity(grpc_auth_context *ctx, duet_rpc_call_t *call)
         any = true;
         duet__id_add(p->value, p->value_length, &call->peer_role, call->peer_name, &n);
     }
-    if (any)
+    if (any || !pem)
         return;
     it = grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME);
     if ((p = grpc_auth_property_iterator_next(&it)) == NULL)
@@ -672,13 +684,12 @@ duet_rpc_role_t duet_rpc_call_identity(const duet_rpc_call_t *call, const char *
 }
 
 /* A call the caller's role may not make: the reason into call->deny_msg. */
-static bool duet__denied(const duet_rpc_auth_t *auth, duet_rpc_call_t *call)
+static bool duet__denied(const duet_rpc_auth_t *auth, duet_rpc_call_t *call, int row)
 {
     const char *path = duet_rpc_call_method(call);
 
-    for (size_t i = 0; i < sizeof(duet__authz) / sizeof(duet__authz[0]); i++) {
-        if (strcmp(path, duet__authz[i].path) != 0)
-            continue;
+    if (row >= 0) {
+        size_t i = (size_t)row;
         if (duet__authz[i].roles & (1u << call->peer_role))
             return false;
         if (duet__authz[i].clients && call->peer_role == DUET_RPC_ROLE_CLIENT &&
@@ -701,13 +712,14 @@ grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *ca
                                       const char **msg_p)
 {
     const char *why = NULL;
+    int row = duet__authz_find(duet_rpc_call_method(call));
 
     if (auth->ca_pem != NULL) {
         grpc_auth_context *ctx = grpc_call_auth_context(call->gcall);
         if (ctx == NULL || !grpc_auth_context_peer_is_authenticated(ctx))
             why = "client certificate required (signed by the cluster CA)";
         else
-            duet__peer_identity(ctx, call);
+            duet__peer_identity(ctx, call, row >= 0);
         grpc_auth_context_release(ctx);
     }
     if (why == NULL && auth->secret != NULL) {
@@ -722,7 +734,7 @@ grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *ca
         *msg_p = why;
         return GRPC_STATUS_UNAUTHENTICATED;
     }
-    if (auth->ca_pem != NULL && duet__denied(auth, call)) {
+    if (auth->ca_pem != NULL && duet__denied(auth, call, row)) {
         duet__log_refusal(auth, call, true, call->deny_msg);
         *msg_p = call->deny_msg;
         return GRPC_STATUS_PERMISSION_DENIED;

@@ -249,9 +249,12 @@ static void test_message_after_auth(void **state)
 {
     (void)state;
     for (int tls = 0; tls < 2; tls++) {
-        duet_auth_config_t sc = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, "", "", false};
-        duet_auth_config_t good = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, "", "", false};
-        duet_auth_config_t no_secret = {tls ? ca : "", tls ? cert : "", tls ? key : "", "", "", "", false};
+        duet_auth_config_t sc = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, "", "",
+                                 false};
+        duet_auth_config_t good = {tls ? ca : "", tls ? cert : "", tls ? key : "", secret, "", "",
+                                   false};
+        duet_auth_config_t no_secret = {tls ? ca : "", tls ? cert : "", tls ? key : "", "", "", "",
+                                        false};
         duet_rpc_auth_t *sauth = NULL;
         duet_rpc_server_config_t cfg;
         duet_rpc_server_t *srv;
@@ -263,8 +266,8 @@ static void test_message_after_auth(void **state)
         cfg.auth = sauth;
         cfg.max_message_bytes = 64u << 10;
         assert_int_equal(duet_rpc_server_create(&cfg, &srv), DUET_OK);
-        assert_int_equal(
-            duet_rpc_server_add_method(srv, "/t.T/Echo", DUET_RPC_UNARY, h_echo, NULL), DUET_OK);
+        assert_int_equal(duet_rpc_server_add_method(srv, "/t.T/Echo", DUET_RPC_UNARY, h_echo, NULL),
+                         DUET_OK);
         assert_int_equal(duet_rpc_server_start(srv), DUET_OK);
         snprintf(target, sizeof(target), "127.0.0.1:%d", duet_rpc_server_port(srv));
 
@@ -291,8 +294,8 @@ static void h_whoami(duet_rpc_call_t *call, const uint8_t *req, size_t len, void
 }
 
 /* One call as identity id ("router-r0", or "node" for none). */
-static grpc_status_code call_as(const char *id, const char *target, const char *method,
-                                char *reply, size_t cap)
+static grpc_status_code call_as(const char *id, const char *target, const char *method, char *reply,
+                                size_t cap)
 {
     char c[320], k[320];
     duet_auth_config_t cfg = {ca, c, k, secret, "", "", false};
@@ -333,7 +336,7 @@ static void test_roles(void **state)
     duet_rpc_server_config_t cfg;
     duet_rpc_server_t *srv;
     static const char *const paths[] = {"/duet.v1.Decode/Generate", "/duet.v1.Decode/Abort",
-                                        "/duet.v1.Decode/Info", "/duet.v1.Prefill/Bootstrap",
+                                        "/duet.v1.Decode/Info",     "/duet.v1.Prefill/Bootstrap",
                                         "/duet.v1.Prefill/Prefill", "/duet.v1.Prefill/Abort"};
 
     assert_int_equal(duet_rpc_auth_load(&sc, &sauth), DUET_OK);
@@ -387,11 +390,11 @@ static void test_roles(void **state)
 static void test_listen_check(void **state)
 {
     (void)state;
-    static const char *const loop[] = {"127.0.0.1:1",   "127.9.8.7:1", "[::1]:1",
-                                       "localhost:1",   "unix:/tmp/s", "[::ffff:127.0.0.1]:1",
+    static const char *const loop[] = {"127.0.0.1:1", "127.9.8.7:1", "[::1]:1",
+                                       "localhost:1", "unix:/tmp/s", "[::ffff:127.0.0.1]:1",
                                        "127.0.0.1:0"};
-    static const char *const open_[] = {"0.0.0.0:1", "[::]:1", "10.0.0.1:1", "duet.svc:1",
-                                        ":1",        "192.168.1.1:80"};
+    static const char *const open_[] = {"0.0.0.0:1",  "[::]:1", "10.0.0.1:1",
+                                        "duet.svc:1", ":1",     "192.168.1.1:80"};
     for (size_t i = 0; i < sizeof(loop) / sizeof(loop[0]); i++)
         assert_int_equal(duet_rpc_auth_listen_check(false, false, "k", loop[i]), DUET_OK);
     for (size_t i = 0; i < sizeof(open_) / sizeof(open_[0]); i++) {
