@@ -400,7 +400,8 @@ static duet_status_t duet__check_identity(duet_node_t *node, const Duet__V1__Boo
                           m->decode_name ? m->decode_name : "", peer);
     pthread_mutex_lock(&node->links_lock);
     for (const duet_node_link_t *l = node->links; l != NULL; l = l->next)
-        if (strcmp(l->remote_id, m->decode_id) == 0 && !duet__name_is(l->remote_name, peer)) {
+        if (m->decode_id != NULL && strcmp(l->remote_id, m->decode_id) == 0 &&
+            !duet__name_is(l->remote_name, peer)) {
             st = duet_error(DUET_ERR_PEER,
                             "bootstrap: decode_id %s belongs to decode %s, not to the caller "
                             "(decode/%s)",
