@@ -58,9 +58,12 @@ class Cluster:
             if "secret" in mode:
                 cfg["auth"]["secret_file"] = os.path.join(auth_dir, "secret")
             if self.tls:
+                # every process its own certificate (flags in start()); this
+                # script calls decode directly as the client "bench"
                 cfg["auth"].update({"ca": os.path.join(auth_dir, "ca.pem"),
                                     "cert": os.path.join(auth_dir, "node.pem"),
-                                    "key": os.path.join(auth_dir, "node.key")})
+                                    "key": os.path.join(auth_dir, "node.key"),
+                                    "clients": "bench"})
                 cfg["router"]["https_cert"] = os.path.join(auth_dir, "node.pem")
                 cfg["router"]["https_key"] = os.path.join(auth_dir, "node.key")
         self.cfg = cfg
@@ -70,14 +73,20 @@ class Cluster:
         self.procs = []
         self.tmp = tmp
 
+    def own(self, role, name):
+        if not self.tls:
+            return []
+        f = os.path.join(self.auth, "%s-%s" % (role, name))
+        return ["--auth-cert", f + ".pem", "--auth-key", f + ".key"]
+
     def start(self):
         env = dict(os.environ, DUET_LOG_LEVEL="warn")
         for role in ("prefill", "decode"):
             for e in self.cfg[role]:
                 self._spawn([os.path.join(self.build, role, "duet-" + role), "--config", self.path,
-                             "--name", e["name"]], e["name"], env)
-        self._spawn([os.path.join(self.build, "router", "duet-router"), "--config", self.path],
-                    "router", env)
+                             "--name", e["name"]] + self.own(role, e["name"]), e["name"], env)
+        self._spawn([os.path.join(self.build, "router", "duet-router"), "--config", self.path] +
+                    self.own("router", "router"), "router", env)
 
     def _spawn(self, cmd, name, env):
         log = open(os.path.join(self.tmp, "%s-%s.log" % (self.name, name)), "wb")
@@ -109,8 +118,8 @@ class Cluster:
         out = []
         if self.tls:
             out += ["--ca", os.path.join(self.auth, "ca.pem"), "--cert",
-                    os.path.join(self.auth, "node.pem"), "--key",
-                    os.path.join(self.auth, "node.key")]
+                    os.path.join(self.auth, "client-bench.pem"), "--key",
+                    os.path.join(self.auth, "client-bench.key")]
         if self.auth and "secret" in self.mode:
             out += ["--secret-file", os.path.join(self.auth, "secret")]
         return out
@@ -160,7 +169,11 @@ def main():
     build = os.path.abspath(a.build)
     tmp = tempfile.mkdtemp(prefix="duet-auth-cost-")
     auth = os.path.join(tmp, "auth")
-    subprocess.run([os.path.join(SRC, "scripts", "gen-auth.sh"), auth], check=True)
+    with open(os.path.join(SRC, "deploy", "configs", "local.json")) as f:
+        local = json.load(f)
+    ids = ["router/router", "client/bench"] + ["%s/%s" % (r, e["name"])
+                                               for r in ("prefill", "decode") for e in local[r]]
+    subprocess.run([os.path.join(SRC, "scripts", "gen-auth.sh"), auth] + ids, check=True)
     plain = Cluster(build, tmp, "plain", None, a.tp)
     secure = Cluster(build, tmp, "auth", auth, a.tp, a.mode)
     try:

@@ -365,7 +365,7 @@ int main(int argc, char **argv)
                                          {"b-decode", required_argument, NULL, 'D'},
                                          {"b-prefill", required_argument, NULL, 'F'},
                                          {NULL, 0, NULL, 0}};
-    duet_auth_config_t ac = {"", "", "", "", ""};
+    duet_auth_config_t ac = {"", "", "", "", "", "", false};
     duet_rpc_auth_t *auth = NULL;
     duet_rpc_client_config_t cc;
     duet_rpc_client_t *cli;

@@ -76,6 +76,8 @@ static const duet_cfg_field_t duet__auth_fields[] = {
     DUET_CFG_F_STRING(duet_auth_config_t, key, "", "PEM private key of auth.cert"),
     DUET_CFG_F_STRING(duet_auth_config_t, secret_file, "", "file whose first line is the shared secret (\"\" = none)"),
     DUET_CFG_F_STRING(duet_auth_config_t, server_name, "", "name expected in server certificates (\"\" = the host dialled)"),
+    DUET_CFG_F_STRING(duet_auth_config_t, clients, "", "comma-separated client names (certificates naming spiffe://duet/client/<name>) allowed to call Decode.Generate/Abort besides routers"),
+    DUET_CFG_F_BOOL(duet_auth_config_t, insecure, 0, "allow listening on a non-loopback address without TLS (auth.ca): development only"),
 };
 /* clang-format on */
 

@@ -126,6 +126,9 @@ typedef struct {
     char *key;         /* its private key */
     char *secret_file; /* the shared secret (first line, >= 16 bytes) */
     char *server_name; /* name clients expect in server certificates ("" = host) */
+    char *clients;     /* comma-separated client identities (spiffe://duet/client/<name>)
+                          that may call Decode.Generate / Decode.Abort besides routers */
+    bool insecure;     /* listen on a non-loopback address without TLS */
 } duet_auth_config_t;
 
 /* transfer.on_failure: what decode does when a request's KV transfer fails

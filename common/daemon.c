@@ -20,7 +20,8 @@ static void duet__usage(const char *prog, duet_role_t role, const duet_flag_t *f
            duet_role_name(role));
     duet_flags_help(stdout, flags, n);
     printf("  --auth-KEY VALUE      override an auth key (--auth-ca, --auth-cert, --auth-key,\n"
-           "                        --auth-secret-file, --auth-server-name)\n"
+           "                        --auth-secret-file, --auth-server-name, --auth-clients,\n"
+           "                        --auth-insecure)\n"
            "  --KEY VALUE           override an instance key (e.g. --tp 2, --n-pages 512)\n"
            "Flags take --KEY VALUE or --KEY=VALUE.\n\n");
     duet_cluster_describe(stdout);

@@ -160,6 +160,29 @@ void duet_rpc_server_destroy(duet_rpc_server_t *srv);
 /* The full method path, e.g. "/duet.v1.Decode/Generate". */
 const char *duet_rpc_call_method(const duet_rpc_call_t *call);
 
+/* Identities (docs/security.md "Identities and roles"): with TLS on, a
+ * caller's identity is the one URI subject alternative name of its
+ * certificate of the form spiffe://duet/<role>/<name>, <name> 1..63 bytes
+ * of [A-Za-z0-9._-].  The server refuses a method the caller's role may not
+ * call (PERMISSION_DENIED) before its handler runs (common/rpc_auth.c has
+ * the table). */
+typedef enum {
+    DUET_RPC_ROLE_NONE = 0, /* TLS off, or the certificate names no identity */
+    DUET_RPC_ROLE_ROUTER = 1,
+    DUET_RPC_ROLE_PREFILL = 2,
+    DUET_RPC_ROLE_DECODE = 3,
+    DUET_RPC_ROLE_CLIENT = 4,
+} duet_rpc_role_t;
+#define DUET_RPC_ID_NAME_MAX 64 /* name bytes + NUL */
+
+/* "router", "prefill", "decode", "client"; "" for NONE. */
+const char *duet_rpc_role_name(duet_rpc_role_t role);
+
+/* The caller's identity; DUET_RPC_ROLE_NONE (and name "") when TLS is off
+ * or its certificate names none.  name is valid until the terminal
+ * function. */
+duet_rpc_role_t duet_rpc_call_identity(const duet_rpc_call_t *call, const char **name_p);
+
 /* Kind of the method (unregistered methods never reach a handler). */
 duet_rpc_kind_t duet_rpc_call_kind(const duet_rpc_call_t *call);
 

@@ -28,6 +28,8 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <arpa/inet.h>
 #include <openssl/x509_vfy.h>
 
 #include "common/alloc.h"
@@ -45,6 +47,8 @@ struct duet_rpc_auth {
     char *server_name; /* NULL: the host dialled */
     char *secret;      /* NULL: no secret */
     size_t secret_len;
+    char *clients; /* ",a,b," (client names allowed as routers), NULL: none */
+    char self_id[DUET_RPC_ID_NAME_MAX + 16]; /* "decode/decode-0" from auth.cert, "" */
 
     /* refusal log limiter: the only mutable state */
     pthread_mutex_t log_lock;
@@ -274,6 +278,201 @@ err_free:
     return st;
 }
 
+/* ---- identities (spiffe://duet/<role>/<name>) ---- */
+
+#define DUET__ID_PREFIX "spiffe://duet/"
+
+static const char *const duet__role_names[] = {"", "router", "prefill", "decode", "client"};
+
+const char *duet_rpc_role_name(duet_rpc_role_t role)
+{
+    return (unsigned)role < sizeof(duet__role_names) / sizeof(duet__role_names[0])
+               ? duet__role_names[role]
+               : "";
+}
+
+static bool duet__name_ok(const char *s, size_t len)
+{
+    if (len == 0 || len >= DUET_RPC_ID_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* A duet identity URI: its role, and its name into name[DUET_RPC_ID_NAME_MAX].
+ * NONE for any other URI or a malformed one. */
+static duet_rpc_role_t duet__id_parse(const char *uri, size_t len, char *name)
+{
+    size_t plen = strlen(DUET__ID_PREFIX);
+
+    if (len <= plen || memcmp(uri, DUET__ID_PREFIX, plen) != 0)
+        return DUET_RPC_ROLE_NONE;
+    const char *r = uri + plen, *end = uri + len;
+    const char *slash = memchr(r, '/', (size_t)(end - r));
+    if (slash == NULL || !duet__name_ok(slash + 1, (size_t)(end - slash - 1)))
+        return DUET_RPC_ROLE_NONE;
+    for (int i = DUET_RPC_ROLE_ROUTER; i <= DUET_RPC_ROLE_CLIENT; i++) {
+        if ((size_t)(slash - r) == strlen(duet__role_names[i]) &&
+            memcmp(r, duet__role_names[i], (size_t)(slash - r)) == 0) {
+            memcpy(name, slash + 1, (size_t)(end - slash - 1));
+            name[end - slash - 1] = '\0';
+            return (duet_rpc_role_t)i;
+        }
+    }
+    return DUET_RPC_ROLE_NONE;
+}
+
+/* Fold one URI into the identity found so far: a second duet identity
+ * (or a second URI that looks like one but is malformed) makes it
+ * ambiguous, which is no identity. */
+static void duet__id_add(const char *uri, size_t len, duet_rpc_role_t *role, char *name, int *n)
+{
+    char nm[DUET_RPC_ID_NAME_MAX];
+    size_t plen = strlen(DUET__ID_PREFIX);
+
+    if (len < plen || memcmp(uri, DUET__ID_PREFIX, plen) != 0)
+        return; /* another kind of URI: not ours */
+    (*n)++;
+    duet_rpc_role_t r = duet__id_parse(uri, len, nm);
+    if (*n == 1 && r != DUET_RPC_ROLE_NONE) {
+        *role = r;
+        memcpy(name, nm, sizeof(nm));
+    } else {
+        *role = DUET_RPC_ROLE_NONE;
+        name[0] = '\0';
+    }
+}
+
+/* The identity an X509 certificate names in its URI SANs. */
+static duet_rpc_role_t duet__cert_identity(X509 *x, char *name)
+{
+    duet_rpc_role_t role = DUET_RPC_ROLE_NONE;
+    int n = 0;
+    GENERAL_NAMES *sans = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+
+    name[0] = '\0';
+    for (int i = 0; sans != NULL && i < sk_GENERAL_NAME_num(sans); i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type == GEN_URI)
+            duet__id_add((const char *)ASN1_STRING_get0_data(g->d.uniformResourceIdentifier),
+                         (size_t)ASN1_STRING_length(g->d.uniformResourceIdentifier), &role, name,
+                         &n);
+    }
+    GENERAL_NAMES_free(sans);
+    return role;
+}
+
+/* auth.clients into ",a,b," and this process's own identity for logs. */
+static duet_status_t duet__load_roles(const duet_auth_config_t *cfg, duet_rpc_auth_t *auth)
+{
+    const char *c = cfg->clients ? cfg->clients : "";
+    size_t len = strlen(c);
+    char name[DUET_RPC_ID_NAME_MAX];
+    STACK_OF(X509) *chain = duet__pem_certs(auth->cert_pem);
+
+    if (chain != NULL) {
+        duet_rpc_role_t r = duet__cert_identity(sk_X509_value(chain, 0), name);
+        if (r != DUET_RPC_ROLE_NONE)
+            snprintf(auth->self_id, sizeof(auth->self_id), "%s/%s", duet_rpc_role_name(r), name);
+        sk_X509_pop_free(chain, X509_free);
+    }
+    if (len == 0)
+        return DUET_OK;
+    if ((auth->clients = duet_malloc(len + 3)) == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "auth: no memory");
+    size_t o = 0;
+    auth->clients[o++] = ',';
+    for (const char *p = c; *p;) {
+        size_t n = strcspn(p, ",");
+        const char *q = p;
+        size_t m = n;
+        while (m > 0 && *q == ' ')
+            q++, m--;
+        while (m > 0 && q[m - 1] == ' ')
+            m--;
+        if (!duet__name_ok(q, m))
+            return duet_error(DUET_ERR_CONFIG,
+                              "auth.clients: \"%.*s\" is not a name (1..63 of A-Z a-z 0-9 . _ -)",
+                              (int)n, p);
+        memcpy(auth->clients + o, q, m);
+        o += m;
+        auth->clients[o++] = ',';
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    auth->clients[o] = '\0';
+    return DUET_OK;
+}
+
+static bool duet__client_listed(const duet_rpc_auth_t *auth, const char *name)
+{
+    if (auth->clients == NULL)
+        return false;
+    size_t n = strlen(name);
+    for (const char *p = auth->clients; (p = strstr(p, name)) != NULL; p++)
+        if (p[-1] == ',' && p[n] == ',')
+            return true;
+    return false;
+}
+
+const char *duet_rpc_auth_identity(const duet_rpc_auth_t *auth)
+{
+    return auth ? auth->self_id : "";
+}
+
+static bool duet__host_loopback(const char *addr)
+{
+    char host[256];
+    const char *h = addr, *e;
+    struct in_addr a4;
+    struct in6_addr a6;
+
+    if (strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "unix-abstract:", 14) == 0)
+        return true;
+    if (h[0] == '[') {
+        h++;
+        e = strchr(h, ']');
+    } else {
+        e = strrchr(h, ':');
+        if (e != NULL && strchr(h, ':') != e) /* bare IPv6 without a port */
+            e = h + strlen(h);
+    }
+    if (e == NULL)
+        e = h + strlen(h);
+    if ((size_t)(e - h) >= sizeof(host))
+        return false;
+    memcpy(host, h, (size_t)(e - h));
+    host[e - h] = '\0';
+    if (strcmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) {
+        if (IN6_IS_ADDR_LOOPBACK(&a6))
+            return true;
+        return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
+    }
+    return false;
+}
+
+duet_status_t duet_rpc_auth_listen_check(bool tls, bool insecure, const char *key, const char *addr)
+{
+    if (tls || insecure || addr == NULL || addr[0] == '\0' || duet__host_loopback(addr))
+        return DUET_OK;
+    return duet_error(DUET_ERR_CONFIG,
+                      "%s: %s is not a loopback address and TLS is off: set auth.ca, auth.cert "
+                      "and auth.key%s, or auth.insecure: true to serve without TLS (anyone who "
+                      "reaches the port can call it; docs/security.md)",
+                      key, addr,
+                      strncmp(key, "router.http", 11) == 0 ? " (router.https_cert)" : "");
+}
+
 duet_status_t duet_rpc_auth_load(const duet_auth_config_t *cfg, duet_rpc_auth_t **auth_p)
 {
     duet_rpc_auth_t *auth;
@@ -306,6 +505,8 @@ duet_status_t duet_rpc_auth_load(const duet_auth_config_t *cfg, duet_rpc_auth_t 
     }
     if (secret && (st = duet__load_secret(cfg->secret_file, auth)) != DUET_OK)
         goto err_destroy;
+    if (tls && (st = duet__load_roles(cfg, auth)) != DUET_OK)
+        goto err_destroy;
     *auth_p = auth;
     return DUET_OK;
 
@@ -327,6 +528,7 @@ void duet_rpc_auth_destroy(duet_rpc_auth_t *auth)
     duet_free(auth->key_pem);
     duet_free(auth->server_name);
     duet_free(auth->secret);
+    duet_free(auth->clients);
     pthread_mutex_destroy(&auth->log_lock);
     duet_free(auth);
 }
@@ -379,7 +581,8 @@ bool duet__rpc_auth_secret(const duet_rpc_auth_t *auth, const char **secret_p, s
     return true;
 }
 
-static void duet__log_refusal(duet_rpc_auth_t *auth, duet_rpc_call_t *call, const char *why)
+static void duet__log_refusal(duet_rpc_auth_t *auth, duet_rpc_call_t *call, bool denied,
+                              const char *why)
 {
     int64_t now = duet_now_ns();
     unsigned long long suppressed = 0;
@@ -403,20 +606,120 @@ static void duet__log_refusal(duet_rpc_auth_t *auth, duet_rpc_call_t *call, cons
     if (!log)
         return;
     char *peer = grpc_call_get_peer(call->gcall);
-    DUET_LOG_WARN("rpc: unauthenticated call peer %s method %s: %s", peer ? peer : "?",
-                  duet_rpc_call_method(call), why);
+    if (denied)
+        DUET_LOG_WARN("rpc: permission denied peer %s identity %s%s%s method %s: %s",
+                      peer ? peer : "?",
+                      call->peer_role ? duet_rpc_role_name(call->peer_role) : "(none)",
+                      call->peer_role ? "/" : "", call->peer_name, duet_rpc_call_method(call), why);
+    else
+        DUET_LOG_WARN("rpc: unauthenticated call peer %s method %s: %s", peer ? peer : "?",
+                      duet_rpc_call_method(call), why);
     gpr_free(peer);
+}
+
+/* Which roles may call a method (TLS on); methods not listed: any
+ * authenticated caller (Info, health, the router's Generate API). */
+static const struct {
+    const char *path;
+    unsigned roles;    /* bit per duet_rpc_role_t */
+    bool clients;      /* and clients named in auth.clients */
+    const char *needs; /* for the message */
+} duet__authz[] = {
+    {"/duet.v1.Prefill/Bootstrap", 1u << DUET_RPC_ROLE_DECODE, false, "a decode identity"},
+    {"/duet.v1.Prefill/Prefill", 1u << DUET_RPC_ROLE_DECODE, false, "a decode identity"},
+    {"/duet.v1.Prefill/Abort", 1u << DUET_RPC_ROLE_DECODE, false, "a decode identity"},
+    {"/duet.v1.Decode/Generate", 1u << DUET_RPC_ROLE_ROUTER, true,
+     "a router identity or a client named in auth.clients"},
+    {"/duet.v1.Decode/Abort", 1u << DUET_RPC_ROLE_ROUTER, true,
+     "a router identity or a client named in auth.clients"},
+};
+
+/* The method's row of the table, or -1. */
+static int duet__authz_find(const char *path)
+{
+    for (size_t i = 0; i < sizeof(duet__authz) / sizeof(duet__authz[0]); i++)
+        if (strcmp(path, duet__authz[i].path) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* The peer's identity from the call's auth context: gRPC's peer_uri
+ * properties (one per URI SAN; gRPC 1.51 has them).  Where there are none,
+ * and pem (a method of the table), the leaf certificate's PEM is parsed
+ * too, for a gRPC that does not report URIs: it costs a parse per call, so
+ * not for the methods open to every caller. */
+static void duet__peer_identity(grpc_auth_context *ctx, duet_rpc_call_t *call, bool pem)
+{
+    grpc_auth_property_iterator it =
+        grpc_auth_context_find_properties_by_name(ctx, GRPC_PEER_URI_PROPERTY_NAME);
+    const grpc_auth_property *p;
+    bool any = false;
+    int n = 0;
+
+    call->peer_role = DUET_RPC_ROLE_NONE;
+    call->peer_name[0] = '\0';
+    while ((p = grpc_auth_property_iterator_next(&it)) != NULL) {
+        any = true;
+        duet__id_add(p->value, p->value_length, &call->peer_role, call->peer_name, &n);
+    }
+    if (any || !pem)
+        return;
+    it = grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME);
+    if ((p = grpc_auth_property_iterator_next(&it)) == NULL)
+        return;
+    BIO *bio = BIO_new_mem_buf(p->value, (int)p->value_length);
+    X509 *x = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+    if (x != NULL)
+        call->peer_role = duet__cert_identity(x, call->peer_name);
+    X509_free(x);
+    BIO_free(bio);
+    ERR_clear_error();
+}
+
+duet_rpc_role_t duet_rpc_call_identity(const duet_rpc_call_t *call, const char **name_p)
+{
+    if (name_p)
+        *name_p = call->peer_name;
+    return call->peer_role;
+}
+
+/* A call the caller's role may not make: the reason into call->deny_msg. */
+static bool duet__denied(const duet_rpc_auth_t *auth, duet_rpc_call_t *call, int row)
+{
+    const char *path = duet_rpc_call_method(call);
+
+    if (row >= 0) {
+        size_t i = (size_t)row;
+        if (duet__authz[i].roles & (1u << call->peer_role))
+            return false;
+        if (duet__authz[i].clients && call->peer_role == DUET_RPC_ROLE_CLIENT &&
+            duet__client_listed(auth, call->peer_name))
+            return false;
+        if (call->peer_role == DUET_RPC_ROLE_NONE)
+            snprintf(call->deny_msg, sizeof(call->deny_msg),
+                     "%s needs %s; the client certificate names none (URI SAN "
+                     "spiffe://duet/<role>/<name>)",
+                     path, duet__authz[i].needs);
+        else
+            snprintf(call->deny_msg, sizeof(call->deny_msg), "%s needs %s; caller is %s/%s", path,
+                     duet__authz[i].needs, duet_rpc_role_name(call->peer_role), call->peer_name);
+        return true;
+    }
+    return false;
 }
 
 grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *call,
                                       const char **msg_p)
 {
     const char *why = NULL;
+    int row = duet__authz_find(duet_rpc_call_method(call));
 
     if (auth->ca_pem != NULL) {
         grpc_auth_context *ctx = grpc_call_auth_context(call->gcall);
         if (ctx == NULL || !grpc_auth_context_peer_is_authenticated(ctx))
             why = "client certificate required (signed by the cluster CA)";
+        else
+            duet__peer_identity(ctx, call, row >= 0);
         grpc_auth_context_release(ctx);
     }
     if (why == NULL && auth->secret != NULL) {
@@ -426,9 +729,15 @@ grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *ca
             why = v ? "wrong cluster secret (metadata " DUET_RPC_AUTH_SECRET_KEY ")"
                     : "cluster secret missing (metadata " DUET_RPC_AUTH_SECRET_KEY ")";
     }
-    if (why == NULL)
-        return GRPC_STATUS_OK;
-    duet__log_refusal(auth, call, why);
-    *msg_p = why;
-    return GRPC_STATUS_UNAUTHENTICATED;
+    if (why != NULL) {
+        duet__log_refusal(auth, call, false, why);
+        *msg_p = why;
+        return GRPC_STATUS_UNAUTHENTICATED;
+    }
+    if (auth->ca_pem != NULL && duet__denied(auth, call, row)) {
+        duet__log_refusal(auth, call, true, call->deny_msg);
+        *msg_p = call->deny_msg;
+        return GRPC_STATUS_PERMISSION_DENIED;
+    }
+    return GRPC_STATUS_OK;
 }

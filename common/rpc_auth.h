@@ -52,6 +52,17 @@ void duet_rpc_auth_destroy(duet_rpc_auth_t *auth);
 /* "mtls+secret", "mtls", "secret" or "off" (auth NULL): for logs. */
 const char *duet_rpc_auth_mode(const duet_rpc_auth_t *auth);
 
+/* This process's identity from auth.cert ("decode/decode-0"), "" when
+ * its certificate names none or TLS is off. */
+const char *duet_rpc_auth_identity(const duet_rpc_auth_t *auth);
+
+/* A server about to listen on addr (the config key `key` names it): without
+ * TLS (tls false) only a loopback address (127.0.0.0/8, ::1, localhost,
+ * unix:) is allowed unless insecure (auth.insecure); DUET_ERR_CONFIG
+ * naming key, the address and auth.insecure otherwise. */
+duet_status_t duet_rpc_auth_listen_check(bool tls, bool insecure, const char *key,
+                                         const char *addr);
+
 /* Constant-time comparison of a received secret (got, len bytes, NULL =
  * absent) with the expected one: the time depends only on the expected
  * length. */

@@ -90,6 +90,11 @@ struct duet_rpc_call {
 
     duet_rpc_cancel_cb on_cancel;
     void *on_cancel_arg;
+
+    /* set by the auth check (TLS on) */
+    duet_rpc_role_t peer_role;
+    char peer_name[DUET_RPC_ID_NAME_MAX];
+    char deny_msg[224]; /* PERMISSION_DENIED message */
 };
 
 /* ---- rpc_util.c ---- */
@@ -143,7 +148,9 @@ const char *duet__rpc_auth_server_name(const duet_rpc_auth_t *auth);
 /* The secret to send (false: none). */
 bool duet__rpc_auth_secret(const duet_rpc_auth_t *auth, const char **secret_p, size_t *len_p);
 /* CQ thread, before anything else runs for the call: GRPC_STATUS_OK, or
- * UNAUTHENTICATED with *msg_p (static) after logging the refusal. */
+ * UNAUTHENTICATED / PERMISSION_DENIED (the caller's role may not call the
+ * method) with *msg_p (static or in the call) after logging the refusal.
+ * Sets the call's peer identity. */
 grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *call,
                                       const char **msg_p);
 

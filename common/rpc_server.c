@@ -464,8 +464,10 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
         }
         srv->n_threads_started++;
     }
-    DUET_LOG_INFO("rpc: serving addr %s port %d methods %zu threads %d auth %s", srv->bind_addr,
-                  srv->port, srv->n_methods, n, duet_rpc_auth_mode(srv->cfg.auth));
+    const char *id = duet_rpc_auth_identity(srv->cfg.auth);
+    DUET_LOG_INFO("rpc: serving addr %s port %d methods %zu threads %d auth %s%s%s", srv->bind_addr,
+                  srv->port, srv->n_methods, n, duet_rpc_auth_mode(srv->cfg.auth),
+                  id[0] ? " identity " : "", id);
     return DUET_OK;
 }
 

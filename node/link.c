@@ -418,7 +418,46 @@ typedef struct {
     duet_node_t *node;
     duet_rpc_call_t *call;
     Duet__V1__BootstrapRequest *msg;
+    const char *peer; /* the caller's decode identity name; NULL: TLS off */
 } duet__serve_task_t;
+
+/* The instance part of a decode_name ("<name>@<host>") equals name. */
+static bool duet__name_is(const char *decode_name, const char *name)
+{
+    if (decode_name == NULL)
+        return false;
+    size_t n = strcspn(decode_name, "@");
+    return strlen(name) == n && memcmp(decode_name, name, n) == 0;
+}
+
+/* With identities (TLS on): a decode bootstraps only as the instance its
+ * certificate names, and never under the id of a link another instance
+ * made (docs/security.md "Identities and roles"). */
+static duet_status_t duet__check_identity(duet_node_t *node, const Duet__V1__BootstrapRequest *m,
+                                          const char *peer)
+{
+    duet_status_t st = DUET_OK;
+
+    if (peer == NULL)
+        return DUET_OK;
+    if (!duet__name_is(m->decode_name, peer))
+        return duet_error(DUET_ERR_PEER,
+                          "bootstrap: decode_name %s is not the instance the caller's "
+                          "certificate names (decode/%s)",
+                          m->decode_name ? m->decode_name : "", peer);
+    pthread_mutex_lock(&node->links_lock);
+    for (const duet_node_link_t *l = node->links; l != NULL; l = l->next)
+        if (m->decode_id != NULL && strcmp(l->remote_id, m->decode_id) == 0 &&
+            !duet__name_is(l->remote_name, peer)) {
+            st = duet_error(DUET_ERR_PEER,
+                            "bootstrap: decode_id %s belongs to decode %s, not to the caller "
+                            "(decode/%s)",
+                            m->decode_id, l->remote_name, peer);
+            break;
+        }
+    pthread_mutex_unlock(&node->links_lock);
+    return st;
+}
 
 static duet_status_t duet__check_request(duet_node_t *node, const Duet__V1__BootstrapRequest *m)
 {
@@ -477,6 +516,11 @@ static void duet__serve_task(void *arg)
     duet_node_link_t *link = NULL;
     duet_status_t st;
 
+    if ((st = duet__check_identity(node, m, t->peer)) != DUET_OK) {
+        DUET_LOG_WARN("prefill: bootstrap from decode/%s refused: %s", t->peer, duet_error_msg());
+        duet_rpc_call_fail(t->call, GRPC_STATUS_PERMISSION_DENIED, duet_error_msg());
+        goto out;
+    }
     if ((st = duet__check_request(node, m)) != DUET_OK)
         goto refuse;
     /* CONNECTING beside any READY link of the same decode, which keeps
@@ -525,7 +569,9 @@ void duet_node_link_serve_bootstrap(duet_node_t *node, duet_rpc_call_t *call, co
         duet_free(t);
         return;
     }
-    *t = (duet__serve_task_t){node, call, m};
+    const char *peer = NULL;
+    duet_rpc_role_t role = duet_rpc_call_identity(call, &peer);
+    *t = (duet__serve_task_t){node, call, m, role == DUET_RPC_ROLE_DECODE ? peer : NULL};
     /* connecting blocks: not on a completion-queue thread */
     if (duet_workq_post(node->workq, duet__serve_task, t) != DUET_OK) {
         duet_rpc_call_fail_status(call, DUET_ERR_SHUTDOWN, "prefill is shutting down");

@@ -18,6 +18,40 @@
 #include "engine/tp.h"
 #include "node/link.h"
 
+/* The auth material against this daemon: no plaintext listen on a
+ * non-loopback address unless auth.insecure; a certificate naming an
+ * identity must name this role and instance (docs/security.md "Identities
+ * and roles"). */
+static duet_status_t duet__check_auth(duet_node_t *node, const duet_rpc_auth_t *auth)
+{
+    const duet_daemon_args_t *a = &node->args;
+    const duet_auth_config_t *ac = &a->cluster->auth;
+    bool tls = ac->ca != NULL && ac->ca[0] != '\0';
+    char key[192];
+    duet_status_t st;
+
+    snprintf(key, sizeof(key), "listen (%s %s)", node->role, a->self->name);
+    if ((st = duet_rpc_auth_listen_check(tls, ac->insecure, key, a->self->listen)) != DUET_OK)
+        return st;
+    const char *id = duet_rpc_auth_identity(auth);
+    if (!tls)
+        return DUET_OK;
+    if (id[0] == '\0') {
+        DUET_LOG_WARN("duet-%s: auth.cert %s names no identity (URI SAN spiffe://duet/%s/%s): "
+                      "peers refuse its calls that need a role",
+                      node->role, ac->cert, node->role, a->self->name);
+        return DUET_OK;
+    }
+    char want[192];
+    snprintf(want, sizeof(want), "%s/%s", node->role, a->self->name);
+    if (strcmp(id, want) != 0)
+        return duet_error(DUET_ERR_CONFIG,
+                          "auth.cert: %s names spiffe://duet/%s, but this is %s (want "
+                          "spiffe://duet/%s)",
+                          ac->cert, id, want, want);
+    return DUET_OK;
+}
+
 /* --check-config: 0 valid, 1 invalid, 3 valid but not runnable by this
  * binary */
 static int duet__check_config(duet_node_t *node)
@@ -31,6 +65,8 @@ static int duet__check_config(duet_node_t *node)
     if (st == DUET_OK) {
         duet_rpc_auth_t *auth = NULL;
         st = duet_rpc_auth_load(&a->cluster->auth, &auth);
+        if (st == DUET_OK)
+            st = duet__check_auth(node, auth);
         duet_rpc_auth_destroy(auth);
     }
     if (st != DUET_OK) {
@@ -62,7 +98,8 @@ static duet_status_t duet__start(duet_node_t *node)
     duet_model_config_t mc;
     if ((st = duet_model_config_load(node->args.cluster->model, &mc)) != DUET_OK)
         return st;
-    if ((st = duet_rpc_auth_load(&node->args.cluster->auth, &node->auth)) != DUET_OK)
+    if ((st = duet_rpc_auth_load(&node->args.cluster->auth, &node->auth)) != DUET_OK ||
+        (st = duet__check_auth(node, node->auth)) != DUET_OK)
         return st;
     duet_rpc_server_config_init(&sc);
     sc.auth = node->auth;

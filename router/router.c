@@ -99,6 +99,31 @@ static duet_status_t duet__https_load(duet_router_t *rt)
                                    rc->https_key, &rt->https_cert_pem, &rt->https_key_pem);
 }
 
+/* No plaintext listen on a non-loopback address unless auth.insecure; a
+ * certificate naming an identity must name a router (docs/security.md
+ * "Identities and roles"). */
+static duet_status_t duet__check_roles(duet_router_t *rt)
+{
+    const duet_router_config_t *rc = &rt->cfg->router;
+    const duet_auth_config_t *ac = &rt->cfg->auth;
+    bool tls = ac->ca[0] != '\0';
+    const char *id = duet_rpc_auth_identity(rt->auth);
+    duet_status_t st;
+
+    if ((st = duet_rpc_auth_listen_check(tls, ac->insecure, "router.grpc", rc->grpc)) != DUET_OK ||
+        (st = duet_rpc_auth_listen_check(rc->https_cert[0] != '\0', ac->insecure, "router.http",
+                                         rc->http)) != DUET_OK)
+        return st;
+    if (tls && id[0] == '\0')
+        DUET_LOG_WARN("router: auth.cert %s names no identity (URI SAN "
+                      "spiffe://duet/router/<name>): decodes refuse its Generate calls",
+                      ac->cert);
+    if (id[0] != '\0' && strncmp(id, "router/", 7) != 0)
+        return duet_error(DUET_ERR_CONFIG, "auth.cert: %s names spiffe://duet/%s, not a router",
+                          ac->cert, id);
+    return DUET_OK;
+}
+
 static duet_status_t duet__load_model(duet_router_t *rt)
 {
     duet_model_config_t mc;
@@ -179,6 +204,8 @@ duet_status_t duet_router_create(const duet_router_options_t *opt, duet_router_t
         st = duet_error(DUET_ERR_CONFIG, "router.http, router.grpc: both are off");
         goto err;
     }
+    if ((st = duet__check_roles(rt)) != DUET_OK)
+        goto err;
     if (rc->api_key_env[0] != '\0') {
         const char *v = getenv(rc->api_key_env);
         if (v == NULL || v[0] == '\0') {

@@ -13,7 +13,9 @@
 #   DUET_CLUSTER_AUTH=0                authentication off (default on, below)
 #
 # Authentication (docs/security.md "Authentication") is on by default: a CA,
-# one certificate for every process and a random shared secret are made by
+# one certificate per process naming its identity (spiffe://duet/<role>/
+# <name>, docs/security.md "Identities and roles") and a random shared
+# secret are made by
 # scripts/gen-auth.sh in a private temp dir (0700, files 0600, removed at
 # exit); every gRPC server then wants mutual TLS and the secret, and the
 # router's HTTP side is HTTPS (curl --cacert <dir>/ca.pem).  A config that
@@ -50,17 +52,24 @@ done
 auth_dir=""
 auth_args=()
 https_args=()
+router_own=()
 has_own=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(1 if c.get("auth") or c.get("router",{}).get("https_cert") else 0)' "$config")
 if [ "${DUET_CLUSTER_AUTH:-1}" != "0" ] && [ "$has_own" = 0 ]; then
   auth_dir=$(mktemp -d -t duet-auth.XXXXXX)
   trap 'rm -rf "$auth_dir"' EXIT
-  scripts/gen-auth.sh "$auth_dir"
+  # one certificate per process, naming spiffe://duet/<role>/<name>
+  # (docs/security.md "Identities and roles"); node.pem (no identity) for
+  # the router's HTTPS and duet-client through the router
+  read -r -a ids < <(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(" ".join(["router/" + c.get("router", {}).get("name", "router")] + ["%s/%s" % (r, e["name"]) for r in ("prefill", "decode") for e in c.get(r, [])]))' "$config")
+  scripts/gen-auth.sh "$auth_dir" "${ids[@]}"
   auth_args=(--auth-ca "$auth_dir/ca.pem" --auth-cert "$auth_dir/node.pem"
              --auth-key "$auth_dir/node.key" --auth-secret-file "$auth_dir/secret")
   https_args=(--https-cert "$auth_dir/node.pem" --https-key "$auth_dir/node.key")
+  rname=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("router", {}).get("name", "router"))' "$config")
+  router_own=(--auth-cert "$auth_dir/router-$rname.pem" --auth-key "$auth_dir/router-$rname.key")
 fi
 "$build/router/duet-router" --config "$config" --check-config "${auth_args[@]}" \
-  "${https_args[@]}" >/dev/null
+  "${https_args[@]}" "${router_own[@]}" >/dev/null
 
 # Instance names and the router's HTTP address from the config.
 read -r http grpc prefills decodes keyvar scheme cacert < <(python3 - "$config" "$auth_dir" <<'PY'
@@ -110,7 +119,9 @@ names=()
 pids=()
 start() { # role name
   local role=$1 name=$2
-  setsid "$build/$role/duet-$role" --config "$config" --name "$name" "${auth_args[@]}" \
+  local own=()
+  [ -n "$auth_dir" ] && own=(--auth-cert "$auth_dir/$role-$name.pem" --auth-key "$auth_dir/$role-$name.key")
+  setsid "$build/$role/duet-$role" --config "$config" --name "$name" "${auth_args[@]}" "${own[@]}" \
     >"$logs/$name.log" 2>&1 </dev/null &
   names+=("$name")
   pids+=("$!")
@@ -172,7 +183,7 @@ IFS=, read -r -a dlist <<<"$decodes"
 for n in "${plist[@]}"; do [ "$n" != "-" ] && start prefill "$n"; done
 for n in "${dlist[@]}"; do [ "$n" != "-" ] && start decode "$n"; done
 setsid "$build/router/duet-router" --config "$config" "${auth_args[@]}" "${https_args[@]}" \
-  >"$logs/router.log" 2>&1 </dev/null &
+  "${router_own[@]}" >"$logs/router.log" 2>&1 </dev/null &
 names+=("router")
 pids+=("$!")
 

@@ -6,6 +6,7 @@ second prefill p1 run in the decode namespace, so p1 stays reachable from
 d0 when the cluster link is cut.  The test talks to every daemon from the
 root namespace over the access links (tests/integration/daemons
 duet_cluster.Cluster does the rest: config, gRPC stubs, page counts)."""
+import json
 import os
 import socket
 import subprocess
@@ -46,6 +47,16 @@ class NsCluster(Cluster):
             d.address = "%s:%d" % (pair.ip["d"], free_port())
             self.proxy_spec = (d.address, d.extra["listen"]) + tuple(str(x) for x in control_delay)
         self.write_config()
+
+    def write_config(self):
+        # the daemons listen on the namespaces' 10.N addresses without TLS:
+        # allowed only with auth.insecure (docs/security.md)
+        super().write_config()
+        with open(self.config) as f:
+            cfg = json.load(f)
+        cfg["auth"] = {"insecure": True}
+        with open(self.config, "w") as f:
+            json.dump(cfg, f, indent=1)
 
     def start(self, name, env=None, wait=True, args=()):
         d = self.daemons[name]

@@ -17,6 +17,13 @@ scripts/gen-auth.sh) and a shared secret, the router's HTTP side on HTTPS.
   compares with).
 - Start-up errors name the config key (missing file, bad PEM, key not
   matching, short secret, certificate of another CA).
+- Identities and roles (issue 25 item 3): every process has its own
+  certificate naming spiffe://duet/<role>/<name>; a prefill certificate
+  calling Decode.Generate, a router certificate calling Prefill.Bootstrap,
+  an unlisted client, a decode bootstrapping under another decode's name or
+  id: PERMISSION_DENIED, logged with the identity; the listed client and
+  the cluster itself work.  A daemon or router listening on a non-loopback
+  address without TLS refuses to start unless auth.insecure.
 
 usage: test_router_auth.py BUILD_DIR SOURCE_DIR
 """
@@ -42,8 +49,9 @@ class AuthCluster(Cluster):
     def __init__(self, build, src, material, **kw):
         self.material = material
         self.ca = open(os.path.join(material, "ca.pem"), "rb").read()
-        self.cert = open(os.path.join(material, "node.pem"), "rb").read()
-        self.key = open(os.path.join(material, "node.key"), "rb").read()
+        # the test's own calls: a client identity listed in auth.clients
+        self.cert = open(os.path.join(material, "client-tester.pem"), "rb").read()
+        self.key = open(os.path.join(material, "client-tester.key"), "rb").read()
         self.secret = open(os.path.join(material, "secret")).read().strip()
         super().__init__(build, src, **kw)
 
@@ -54,12 +62,20 @@ class AuthCluster(Cluster):
         m = self.material
         cfg["auth"] = {"ca": os.path.join(m, "ca.pem"), "cert": os.path.join(m, "node.pem"),
                        "key": os.path.join(m, "node.key"),
-                       "secret_file": os.path.join(m, "secret")}
+                       "secret_file": os.path.join(m, "secret"), "clients": "tester"}
         cfg["router"]["https_cert"] = os.path.join(m, "node.pem")
         cfg["router"]["https_key"] = os.path.join(m, "node.key")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=1)
         return path
+
+    def start(self, name, args=(), config=None, env=None):
+        # each process its own certificate (gen-auth.sh ROLE/NAME); the
+        # caller's args come after, so they can override it
+        f = os.path.join(self.material, "%s-%s" % (self.role(name), name))
+        own = ["--auth-cert", f + ".pem", "--auth-key", f + ".key"] if os.path.exists(
+            f + ".pem") else []
+        return super().start(name, own + list(args), config, env)
 
     def channel(self, address):
         if address not in self.channels:
@@ -257,8 +273,9 @@ def equivalence(cl, build):
     # duet-client with its options, through the router and straight to decode
     dc = os.path.join(build, "tools", "duet-client")
     m = cl.material
-    opts = ["--ca", os.path.join(m, "ca.pem"), "--cert", os.path.join(m, "node.pem"),
-            "--key", os.path.join(m, "node.key"), "--secret-file", os.path.join(m, "secret")]
+    opts = ["--ca", os.path.join(m, "ca.pem"), "--cert", os.path.join(m, "client-tester.pem"),
+            "--key", os.path.join(m, "client-tester.key"), "--secret-file",
+            os.path.join(m, "secret")]
     ids_arg = " ".join(map(str, PROMPT_IDS))
     for target, extra in (("127.0.0.1:%d" % cl.grpc_port, ["--router"]),
                           (cl.address("d0"), ["--prefill", cl.address("p0")])):
@@ -280,6 +297,134 @@ def equivalence(cl, build):
         check(r.returncode == 0 and r.stdout.strip() == "SERVING",
               "duet-client --health %s: %d %s %s" % (target, r.returncode, r.stdout, r.stderr))
     print("equivalence: router gRPC, decode direct, HTTPS, duet-client == oracle %s" % exp)
+
+
+def creds_of(cl, ident):
+    f = os.path.join(cl.material, ident.replace("/", "-"))
+    return grpc.ssl_channel_credentials(cl.ca, open(f + ".key", "rb").read(),
+                                        open(f + ".pem", "rb").read())
+
+
+def roles(cl):
+    """The authorization table and the bootstrap identity check."""
+    pb = cl.pb
+    dgen = lambda ch: list(pb["decode_grpc"].DecodeStub(ch).Generate(  # noqa: E731
+        pb["decode"].DecodeGenerateRequest(request=cl.gen_request(PROMPT_IDS, max_tokens=2)),
+        timeout=20, metadata=cl.md()))
+    dabort = lambda ch: pb["decode_grpc"].DecodeStub(ch).Abort(  # noqa: E731
+        pb["common"].AbortRequest(request_id="x"), timeout=5, metadata=cl.md())
+    pinfo = cl.info("p0")
+    dinfo = cl.info("d0")
+
+    def boot(name, decode_id="roles-test-id"):
+        return lambda ch: pb["prefill_grpc"].PrefillStub(ch).Bootstrap(
+            pb["prefill"].BootstrapRequest(
+                decode_id=decode_id, decode_name=name, tp=1,
+                model_fingerprint=pinfo.model_fingerprint, kv_heads=1,
+                rank_descriptors=[b"\0" * 64], grant_key=b"k" * 32),
+            timeout=10, metadata=cl.md())
+    pabort = lambda ch: pb["prefill_grpc"].PrefillStub(ch).Abort(  # noqa: E731
+        pb["common"].AbortRequest(request_id="x"), timeout=5, metadata=cl.md())
+    d0, p0 = cl.address("d0"), cl.address("p0")
+    denied = [
+        ("prefill/p0", d0, "Decode.Generate", dgen, "router"),
+        ("prefill/p0", d0, "Decode.Abort", dabort, "router"),
+        ("decode/d1", d0, "Decode.Generate", dgen, "router"),
+        ("client/stranger", d0, "Decode.Generate", dgen, "router"),
+        ("router/router", p0, "Prefill.Bootstrap", boot("d0@x"), "decode"),
+        ("router/router", p0, "Prefill.Abort", pabort, "decode"),
+        ("prefill/p1", p0, "Prefill.Bootstrap", boot("p1@x"), "decode"),
+        ("client/tester", p0, "Prefill.Bootstrap", boot("tester@x"), "decode"),
+        # decode d1 under d0's name, and under its own name with d0's id
+        ("decode/d1", p0, "Prefill.Bootstrap as d0", boot("d0@elsewhere"), "decode/d1"),
+        ("decode/d1", p0, "Prefill.Bootstrap with d0's id",
+         boot("d1@elsewhere", dinfo.instance_id), dinfo.instance_id),
+    ]
+    for ident, addr, what, fn, want in denied:
+        ch = grpc.secure_channel(addr, creds_of(cl, ident))
+        code, details = rpc_code(lambda: fn(ch))
+        ch.close()
+        check(code == grpc.StatusCode.PERMISSION_DENIED and want in details,
+              "%s calling %s: %s %r (want PERMISSION_DENIED naming %r)" %
+              (ident, what, code, details, want))
+    # what the table allows gets past it: a node-wide certificate without an
+    # identity may still call Info; a decode under its own name reaches the
+    # descriptor checks; the listed client and the router run requests
+    ch = grpc.secure_channel(p0, creds_of(cl, "node"))
+    code, details = rpc_code(lambda: pb["prefill_grpc"].PrefillStub(ch).Info(
+        pb["common"].InfoRequest(), timeout=5, metadata=cl.md()))
+    check(code == grpc.StatusCode.OK, "Info with an identity-less certificate: %s %s" %
+          (code, details))
+    code, details = rpc_code(lambda: boot("d0@x")(ch))
+    check(code == grpc.StatusCode.PERMISSION_DENIED and "names none" in details,
+          "Bootstrap with an identity-less certificate: %s %r" % (code, details))
+    ch.close()
+    ch = grpc.secure_channel(p0, creds_of(cl, "decode/d1"))
+    code, details = rpc_code(lambda: boot("d1@elsewhere")(ch))
+    check(code not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.OK),
+          "decode d1 bootstrapping as itself with a bad descriptor: %s %r" % (code, details))
+    ch.close()
+    code, details = rpc_code(lambda: dgen(cl.channel(d0)))
+    check(code == grpc.StatusCode.OK, "listed client/tester Decode.Generate: %s %r" %
+          (code, details))
+    ids = []
+    for r in cl.router_stub().Generate(cl.gen_request(PROMPT_IDS, max_tokens=N_TOKENS),
+                                       timeout=60, metadata=cl.md()):
+        if r.HasField("chunk"):
+            ids += list(r.chunk.ids)
+    check(len(ids) == N_TOKENS, "router after the refusals: %s" % ids)
+    # refusals are logged with the identity
+    time.sleep(0.3)
+    dl, pl = cl.procs["d0"].log(None), cl.procs["p0"].log(None)
+    check(re.search(r"permission denied peer ipv4:127\.0\.0\.1:\d+ identity prefill/p0 "
+                    r"method /duet\.v1\.Decode/Generate", dl), "d0 log lacks the refusal:\n" +
+          dl[-3000:])
+    check(re.search(r"permission denied .* identity router/router method "
+                    r"/duet\.v1\.Prefill/Bootstrap", pl), "p0 log lacks the refusal:\n" + pl[-2000:])
+    check("bootstrap from decode/d1 refused" in pl, "p0 log lacks the bootstrap refusal")
+    check("identity decode/d0" in dl, "d0 does not log its identity")
+    print("roles: %d calls outside the table PERMISSION_DENIED and logged with the identity; "
+          "allowed ones served" % (len(denied) + 1))
+
+
+def insecure_listen(cl, build):
+    """Without TLS, a non-loopback listen address is a start-up error naming
+    auth.insecure; with auth.insecure: true it is accepted."""
+    with open(cl.config) as f:
+        base = json.load(f)
+    for insecure in (False, True):
+        cfg = json.loads(json.dumps(base))
+        cfg["auth"] = {"secret_file": cfg["auth"]["secret_file"]}
+        if insecure:
+            cfg["auth"]["insecure"] = True
+        cfg.pop("router", None)
+        cfg["router"] = {"http": "0.0.0.0:0", "grpc": "127.0.0.1:0"}
+        for e in cfg["prefill"]:
+            if e["name"] == "p1":
+                e["listen"] = "0.0.0.0:%s" % e["address"].rsplit(":", 1)[1]
+        path = os.path.join(cl.tmp, "insecure%d.json" % insecure)
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        for exe, extra, key in (("prefill/duet-prefill", ["--name", "p1"], "listen (prefill p1)"),
+                                ("router/duet-router", [], "router.http")):
+            r = subprocess.run([os.path.join(build, exe), "--config", path, "--check-config"] +
+                               extra, capture_output=True, text=True, timeout=30)
+            if insecure:
+                check(r.returncode == 0, "%s with auth.insecure: %d %r" % (exe, r.returncode,
+                                                                        r.stderr))
+            else:
+                check(r.returncode != 0 and key in r.stderr and "auth.insecure" in r.stderr,
+                      "%s listening on 0.0.0.0 without TLS: %d %r" % (exe, r.returncode,
+                                                                      r.stderr))
+        if not insecure:
+            # a real start fails the same way
+            r = subprocess.run([os.path.join(build, "prefill/duet-prefill"), "--config", path,
+                                "--name", "p1"], capture_output=True, text=True, timeout=60)
+            check(r.returncode != 0 and "auth.insecure" in r.stderr + r.stdout,
+                  "duet-prefill on 0.0.0.0 without TLS started: %d %r" % (r.returncode,
+                                                                         r.stderr[-500:]))
+    print("insecure listen: 0.0.0.0 without TLS refused (prefill, router), allowed with "
+          "auth.insecure")
 
 
 def https(cl):
@@ -350,7 +495,8 @@ def test(build, src):
     tmp = tempfile.mkdtemp(prefix="duet_auth_")
     material, other = os.path.join(tmp, "auth"), os.path.join(tmp, "other")
     gen = os.path.join(src, "scripts", "gen-auth.sh")
-    subprocess.run([gen, material], check=True)
+    subprocess.run([gen, material, "router/router", "prefill/p0", "prefill/p1", "decode/d0",
+                    "decode/d1", "client/tester", "client/stranger"], check=True)
     subprocess.run([gen, other], check=True)
     cl = AuthCluster(build, src, material,
                      prefill=[("p0", 1), ("p1", 1)], decode=[("d0", 1)])
@@ -365,8 +511,10 @@ def test(build, src):
         refusal_log(cl)
         https(cl)
         equivalence(cl, build)
+        roles(cl)
+        insecure_listen(cl, build)
         secret_only(cl)
-        check("auth mtls+secret" in cl.procs["d0"].log(), "d0 does not log its auth mode")
+        check("auth mtls+secret" in cl.procs["d0"].log(None), "d0 does not log its auth mode")
         cl.stop_all()
     except BaseException:
         for p in cl.procs.values():

@@ -85,7 +85,7 @@ static duet_status_t duet__auth(const char *config, const char *const flag[5],
 {
     static const char *const keys[5] = {"ca", "cert", "key", "secret_file", "server_name"};
     duet_cluster_config_t *cfg = NULL;
-    duet_auth_config_t plain = {"", "", "", "", ""};
+    duet_auth_config_t plain = {"", "", "", "", "", "", false};
     char **field[5] = {&plain.ca, &plain.cert, &plain.key, &plain.secret_file, &plain.server_name};
     duet_status_t st = DUET_OK;
 

@@ -10,6 +10,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
+import YAML from "yaml";
+
 import { hostPort, podTemplate } from "./k8s.mjs";
 
 // [config key path, getter] of every file an auth-enabled config names.
@@ -67,34 +69,83 @@ export function execProbeProblem(k, p, port, cfgPath, who) {
   return null;
 }
 
-// Generated material for the --check-config runs, made once per process.
-let material = null;
-function generated(repo) {
-  if (material) return material;
+// Generated material for the --check-config runs, one set per identity
+// ("role/name": its certificate names spiffe://duet/role/name, so the
+// daemon's start-up check that its certificate names its own role and
+// instance runs too).
+const materials = new Map();
+function generated(repo, ident) {
+  if (materials.has(ident)) return materials.get(ident);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "duet-deploy-auth-"));
-  const r = spawnSync(path.join(repo, "scripts", "gen-auth.sh"), [dir], { encoding: "utf8" });
+  const r = spawnSync(path.join(repo, "scripts", "gen-auth.sh"), [dir, ident], { encoding: "utf8" });
   if (r.status !== 0) throw new Error(`scripts/gen-auth.sh: ${(r.stderr || r.error || "").toString().trim()}`);
   process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
-  material = {
+  const own = path.join(dir, ident.replace("/", "-"));
+  const m = {
     "auth.ca": path.join(dir, "ca.pem"),
-    "auth.cert": path.join(dir, "node.pem"),
-    "auth.key": path.join(dir, "node.key"),
+    "auth.cert": own + ".pem",
+    "auth.key": own + ".key",
     "auth.secret_file": path.join(dir, "secret"),
     "router.https_cert": path.join(dir, "node.pem"),
     "router.https_key": path.join(dir, "node.key"),
   };
-  return material;
+  materials.set(ident, m);
+  return m;
 }
 
 // The config JSON with every auth file replaced by generated material of
-// the same kind (what the Secrets hold in the cluster).
-export function withLocalAuth(json, repo) {
+// the same kind (what the Secrets hold in the cluster), the certificate
+// naming identity ident ("decode/decode").
+export function withLocalAuth(json, repo, ident) {
   if (authFiles(json).length === 0) return json;
-  const m = generated(repo);
+  const m = generated(repo, ident);
   const out = JSON.parse(JSON.stringify(json));
   for (const [key] of authFiles(json)) {
     const [sec, field] = key.split(".");
     out[sec][field] = m[key];
   }
   return out;
+}
+
+// The identity a process runs as: "router/<router.name>" or "role/--name".
+export function identityOf(json, role, name) {
+  return role === "router" ? `router/${json.router?.name || "router"}` : `${role}/${name}`;
+}
+
+// cert-manager Certificates of deploy/k8s/cert-manager, by secretName.
+let certificates = null;
+function certManagerCerts(repo) {
+  if (certificates) return certificates;
+  certificates = new Map();
+  const dir = path.join(repo, "deploy", "k8s", "cert-manager");
+  for (const f of fs.readdirSync(dir).filter((x) => /\.ya?ml$/.test(x)).sort())
+    for (const doc of YAML.parseAllDocuments(fs.readFileSync(path.join(dir, f), "utf8"))) {
+      const o = doc.toJS();
+      if (o?.kind === "Certificate" && o.spec?.secretName) certificates.set(o.spec.secretName, { file: f, cert: o });
+    }
+  return certificates;
+}
+
+// With TLS on, the Secret that container c's auth.cert comes from must be
+// issued by a cert-manager Certificate of deploy/k8s/cert-manager whose one
+// duet URI is the process's own identity (docs/security.md "Identities and
+// roles"), for server and client use.
+export function checkIdentity(w, c, json, ident, repo, E) {
+  if (!tlsOn(json) || typeof json.auth?.cert !== "string") return;
+  const t = podTemplate(w);
+  const m = (c.volumeMounts || []).find((vm) => json.auth.cert.startsWith(vm.mountPath.replace(/\/$/, "") + "/"));
+  const v = m && (t.spec.volumes || []).find((x) => x.name === m.name);
+  const secret = v?.secret?.secretName;
+  if (!secret) return; // checkAuthMounts says why
+  const found = certManagerCerts(repo).get(secret);
+  if (!found) {
+    E(w, `container ${c.name}: Secret ${secret} (auth.cert) is issued by no Certificate in deploy/k8s/cert-manager`);
+    return;
+  }
+  const spec = found.cert.spec;
+  const ids = (spec.uris || []).filter((u) => String(u).startsWith("spiffe://duet/"));
+  if (ids.length !== 1 || ids[0] !== `spiffe://duet/${ident}`)
+    E(w, `container ${c.name}: Secret ${secret} (Certificate ${found.cert.metadata.name}) names ${ids.join(", ") || "no identity"}, the process runs as spiffe://duet/${ident}`);
+  for (const u of ["server auth", "client auth"])
+    if (!(spec.usages || []).includes(u)) E(w, `Certificate ${found.cert.metadata.name}: usages lack "${u}"`);
 }

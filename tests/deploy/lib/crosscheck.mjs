@@ -13,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { checkAuthMounts, execProbeProblem, tlsOn, withLocalAuth } from "./auth.mjs";
+import { checkAuthMounts, checkIdentity, execProbeProblem, identityOf, tlsOn, withLocalAuth } from "./auth.mjs";
 import { checkNetworkPolicy } from "./netpol.mjs";
 import { checkPair, daemonDevices } from "./pair.mjs";
 import { validateObject } from "./schema.mjs";
@@ -226,7 +226,9 @@ function checkDaemon(objects, d, opts, ctx, E) {
     return;
   }
   checkAuthMounts(w, c, cfg.json, { router: false }, E);
-  const tmp = writeTemp(JSON.stringify(withLocalAuth(cfg.json, opts.repo)));
+  const ident = identityOf(cfg.json, role, name);
+  checkIdentity(w, c, cfg.json, ident, opts.repo, E);
+  const tmp = writeTemp(JSON.stringify(withLocalAuth(cfg.json, opts.repo, ident)));
   const argv = (c.args || []).map(String);
   const ci = argv.indexOf("--config");
   argv[ci + 1] = tmp.file;
@@ -437,6 +439,7 @@ function checkRouter(objects, d, opts, ctx, E) {
   const tls = tlsOn(cfg.json);
   const https = !!cfg.json.router?.https_cert;
   checkAuthMounts(w, c, cfg.json, { router: true }, E);
+  checkIdentity(w, c, cfg.json, identityOf(cfg.json, "router"), opts.repo, E);
   if (tls) {
     const why = ready ? execProbeProblem("readinessProbe", ready, grpc.port, args.get("--config"), "duet-router") : "no readinessProbe";
     if (why) E(w, why);
@@ -483,7 +486,7 @@ function checkRouter(objects, d, opts, ctx, E) {
   }
   const model = repoModel(opts.repo, cfg.json.model);
   if (!model) return;
-  const tmp = writeTemp(JSON.stringify({ ...withLocalAuth(cfg.json, opts.repo), model }));
+  const tmp = writeTemp(JSON.stringify({ ...withLocalAuth(cfg.json, opts.repo, identityOf(cfg.json, "router")), model }));
   const argv = (c.args || []).map(String);
   argv[argv.indexOf("--config") + 1] = tmp.file;
   argv.push("--check-config");

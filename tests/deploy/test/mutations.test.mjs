@@ -118,8 +118,11 @@ rejects("probe binary the image lacks", "p2d4",
   (o) => { daemon(o, "duet-prefill").readinessProbe.exec.command[0] = "duet-probe"; },
   /readinessProbe: \/usr\/local\/bin\/duet-probe is not in image duet-gpu/);
 rejects("auth off: probes must be native gRPC again", "cpu",
-  (o) => editConfig(o, (j) => { delete j.auth; }),
+  (o) => editConfig(o, (j) => { j.auth = { insecure: true }; }),
   /startupProbe: not a native gRPC probe/);
+rejects("auth off on 0.0.0.0 without auth.insecure (real binary's error)", "cpu",
+  (o) => editConfig(o, (j) => { delete j.auth; }),
+  /listen \(decode decode\): 0.0.0.0:9200 is not a loopback address and TLS is off: .*auth.insecure: true/);
 
 // authentication material: from Secrets, mounted read-only
 rejects("auth file on no mount", "p2d4",
@@ -131,6 +134,26 @@ rejects("auth files on an emptyDir, not a Secret", "p2d4",
 rejects("secret mount writable", "p2d4",
   (o) => { daemon(o, "duet-prefill").volumeMounts.find((m) => m.name === "cluster-secret").readOnly = false; },
   /volumeMount cluster-secret \(auth.secret_file\) is not readOnly/);
+// identities (docs/security.md "Identities and roles"): every workload
+// mounts the Secret of a cert-manager Certificate naming its own identity
+const tlsVol = (o, kind, name, vol = "tls") =>
+  obj(o, kind, name).spec.template.spec.volumes.find((x) => x.name === vol).secret;
+rejects("decode mounts the prefill's certificate", "p2d4",
+  (o) => { tlsVol(o, "StatefulSet", "duet-decode").secretName = "duet-tls-prefill"; },
+  /Secret duet-tls-prefill \(Certificate duet-tls-prefill\) names spiffe:\/\/duet\/prefill\/prefill, the process runs as spiffe:\/\/duet\/decode\/decode/);
+rejects("router mounts a decode certificate", "cpu",
+  (o) => { tlsVol(o, "Deployment", "duet-router").secretName = "duet-tls-decode"; },
+  /names spiffe:\/\/duet\/decode\/decode, the process runs as spiffe:\/\/duet\/router\/router/);
+rejects("mixed: decode-tp4 with decode-tp2's certificate", "mixed",
+  (o) => { tlsVol(o, "StatefulSet", "duet-decode-tp4").secretName = "duet-tls-decode-tp2"; },
+  /the process runs as spiffe:\/\/duet\/decode\/decode-tp4/);
+rejects("same-node pair: decode container on the prefill's Secret", "p1d2-same-node",
+  (o) => { pdContainer(o, "decode").volumeMounts.find((m) => m.name === "tls-decode").name = "tls"; },
+  /names spiffe:\/\/duet\/prefill\/prefill, the process runs as spiffe:\/\/duet\/decode\/decode/);
+rejects("a Secret no Certificate issues (the old shared duet-tls)", "p2d4",
+  (o) => { tlsVol(o, "StatefulSet", "duet-prefill").secretName = "duet-tls"; },
+  /Secret duet-tls \(auth.cert\) is issued by no Certificate in deploy\/k8s\/cert-manager/);
+
 rejects("router HTTPS probed over HTTP", "p2d4",
   (o) => { delete obj(o, "Deployment", "duet-router").spec.template.spec.containers[0].livenessProbe.httpGet.scheme; },
   /livenessProbe: scheme HTTP, the router serves HTTPS/);
