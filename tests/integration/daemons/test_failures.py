@@ -232,12 +232,26 @@ def decode_killed():
         c.start("d0")
         c.start("d1")
         it = c.stream("d0", PROMPT, max_tokens=8, prefill="p0")
-        threading.Timer(0.3, lambda: c.kill("d0")).start()
+
+        def kill_when_prefill_has_it():
+            # not a fixed delay: a bootstrap's descriptor probe takes longer
+            # on a loaded machine, and the kill must find the request at p0
+            t_end = time.time() + 10
+            while time.time() < t_end:
+                i = c.info("p0")
+                if i.queue_depth + i.running >= 1:
+                    break
+                time.sleep(0.02)
+            c.kill("d0")
+
+        killer = threading.Thread(target=kill_when_prefill_has_it)
+        killer.start()
         try:
             for _ in it:
                 pass
         except grpc.RpcError:
             pass
+        killer.join()
         t0 = time.time()
         # prefill drops the request within the deadline and frees its KV
         baseline(c, ["p0"])
