@@ -152,9 +152,12 @@ def stale_prefill_write():
     # the held request fails (recompute would complete it, after the same
     # quiesce: tests/integration/daemons/test_failures.py)
     T, R, HOLD, PS = 1000, 1500, 5000, 16
+    # queue_timeout_ms 0: the transfer deadline counts from registration, as
+    # it did before prefill announced its start (the held batch waits in
+    # p0's queue, docs/migration.md "Overload")
     c = ReviewCluster(BUILD, SRC, slow_model(), prefill=[("p0", 1), ("p1", 1)],
                       decode=[("d0", 1)], transfer_timeout_ms=T, rpc_timeout_ms=R,
-                      on_failure="fail")
+                      on_failure="fail", transfer={"queue_timeout_ms": 0})
     victim = [1] + [40 + i for i in range(19)]   # 20 tokens
     stale = [1] + [200 + i for i in range(39)]   # 40 tokens
     try:
