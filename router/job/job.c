@@ -265,9 +265,9 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
         rq.req = resumed;
     duet__count_route(rt, p < 0);
     /* a draining decode hands the stream back (docs/migration.md "Drains")
-     * only while another decode could take it: with one alone the drain
-     * finishes it as before */
-    bool movable = rt->cfg->router.migrate_max > 0 &&
+     * only where asked (router.migrate_on_drain) and while another decode
+     * could take it: with one alone the drain finishes it as before */
+    bool movable = rt->cfg->router.migrate_on_drain && rt->cfg->router.migrate_max > 0 &&
                    duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 1;
     msg = duet__decode_request(
         &rq, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,

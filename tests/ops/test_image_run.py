@@ -55,16 +55,23 @@ class Fleet:
 
     def auth(self):
         a = os.path.join(self.tmp, "auth")
-        subprocess.run([os.path.join(self.src, "scripts", "gen-auth.sh"), a, "duet.duet.svc"],
-                       check=True, capture_output=True)
-        tls, sec, cfg = (os.path.join(self.tmp, d) for d in ("tls", "secret", "config"))
-        for d in (tls, sec, cfg):
+        # one certificate per workload, naming its identity (docs/security.md
+        # "Identities and roles"), as cert-manager issues them in deploy/k8s
+        roles = ("router", "prefill", "decode")
+        subprocess.run([os.path.join(self.src, "scripts", "gen-auth.sh"), a, "duet.duet.svc"] +
+                       ["%s/%s" % (r, r) for r in roles], check=True, capture_output=True)
+        sec, cfg = os.path.join(self.tmp, "secret"), os.path.join(self.tmp, "config")
+        self.tls = {r: os.path.join(self.tmp, "tls-" + r) for r in roles}
+        for d in list(self.tls.values()) + [sec, cfg]:
             os.makedirs(d)
-        for s, d in (("ca.pem", "tls/ca.crt"), ("node.pem", "tls/tls.crt"),
-                     ("node.key", "tls/tls.key"), ("secret", "secret/secret")):
-            shutil.copy(os.path.join(a, s), os.path.join(self.tmp, d))
+        shutil.copy(os.path.join(a, "secret"), os.path.join(sec, "secret"))
+        for r, d in self.tls.items():
+            for s, f in (("ca.pem", "ca.crt"), ("%s-%s.pem" % (r, r), "tls.crt"),
+                         ("%s-%s.key" % (r, r), "tls.key")):
+                shutil.copy(os.path.join(a, s), os.path.join(d, f))
+        tls = self.tls["router"]
         # as a Secret volume with defaultMode 0440 and fsGroup 10001
-        for d in (tls, sec):
+        for d in list(self.tls.values()) + [sec]:
             os.chown(d, 0, 10001)
             os.chmod(d, 0o750)
             for f in os.listdir(d):
@@ -75,8 +82,7 @@ class Fleet:
         os.chmod(cfg, 0o755)
         os.chmod(os.path.join(cfg, "cluster.json"), 0o644)
         self.ca = os.path.join(tls, "ca.crt")
-        self.mounts = ["-v", cfg + ":/etc/duet:ro", "-v", tls + ":/etc/duet-tls:ro",
-                       "-v", sec + ":/etc/duet-secret:ro"]
+        self.mounts = ["-v", cfg + ":/etc/duet:ro", "-v", sec + ":/etc/duet-secret:ro"]
 
     def run(self, role, alias, args, publish=()):
         name = "%s-%s" % (self.prefix, role)
@@ -84,7 +90,8 @@ class Fleet:
                "--network-alias", alias, "--read-only", "--read-only-tmpfs=false",
                "--tmpfs", "/tmp:rw,size=256m", "--shm-size", "256m",
                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-               "--stop-timeout", "45"] + self.mounts
+               "--stop-timeout", "45"] + self.mounts + \
+            ["-v", self.tls[role] + ":/etc/duet-tls:ro"]
         for e in DAEMON_ENV if role != "router" else DAEMON_ENV[:1]:
             cmd += ["-e", e]
         for p in publish:

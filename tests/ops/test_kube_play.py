@@ -54,21 +54,29 @@ def kustomize(src):
 
 def secret_dirs(src, tmp):
     a = os.path.join(tmp, "auth")
-    subprocess.run([os.path.join(src, "scripts", "gen-auth.sh"), a, "duet.duet.svc"],
-                   check=True, capture_output=True)
+    # one certificate per workload, naming its identity, as the overlay's
+    # cert-manager Certificates do (Secrets duet-tls-<role>)
+    roles = ("router", "prefill", "decode")
+    subprocess.run([os.path.join(src, "scripts", "gen-auth.sh"), a, "duet.duet.svc"] +
+                   ["%s/%s" % (r, r) for r in roles], check=True, capture_output=True)
     tls, sec = os.path.join(tmp, "duet-tls"), os.path.join(tmp, "duet-cluster-secret")
-    os.makedirs(tls)
-    os.makedirs(sec)
+    dirs = {"duet-tls-" + r: os.path.join(tmp, "duet-tls-" + r) for r in roles}
+    for d in [tls, sec] + list(dirs.values()):
+        os.makedirs(d)
     for s, d in (("ca.pem", "duet-tls/ca.crt"), ("node.pem", "duet-tls/tls.crt"),
                  ("node.key", "duet-tls/tls.key"), ("secret", "duet-cluster-secret/secret")):
         shutil.copy(os.path.join(a, s), os.path.join(tmp, d))
-    for d in (tls, sec):
+    for r in roles:
+        for s, f in (("ca.pem", "ca.crt"), ("%s-%s.pem" % (r, r), "tls.crt"),
+                     ("%s-%s.key" % (r, r), "tls.key")):
+            shutil.copy(os.path.join(a, s), os.path.join(dirs["duet-tls-" + r], f))
+    for d in [tls, sec] + list(dirs.values()):
         os.chown(d, 0, 10001)
         os.chmod(d, 0o750)
         for f in os.listdir(d):
             os.chown(os.path.join(d, f), 0, 10001)
             os.chmod(os.path.join(d, f), 0o440)
-    return {"duet-tls": tls, "duet-cluster-secret": sec}
+    return dict({"duet-tls": tls, "duet-cluster-secret": sec}, **dirs)
 
 
 def probe_cmd(obj_spec, container="daemon", kind="readinessProbe"):

@@ -40,6 +40,7 @@ def drains(cl):
 def test(build, src):
     cl = Cluster(build, src, prefill=[("p1", 1)], decode=[("d1", 1), ("d2", 1)],
                  router={"health_interval_ms": 200, "policy": "round_robin", "migrate_max": 3,
+                         "migrate_on_drain": True,
                          "max_prompt_tokens": 8})
     try:
         cl.start("p1")
