@@ -25,9 +25,18 @@ print_skips() {
 
 cmake -S . -B build/ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_WERROR=ON
 cmake --build build/ci -j "$jobs"
-# ctest -L ops: the container image and Prometheus tests (tests/ops)
+# ctest -L ops: the container image and Prometheus tests (tests/ops).
+# Tests labelled known_issue reproduce an open bug and are left out
+# (DUET_RUN_KNOWN_ISSUES=1 runs them): each is named here and in docs/.
 rc=0
-(cd build/ci && ctest --output-on-failure --timeout 900 -j 1 "$@") || rc=$?
+known=(-LE known_issue)
+if [ "${DUET_RUN_KNOWN_ISSUES:-0}" = "1" ]; then
+  known=()
+else
+  echo "test.sh: left out (known issues, docs/deploy.md):" \
+    $(cd build/ci && ctest -N -L known_issue -FA '.*' | sed -n 's/^ *Test *#[0-9]*: //p')
+fi
+(cd build/ci && ctest --output-on-failure --timeout 900 -j 1 "${known[@]}" "$@") || rc=$?
 print_skips build/ci
 [ "$rc" -eq 0 ] || exit "$rc"
 
