@@ -10,6 +10,7 @@
  *
  *   bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx 16,1024,4096,8192]
  *             [--decode 128] [--prompts 512,1024,2048,4096,8192] [--reps 3]
+ *             [--temperature T] [--top-k K] [--top-p P]
  *
  * decode, for each context length C of --ctx (ascending) and batch B: the
  * sequences' C-token contexts are computed once per C (one sequence per
@@ -17,7 +18,9 @@
  * greedy sampling from position C on (graphs as configured:
  * DUET_CUDA_GRAPHS=0 turns them off); the fraction of the roofline is
  * printed per (B, C).  A (B, C) whose KV does not fit the pool the device
- * could hold is reported as skipped.  prefill: one sequence of P tokens,
+ * could hold is reported as skipped.  --temperature > 0 samples the decode
+ * steps instead (with --top-k/--top-p; DUET_CUDA_SAMPLING=host draws on
+ * the host, for comparison).  prefill: one sequence of P tokens,
  * the next token sampled; median of --reps. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +52,7 @@ typedef struct {
     int batches[8], n_batches;
     int ctx[8], n_ctx;
     int prompts[16], n_prompts;
+    duet_sampling_t sampling; /* the decode steps' */
 } args_t;
 
 static int parse(int argc, char **argv, args_t *a)
@@ -60,6 +64,7 @@ static int parse(int argc, char **argv, args_t *a)
     a->reps = 3;
     a->n_batches = duet_bench_list("1,16,64", a->batches, 8);
     a->n_prompts = duet_bench_list("512,1024,2048,4096,8192", a->prompts, 16);
+    a->sampling = duet_sampling_greedy();
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (strcmp(k, "--model") == 0)
@@ -76,6 +81,12 @@ static int parse(int argc, char **argv, args_t *a)
             a->n_batches = duet_bench_list(v, a->batches, 8);
         else if (strcmp(k, "--prompts") == 0)
             a->n_prompts = duet_bench_list(v, a->prompts, 16);
+        else if (strcmp(k, "--temperature") == 0)
+            a->sampling.temperature = (float)atof(v);
+        else if (strcmp(k, "--top-k") == 0)
+            a->sampling.top_k = atoi(v);
+        else if (strcmp(k, "--top-p") == 0)
+            a->sampling.top_p = (float)atof(v);
         else
             return -1;
     }
@@ -87,7 +98,7 @@ static int parse(int argc, char **argv, args_t *a)
                 a->ctx[j] = t;
             }
     return a->model != NULL && a->tp > 0 && a->n_ctx > 0 && a->ctx[0] > 0 && a->decode > 0 &&
-                   a->reps > 0
+                   a->reps > 0 && duet_sampling_check(&a->sampling) == DUET_OK
                ? 0
                : -1;
 }
@@ -258,6 +269,13 @@ int main(int argc, char **argv)
            prop.multiProcessorCount, a.tp,
            getenv("DUET_CUDA_GRAPHS") && strcmp(getenv("DUET_CUDA_GRAPHS"), "0") == 0 ? "off"
                                                                                       : "on");
+    if (a.sampling.temperature > 0.0f)
+        printf("  decode sampling: temperature %g top_k %d top_p %g, on the %s\n",
+               (double)a.sampling.temperature, a.sampling.top_k, (double)a.sampling.top_p,
+               getenv("DUET_CUDA_SAMPLING") != NULL &&
+                       strcmp(getenv("DUET_CUDA_SAMPLING"), "host") == 0
+                   ? "host"
+                   : "device");
     printf("  model: hidden %d layers %d heads %d/%d hd %d ffn %d vocab %d: %.2f B matrix params\n",
            cfg->hidden, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
            cfg->intermediate, cfg->vocab, mat_params / 1e9);
@@ -299,7 +317,9 @@ int main(int argc, char **argv)
                                               .pages = pages + s * per_seq,
                                               .n_pages = per_seq,
                                               .sample = true,
-                                              .sampling = duet_sampling_greedy()};
+                                              .sampling = a.sampling};
+            for (int s = 0; s < B; s++)
+                seqs[s].sampling.seed = (uint64_t)s;
             double t0 = 0;
             for (int step = 0; step < a.decode + 3; step++) {
                 if (step == 3)

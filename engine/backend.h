@@ -59,6 +59,17 @@ typedef struct {
     int max_ctx;               /* max over ctx_len */
 } duet_batch_desc_t;
 
+/* One row's draw for ops->sample_rows. */
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    int32_t top_k;     /* 0: off; 1: greedy */
+    float top_p;       /* (0, 1]; 1: off */
+    uint32_t reserved;
+    uint64_t u53; /* duet_sampling_u53(seed, output index) */
+} duet_sample_row_t;
+
+#define DUET_SAMPLE_NONFINITE (-2)
+
 typedef struct duet_backend_ops {
     const char *name;
     duet_dtype_t act_dtype;
@@ -191,6 +202,13 @@ typedef struct duet_backend_ops {
      * index holding it, into host max_p[n] / idx_p[n]. */
     duet_status_t (*argmax_rows)(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
                                  const void *src, int n, int d, size_t src_ld);
+    /* Sampling on the device (duet_sample's rule, engine/cuda/sample.cu):
+     * ids_p[i] (host) for row i of the gathered logits src -- shard q's
+     * n rows at element q * n * chunk, row i of it at + i * n_vocab(q) --
+     * drawn as rows[i] says; DUET_SAMPLE_NONFINITE for a row with a
+     * non-finite logit.  DUET_ERR_UNSUPPORTED: use the host path. */
+    duet_status_t (*sample_rows)(duet_backend_rank_t *r, int32_t *ids_p, const void *src, int n,
+                                 int vocab, int chunk, const duet_sample_row_t *rows);
 
     /* ---- KV in device memory (NULL on a backend whose pool is host
      * memory; cuda has all) ----

@@ -330,6 +330,45 @@ static duet_status_t duet__logits_argmax(duet__rank_t *rk, const duet__job_t *jo
     return DUET_OK;
 }
 
+/* Rows [r0, r0 + nr) all sample and want no logits: rank 0 can draw on
+ * the device (ops->sample_rows) instead of copying every logit. */
+static bool duet__sample_only(const duet__job_t *job, int r0, int nr)
+{
+    for (int i = 0; i < nr; i++) {
+        const duet__out_row_t *o = &job->out[r0 + i];
+        if (o->logits != NULL || !o->sample)
+            return false;
+    }
+    return true;
+}
+
+/* duet_sample over the gathered vocab shards, on the device. */
+static duet_status_t duet__logits_sample(duet__rank_t *rk, const duet__job_t *job, int r0, int nr,
+                                         const void *all)
+{
+    duet_sample_row_t rows[DUET_LM_BLOCK];
+    int32_t ids[DUET_LM_BLOCK];
+    duet_status_t st;
+
+    for (int i = 0; i < nr; i++) {
+        const duet_engine_seq_t *sq = &job->seqs[job->out[r0 + i].seq];
+        rows[i] = (duet_sample_row_t){
+            .temperature = sq->sampling.temperature,
+            .top_k = sq->sampling.top_k,
+            .top_p = sq->sampling.top_p,
+            .u53 = duet_sampling_u53(sq->sampling.seed, sq->sample_index),
+        };
+    }
+    st = rk->e->ops->sample_rows(rk->br, ids, all, nr, rk->e->model->cfg.vocab,
+                                 rk->shard.vocab_chunk, rows);
+    if (st != DUET_OK)
+        return st;
+    for (int i = 0; i < nr; i++)
+        job->sampled[job->out[r0 + i].seq] =
+            ids[i] == DUET_SAMPLE_NONFINITE ? DUET_ENGINE_NONFINITE : ids[i];
+    return DUET_OK;
+}
+
 static bool duet__all_finite(const float *x, int n)
 {
     float acc = 0.0f;
@@ -375,6 +414,11 @@ static duet_status_t duet__logits_block(duet__rank_t *rk, const duet__job_t *job
         return DUET_OK;
     if (ops->argmax_rows != NULL && duet__greedy_only(job, r0, nr))
         return duet__logits_argmax(rk, job, r0, nr, all);
+    if (ops->sample_rows != NULL && duet__sample_only(job, r0, nr)) {
+        st = duet__logits_sample(rk, job, r0, nr, all);
+        if (st != DUET_ERR_UNSUPPORTED) /* DUET_CUDA_SAMPLING=host */
+            return st;
+    }
     for (int q = 0; q < e->tp; q++) {
         duet_shard_t sq;
         duet_shard_init(cfg, e->tp, q, &sq);

@@ -23,11 +23,16 @@ static uint64_t duet__mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-double duet_sampling_uniform(uint64_t seed, uint64_t index)
+uint64_t duet_sampling_u53(uint64_t seed, uint64_t index)
 {
     uint64_t z = duet__mix64(seed + 0x9e3779b97f4a7c15ULL * (index + 1));
     z = duet__mix64(z ^ 0xd1b54a32d192ed03ULL);
-    return (double)(z >> 11) * 0x1.0p-53;
+    return z >> 11;
+}
+
+double duet_sampling_uniform(uint64_t seed, uint64_t index)
+{
+    return (double)duet_sampling_u53(seed, index) * 0x1.0p-53;
 }
 
 static int32_t duet__argmax(const float *x, int n)

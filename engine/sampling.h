@@ -30,8 +30,10 @@ static inline duet_sampling_t duet_sampling_greedy(void)
  * (temperature < 0 or > 100, top_k < 0, top_p outside (0, 1]). */
 duet_status_t duet_sampling_check(const duet_sampling_t *s);
 
-/* Uniform double in [0, 1) for (seed, index). */
+/* Uniform double in [0, 1) for (seed, index): duet_sampling_u53 * 2^-53. */
 double duet_sampling_uniform(uint64_t seed, uint64_t index);
+/* The same draw as 53 random bits (device sampling takes these). */
+uint64_t duet_sampling_u53(uint64_t seed, uint64_t index);
 
 /* Sample one id from logits[vocab] for output index `index`.  scratch must
  * hold 2 * vocab floats (it is clobbered).  With temperature > 0 the

@@ -117,6 +117,7 @@ static void duet__cuda_op_rank_destroy(duet_backend_rank_t *r)
     cudaFree(r->fd_counts);
     cudaFree(r->am_val);
     cudaFree(r->am_idx);
+    cudaFree(r->am_rows);
     cudaFree(r->inv_freq_d);
     duet_free(r->inv_freq_h);
     if (r->ev_kv != NULL) {
@@ -181,6 +182,8 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     r->attn_variant = g != NULL && strcmp(g, "wmma") == 0  ? DUET__CUDA_ATTN_WMMA
                       : g != NULL && strcmp(g, "mma") == 0 ? DUET__CUDA_ATTN_MMA
                                                            : DUET__CUDA_ATTN_FA;
+    g = getenv("DUET_CUDA_SAMPLING"); /* =host: logits to the host, for comparison */
+    r->host_sampling = g != NULL && strcmp(g, "host") == 0;
     g = getenv("DUET_CUDA_FUSE_ADD_NORM"); /* =0: two kernels, for comparison */
     r->split_add_norm = g != NULL && strcmp(g, "0") == 0;
     g = getenv("DUET_CUDA_DECODE_ATTN");
@@ -189,8 +192,7 @@ static duet_status_t duet__rank_setup(duet_backend_rank_t *r)
     g = getenv("DUET_CUDA_FD_BLOCKS");
     r->fd_blocks_per_sm = g != NULL && atoi(g) > 0 && atoi(g) <= 64 ? atoi(g) : 0;
     g = getenv("DUET_CUDA_FD_MERGE_COST");
-    r->fd_merge_cost =
-        g != NULL && atof(g) >= 0 && atof(g) < 1 ? atof(g) : DUET__FD_MERGE_COST;
+    r->fd_merge_cost = g != NULL && atof(g) >= 0 && atof(g) < 1 ? atof(g) : DUET__FD_MERGE_COST;
     DUET_LOG_INFO("cuda rank %d: device %d %s, %d SMs, %.1f GiB, graphs %s, prefill attention %s, "
                   "decode attention %s",
                   r->rank, r->device, prop.name, prop.multiProcessorCount,
@@ -498,6 +500,26 @@ static duet_status_t duet__cuda_op_rows_to_host_f32(duet_backend_rank_t *r, floa
     return DUET_OK;
 }
 
+/* Room for n rows of argmax or sampling results on the device. */
+static duet_status_t duet__cuda_rows_reserve(duet_backend_rank_t *r, int n)
+{
+    if (n <= r->am_cap)
+        return DUET_OK;
+    int cap = n < 64 ? 64 : n;
+    cudaFree(r->am_val);
+    cudaFree(r->am_idx);
+    cudaFree(r->am_rows);
+    r->am_val = NULL;
+    r->am_idx = NULL;
+    r->am_rows = NULL;
+    r->am_cap = 0;
+    DUET__CUDA_TRY(cudaMalloc((void **)&r->am_val, (size_t)cap * sizeof(float)));
+    DUET__CUDA_TRY(cudaMalloc((void **)&r->am_idx, (size_t)cap * sizeof(int32_t)));
+    DUET__CUDA_TRY(cudaMalloc((void **)&r->am_rows, (size_t)cap * sizeof(duet_sample_row_t)));
+    r->am_cap = cap;
+    return DUET_OK;
+}
+
 static duet_status_t duet__cuda_op_argmax_rows(duet_backend_rank_t *r, float *max_p, int32_t *idx_p,
                                                const void *src, int n, int d, size_t src_ld)
 {
@@ -506,18 +528,8 @@ static duet_status_t duet__cuda_op_argmax_rows(duet_backend_rank_t *r, float *ma
 
     if (n <= 0)
         return DUET_OK;
-    if (n > r->am_cap) {
-        int cap = n < 64 ? 64 : n;
-        cudaFree(r->am_val);
-        cudaFree(r->am_idx);
-        r->am_val = NULL;
-        r->am_idx = NULL;
-        r->am_cap = 0;
-        DUET__CUDA_TRY(cudaMalloc((void **)&r->am_val, (size_t)cap * sizeof(float)));
-        DUET__CUDA_TRY(cudaMalloc((void **)&r->am_idx, (size_t)cap * sizeof(int32_t)));
-        r->am_cap = cap;
-    }
-    if ((st = duet__cuda_pinned(r, (size_t)n * 8, &stage)) != DUET_OK ||
+    if ((st = duet__cuda_rows_reserve(r, n)) != DUET_OK ||
+        (st = duet__cuda_pinned(r, (size_t)n * 8, &stage)) != DUET_OK ||
         (st = duet__cuda_argmax_rows(r->stream, r->am_val, r->am_idx, src, n, d, src_ld)) !=
             DUET_OK)
         return st;
@@ -529,6 +541,34 @@ static duet_status_t duet__cuda_op_argmax_rows(duet_backend_rank_t *r, float *ma
         return st;
     memcpy(max_p, stage, (size_t)n * sizeof(float));
     memcpy(idx_p, (char *)stage + (size_t)n * sizeof(float), (size_t)n * sizeof(int32_t));
+    return DUET_OK;
+}
+
+static duet_status_t duet__cuda_op_sample_rows(duet_backend_rank_t *r, int32_t *ids_p,
+                                               const void *src, int n, int vocab, int chunk,
+                                               const duet_sample_row_t *rows)
+{
+    size_t rb = (size_t)n * sizeof(duet_sample_row_t);
+    void *stage;
+    duet_status_t st;
+
+    if (r->host_sampling)
+        return DUET_ERR_UNSUPPORTED;
+    if (n <= 0)
+        return DUET_OK;
+    if ((st = duet__cuda_rows_reserve(r, n)) != DUET_OK ||
+        (st = duet__cuda_pinned(r, rb + (size_t)n * sizeof(int32_t), &stage)) != DUET_OK)
+        return st;
+    memcpy(stage, rows, rb);
+    DUET__CUDA_TRY(cudaMemcpyAsync(r->am_rows, stage, rb, cudaMemcpyHostToDevice, r->stream));
+    if ((st = duet__cuda_sample_rows(r->stream, r->am_idx, src, n, vocab, chunk, r->am_rows)) !=
+        DUET_OK)
+        return st;
+    DUET__CUDA_TRY(cudaMemcpyAsync((char *)stage + rb, r->am_idx, (size_t)n * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, r->stream));
+    if ((st = duet__cuda_wait(r, "sample")) != DUET_OK)
+        return st;
+    memcpy(ids_p, (char *)stage + rb, (size_t)n * sizeof(int32_t));
     return DUET_OK;
 }
 
@@ -566,6 +606,7 @@ const duet_backend_ops_t duet_backend_cuda = {
     .step_begin = duet__cuda_op_step_begin,
     .step_end = duet__cuda_op_step_end,
     .argmax_rows = duet__cuda_op_argmax_rows,
+    .sample_rows = duet__cuda_op_sample_rows,
     .host_register = duet__cuda_host_register,
     .host_unregister = duet__cuda_host_unregister,
     .kv_export_layer = duet__cuda_kv_export_layer,

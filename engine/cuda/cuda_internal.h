@@ -183,10 +183,12 @@ struct duet_backend_rank {
     size_t fd_counts_n;
     int part_covered; /* batch sizes 1..part_covered have their scratch */
     bool part_flash;  /* ... for the flash kernel (else the legacy one) */
-    /* argmax results (device) */
+    /* argmax results and sampling rows (device) */
     float *am_val;
     int32_t *am_idx;
+    duet_sample_row_t *am_rows;
     int am_cap;
+    bool host_sampling; /* DUET_CUDA_SAMPLING=host */
 
     bool split_add_norm; /* DUET_CUDA_FUSE_ADD_NORM=0 */
     int attn_variant; /* DUET__CUDA_ATTN_FA, _MMA or _WMMA (DUET_CUDA_ATTN) */

@@ -19,6 +19,7 @@ extern "C" {
 /* inside the linkage block: the engine's headers are C */
 #include "common/crc32c.h"
 #include "common/status.h"
+#include "engine/backend.h"
 #include "kv/copy.h"
 
 /* The prepared batch in device memory (engine/backend.h duet_batch_desc_t),
@@ -149,6 +150,10 @@ duet_status_t duet__cuda_gather_rows(cudaStream_t s, void *out, const void *in, 
  * float and the lowest index holding it, into device max_out/idx_out. */
 duet_status_t duet__cuda_argmax_rows(cudaStream_t s, float *max_out, int32_t *idx_out,
                                      const void *src, int n, int d, size_t ld);
+/* ops->sample_rows on the device: out[i] (device) for row i; rows
+ * (device) as backend.h describes. */
+duet_status_t duet__cuda_sample_rows(cudaStream_t s, int32_t *out, const void *src, int n,
+                                     int vocab, int chunk, const duet_sample_row_t *rows);
 
 /* A launch's completion signal (kv_done.c): the launch's last block to
  * finish writes seq into *word (host memory mapped for the device) after
