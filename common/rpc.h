@@ -112,6 +112,11 @@ typedef struct {
     int max_connection_idle_ms; /* a connection without calls this long is
                                    closed (GOAWAY; clients reconnect) */
     int max_streams;            /* concurrent calls per connection */
+    /* Streaming writes made on application threads are started by a
+     * sender thread of the server, so the writer never waits on the
+     * socket (the decode scheduler: its next step runs while the last
+     * step's tokens go out).  Writes keep their order per call. */
+    bool defer_sends;
 } duet_rpc_server_config_t;
 
 /* Defaults: "0.0.0.0:0", 2 threads, 4 MiB, 1024 queued writes, 5000 ms;

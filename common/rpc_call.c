@@ -107,8 +107,12 @@ static void duet__call_send_next_locked(duet_rpc_call_t *call)
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = bb;
         /* More is already queued behind it: let gRPC coalesce the writes
-         * (the last queued message goes without the hint and flushes). */
-        if (call->queue_len > 1)
+         * (the last queued message goes without the hint and flushes).
+         * Not with the initial metadata: gRPC 1.51 holds a first batch
+         * sent with the hint, and its completion, until a later write
+         * flushes it -- which waits for that completion (a deferred
+         * first send finds the queue full). */
+        if (call->queue_len > 1 && !md)
             ops[n].flags = GRPC_WRITE_BUFFER_HINT;
         n++;
     }
@@ -288,6 +292,32 @@ bool duet__rpc_call_on_recv(duet_rpc_call_t *call, bool success)
     return ok;
 }
 
+/* Start the next send batch (no send in flight): here, or on the server's
+ * sender thread when the server defers the sends of application threads
+ * (duet_rpc_server_config_t.defer_sends). */
+static void duet__call_start_locked(duet_rpc_call_t *call)
+{
+    if (duet__rpc_server_defers(call->srv) && !duet__rpc_on_cq_thread()) {
+        if (!call->kick_pending) {
+            call->kick_pending = true;
+            duet__call_ref(call);
+            duet__rpc_server_kick(call->srv, call);
+        }
+        return;
+    }
+    duet__call_send_next_locked(call);
+}
+
+void duet__rpc_call_kicked(duet_rpc_call_t *call)
+{
+    pthread_mutex_lock(&call->lock);
+    call->kick_pending = false;
+    if (!call->send_in_flight && !call->cancelled)
+        duet__call_send_next_locked(call);
+    pthread_mutex_unlock(&call->lock);
+    duet__call_unref(call);
+}
+
 void duet__rpc_call_on_send(duet_rpc_call_t *call, bool success)
 {
     pthread_mutex_lock(&call->lock);
@@ -371,7 +401,7 @@ duet_status_t duet_rpc_call_write(duet_rpc_call_t *call, const void *data, size_
         if (st == DUET_OK) {
             bb = NULL;
             if (!call->send_in_flight)
-                duet__call_send_next_locked(call);
+                duet__call_start_locked(call);
         } else if (st == DUET_ERR_EXHAUSTED) {
             duet_error(st, "rpc: %s stream queue full (%zu)", duet_rpc_call_method(call),
                        call->queue_len);
@@ -440,7 +470,7 @@ static duet_status_t duet__call_terminate(duet_rpc_call_t *call, grpc_byte_buffe
         }
         call->finish_pending = true;
         if (!call->send_in_flight)
-            duet__call_send_next_locked(call);
+            duet__call_start_locked(call);
     }
     pthread_cond_broadcast(&call->cond);
     pthread_mutex_unlock(&call->lock);

@@ -81,6 +81,8 @@ struct duet_rpc_call {
     int close_cancelled; /* RECV_CLOSE_ON_SERVER output */
 
     grpc_byte_buffer *sending;
+    bool kick_pending;                /* on the server's sender list (a reference) */
+    struct duet_rpc_call *kick_next;
     grpc_byte_buffer **queue; /* ring [queue_cap] */
     size_t queue_cap, queue_head, queue_len;
 
@@ -158,5 +160,11 @@ grpc_status_code duet__rpc_auth_check(duet_rpc_auth_t *auth, duet_rpc_call_t *ca
 void duet__rpc_server_call_added(duet_rpc_server_t *srv);
 void duet__rpc_server_call_removed(duet_rpc_server_t *srv);
 size_t duet__rpc_server_queue_limit(const duet_rpc_server_t *srv);
+bool duet__rpc_server_defers(const duet_rpc_server_t *srv);
+/* Hand call (a reference the sender drops) to the sender thread, which
+ * calls duet__rpc_call_kicked. */
+void duet__rpc_server_kick(duet_rpc_server_t *srv, duet_rpc_call_t *call);
+/* ---- rpc_call.c, for the sender thread ---- */
+void duet__rpc_call_kicked(duet_rpc_call_t *call);
 
 #endif

@@ -70,6 +70,13 @@ struct duet_rpc_server {
     bool shutdown_notified; /* the shutdown tag came back */
     bool finished;          /* grpc server destroyed, threads joined */
     size_t active_calls;
+
+    /* the sender thread (cfg.defer_sends): calls whose next send it starts */
+    pthread_t sender;
+    bool sender_started, sender_stop;
+    duet_rpc_call_t *kick_head, *kick_tail;
+    pthread_mutex_t kick_lock;
+    pthread_cond_t kick_cv;
 };
 
 void duet_rpc_server_config_init(duet_rpc_server_config_t *cfg)
@@ -103,6 +110,61 @@ void duet__rpc_server_call_removed(duet_rpc_server_t *srv)
 size_t duet__rpc_server_queue_limit(const duet_rpc_server_t *srv)
 {
     return srv->cfg.stream_queue_limit;
+}
+
+bool duet__rpc_server_defers(const duet_rpc_server_t *srv)
+{
+    return srv->sender_started;
+}
+
+void duet__rpc_server_kick(duet_rpc_server_t *srv, duet_rpc_call_t *call)
+{
+    pthread_mutex_lock(&srv->kick_lock);
+    call->kick_next = NULL;
+    if (srv->kick_tail)
+        srv->kick_tail->kick_next = call;
+    else
+        srv->kick_head = call;
+    srv->kick_tail = call;
+    pthread_cond_signal(&srv->kick_cv);
+    pthread_mutex_unlock(&srv->kick_lock);
+}
+
+/* Start the sends the application threads queued, in the order they came;
+ * runs until shutdown has no call left. */
+static void *duet__sender_main(void *arg)
+{
+    duet_rpc_server_t *srv = arg;
+    duet_thread_set_name("rpc-send");
+    pthread_mutex_lock(&srv->kick_lock);
+    for (;;) {
+        while (srv->kick_head == NULL && !srv->sender_stop)
+            pthread_cond_wait(&srv->kick_cv, &srv->kick_lock);
+        duet_rpc_call_t *c = srv->kick_head;
+        if (c == NULL)
+            break; /* stopping, nothing left */
+        srv->kick_head = srv->kick_tail = NULL;
+        pthread_mutex_unlock(&srv->kick_lock);
+        while (c != NULL) {
+            duet_rpc_call_t *next = c->kick_next;
+            duet__rpc_call_kicked(c);
+            c = next;
+        }
+        pthread_mutex_lock(&srv->kick_lock);
+    }
+    pthread_mutex_unlock(&srv->kick_lock);
+    return NULL;
+}
+
+static void duet__sender_stop(duet_rpc_server_t *srv)
+{
+    if (!srv->sender_started)
+        return;
+    pthread_mutex_lock(&srv->kick_lock);
+    srv->sender_stop = true;
+    pthread_cond_signal(&srv->kick_cv);
+    pthread_mutex_unlock(&srv->kick_lock);
+    pthread_join(srv->sender, NULL);
 }
 
 size_t duet_rpc_server_active_calls(duet_rpc_server_t *srv)
@@ -270,6 +332,8 @@ static void duet__server_shutdown_unstarted(duet_rpc_server_t *srv)
         if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->shutdown_tag)
             break;
     }
+    /* no call is left to send for (a pending send holds its call) */
+    duet__sender_stop(srv);
     grpc_server_destroy(srv->server);
     srv->server = NULL;
 }
@@ -298,6 +362,8 @@ static void duet__server_free(duet_rpc_server_t *srv)
     duet_free(srv->methods);
     pthread_cond_destroy(&srv->cond);
     pthread_mutex_destroy(&srv->lock);
+    pthread_cond_destroy(&srv->kick_cv);
+    pthread_mutex_destroy(&srv->kick_lock);
     duet_free(srv->bind_addr);
     duet_free(srv);
     duet__rpc_grpc_release();
@@ -336,6 +402,8 @@ duet_status_t duet_rpc_server_create(const duet_rpc_server_config_t *cfg, duet_r
     srv->cfg.bind_addr = srv->bind_addr;
     pthread_mutex_init(&srv->lock, NULL);
     duet_cond_init_monotonic(&srv->cond);
+    pthread_mutex_init(&srv->kick_lock, NULL);
+    pthread_cond_init(&srv->kick_cv, NULL);
     duet__rpc_grpc_acquire();
 
     args[0] = duet__rpc_int_arg(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)cfg->max_message_bytes);
@@ -449,6 +517,12 @@ duet_status_t duet_rpc_server_start(duet_rpc_server_t *srv)
         grpc_metadata_array_init(&slot->md);
         grpc_call_details_init(&slot->details);
     }
+    if (srv->cfg.defer_sends) {
+        int rc = pthread_create(&srv->sender, NULL, duet__sender_main, srv);
+        if (rc != 0)
+            return duet_error(DUET_ERR_NO_MEMORY, "rpc: sender thread: %s", strerror(rc));
+        srv->sender_started = true;
+    }
     grpc_server_start(srv->server);
     srv->started = true;
     for (size_t i = 0; i < srv->n_slots; i++)
@@ -518,6 +592,8 @@ duet_status_t duet_rpc_server_shutdown(duet_rpc_server_t *srv, int64_t grace_ms)
                                       true))
         DUET_LOG_WARN("rpc: shutdown waiting port %d calls %zu not finished by their owners",
                       srv->port, duet_rpc_server_active_calls(srv));
+    /* no call is left to send for (a pending send holds its call) */
+    duet__sender_stop(srv);
     grpc_server_destroy(srv->server);
     srv->server = NULL;
     for (int i = 0; i < srv->cfg.n_threads; i++)

@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -109,6 +110,11 @@ static duet_status_t duet__start(duet_node_t *node)
     sc.max_message_bytes = duet_limit_daemon_message_bytes(node->args.cluster, mc.max_pos);
     sc.stream_queue_limit = 4096;
     sc.shutdown_grace_ms = 2000;
+    /* decode: the scheduler queues each step's tokens and runs the next
+     * step while a sender thread writes them (DUET_DECODE_DEFER_SENDS=0:
+     * the scheduler writes them itself, for comparison) */
+    const char *defer = getenv("DUET_DECODE_DEFER_SENDS");
+    sc.defer_sends = ops->role == DUET_ROLE_DECODE && !(defer != NULL && strcmp(defer, "0") == 0);
     duet_rpc_client_config_init(&cc);
     cc.auth = node->auth;
     cc.max_message_bytes = 64u << 20;

@@ -291,6 +291,9 @@ static grpc_status_code check_cb(duet_rpc_call_t *call, void *arg, const char **
 
 /* ---- fixture ---- */
 
+/* servers defer the sends of application threads (defer_sends) */
+static bool g_defer;
+
 static duet_status_t fx_server_start(fx_t *fx, const char *addr, size_t max_msg, size_t queue)
 {
     duet_rpc_server_config_t cfg;
@@ -306,6 +309,7 @@ static duet_status_t fx_server_start(fx_t *fx, const char *addr, size_t max_msg,
     cfg.shutdown_grace_ms = 2000;
     cfg.check = check_cb;
     cfg.check_arg = fx;
+    cfg.defer_sends = g_defer;
     st = duet_rpc_server_create(&cfg, &fx->srv);
     if (st != DUET_OK)
         return st;
@@ -1022,6 +1026,19 @@ static void test_cancel_stress(void **state)
     assert_int_equal(duet_alloc_live(), live);
 }
 
+/* The streaming tests again with every send of the writer threads started
+ * by the server's sender thread: order kept, backpressure, cancellation,
+ * shutdown with streams in flight, nothing leaked. */
+static void test_deferred_sends(void **state)
+{
+    g_defer = true;
+    test_stream_many_in_order(state);
+    test_client_cancel_mid_stream(state);
+    test_shutdown_with_inflight(state);
+    test_cancel_stress(state);
+    g_defer = false;
+}
+
 /* Every allocation in client and server fails in turn: each call ends (no
  * hang until its deadline), nothing leaks, and service resumes. */
 static void test_alloc_failures(void **state)
@@ -1116,6 +1133,7 @@ int main(void)
         cmocka_unit_test(test_client_destroy_cancels_streams),
         cmocka_unit_test(test_cancel_stress),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_deferred_sends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
