@@ -13,7 +13,7 @@
  *
  * --b-router H:P --b-decode H:P --b-prefill H:P: compare two clusters, A
  * (the targets above, plain) and B (these, with the auth options), request
- * by request (bench/auth_cost.py runs it).
+ * by request (bench/auth_cost.py runs it); --seconds 0 there: latency only.
  * 1. Latency: the same greedy request, alternately straight to decode's
  *    Decode.Generate (with prefill_target) and through the router's
  *    duet.v1.Generate (gRPC) and POST /v1/completions (HTTP, keep-alive,
@@ -302,7 +302,7 @@ static long duet__compare(const duet__bargs_t *a, duet_rpc_client_t *cli[2],
         }
     }
     int slice = a->seconds / 4 > 0 ? a->seconds / 4 : 1;
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 8 && a->seconds > 0; k++) {
         int s = (k % 4 == 0 || k % 4 == 3) ? 0 : 1;
         errors += duet__load(a, cli[s], router[s], gen, b[s].gen, b[s].gen_len, slice, &load[s],
                              &nl[s], &secs[s]);
@@ -319,6 +319,8 @@ static long duet__compare(const duet__bargs_t *a, duet_rpc_client_t *cli[2],
             printf("  %-22s %s %10.0f %10.0f %+7.1f%%  (us)\n", what[k], q ? "p99" : "p50", x, y,
                    100.0 * (y - x) / x);
         }
+    if (a->seconds == 0)
+        goto out; /* latency only */
     double ra = (double)nl[0] / secs[0], rb = (double)nl[1] / secs[1];
     printf("  %-26s %10.1f %10.1f %+7.1f%%  (%d clients, 8 alternating slices of %d s)\n",
            "router gRPC req/s", ra, rb, 100.0 * (rb - ra) / ra, a->concurrency, slice);
@@ -328,6 +330,7 @@ static long duet__compare(const duet__bargs_t *a, duet_rpc_client_t *cli[2],
         printf("  %-22s %s %10.0f %10.0f %+7.1f%%  (us, under load)\n", "router gRPC",
                q ? "p99" : "p50", x, y, 100.0 * (y - x) / x);
     }
+out:
     for (int s = 0; s < 2; s++) {
         duet_free(load[s]);
         for (int k = 0; k < 2; k++)
@@ -425,7 +428,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (a.requests < 1 || a.max_tokens < 1 || a.concurrency < 1 || a.seconds < 1) {
+    if (a.requests < 1 || a.max_tokens < 1 || a.concurrency < 1 ||
+        a.seconds < (a.b_router != NULL ? 0 : 1)) {
         fprintf(stderr, "bench_router: counts must be positive\n");
         return 2;
     }
