@@ -85,9 +85,13 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         return duet_error(DUET_ERR_INVALID,
                           "%s: %zu destination pages for %zu tokens with %u cached (need %zu)",
                           m->request_id, m->n_dst_pages, m->n_prompt_ids, m->cached_pages, pages);
+    /* one that can never fit is refused now, not queued (docs/limits.md) */
     if ((int)all > duet_kv_pool_total(pf->node.pages))
-        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
-                          m->request_id, all, duet_kv_pool_total(pf->node.pages));
+        return duet_error(DUET_ERR_INVALID,
+                          "%s: the prompt needs %zu KV pages (%zu tokens), this prefill's pool "
+                          "holds %d pages of %d tokens (n_pages)",
+                          m->request_id, all, m->n_prompt_ids, duet_kv_pool_total(pf->node.pages),
+                          ps);
     if (m->packed && duet_engine_kv_mirrored(pf->node.ke.engine))
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: packed transfer asked, but this prefill moves KV through its host "
