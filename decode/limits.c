@@ -29,6 +29,8 @@ duet_status_t duet_dc_limits_check(const duet_decode_t *dc, const Duet__V1__Gene
         return duet_error(
             DUET_ERR_TOO_LONG, "token_ids: the prompt has %zu tokens, at most %d are allowed (%s)",
             g->token_ids->n_ids, prompt_max,
-            prompt_max < dc->max_ctx ? "router.max_prompt_tokens" : "the model context");
+            prompt_max < dc->max_ctx                  ? "router.max_prompt_tokens"
+            : dc->node.args.cluster->max_context > 0 ? "the context, kv.max_context"
+                                                     : "the model context");
     return DUET_OK;
 }

@@ -67,7 +67,9 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         return duet_error(
             DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",
             m->request_id, m->n_prompt_ids, prompt_max,
-            prompt_max < cfg->max_pos ? "router.max_prompt_tokens" : "the model context");
+            prompt_max < cfg->max_pos                 ? "router.max_prompt_tokens"
+            : pf->node.args.cluster->max_context > 0 ? "the context, kv.max_context"
+                                                     : "the model context");
     for (size_t i = 0; i < m->n_prompt_ids; i++) {
         if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
             return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
