@@ -344,6 +344,7 @@ static void duet__dc_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     r.prefill_chunks_local = dc->chunks_local;
     r.kv_unpacked_early_layers = dc->unpacked_early;
     r.kv_transfers_unstaged = dc->unstaged;
+    r.kv_transfers_chunked = dc->chunked;
     r.decode_steps = dc->steps;
     r.decode_forward_ns = dc->forward_ns;
     r.decode_cycles = dc->cycles;

@@ -40,6 +40,7 @@ typedef struct {
     size_t n_pages;
     bool packed;
     int32_t stage0;     /* first staging page when packed, else ignored */
+    uint32_t chunk_pages; /* packed: the chunks' size (PrefillRequest.chunk_pages; 0: whole) */
     uint64_t expiry_ms; /* wall clock, ms since the epoch */
     /* what the KV written there is computed from (grant v2) */
     const int32_t *prompt; /* the prompt ids, [n_prompt] */

@@ -104,6 +104,10 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
                           (int)m->dst_stage_page);
     req->packed = m->packed;
     req->dst_stage0 = m->packed ? m->dst_stage_page : -1;
+    /* (chunks of a whole request or more: one transfer) */
+    req->chunk_pages = m->packed && m->chunk_pages > 0 && m->chunk_pages < pages
+                           ? (int)m->chunk_pages
+                           : 0;
     /* (a count past the last layer asks for nothing: the transfer layer
      * never announces the end) */
     req->progress_layers =
@@ -151,7 +155,8 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         for (int s = 0; s < pf->node.ke.tp; s++) {
             const duet_slice_run_t *runs;
             int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
-            int units = duet_xfer_pack_units(l, (int)pages, duet_xfer_pack_slots(runs, n_runs));
+            int staged = req->chunk_pages > 0 ? req->chunk_pages : (int)pages;
+            int units = duet_xfer_pack_units(l, staged, duet_xfer_pack_slots(runs, n_runs));
             req->stage_units = units > req->stage_units ? units : req->stage_units;
         }
         if (req->stage_units > total)

@@ -16,7 +16,8 @@ takes seconds on one core.
                2304): the KV moves in arena-sized chunks
                (docs/architecture.md "Packed transfers"), never page by page
                (Info kv_transfers_unstaged stays 0), and the tokens equal
-               `duet generate --tp 1`
+               `duet generate --tp 1`; with transfer.checksum (CRC32C of
+               every chunk, both sides)
   limits       a prompt over the context is OUT_OF_RANGE naming it; a
                request whose prompt + max_tokens can never fit the decode's
                pool is INVALID_ARGUMENT naming the pool (refused up front,
@@ -136,17 +137,20 @@ def chunked():
     # 160 staging units: a 33000-token request (2063 pages) needs 13 times
     # more on either side, so it moves in chunks
     c = cluster(env={"DUET_KV_TRANSFER_PACK": "on", "DUET_KV_TRANSFER_PROGRESS": "off"},
-                extra={"stage_pages": 160})
+                extra={"stage_pages": 160}, checksum=True)
     try:
         expect(c.info("d0").transfer_packed, "decode does not ask for packed transfers")
         p = ids(N_LONG, 3)
         got = gen(c, p)
         expect(got == ref(p), "chunked: %s != duet generate %s" % (got, ref(p)))
-        unstaged = c.info("d0").kv_transfers_unstaged
-        expect(unstaged == 0, "%d requests moved page by page" % unstaged)
+        info = c.info("d0")
+        expect(info.kv_transfers_unstaged == 0,
+               "%d requests moved page by page" % info.kv_transfers_unstaged)
+        expect(info.kv_transfers_chunked == 1, "chunked %d" % info.kv_transfers_chunked)
         # and a short one still moves whole, in one chunk
         q = ids(100, 4)
         expect(gen(c, q) == ref(q), "short packed request differs")
+        expect(c.info("d0").kv_transfers_chunked == 1, "the short request went in chunks")
     finally:
         finish(c)
 
