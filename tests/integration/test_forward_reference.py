@@ -4,12 +4,19 @@ reference (tests/reference/llama_ref.py) on stories260K and synthetic
 models of several shapes and dtypes (Qwen2 q/k/v biases, a Llama with
 attention_bias: q/k/v and o_proj biases, Qwen3 q/k norms, RoPE scaling
 linear / llama3 / yarn / dynamic, with original_max_position_embeddings below the
-prompt length so that positions past it are checked), at TP 1 and 2.
+prompt length so that positions past it are checked), at TP 1 and 2; and
+Llama-3.1's own scaling (factor 8, original_max_position_embeddings 8192,
+theta 500000, head_dim 64) on a prompt of 8256 tokens, so that positions
+past the original context are checked at the size real checkpoints use.
 
 Tolerance: max |duet - ref| <= 2e-4 * (1 + max |ref|) over every position
 of the prompt and every vocab entry.  duet computes in float32, the
 reference in float64 from the same stored weights, so the difference is
-float32 rounding alone (observed ~1e-6 relative).
+float32 rounding alone (observed ~1e-6 relative; at 8K positions ~1e-4,
+from the float32 RoPE angles pos * inv_freq, as transformers computes
+them).  Greedy argmax must agree on every row; on the 8256-token prompt a
+row may differ only at a near-tie, where the reference's logits of both
+tokens are within the bound of each other (DESIGN §10).
 
 usage: test_forward_reference.py BUILD_DIR SOURCE_DIR
 """
@@ -79,6 +86,16 @@ MODELS = [
 PROMPTS = ["1 45 76 270 3 17 99 250 4 4 4 12 200 33 7 1 2 3 5 8 13 21 34 55",
            "1 12"]
 
+# name, mkmodel args, prompt: one layer and two heads keep the float64
+# reference at 8256 tokens to seconds
+LONG = [("llama31-8k", ["--layers", "1", "--hidden", "128", "--heads", "2", "--kv-heads", "1",
+                        "--intermediate", "128", "--vocab", "300", "--seed", "19",
+                        "--max-pos", "131072", "--rope-theta", "500000",
+                        "--rope-scaling", '{"rope_type": "llama3", "factor": 8.0, '
+                        '"low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+                        '"original_max_position_embeddings": 8192}'],
+         " ".join(["1"] + [str((i * 37 + 5) % 297 + 3) for i in range(8255)]))]
+
 
 def run(cmd):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,14 +107,15 @@ def run(cmd):
 def main():
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, args in MODELS:
+        for name, args, prompts in [(m, a, PROMPTS) for m, a in MODELS] + \
+                [(m, a, [p]) for m, a, p in LONG]:
             if args is None:
                 mdir = os.path.join(SRC, "models", "stories260K")
             else:
                 mdir = os.path.join(tmp, name)
                 run([DUET, "mkmodel", "--out", mdir] + args)
             vocab = None
-            for prompt in PROMPTS:
+            for prompt in prompts:
                 ref_path = os.path.join(tmp, "ref.f32")
                 run([REF, mdir, prompt, ref_path])
                 ref = np.fromfile(ref_path, dtype=np.float32).astype(np.float64)
@@ -113,9 +131,14 @@ def main():
                     got = got[:n * vocab].reshape(n, vocab)
                     err = np.abs(got - ref).max()
                     bound = TOL * (1.0 + np.abs(ref).max())
-                    ok = err <= bound and (got.argmax(-1) == ref.argmax(-1)).all()
-                    print("%-18s tp=%d n=%2d max|diff|=%.3g bound=%.3g %s" %
-                          (name, tp, n, err, bound, "ok" if ok else "FAIL"))
+                    diff = np.where(got.argmax(-1) != ref.argmax(-1))[0]
+                    rows = np.arange(n)
+                    gap = np.abs(ref[rows, ref.argmax(-1)] - ref[rows, got.argmax(-1)])
+                    ties = len(prompts[0].split()) > 1000 and (gap[diff] <= bound).all()
+                    ok = err <= bound and (len(diff) == 0 or ties)
+                    print("%-18s tp=%d n=%4d max|diff|=%.3g bound=%.3g %s%s" %
+                          (name, tp, n, err, bound, "ok" if ok else "FAIL",
+                           " (%d near-tie rows)" % len(diff) if len(diff) else ""))
                     failures += not ok
     if failures:
         sys.exit("FAIL: %d comparisons out of tolerance" % failures)

@@ -146,7 +146,7 @@ def forward(cfg, t, ids):
     pos = np.arange(n, dtype=np.float64)
     inv, attn = rope_params(cfg, hd, n)
     x = t["model.embed_tokens.weight"][ids]
-    mask = np.triu(np.full((n, n), -np.inf), 1)
+    B = 512  # query rows per block: a long prompt's scores stay small
     for l in range(L):
         p = "model.layers.%d." % l
         h = rms_norm(x, t[p + "input_layernorm.weight"], eps)
@@ -170,10 +170,13 @@ def forward(cfg, t, ids):
         for hh in range(nh):
             kh = k[:, hh // g, :]
             vh = v[:, hh // g, :]
-            s = q[:, hh, :] @ kh.T / np.sqrt(hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s = s / s.sum(-1, keepdims=True)
-            out[:, hh, :] = s @ vh
+            for r0 in range(0, n, B):
+                r1 = min(n, r0 + B)
+                mask = np.triu(np.full((r1 - r0, r1), -np.inf), r0 + 1)
+                s = q[r0:r1, hh, :] @ kh[:r1].T / np.sqrt(hd) + mask
+                s = np.exp(s - s.max(-1, keepdims=True))
+                s = s / s.sum(-1, keepdims=True)
+                out[r0:r1, hh, :] = s @ vh[:r1]
         o = out.reshape(n, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
         if o_bias:
             o = o + t[p + "self_attn.o_proj.bias"]
