@@ -111,7 +111,7 @@ duet_status_t duet_router_fit_check(duet_router_t *rt, size_t n_prompt, int64_t 
                                         : 0;
     if (have == 0 || need <= (int64_t)have)
         return DUET_OK;
-    return duet_router_oai_fail(err, 400, "max_tokens", "context_length_exceeded",
+    return duet_router_oai_fail(err, 400, "max_tokens", NULL,
                                 "this request needs %lld KV pages (%zu prompt tokens + %u "
                                 "max_tokens), more than the largest decode KV pool holds "
                                 "(%u pages of %d tokens): shorten the prompt or lower max_tokens",
