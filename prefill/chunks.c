@@ -9,8 +9,11 @@
  * expectation only after chunk k - 1's unpack landed, is done with the
  * half that chunk k + 1 writes.  Each chunk is a whole transfer: its own
  * notifications (with the first token), checksums and deadline. */
+#include <time.h>
+
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "node/deadline.h"
 #include "prefill/prefill.h"
@@ -119,12 +122,16 @@ duet_status_t duet_pf_send_chunks(duet_prefill_t *pf, duet_pf_req_t *req, int32_
 {
     int total = req->n_pages - req->skip, c = req->chunk_pages;
     int n_chunks = (total + c - 1) / c;
+    /* fault injection: a long chunk phase, so a test can act mid-transfer */
+    long delay_ms = duet_fault_value("prefill.chunk_delay_ms", 0);
     duet_status_t st;
 
     DUET_LOG_DEBUG("prefill: %s: %d pages in %d chunks of %d", req->request_id, total, n_chunks,
                    c);
     for (int k = 0; k < n_chunks; k++) {
         int first = k * c, n = total - first < c ? total - first : c;
+        if (k > 0 && delay_ms > 0)
+            nanosleep(&(struct timespec){delay_ms / 1000, (delay_ms % 1000) * 1000000L}, NULL);
         if (req->aborted)
             return duet_error(DUET_ERR_CANCELLED, "aborted after %d of %d chunks", k, n_chunks);
         if ((st = duet__chunk_stage(pf, req, first, n)) != DUET_OK)

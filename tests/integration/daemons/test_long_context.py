@@ -18,6 +18,14 @@ takes seconds on one core.
                (Info kv_transfers_unstaged stays 0), and the tokens equal
                `duet generate --tp 1`; with transfer.checksum (CRC32C of
                every chunk, both sides)
+  chunk_failures  the chunked path when a chunk is in flight (fault
+               prefill.chunk_delay_ms: 2000 tokens in 16 chunks of 8 pages,
+               300 ms apart): the client cancels -> CANCELLED, and every
+               page and staging unit comes back on both daemons (the next
+               request is chunked again and right); the prefill
+               is killed -> decode recomputes the prompt itself
+               (transfer.on_failure recompute) and the tokens still equal
+               `duet generate --tp 1`
   limits       a prompt over the context is OUT_OF_RANGE naming it; a
                request whose prompt + max_tokens can never fit the decode's
                pool is INVALID_ARGUMENT naming the pool (refused up front,
@@ -33,6 +41,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -155,6 +164,51 @@ def chunked():
         finish(c)
 
 
+def chunk_failures():
+    env = {"DUET_KV_TRANSFER_PACK": "on", "DUET_KV_TRANSFER_PROGRESS": "off"}
+    # distinct prompts: a repeated one would hit decode's prefix cache
+    p, p2, p3 = ids(2000, 5), ids(2000, 6), ids(2000, 7)
+    c = cluster(env=env, extra={"stage_pages": 16})
+    try:
+        c.kill("p0")
+        c.start("p0", env={"DUET_FAULTS": "prefill.chunk_delay_ms=300"})
+        try:
+            c.generate("d0", p, max_tokens=GEN, ignore_eos=True, timeout=1.5)
+            raise AssertionError("the cancelled request finished")
+        except grpc.RpcError as e:
+            expect(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, "cancel: %s" % e.code())
+        time.sleep(1)  # the prefill's chunk in flight ends; its abort lands
+        i = c.info("d0")
+        expect(i.kv_transfers_chunked == 1, "not chunked: %s" % str(i).replace("\n", " "))
+        bad = c.pages_at_baseline(timeout=20)
+        expect(not bad, "after the cancel, pages not at baseline: %s" % bad)
+        # both staging arenas came back: the next one is chunked again
+        got = c.generate("d0", p2, max_tokens=GEN, ignore_eos=True, timeout=120)[0]
+        expect(got == ref(p2), "after the cancel: %s != %s" % (got, ref(p2)))
+        expect(c.info("d0").kv_transfers_chunked == 2, "not chunked after the cancel")
+        # the prefill dies mid-transfer: decode recomputes the prompt
+        result = {}
+
+        def one():
+            try:
+                result["ids"] = c.generate("d0", p3, max_tokens=GEN, ignore_eos=True,
+                                           timeout=120)[0]
+            except grpc.RpcError as e:
+                result["err"] = "%s: %s" % (e.code(), e.details())
+        t = threading.Thread(target=one)
+        t.start()
+        time.sleep(1.5)
+        c.kill("p0")
+        t.join(150)
+        expect("ids" in result, "prefill killed mid-transfer: %s" % result.get("err"))
+        expect(result["ids"] == ref(p3), "recomputed: %s != %s" % (result["ids"], ref(p3)))
+        i = c.info("d0")
+        expect(i.kv_transfers_chunked == 3, "not chunked: %d chunked, %d unstaged" % (i.kv_transfers_chunked, i.kv_transfers_unstaged))
+        c.start("p0")
+    finally:
+        finish(c)
+
+
 def limits():
     S = grpc.StatusCode
 
@@ -194,4 +248,4 @@ def limits():
 
 
 if __name__ == "__main__":
-    run_cases([disagg, prefix, chunked, limits], sys.argv[3:], "long-context")
+    run_cases([disagg, prefix, chunked, chunk_failures, limits], sys.argv[3:], "long-context")
