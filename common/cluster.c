@@ -120,8 +120,7 @@ static const duet_cfg_field_t duet__transfer_fields[] = {
 
 static const char *const duet__on_failure_names[] = {"fail", "retry", "recompute"};
 
-duet_status_t duet_cluster_context(const duet_cluster_config_t *cfg, int model_max_pos,
-                                   int *ctx_p)
+duet_status_t duet_cluster_context(const duet_cluster_config_t *cfg, int model_max_pos, int *ctx_p)
 {
     if (cfg->max_context > model_max_pos)
         return duet_error(DUET_ERR_CONFIG,

@@ -163,8 +163,7 @@ typedef struct {
  * (the model's max_position_embeddings) when 0.  DUET_ERR_CONFIG naming the
  * key when kv.max_context is above model_max_pos (positions past it were
  * never trained: RoPE scaling is what extends a model, in its config). */
-duet_status_t duet_cluster_context(const duet_cluster_config_t *cfg, int model_max_pos,
-                                   int *ctx_p);
+duet_status_t duet_cluster_context(const duet_cluster_config_t *cfg, int model_max_pos, int *ctx_p);
 
 /* Load and validate a cluster config file.  Cross-checks: unique instance
  * names, every instance has address or discover, CUDA device lists match tp.

@@ -367,8 +367,7 @@ static duet_status_t duet__req_transfer_open(duet_decode_t *dc, duet_dc_req_t *r
 {
     req->transfer_id = 0;
     duet__req_enter(dc, req, DUET_DC_PREFILL);
-    return duet_dc_transfer_id_new(dc, req->chunk_pages > 0 ? req->n_chunks : 1,
-                                   &req->transfer_id);
+    return duet_dc_transfer_id_new(dc, req->chunk_pages > 0 ? req->n_chunks : 1, &req->transfer_id);
 }
 
 /* Every rank's expectation; on failure the ones registered are cancelled
@@ -618,8 +617,8 @@ static void duet__req_kv_progress(duet_decode_t *dc, duet_dc_req_t *req, const d
 {
     int D = dc->node.ke.tp, least = ev->layers;
 
-    if (ev->transfer_id != duet_dc_xfer_id(req) || req->state != DUET_DC_PREFILL || req->stage0 < 0 ||
-        req->kv_failed || req->expecting == NULL || !req->expecting[ev->rank])
+    if (ev->transfer_id != duet_dc_xfer_id(req) || req->state != DUET_DC_PREFILL ||
+        req->stage0 < 0 || req->kv_failed || req->expecting == NULL || !req->expecting[ev->rank])
         return;
     if (ev->layers > req->rank_args[ev->rank].landed)
         req->rank_args[ev->rank].landed = ev->layers;

@@ -40,9 +40,8 @@ static duet_status_t duet__chunk_stage(duet_prefill_t *pf, duet_pf_req_t *req, i
                                            req->src_stage0, runs, n_runs, 0, lists[s]);
     }
     if (st == DUET_OK)
-        st = duet_engine_kv_copy_ranks_layers(pf->node.ke.engine,
-                                              (const duet_kv_copy_t *const *)lists, cnt, 0,
-                                              l->n_layers, true);
+        st = duet_engine_kv_copy_ranks_layers(
+            pf->node.ke.engine, (const duet_kv_copy_t *const *)lists, cnt, 0, l->n_layers, true);
     for (int s = 0; s < P; s++)
         duet_free(lists[s]);
     return st;
@@ -126,8 +125,7 @@ duet_status_t duet_pf_send_chunks(duet_prefill_t *pf, duet_pf_req_t *req, int32_
     long delay_ms = duet_fault_value("prefill.chunk_delay_ms", 0);
     duet_status_t st;
 
-    DUET_LOG_DEBUG("prefill: %s: %d pages in %d chunks of %d", req->request_id, total, n_chunks,
-                   c);
+    DUET_LOG_DEBUG("prefill: %s: %d pages in %d chunks of %d", req->request_id, total, n_chunks, c);
     for (int k = 0; k < n_chunks; k++) {
         int first = k * c, n = total - first < c ? total - first : c;
         if (k > 0 && delay_ms > 0)

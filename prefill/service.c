@@ -64,12 +64,12 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
                    m->first_output_index;
     int prompt_max = pmax < cfg->max_pos ? (int)pmax : cfg->max_pos;
     if (m->n_prompt_ids > (size_t)prompt_max)
-        return duet_error(
-            DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",
-            m->request_id, m->n_prompt_ids, prompt_max,
-            prompt_max < cfg->max_pos                 ? "router.max_prompt_tokens"
-            : pf->node.args.cluster->max_context > 0 ? "the context, kv.max_context"
-                                                     : "the model context");
+        return duet_error(DUET_ERR_TOO_LONG,
+                          "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)", m->request_id,
+                          m->n_prompt_ids, prompt_max,
+                          prompt_max < cfg->max_pos                ? "router.max_prompt_tokens"
+                          : pf->node.args.cluster->max_context > 0 ? "the context, kv.max_context"
+                                                                   : "the model context");
     for (size_t i = 0; i < m->n_prompt_ids; i++) {
         if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
             return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
@@ -105,9 +105,8 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
     req->packed = m->packed;
     req->dst_stage0 = m->packed ? m->dst_stage_page : -1;
     /* (chunks of a whole request or more: one transfer) */
-    req->chunk_pages = m->packed && m->chunk_pages > 0 && m->chunk_pages < pages
-                           ? (int)m->chunk_pages
-                           : 0;
+    req->chunk_pages =
+        m->packed && m->chunk_pages > 0 && m->chunk_pages < pages ? (int)m->chunk_pages : 0;
     /* (a count past the last layer asks for nothing: the transfer layer
      * never announces the end) */
     req->progress_layers =
