@@ -333,9 +333,12 @@ static void test_decode_long(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefill_tensor_core), cmocka_unit_test(test_prefill_long),
-        cmocka_unit_test(test_prefill_small_head),  cmocka_unit_test(test_decode),
-        cmocka_unit_test(test_decode_long),         cmocka_unit_test(test_long_context),
+        cmocka_unit_test(test_prefill_tensor_core),
+        cmocka_unit_test(test_prefill_long),
+        cmocka_unit_test(test_prefill_small_head),
+        cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_decode_long),
+        cmocka_unit_test(test_long_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
