@@ -1,6 +1,6 @@
 /* A packed request larger than a staging arena moves in chunks
- * (prefill.h, duet_pf_send_chunks; docs/architecture.md "Packed
- * transfers"): decode holds two staging halves of chunk_pages units and
+ * (prefill.h, duet_pf_send_chunks; docs/design-notes.md
+ * "Chunked packed transfers"): decode holds two staging halves of chunk_pages units and
  * prefill one run of a chunk's units.  Chunk k of the request's pages is
  * staged here, put into decode's half k % 2 as transfer transfer_id + k,
  * and notified; chunk k + 1 is staged only once every rank's send of

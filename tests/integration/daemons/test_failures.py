@@ -451,7 +451,7 @@ def bad_progress_env():
 
 def unstaged():
     """Packed: a request larger than a staging arena moves in arena-sized
-    chunks (docs/architecture.md "Packed transfers") and is still right: a
+    chunks (docs/design-notes.md "Chunked packed transfers") and is still right: a
     prefill arena of 2 units, then a decode arena of 2 units (two halves of
     one page), for a 5-page prompt; Info kv_transfers_chunked counts it.
     With no run of two units (a decode arena of 1) it moves unpacked, page

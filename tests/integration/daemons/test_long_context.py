@@ -14,7 +14,7 @@ takes seconds on one core.
   chunked      packed transfers (DUET_KV_TRANSFER_PACK=on) with staging
                arenas far smaller than the request (stage_pages 160 of
                2304): the KV moves in arena-sized chunks
-               (docs/architecture.md "Packed transfers"), never page by page
+               (docs/design-notes.md "Chunked packed transfers"), never page by page
                (Info kv_transfers_unstaged stays 0), and the tokens equal
                `duet generate --tp 1`; with transfer.checksum (CRC32C of
                every chunk, both sides)
