@@ -343,8 +343,13 @@ static void duet__req_stage_choose(duet_decode_t *dc, duet_dc_req_t *req, duet_d
     req->chunk_pages = c;
     req->n_chunks = (n + c - 1) / c;
     pthread_mutex_lock(&dc->evlock);
-    dc->chunked++;
+    bool first = dc->chunked++ == 0;
     pthread_mutex_unlock(&dc->evlock);
+    if (first)
+        DUET_LOG_INFO("decode: %s is larger than a staging arena: it moves in %d chunks of %d "
+                      "pages, one round trip each (the first such request; stage_pages on both "
+                      "sides moves it whole: Info kv_transfers_chunked counts them)",
+                      req->request_id, req->n_chunks, c);
     DUET_LOG_DEBUG("decode: %s: packed in %d chunks of %d pages (staging: %d units here, %d pages "
                    "on each prefill rank)",
                    req->request_id, req->n_chunks, c, req->stage_units, cap);
