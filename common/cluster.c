@@ -84,11 +84,15 @@ static const duet_cfg_field_t duet__auth_fields[] = {
 
 typedef struct {
     int page_size;
+    int max_context;
 } duet__kv_section_t;
 
 static const duet_cfg_field_t duet__kv_fields[] = {
     DUET_CFG_F_INT(duet__kv_section_t, page_size, 1, 4096, 16,
                    "tokens per KV page (all instances)"),
+    DUET_CFG_F_INT(duet__kv_section_t, max_context, 0, 1 << 24, 0,
+                   "context length in tokens, prompt + output (0 = the model's "
+                   "max_position_embeddings; more than that is refused at start-up)"),
 };
 
 typedef struct {
@@ -115,6 +119,17 @@ static const duet_cfg_field_t duet__transfer_fields[] = {
 };
 
 static const char *const duet__on_failure_names[] = {"fail", "retry", "recompute"};
+
+duet_status_t duet_cluster_context(const duet_cluster_config_t *cfg, int model_max_pos, int *ctx_p)
+{
+    if (cfg->max_context > model_max_pos)
+        return duet_error(DUET_ERR_CONFIG,
+                          "kv.max_context: %d is above the model's max_position_embeddings %d "
+                          "(%s/config.json)",
+                          cfg->max_context, model_max_pos, cfg->model ? cfg->model : "model");
+    *ctx_p = cfg->max_context > 0 ? cfg->max_context : model_max_pos;
+    return DUET_OK;
+}
 
 const char *duet_role_name(duet_role_t role)
 {
@@ -332,6 +347,7 @@ duet_status_t duet_cluster_parse(const char *text, size_t len, const char *what,
         (st = duet__resolve_paths(cfg, base_dir)))
         goto err;
     cfg->page_size = kv.page_size;
+    cfg->max_context = kv.max_context;
     cfg->transfer_timeout_ms = tr.timeout_ms;
     cfg->transfer_checksum = tr.checksum;
     cfg->rpc_timeout_ms = tr.rpc_timeout_ms;

@@ -144,6 +144,7 @@ typedef enum {
 typedef struct {
     char *model;   /* model directory */
     int page_size; /* kv.page_size: the same on every instance */
+    int max_context; /* kv.max_context: 0 = the model's max_position_embeddings */
     int transfer_timeout_ms;
     bool transfer_checksum;
     int rpc_timeout_ms; /* control-plane calls between daemons */
@@ -157,6 +158,12 @@ typedef struct {
     int n_decode;
     char *path; /* the file it came from */
 } duet_cluster_config_t;
+
+/* The context length the cluster serves: kv.max_context, or model_max_pos
+ * (the model's max_position_embeddings) when 0.  DUET_ERR_CONFIG naming the
+ * key when kv.max_context is above model_max_pos (positions past it were
+ * never trained: RoPE scaling is what extends a model, in its config). */
+duet_status_t duet_cluster_context(const duet_cluster_config_t *cfg, int model_max_pos, int *ctx_p);
 
 /* Load and validate a cluster config file.  Cross-checks: unique instance
  * names, every instance has address or discover, CUDA device lists match tp.

@@ -38,6 +38,8 @@ static const duet__fault_point_t duet__fault_points[] = {
     {"decode.step_delay_ms", "every decode step takes at least this long (decode/)"},
     {"prefill.delay_ms", "every prefill batch is held this long before it is computed "
                          "(prefill/sched.c)"},
+    {"prefill.chunk_delay_ms", "a chunked packed transfer waits this long before each chunk "
+                               "after the first (prefill/chunks.c)"},
     {"xfer.corrupt_put", "each transfer rank corrupts what its N-th put delivers "
                          "(duet_xfer_debug_corrupt_put)"},
 };

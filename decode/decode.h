@@ -149,6 +149,12 @@ struct duet_dc_req {
     int32_t stage0;               /* packed transfer: first of duet_dc_xfer_pages staging units
                                      (node.stage) while held (transfer/xfer_pack.h); -1: not
                                      packed */
+    int stage_units;              /* staging units held from stage0 */
+    /* packed, larger than a staging arena: the KV moves chunk_pages pages
+     * at a time, chunk k as transfer transfer_id + k into the staging half
+     * k % 2 (stage.h); 0: whole, one transfer */
+    int chunk_pages, n_chunks;
+    int chunk;                    /* the chunk in flight */
     int unpacked;                 /* packed: layers [0, unpacked) queued for unpacking */
     bool unpack_queued;           /* an unpack was queued without waiting: wait for it before
                                      the staging or the pages are reused (duet_dc_unpack_wait) */
@@ -250,6 +256,7 @@ typedef struct {
     uint64_t chunks_local;                    /* local prefill forwards (a whole prompt: one) */
     uint64_t unpacked_early;                  /* layers unpacked before their transfer ended */
     uint64_t unstaged;                        /* packed requests moved unpacked (no staging) */
+    uint64_t chunked;                         /* packed requests moved in chunks */
     /* step timing (Info decode_steps..decode_cycle_ns) */
     uint64_t steps, forward_ns, cycles, cycle_ns;
     int64_t last_step_ns; /* scheduler-owned: the previous step's start */
@@ -286,6 +293,29 @@ typedef struct {
 static inline int duet_dc_xfer_pages(const duet_dc_req_t *req)
 {
     return req->n_prompt_pages - req->n_cached_pages;
+}
+
+/* The transfer in flight: the request's, or its chunk's (chunk_pages). */
+static inline uint64_t duet_dc_xfer_id(const duet_dc_req_t *req)
+{
+    return req->transfer_id + (uint64_t)(req->chunk_pages > 0 ? req->chunk : 0);
+}
+
+/* The pages of the transfer in flight: from offset *first_p of the
+ * request's xfer pages (after its cached prefix), into staging from unit
+ * *stage_p.  Returns the count. */
+static inline int duet_dc_xfer_span(const duet_dc_req_t *req, int *first_p, int32_t *stage_p)
+{
+    int n = duet_dc_xfer_pages(req);
+    if (req->chunk_pages <= 0) {
+        *first_p = 0;
+        *stage_p = req->stage0;
+        return n;
+    }
+    int first = req->chunk * req->chunk_pages, left = n - first;
+    *first_p = first;
+    *stage_p = req->stage0 + (req->chunk % 2) * req->chunk_pages;
+    return left < req->chunk_pages ? left : req->chunk_pages;
 }
 
 #endif

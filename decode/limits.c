@@ -26,9 +26,11 @@ duet_status_t duet_dc_limits_check(const duet_decode_t *dc, const Duet__V1__Gene
                           g->n_stop_token_ids, DUET_LIMIT_STOP_TOKEN_IDS);
     if (g->prompt_case == DUET__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS && g->token_ids != NULL &&
         g->token_ids->n_ids > (size_t)prompt_max)
-        return duet_error(
-            DUET_ERR_TOO_LONG, "token_ids: the prompt has %zu tokens, at most %d are allowed (%s)",
-            g->token_ids->n_ids, prompt_max,
-            prompt_max < dc->max_ctx ? "router.max_prompt_tokens" : "the model context");
+        return duet_error(DUET_ERR_TOO_LONG,
+                          "token_ids: the prompt has %zu tokens, at most %d are allowed (%s)",
+                          g->token_ids->n_ids, prompt_max,
+                          prompt_max < dc->max_ctx                 ? "router.max_prompt_tokens"
+                          : dc->node.args.cluster->max_context > 0 ? "the context, kv.max_context"
+                                                                   : "the model context");
     return DUET_OK;
 }

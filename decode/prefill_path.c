@@ -11,6 +11,7 @@
 #include "decode/prefill_path.h"
 
 #include <assert.h>
+#include <limits.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -183,10 +184,10 @@ static void duet__abort_done(duet_rpc_stream_t *stream, grpc_status_code code, c
 {
 }
 
-bool duet_dc_stage_fits(const duet_dc_link_t *link, int n_pages)
+int duet_dc_stage_max_pages(const duet_dc_link_t *link)
 {
     const duet_slice_plan_t *plan = link->base.plan;
-    int D = duet_slice_plan_decode_tp(plan);
+    int D = duet_slice_plan_decode_tp(plan), max = INT_MAX;
     for (int s = 0; s < duet_slice_plan_prefill_tp(plan); s++) {
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_src_runs(plan, s, &runs);
@@ -195,25 +196,32 @@ bool duet_dc_stage_fits(const duet_dc_link_t *link, int n_pages)
             duet_xfer_peer_t *p = duet_node_link_peers(&link->base, d)[s];
             in = p != NULL ? duet_xfer_peer_info(p) : NULL;
         }
-        if (n_runs > 0 && (in == NULL || duet_xfer_pack_units(&in->layout, n_pages,
-                                                              duet_xfer_pack_slots(runs, n_runs)) >
-                                             duet_xfer_stage_units(&in->layout, in->pool_bytes)))
-            return false;
+        if (n_runs == 0)
+            continue;
+        if (in == NULL)
+            return 0;
+        /* duet_xfer_pack_units(l, n, slots) = ceil(n * slots / heads) <= units */
+        int64_t units = duet_xfer_stage_units(&in->layout, in->pool_bytes);
+        int64_t n = units * in->layout.n_kv_heads / duet_xfer_pack_slots(runs, n_runs);
+        if (n < max)
+            max = (int)n;
     }
-    return true;
+    return max;
 }
 
-duet_status_t duet_dc_transfer_id_new(duet_decode_t *dc, uint64_t *id_p)
+duet_status_t duet_dc_transfer_id_new(duet_decode_t *dc, int span, uint64_t *id_p)
 {
-    uint64_t id;
+    uint64_t id, n = span > 1 ? (uint64_t)span : 1;
     bool used;
     do {
         duet_status_t st = duet_random_nonzero_u64(&id);
         if (st != DUET_OK)
             return st;
-        used = false;
-        for (duet_dc_req_t *r = dc->prefilling; r != NULL && !used; r = r->next)
-            used = r->transfer_id == id;
+        used = id > UINT64_MAX - n; /* (chunk ids id .. id + span - 1 never wrap) */
+        for (duet_dc_req_t *r = dc->prefilling; r != NULL && !used; r = r->next) {
+            uint64_t rn = r->n_chunks > 1 ? (uint64_t)r->n_chunks : 1;
+            used = id < r->transfer_id + rn && r->transfer_id < id + n;
+        }
     } while (used);
     *id_p = id;
     return DUET_OK;
@@ -237,7 +245,8 @@ const char *duet_dc_prefill_pick(duet_decode_t *dc, const duet_dc_req_t *req)
 int duet_dc_progress_layers(const duet_decode_t *dc, const duet_dc_req_t *req,
                             const duet_dc_link_t *link)
 {
-    int progress = req->stage0 >= 0 ? dc->node.ke.progress_layers : 0;
+    /* (a chunk's layers land together: no progress messages) */
+    int progress = req->stage0 >= 0 && req->chunk_pages == 0 ? dc->node.ke.progress_layers : 0;
     if (progress > 0 && dc->node.ke.progress_auto && link->base.shares_gpu &&
         !duet_xfer_pack_progress_pays(duet_engine_kv_layout(dc->node.ke.engine),
                                       dc->node.ke.kv_heads, duet_dc_xfer_pages(req)))
@@ -252,6 +261,9 @@ duet_status_t duet_dc_expect_all(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_
     duet_xfer_expect_t e[DUET_TP_MAX] = {0};
     duet_xfer_rank_t *ranks[DUET_TP_MAX] = {0};
     duet_status_t st;
+    int first;
+    int32_t stage;
+    int n_pages = duet_dc_xfer_span(req, &first, &stage);
 
     for (int d = 0; d < D; d++)
         rank_st[d] = DUET_ERR_INTERNAL; /* not registered */
@@ -264,16 +276,18 @@ duet_status_t duet_dc_expect_all(duet_decode_t *dc, duet_dc_req_t *req, duet_dc_
         req->rank_args[d] = (duet_dc_rank_arg_t){dc, req, d, ev, 0};
         ranks[d] = duet_xfer_rank(dc->node.ke.xfer, d);
         e[d] = (duet_xfer_expect_t){
-            .transfer_id = req->transfer_id,
+            .transfer_id = duet_dc_xfer_id(req),
             .plan = link->base.plan,
             .peers = duet_node_link_peers(&link->base, d),
-            .pages = req->pages + req->n_cached_pages,
-            .n_pages = duet_dc_xfer_pages(req),
+            .pages = req->pages + req->n_cached_pages + first,
+            .n_pages = n_pages,
             .deadline_ns = deadline_ns,
             .cb = duet__expect_done_cb,
             .arg = &req->rank_args[d],
-            .flags = (req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0) | DUET_XFER_EXPECT_STARTS,
-            .dst_stage0 = req->stage0,
+            /* (a later chunk's senders have started: no announcement) */
+            .flags = (req->stage0 >= 0 ? DUET_XFER_EXPECT_PACKED : 0) |
+                     (req->chunk == 0 ? DUET_XFER_EXPECT_STARTS : 0),
+            .dst_stage0 = stage,
             .progress = progress > 0 ? duet__expect_progress_cb : NULL,
             .progress_arg = &req->rank_args[d],
         };
@@ -318,6 +332,7 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
     pr.packed = req->stage0 >= 0;
     pr.dst_stage_page = req->stage0 >= 0 ? req->stage0 : 0;
     pr.kv_progress_layers = (uint32_t)progress;
+    pr.chunk_pages = req->stage0 >= 0 ? (uint32_t)req->chunk_pages : 0;
     pr.logprobs = req->logprobs;
     pr.top_logprobs = (uint32_t)req->top_logprobs;
     pr.prompt_logprobs = req->prompt_logprobs;
@@ -331,6 +346,7 @@ duet_status_t duet_dc_prefill_call(duet_decode_t *dc, duet_dc_req_t *req, duet_d
         .n_pages = (size_t)duet_dc_xfer_pages(req),
         .packed = pr.packed,
         .stage0 = pr.dst_stage_page,
+        .chunk_pages = pr.chunk_pages,
         .expiry_ms = duet_node_deadline_grant_expiry(c),
         .prompt = pr.prompt_ids,
         .n_prompt = pr.n_prompt_ids,

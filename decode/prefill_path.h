@@ -26,9 +26,10 @@ const char *duet_dc_prefill_pick(duet_decode_t *dc, const duet_dc_req_t *req);
  * posted to the work queue (LINK_DONE follows).  NULL: no memory. */
 duet_dc_link_t *duet_dc_link_get(duet_decode_t *dc, const char *target);
 
-/* Whether every prefill rank of link has the staging a packed transfer of
- * n_pages needs there (transfer/xfer_pack.h): else it moves unpacked. */
-bool duet_dc_stage_fits(const duet_dc_link_t *link, int n_pages);
+/* The most pages of a packed transfer (or of each of its chunks) that
+ * every prefill rank of link can stage (transfer/xfer_pack.h); INT_MAX
+ * when no rank sends, 0 when a sender's descriptor is unknown. */
+int duet_dc_stage_max_pages(const duet_dc_link_t *link);
 
 /* Packed: the layer count between announcements of landed layers that
  * req asks for (0: none), where they pay (node/kv_engine.h). */
@@ -37,8 +38,9 @@ int duet_dc_progress_layers(const duet_decode_t *dc, const duet_dc_req_t *req,
 
 /* A transfer id no other transfer of ours is using: random, so no caller
  * can guess it (Prefill.Abort takes it), and checked against the requests
- * in the prefill phase, where ids are live. */
-duet_status_t duet_dc_transfer_id_new(duet_decode_t *dc, uint64_t *id_p);
+ * in the prefill phase, where ids are live.  span: the ids from it that
+ * the request uses (a chunked one: one per chunk, id + k). */
+duet_status_t duet_dc_transfer_id_new(duet_decode_t *dc, int span, uint64_t *id_p);
 
 /* Register on every decode rank at once what req's transfer over link
  * brings (the slice plan's senders), with deadline and progress; each

@@ -168,19 +168,39 @@ static void duet__req_stage_release(duet_decode_t *dc, duet_dc_req_t *req)
 {
     duet_dc_unpack_wait(dc, req);
     if (req->stage0 >= 0)
-        duet_kv_pool_release_run(dc->node.stage, req->stage0, duet_dc_xfer_pages(req));
+        duet_kv_pool_release_run(dc->node.stage, req->stage0, req->stage_units);
     req->stage0 = -1;
+    req->stage_units = 0;
+    /* (no expectation is live: the chunk ids are not needed any more) */
+    req->chunk_pages = req->n_chunks = req->chunk = 0;
 }
 
-/* Packed transfers stage the prompt in a run of free pages; with no such
- * run the request moves unpacked (slower on device pools, never stuck). */
+/* Packed transfers stage the prompt in a run of free pages.  A prompt
+ * larger than any free run moves in chunks through two halves of a
+ * smaller one (stage.h); with no run of even two pages free it moves
+ * unpacked (slower on device pools, never stuck). */
 static void duet__req_stage_take(duet_decode_t *dc, duet_dc_req_t *req)
 {
-    if (dc->node.ke.pack &&
-        duet_kv_pool_alloc_run(dc->node.stage, duet_dc_xfer_pages(req), &req->stage0) != DUET_OK) {
-        duet_dc_unstaged(dc, req, duet_error_msg());
-        req->stage0 = -1;
+    int n = duet_dc_xfer_pages(req);
+    req->chunk_pages = req->n_chunks = req->chunk = 0;
+    req->stage_units = 0;
+    if (!dc->node.ke.pack)
+        return;
+    if (duet_kv_pool_alloc_run(dc->node.stage, n, &req->stage0) == DUET_OK) {
+        req->stage_units = n;
+        return;
     }
+    int half = duet_kv_pool_total(dc->node.stage) / 2;
+    for (int c = n - 1 < half ? n - 1 : half; c >= 1; c /= 2) {
+        if (duet_kv_pool_alloc_run(dc->node.stage, 2 * c, &req->stage0) == DUET_OK) {
+            req->stage_units = 2 * c;
+            req->chunk_pages = c;
+            req->n_chunks = (n + c - 1) / c;
+            return;
+        }
+    }
+    duet_dc_unstaged(dc, req, duet_error_msg());
+    req->stage0 = -1;
 }
 
 /* The rest of a packed request's KV into its pages, then its staging back. */
@@ -199,7 +219,7 @@ static void duet__req_expect_cancel(duet_decode_t *dc, duet_dc_req_t *req)
 {
     for (int d = 0; d < dc->node.ke.tp; d++) {
         if (req->expecting != NULL && req->expecting[d]) {
-            duet_xfer_recv_cancel(duet_xfer_rank(dc->node.ke.xfer, d), req->transfer_id);
+            duet_xfer_recv_cancel(duet_xfer_rank(dc->node.ke.xfer, d), duet_dc_xfer_id(req));
             req->expecting[d] = false;
         }
     }
@@ -303,12 +323,36 @@ static void duet__req_stage_choose(duet_decode_t *dc, duet_dc_req_t *req, duet_d
 {
     if (req->stage0 < 0 || req->retried)
         return;
-    if (duet_slice_plan_prefill_tp(link->base.plan) == duet_slice_plan_decode_tp(link->base.plan))
+    if (duet_slice_plan_prefill_tp(link->base.plan) == duet_slice_plan_decode_tp(link->base.plan)) {
         duet__req_stage_release(dc, req);
-    if (req->stage0 >= 0 && !duet_dc_stage_fits(link, duet_dc_xfer_pages(req))) {
-        duet_dc_unstaged(dc, req, "a prefill rank's staging arena is smaller than the request");
-        duet__req_stage_release(dc, req);
+        return;
     }
+    /* larger than a prefill rank's arena: in chunks that fit both sides */
+    int n = duet_dc_xfer_pages(req), cap = duet_dc_stage_max_pages(link);
+    if (req->chunk_pages == 0 && n <= cap)
+        return;
+    int c = req->chunk_pages > 0 ? req->chunk_pages : req->stage_units / 2;
+    if (c > cap)
+        c = cap;
+    if (c < 1) {
+        duet_dc_unstaged(dc, req, "a prefill rank's staging arena holds no page of it");
+        duet__req_stage_release(dc, req);
+        req->chunk_pages = req->n_chunks = 0;
+        return;
+    }
+    req->chunk_pages = c;
+    req->n_chunks = (n + c - 1) / c;
+    pthread_mutex_lock(&dc->evlock);
+    bool first = dc->chunked++ == 0;
+    pthread_mutex_unlock(&dc->evlock);
+    if (first)
+        DUET_LOG_INFO("decode: %s is larger than a staging arena: it moves in %d chunks of %d "
+                      "pages, one round trip each (the first such request; stage_pages on both "
+                      "sides moves it whole: Info kv_transfers_chunked counts them)",
+                      req->request_id, req->n_chunks, c);
+    DUET_LOG_DEBUG("decode: %s: packed in %d chunks of %d pages (staging: %d units here, %d pages "
+                   "on each prefill rank)",
+                   req->request_id, req->n_chunks, c, req->stage_units, cap);
 }
 
 /* A new attempt starts from nothing landed.  A retry: the first attempt's
@@ -317,6 +361,7 @@ static void duet__req_attempt_reset(duet_decode_t *dc, duet_dc_req_t *req)
 {
     duet_dc_unpack_wait(dc, req);
     req->unpacked = 0;
+    req->chunk = 0;
     req->kv_ok = 0;
     req->kv_failed = false;
 }
@@ -327,7 +372,7 @@ static duet_status_t duet__req_transfer_open(duet_decode_t *dc, duet_dc_req_t *r
 {
     req->transfer_id = 0;
     duet__req_enter(dc, req, DUET_DC_PREFILL);
-    return duet_dc_transfer_id_new(dc, &req->transfer_id);
+    return duet_dc_transfer_id_new(dc, req->chunk_pages > 0 ? req->n_chunks : 1, &req->transfer_id);
 }
 
 /* Every rank's expectation; on failure the ones registered are cancelled
@@ -454,6 +499,7 @@ static void duet__req_recompute_go(duet_decode_t *dc, duet_dc_req_t *req)
     req->kv_ok = 0;
     req->kv_failed = false;
     req->unpacked = 0;
+    req->chunk = 0;
     req->rpc_started = false;
     atomic_fetch_add(&dc->waiting, 1); /* (QUEUED's count) */
     duet__req_enter(dc, req, DUET_DC_QUEUED);
@@ -496,12 +542,32 @@ static void duet__req_kv_in(duet_decode_t *dc, duet_dc_req_t *req)
     req->t_kv = duet_now_ns();
 }
 
+/* Chunked: every rank has the chunk in flight.  Unpack it, then expect
+ * the next one into the other staging half.  The next chunk but one goes
+ * into this chunk's half: its senders start it only once every rank
+ * acknowledged the next chunk, which needs its expectation -- registered
+ * only now, after this chunk's unpack landed (a notification that comes
+ * first waits for its expectation in the transfer layer: early_ttl_ms). */
+static void duet__req_chunk_next(duet_decode_t *dc, duet_dc_req_t *req)
+{
+    int n_layers = duet_engine_kv_layout(dc->node.ke.engine)->n_layers;
+    duet_status_t st = duet_dc_unpack_layers(dc, req, 0, n_layers, true);
+    if (st != DUET_OK) {
+        duet__req_fail(dc, req, st, duet_error_msg());
+        return;
+    }
+    req->chunk++;
+    req->kv_ok = 0;
+    if ((st = duet__req_expect(dc, req, req->link, duet_now_ns(), 0)) != DUET_OK)
+        duet__req_fail(dc, req, duet_dc_phase_status(st), duet_error_msg());
+}
+
 static void duet__req_kv_done(duet_decode_t *dc, duet_dc_req_t *req, const duet_dc_ev_t *ev)
 {
     int D = dc->node.ke.tp;
 
     /* a notification of an attempt that was retried (new transfer id) */
-    if (ev->transfer_id != req->transfer_id)
+    if (ev->transfer_id != duet_dc_xfer_id(req))
         return;
     if (req->expecting == NULL || !req->expecting[ev->rank])
         return; /* cancelled: no longer counted */
@@ -541,6 +607,10 @@ static void duet__req_kv_done(duet_decode_t *dc, duet_dc_req_t *req, const duet_
     req->kv_first_token = (int32_t)ev->first_token;
     if (++req->kv_ok < D)
         return;
+    if (req->chunk_pages > 0 && req->chunk + 1 < req->n_chunks) {
+        duet__req_chunk_next(dc, req);
+        return;
+    }
     /* logprobs come in the Prefill reply: decode starts with both */
     if (duet_dc_lp_wants_reply(req) && !req->rpc_done)
         return;
@@ -552,8 +622,8 @@ static void duet__req_kv_progress(duet_decode_t *dc, duet_dc_req_t *req, const d
 {
     int D = dc->node.ke.tp, least = ev->layers;
 
-    if (ev->transfer_id != req->transfer_id || req->state != DUET_DC_PREFILL || req->stage0 < 0 ||
-        req->kv_failed || req->expecting == NULL || !req->expecting[ev->rank])
+    if (ev->transfer_id != duet_dc_xfer_id(req) || req->state != DUET_DC_PREFILL ||
+        req->stage0 < 0 || req->kv_failed || req->expecting == NULL || !req->expecting[ev->rank])
         return;
     if (ev->layers > req->rank_args[ev->rank].landed)
         req->rank_args[ev->rank].landed = ev->layers;
@@ -589,7 +659,7 @@ static void duet__req_kv_started(duet_decode_t *dc, duet_dc_req_t *req, const du
     req->kv_started = true;
     for (int d = 0; d < dc->node.ke.tp; d++)
         if (req->expecting[d])
-            (void)duet_xfer_recv_started(duet_xfer_rank(dc->node.ke.xfer, d), req->transfer_id,
+            (void)duet_xfer_recv_started(duet_xfer_rank(dc->node.ke.xfer, d), duet_dc_xfer_id(req),
                                          deadline); /* (NOT_FOUND: it has ended) */
 }
 

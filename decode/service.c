@@ -189,10 +189,14 @@ static duet_status_t duet__dc_generate_validate(duet_decode_t *dc,
     req->n_pages = (span + ps - 1) / ps;
     req->n_prompt_pages = (req->n_prompt + ps - 1) / ps;
     req->stage0 = -1;
+    /* one that can never fit is refused now, not queued (docs/limits.md) */
     if (req->n_pages > duet_kv_pool_total(dc->node.pages))
-        return duet_error(DUET_ERR_EXHAUSTED,
-                          "request needs %d KV pages (%d tokens), the pool has %d", req->n_pages,
-                          span, duet_kv_pool_total(dc->node.pages));
+        return duet_error(DUET_ERR_INVALID,
+                          "request needs %d KV pages (%d prompt tokens + max_tokens %d), this "
+                          "decode's pool holds %d pages of %d tokens (n_pages): shorten the "
+                          "prompt or lower max_tokens",
+                          req->n_pages, req->n_prompt, req->max_tokens,
+                          duet_kv_pool_total(dc->node.pages), ps);
     req->pages = DUET_NEW_ARRAY(int32_t, (size_t)req->n_pages);
     req->rank_args = DUET_NEW_ARRAY(duet_dc_rank_arg_t, (size_t)dc->node.ke.tp);
     req->expecting = DUET_NEW_ARRAY(bool, (size_t)dc->node.ke.tp);
@@ -340,6 +344,7 @@ static void duet__dc_info_serve(duet_rpc_call_t *call, const uint8_t *data, size
     r.prefill_chunks_local = dc->chunks_local;
     r.kv_unpacked_early_layers = dc->unpacked_early;
     r.kv_transfers_unstaged = dc->unstaged;
+    r.kv_transfers_chunked = dc->chunked;
     r.decode_steps = dc->steps;
     r.decode_forward_ns = dc->forward_ns;
     r.decode_cycles = dc->cycles;

@@ -30,19 +30,22 @@ duet_status_t duet_dc_unpack_layers(duet_decode_t *dc, duet_dc_req_t *req, int l
                                     bool wait)
 {
     const duet_kv_layout_t *l = duet_engine_kv_layout(dc->node.ke.engine);
-    int D = dc->node.ke.tp, n[DUET_TP_MAX];
+    int D = dc->node.ke.tp, n[DUET_TP_MAX], first;
+    int32_t stage;
+    /* (a chunked request: the chunk in flight, from its staging half) */
+    int n_pages = duet_dc_xfer_span(req, &first, &stage);
     duet_kv_copy_t *lists[DUET_TP_MAX];
-    duet_kv_copy_t *copies = DUET_NEW_ARRAY(
-        duet_kv_copy_t, (size_t)D * (size_t)duet_dc_xfer_pages(req) * (size_t)l->n_kv_heads);
+    duet_kv_copy_t *copies =
+        DUET_NEW_ARRAY(duet_kv_copy_t, (size_t)D * (size_t)n_pages * (size_t)l->n_kv_heads);
     duet_status_t st;
     if (copies == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "unpack: no memory");
     for (int d = 0; d < D; d++) {
         const duet_slice_run_t *runs;
         int n_runs = duet_slice_plan_dst_runs(req->link->base.plan, d, &runs);
-        lists[d] = copies + (size_t)d * (size_t)duet_dc_xfer_pages(req) * (size_t)l->n_kv_heads;
-        n[d] = duet_xfer_pack_copies(l, req->pages + req->n_cached_pages, duet_dc_xfer_pages(req),
-                                     req->stage0, runs, n_runs, 1, lists[d]);
+        lists[d] = copies + (size_t)d * (size_t)n_pages * (size_t)l->n_kv_heads;
+        n[d] = duet_xfer_pack_copies(l, req->pages + req->n_cached_pages + first, n_pages, stage,
+                                     runs, n_runs, 1, lists[d]);
     }
     st = duet_engine_kv_copy_ranks_layers(dc->node.ke.engine, (const duet_kv_copy_t *const *)lists,
                                           n, l0, l1, wait);

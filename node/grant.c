@@ -43,8 +43,12 @@ duet_status_t duet_node_grant_sign(const uint8_t key[DUET_NODE_GRANT_KEY_LEN],
     duet__grant_put_u64(&h, g->transfer_id);
     duet__grant_put_u32(&h, (uint32_t)id_len);
     duet_hmac_sha256_update(&h, g->decode_id != NULL ? g->decode_id : "", id_len);
-    duet__grant_put_u32(&h, g->packed ? 1u : 0u);
+    /* (2: packed in chunks, and their size follows: a grant without
+     * chunks encodes as before) */
+    duet__grant_put_u32(&h, !g->packed ? 0u : g->chunk_pages > 0 ? 2u : 1u);
     duet__grant_put_u32(&h, g->packed ? (uint32_t)g->stage0 : 0u);
+    if (g->packed && g->chunk_pages > 0)
+        duet__grant_put_u32(&h, g->chunk_pages);
     duet__grant_put_u64(&h, g->expiry_ms);
     duet__grant_put_u64(&h, (uint64_t)g->n_pages);
     for (size_t i = 0; i < g->n_pages; i++)

@@ -39,8 +39,9 @@ typedef struct {
     const int32_t *pages;  /* the destination pages, in order */
     size_t n_pages;
     bool packed;
-    int32_t stage0;     /* first staging page when packed, else ignored */
-    uint64_t expiry_ms; /* wall clock, ms since the epoch */
+    int32_t stage0;       /* first staging page when packed, else ignored */
+    uint32_t chunk_pages; /* packed: the chunks' size (PrefillRequest.chunk_pages; 0: whole) */
+    uint64_t expiry_ms;   /* wall clock, ms since the epoch */
     /* what the KV written there is computed from (grant v2) */
     const int32_t *prompt; /* the prompt ids, [n_prompt] */
     size_t n_prompt;

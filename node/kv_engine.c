@@ -169,6 +169,10 @@ duet_status_t duet_kv_engine_create(const duet_kv_engine_opts_t *opts, duet_kv_e
     ke->model_cfg = model->cfg;
     ke->fingerprint = model->fingerprint;
     duet_model_close(model);
+    /* the context every limit of the daemon uses (kv.max_context) */
+    if ((st = duet_cluster_context(opts->cluster, ke->model_cfg.max_pos, &ke->model_cfg.max_pos)) !=
+        DUET_OK)
+        return st;
     if ((st = duet_tp_check(&ke->model_cfg, self->tp)) != DUET_OK)
         return st;
     duet_shard_init(&ke->model_cfg, self->tp, 0, &s0);

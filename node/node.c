@@ -267,6 +267,13 @@ int duet_node_main(duet_node_t *node, const duet_node_ops_t *ops, void *ud, int 
                   node->role, node->args.self->name, node->args.instance_id,
                   duet_rpc_server_port(node->srv), node->ke.tp, node->args.self->n_pages,
                   node->args.cluster->page_size, node->args.self->prefix_cache ? "on" : "off");
+    /* a request the pool can never hold is refused (docs: README "Long
+     * contexts"): say so once when the pool is shorter than the context */
+    int64_t pool_tokens = (int64_t)node->args.self->n_pages * node->args.cluster->page_size;
+    if (pool_tokens < node->ke.model_cfg.max_pos)
+        DUET_LOG_WARN("kv: the pool holds %lld tokens, less than the context of %d: a request "
+                      "needing more KV is refused (raise n_pages or lower kv.max_context)",
+                      (long long)pool_tokens, node->ke.model_cfg.max_pos);
     /* duet_node_fail wakes this wait too */
     int sig = duet_daemon_signal_wait(-1);
     if (duet_node_failed(node)) {

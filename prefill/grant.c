@@ -18,6 +18,7 @@ duet_status_t duet_pf_grant_check(duet_prefill_t *pf, const Duet__V1__PrefillReq
         .n_pages = m->n_dst_pages,
         .packed = req->packed,
         .stage0 = req->dst_stage0,
+        .chunk_pages = req->packed ? m->chunk_pages : 0,
         .expiry_ms = m->grant_expiry_ms,
         /* and what is written there: the prompt and sampling as sent */
         .prompt = m->prompt_ids,

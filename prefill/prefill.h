@@ -51,6 +51,9 @@ typedef struct duet_pf_req {
     int32_t dst_stage0, src_stage0; /* src_stage0 >= 0 while held */
     int progress_layers;            /* packed: decode asked for progress this often (0: never) */
     int stage_units;                /* units from src_stage0 (node.stage) */
+    /* packed, chunked (PrefillRequest.chunk_pages; chunks.c): pages per
+     * chunk, 0 when the request moves whole */
+    int chunk_pages;
     duet_kv_copy_t **pack;          /* [tp] */
     int *n_pack;                    /* [tp] */
     duet_sampling_t sampling;
@@ -133,6 +136,16 @@ void duet_pf_submit(duet_prefill_t *pf, duet_pf_req_t *req);
 bool duet_pf_abort(duet_prefill_t *pf, const char *decode_id, uint64_t transfer_id);
 void duet_pf_on_layer(void *ud, int rank, int layer, bool last_chunk);
 void duet_pf_req_free(duet_prefill_t *pf, duet_pf_req_t *req);
+
+/* chunks.c (scheduler thread): send a chunked request's KV, computed in
+ * its pages, chunk by chunk (PrefillRequest.chunk_pages): stage chunk k,
+ * put it as transfer transfer_id + k into decode's staging half k % 2 with
+ * first_token in its notifications, and wait until every rank's send of
+ * it ended (all decode ranks acknowledged) before staging the next.
+ * DUET_OK once every chunk was acknowledged; else the failure (message in
+ * duet_error_msg()), nothing sent after it.  Adds the bytes sent to
+ * req->bytes. */
+duet_status_t duet_pf_send_chunks(duet_prefill_t *pf, duet_pf_req_t *req, int32_t first_token);
 
 /* logprobs.c (docs/api-logprobs.md; scheduler thread) */
 /* Ask the forward for the logits req's log-probabilities need (the last

@@ -233,13 +233,19 @@ static bool duet__req_begin(duet_prefill_t *pf, duet_pf_req_t *req)
                                        : "the decode's transfer deadline passed before it ran");
         return false;
     }
-    if (req->packed && (st0 = duet__pack_lists(pf, req)) != DUET_OK) {
+    if (req->packed && req->chunk_pages == 0 && (st0 = duet__pack_lists(pf, req)) != DUET_OK) {
         duet__fail_unsent(pf, req, st0, duet_error_msg());
         return false;
     }
     if (req->announce_start && (st0 = duet__announce_start(req)) != DUET_OK) {
         duet__fail_unsent(pf, req, st0, duet_error_msg());
         return false;
+    }
+    /* chunked: sent once computed, by the scheduler (duet_pf_send_chunks),
+     * not layer by layer as the forward stores them */
+    if (req->chunk_pages > 0) {
+        atomic_store(&req->ranks_pending, 1);
+        return true;
     }
     /* one count per rank, plus the scheduler's own until it has ended the
      * sends: a send can fail (deadline, peer) while the batch computes */
@@ -358,9 +364,12 @@ static void duet__run_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int n)
         }
         if (st == DUET_OK && sampled[i] != DUET_ENGINE_NONFINITE)
             duet_pf_cache_keep(pf, req);
+        if (rst == DUET_OK && req->chunk_pages > 0 &&
+            (rst = duet_pf_send_chunks(pf, req, sampled[i])) != DUET_OK)
+            why = duet_error_msg();
         if (rst != DUET_OK)
             duet__req_error(req, rst, why);
-        for (int s = 0; s < pf->node.ke.tp; s++)
+        for (int s = 0; s < pf->node.ke.tp && req->chunk_pages == 0; s++)
             duet_xfer_send_end(duet_xfer_rank(pf->node.ke.xfer, s), req->transfer_id, rst,
                                rst == DUET_OK ? sampled[i] : DUET_XFER_NO_TOKEN);
         if (atomic_fetch_sub(&req->ranks_pending, 1) == 1)

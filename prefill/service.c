@@ -64,10 +64,12 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
                    m->first_output_index;
     int prompt_max = pmax < cfg->max_pos ? (int)pmax : cfg->max_pos;
     if (m->n_prompt_ids > (size_t)prompt_max)
-        return duet_error(
-            DUET_ERR_TOO_LONG, "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)",
-            m->request_id, m->n_prompt_ids, prompt_max,
-            prompt_max < cfg->max_pos ? "router.max_prompt_tokens" : "the model context");
+        return duet_error(DUET_ERR_TOO_LONG,
+                          "%s: prompt_ids: %zu tokens, at most %d are allowed (%s)", m->request_id,
+                          m->n_prompt_ids, prompt_max,
+                          prompt_max < cfg->max_pos                ? "router.max_prompt_tokens"
+                          : pf->node.args.cluster->max_context > 0 ? "the context, kv.max_context"
+                                                                   : "the model context");
     for (size_t i = 0; i < m->n_prompt_ids; i++) {
         if (m->prompt_ids[i] < 0 || m->prompt_ids[i] >= cfg->vocab)
             return duet_error(DUET_ERR_INVALID, "%s: token id %d out of range 0..%d", m->request_id,
@@ -85,9 +87,13 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         return duet_error(DUET_ERR_INVALID,
                           "%s: %zu destination pages for %zu tokens with %u cached (need %zu)",
                           m->request_id, m->n_dst_pages, m->n_prompt_ids, m->cached_pages, pages);
+    /* one that can never fit is refused now, not queued (docs/limits.md) */
     if ((int)all > duet_kv_pool_total(pf->node.pages))
-        return duet_error(DUET_ERR_EXHAUSTED, "%s: needs %zu pages, the prefill pool has %d",
-                          m->request_id, all, duet_kv_pool_total(pf->node.pages));
+        return duet_error(DUET_ERR_INVALID,
+                          "%s: the prompt needs %zu KV pages (%zu tokens), this prefill's pool "
+                          "holds %d pages of %d tokens (n_pages)",
+                          m->request_id, all, m->n_prompt_ids, duet_kv_pool_total(pf->node.pages),
+                          ps);
     if (m->packed && duet_engine_kv_mirrored(pf->node.ke.engine))
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: packed transfer asked, but this prefill moves KV through its host "
@@ -98,6 +104,9 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
                           (int)m->dst_stage_page);
     req->packed = m->packed;
     req->dst_stage0 = m->packed ? m->dst_stage_page : -1;
+    /* (chunks of a whole request or more: one transfer) */
+    req->chunk_pages =
+        m->packed && m->chunk_pages > 0 && m->chunk_pages < pages ? (int)m->chunk_pages : 0;
     /* (a count past the last layer asks for nothing: the transfer layer
      * never announces the end) */
     req->progress_layers =
@@ -145,7 +154,8 @@ duet__pf_prefill_validate(duet_prefill_t *pf, const Duet__V1__PrefillRequest *m,
         for (int s = 0; s < pf->node.ke.tp; s++) {
             const duet_slice_run_t *runs;
             int n_runs = duet_slice_plan_src_runs(req->link->plan, s, &runs);
-            int units = duet_xfer_pack_units(l, (int)pages, duet_xfer_pack_slots(runs, n_runs));
+            int staged = req->chunk_pages > 0 ? req->chunk_pages : (int)pages;
+            int units = duet_xfer_pack_units(l, staged, duet_xfer_pack_slots(runs, n_runs));
             req->stage_units = units > req->stage_units ? units : req->stage_units;
         }
         if (req->stage_units > total)

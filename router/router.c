@@ -134,7 +134,8 @@ static duet_status_t duet__load_model(duet_router_t *rt)
         return duet_error_wrap(st, "model: ");
     if ((st = duet_tokenizer_load(rt->cfg->model, &rt->tok)) != DUET_OK)
         return duet_error_wrap(st, "model: ");
-    rt->context_len = mc.max_pos;
+    if ((st = duet_cluster_context(rt->cfg, mc.max_pos, &rt->context_len)) != DUET_OK)
+        return st;
     rt->vocab = mc.vocab;
     if (duet_tokenizer_vocab_size(rt->tok) > rt->vocab)
         rt->vocab = duet_tokenizer_vocab_size(rt->tok);

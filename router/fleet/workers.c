@@ -682,6 +682,22 @@ void duet_router_workers_suspect(duet_router_workers_t *w, duet_role_t role, int
     pthread_mutex_unlock(&w->lock);
 }
 
+uint32_t duet_router_workers_max_pages(const duet_router_workers_t *w, duet_role_t role)
+{
+    uint32_t max = 0;
+    size_t n = duet_router_workers_count(w, role);
+    for (size_t i = 0; i < n; i++) {
+        duet__worker_t *wk = duet__slot_checked(w, role, (int)i);
+        if (wk == NULL)
+            continue;
+        pthread_mutex_lock(&wk->lock);
+        if (wk->state == DUET__ACTIVE && wk->have_info && wk->total_pages > max)
+            max = wk->total_pages;
+        pthread_mutex_unlock(&wk->lock);
+    }
+    return max;
+}
+
 bool duet_router_workers_snapshot(duet_router_workers_t *w, duet_role_t role, int idx,
                                   duet_router_worker_info_t *info)
 {

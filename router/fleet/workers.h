@@ -213,6 +213,10 @@ int duet_router_workers_pick_pinned(duet_router_workers_t *w, duet_role_t role, 
                                     double balance_rel, const duet_router_ca_key_t *key,
                                     size_t *matched_p);
 
+/* The largest KV pool (Info total_pages) among the role's active workers
+ * whose Info came; 0 when none has reported yet.  Thread-safe. */
+uint32_t duet_router_workers_max_pages(const duet_router_workers_t *w, duet_role_t role);
+
 /* Copy slot idx's worker into info.  Returns false when the slot holds
  * none (info then describes its last worker, state REMOVED, or is zeroed
  * when it never held one). */

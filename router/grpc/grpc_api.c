@@ -137,6 +137,8 @@ static bool duet__prepare(duet_router_t *rt, Duet__V1__GenerateRequest *in, char
         *code_p = GRPC_STATUS_INVALID_ARGUMENT;
         return false;
     }
+    if (duet_router_fit_check(rt, *n_p, in->max_tokens, &err) != DUET_OK)
+        goto err;
     if (in->request_id[0] == '\0') {
         if (duet_router_new_id(rt, "cmpl", id_buf, id_cap) != DUET_OK) {
             snprintf(msg, msg_cap, "request id: %s", duet_error_msg());

@@ -205,6 +205,8 @@ static duet_status_t duet__prompts(duet__hreq_t *r, const duet_router_oai_req_t 
             (st = duet_router_prompt_ids(rt, p.has_text ? p.text : NULL, p.text_len, true, p.ids,
                                          p.n_ids, "prompt", &ids[i], &n_ids[i], err)) != DUET_OK)
             return st;
+        if ((st = duet_router_fit_check(rt, n_ids[i], req->max_tokens, err)) != DUET_OK)
+            return st;
         hp->n_tokens = (uint32_t)n_ids[i];
         hp->first_id = ids[i][0];
         if (!r->echo)

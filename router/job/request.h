@@ -29,6 +29,13 @@ duet_status_t duet_router_prompt_ids(duet_router_t *rt, const char *text, size_t
                                      duet_router_oai_error_t *err);
 /* max_tokens to send: requested (0 = default) capped by the context room. */
 uint32_t duet_router_max_tokens(const duet_router_t *rt, size_t n_prompt, int64_t requested);
+/* Whether a request of n_prompt tokens and `requested` max_tokens (as
+ * duet_router_max_tokens caps it) fits the largest decode KV pool the
+ * workers' Info reported (docs/limits: a request that can never fit is
+ * refused up front, not queued).  DUET_OK when it fits or no decode has
+ * reported yet; else err is 400 (gRPC INVALID_ARGUMENT) naming the pool. */
+duet_status_t duet_router_fit_check(duet_router_t *rt, size_t n_prompt, int64_t requested,
+                                    duet_router_oai_error_t *err);
 /* Render a chat request's messages into a prompt (400 when the model has
  * no usable template or the template raises). */
 duet_status_t duet_router_chat_prompt(duet_router_t *rt, const duet_router_oai_req_t *req,

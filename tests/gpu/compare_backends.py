@@ -12,7 +12,11 @@ backend at each of those TP sizes (NCCL) against TP=1 (--tp2 is --tp 2).
 Tolerance (prompt logits): max |cuda - cpu| <= 0.06 * (1 + max |cpu|) and
 rel_l2 <= 0.03 (bf16 weights of f32 checkpoints, bf16 activations).
 
-usage: compare_backends.py DUET MODEL_DIR [MODEL_DIR...] [--tokens N] [--tp N[,N...]]
+--long N adds a prompt of N token ids (through `--prompt-ids @FILE`):
+long contexts (issue 27; tests/gpu/long_context.sh runs 33000 on a
+llama3-scaled model, positions far past original_max_position_embeddings).
+
+usage: compare_backends.py DUET MODEL_DIR [MODEL_DIR...] [--tokens N] [--tp N[,N...]] [--long N]
 """
 import os
 import subprocess
@@ -44,9 +48,20 @@ def generate(duet, mdir, prompt, n, backend, tp=1, dump=None, extra=()):
     return [int(x) for x in run(cmd + list(extra)).split()]
 
 
+def prompt_len(prompt):
+    if prompt.startswith("@"):
+        with open(prompt[1:]) as f:
+            return len(f.read().split())
+    return len(prompt.split())
+
+
 def main():
     argv = sys.argv[1:]
-    tokens, tps = 64, []
+    tokens, tps, long_n = 64, [], 0
+    if "--long" in argv:
+        i = argv.index("--long")
+        long_n = int(argv[i + 1])
+        del argv[i:i + 2]
     if "--tokens" in argv:
         i = argv.index("--tokens")
         tokens = int(argv[i + 1])
@@ -61,10 +76,16 @@ def main():
     duet, models = argv[0], argv[1:]
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
+        prompts = list(PROMPTS)
+        if long_n > 0:
+            path = os.path.join(tmp, "long.txt")
+            with open(path, "w") as f:
+                f.write(" ".join(["1"] + [str((i * 37 + 11) % 250 + 3) for i in range(long_n - 1)]))
+            prompts.append("@" + path)
         for mdir in models:
             name = os.path.basename(mdir.rstrip("/"))
-            for prompt in PROMPTS:
-                n = len(prompt.split())
+            for prompt in prompts:
+                n = prompt_len(prompt)
                 dc, dg = os.path.join(tmp, "c.f32"), os.path.join(tmp, "g.f32")
                 ids_c = generate(duet, mdir, prompt, tokens, "cpu", dump=dc)
                 ids_gd = generate(duet, mdir, prompt, tokens, "cuda", dump=dg)
@@ -79,7 +100,7 @@ def main():
                 bound = ATOL * (1.0 + np.abs(pc).max())
                 ok = err <= bound and rel <= L2 and np.isfinite(pg).all()
                 agree = int((pg.argmax(-1) == pc.argmax(-1)).sum())
-                print("%-22s n=%2d prompt logits max|diff|=%.4g (bound %.4g) rel_l2=%.4g "
+                print("%-22s n=%5d prompt logits max|diff|=%.4g (bound %.4g) rel_l2=%.4g "
                       "argmax %d/%d %s" % (name, n, err, bound, rel, agree, n,
                                            "ok" if ok else "FAIL"))
                 fails += not ok

@@ -29,7 +29,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
-PHASES="unit compare bench decode transfer disagg ttft serve"
+PHASES="unit compare bench decode long transfer disagg ttft serve"
 
 list_phases() {
     cat <<'EOF'
@@ -54,6 +54,11 @@ decode               decode at serving contexts (tests/gpu/decode_attn.sh): the
                      16/1024/4096/8192 x batch 1/16/64 (fraction of the roofline)
   --sweep            also the split-count sweep (DUET_CUDA_FD_BLOCKS)
   --sanitize         also compute-sanitizer memcheck on test_cuda_attention
+long                 long contexts (tests/gpu/long_context.sh): attention kernels
+                     against the CPU backend over 32K-64K contexts, and duet
+                     generate --backend cuda against the CPU backend on a
+                     33000-token prompt of a llama3-scaled model (TP 2 with 2 GPUs)
+  --full             also the llama-3.2-1b shape with Llama-3.2's scaling
 transfer             bench_gpu_transfer as the daemons run it (--mirror auto:
                      packed when P != D), every P x D pair the GPUs allow, every
                      byte verified, a corrupted put must be caught; 2+ GPUs
@@ -193,6 +198,12 @@ phase_bench() {
         fi
     fi
     OUT='' tests/gpu/run_gpu.sh "${p[@]}"
+}
+
+phase_long() {
+    FULL=0
+    have_opt --full && FULL=1
+    FULL=$FULL tests/gpu/long_context.sh unit compare
 }
 
 phase_decode() {

@@ -4,12 +4,20 @@ reference (tests/reference/llama_ref.py) on stories260K and synthetic
 models of several shapes and dtypes (Qwen2 q/k/v biases, a Llama with
 attention_bias: q/k/v and o_proj biases, Qwen3 q/k norms, RoPE scaling
 linear / llama3 / yarn / dynamic, with original_max_position_embeddings below the
-prompt length so that positions past it are checked), at TP 1 and 2.
+prompt length so that positions past it are checked), at TP 1 and 2; and
+Llama-3.1's own scaling (factor 8, original_max_position_embeddings 8192,
+theta 500000, head_dim 64) on a prompt of 8256 tokens (every row) and of
+33000 tokens (the last 64 rows), so that positions past the original
+context and past 32K are checked at the sizes real checkpoints use.
 
 Tolerance: max |duet - ref| <= 2e-4 * (1 + max |ref|) over every position
 of the prompt and every vocab entry.  duet computes in float32, the
 reference in float64 from the same stored weights, so the difference is
-float32 rounding alone (observed ~1e-6 relative).
+float32 rounding alone (observed ~1e-6 relative; at 8K positions ~1e-4,
+from the float32 RoPE angles pos * inv_freq, as transformers computes
+them).  Greedy argmax must agree on every row; on the 8256-token prompt a
+row may differ only at a near-tie, where the reference's logits of both
+tokens are within the bound of each other (DESIGN §10).
 
 usage: test_forward_reference.py BUILD_DIR SOURCE_DIR
 """
@@ -79,6 +87,24 @@ MODELS = [
 PROMPTS = ["1 45 76 270 3 17 99 250 4 4 4 12 200 33 7 1 2 3 5 8 13 21 34 55",
            "1 12"]
 
+# name, mkmodel args, prompt, rows compared (None: all): one layer and
+# two heads keep the float64 reference at 8256 tokens to seconds; at 33000
+# tokens it computes the last 64 rows' queries alone (llama_ref.py LAST)
+LLAMA31 = ["--layers", "1", "--hidden", "128", "--heads", "2", "--kv-heads", "1",
+           "--intermediate", "128", "--vocab", "300", "--seed", "19",
+           "--max-pos", "131072", "--rope-theta", "500000",
+           "--rope-scaling", '{"rope_type": "llama3", "factor": 8.0, '
+           '"low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+           '"original_max_position_embeddings": 8192}']
+
+
+def long_prompt(n):
+    return " ".join(["1"] + [str((i * 37 + 5) % 297 + 3) for i in range(n - 1)])
+
+
+LONG = [("llama31-8k", LLAMA31, long_prompt(8256), None),
+        ("llama31-33k", LLAMA31, long_prompt(33000), 64)]
+
 
 def run(cmd):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,32 +116,47 @@ def run(cmd):
 def main():
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, args in MODELS:
+        for name, args, prompts, last in [(m, a, PROMPTS, None) for m, a in MODELS] + \
+                [(m, a, [p], k) for m, a, p, k in LONG]:
             if args is None:
                 mdir = os.path.join(SRC, "models", "stories260K")
             else:
                 mdir = os.path.join(tmp, name)
-                run([DUET, "mkmodel", "--out", mdir] + args)
+                if not os.path.exists(mdir):
+                    run([DUET, "mkmodel", "--out", mdir] + args)
             vocab = None
-            for prompt in PROMPTS:
-                ref_path = os.path.join(tmp, "ref.f32")
-                run([REF, mdir, prompt, ref_path])
-                ref = np.fromfile(ref_path, dtype=np.float32).astype(np.float64)
+            for prompt in prompts:
                 n = len(prompt.split())
-                vocab = ref.size // n
-                ref = ref.reshape(n, vocab)
+                ids_arg = prompt
+                if n > 1000:  # through a file: it outgrows the command line
+                    ids_arg = os.path.join(tmp, "prompt.txt")
+                    with open(ids_arg, "w") as f:
+                        f.write(prompt)
+                    ids_arg = "@" + ids_arg
+                rows_n = last or n
+                ref_path = os.path.join(tmp, "ref.f32")
+                run([REF, mdir, ids_arg, ref_path] + ([str(last)] if last else []))
+                ref = np.fromfile(ref_path, dtype=np.float32).astype(np.float64)
+                vocab = ref.size // rows_n
+                ref = ref.reshape(rows_n, vocab)
                 for tp in (1, 2):
                     out = os.path.join(tmp, "duet.f32")
-                    run([DUET, "generate", "--model", mdir, "--prompt-ids", prompt,
+                    run([DUET, "generate", "--model", mdir, "--prompt-ids", ids_arg,
                          "--max-tokens", "1", "--tp", str(tp), "--threads", "1",
                          "--page-size", "4", "--dump-logits", out, "--output", "ids"])
                     got = np.fromfile(out, dtype=np.float32).astype(np.float64)
-                    got = got[:n * vocab].reshape(n, vocab)
+                    got = got[:n * vocab].reshape(n, vocab)[n - rows_n:]
                     err = np.abs(got - ref).max()
                     bound = TOL * (1.0 + np.abs(ref).max())
-                    ok = err <= bound and (got.argmax(-1) == ref.argmax(-1)).all()
-                    print("%-18s tp=%d n=%2d max|diff|=%.3g bound=%.3g %s" %
-                          (name, tp, n, err, bound, "ok" if ok else "FAIL"))
+                    diff = np.where(got.argmax(-1) != ref.argmax(-1))[0]
+                    rows = np.arange(rows_n)
+                    gap = np.abs(ref[rows, ref.argmax(-1)] - ref[rows, got.argmax(-1)])
+                    ties = n > 1000 and (gap[diff] <= bound).all()
+                    ok = err <= bound and (len(diff) == 0 or ties)
+                    print("%-18s tp=%d n=%5d%s max|diff|=%.3g bound=%.3g %s%s" %
+                          (name, tp, n, " (last %d rows)" % last if last else "", err, bound,
+                           "ok" if ok else "FAIL",
+                           " (%d near-tie rows)" % len(diff) if len(diff) else ""))
                     failures += not ok
     if failures:
         sys.exit("FAIL: %d comparisons out of tolerance" % failures)

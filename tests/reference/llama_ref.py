@@ -11,7 +11,12 @@ it (linear, llama3, yarn with its attention factor on cos and sin, dynamic
 NTK over the prompt's length).  It shares no code with duet: it is the
 oracle for tests/integration/test_forward_reference.py.
 
-usage: llama_ref.py MODEL_DIR "1 2 3" OUT.f32   (writes [n][vocab] float32)
+usage: llama_ref.py MODEL_DIR "1 2 3" OUT.f32 [LAST]   (writes [n][vocab] float32)
+
+The ids may be given as @FILE (a long prompt outgrows the command line).
+LAST: only the logits of the last LAST positions ([LAST][vocab]); the last
+layer then computes its queries for those rows alone, so a one-layer model
+is checked at 32K positions in seconds.
 """
 import json
 import os
@@ -128,7 +133,7 @@ def rope(x, pos, inv, attn):
     return x * cos + rot * sin
 
 
-def forward(cfg, t, ids):
+def forward(cfg, t, ids, last=None):
     H = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
@@ -146,38 +151,46 @@ def forward(cfg, t, ids):
     pos = np.arange(n, dtype=np.float64)
     inv, attn = rope_params(cfg, hd, n)
     x = t["model.embed_tokens.weight"][ids]
-    mask = np.triu(np.full((n, n), -np.inf), 1)
+    B = 512  # query rows per block: a long prompt's scores stay small
     for l in range(L):
         p = "model.layers.%d." % l
         h = rms_norm(x, t[p + "input_layernorm.weight"], eps)
-        q = h @ t[p + "self_attn.q_proj.weight"].T
+        # the rows whose outputs are needed: all, but at the last layer
+        # only the last `last` ones (their keys and values are all rows')
+        a = n - last if last and l == L - 1 else 0
+        m = n - a
+        q = h[a:] @ t[p + "self_attn.q_proj.weight"].T
         k = h @ t[p + "self_attn.k_proj.weight"].T
         v = h @ t[p + "self_attn.v_proj.weight"].T
         if p + "self_attn.q_proj.bias" in t:
             q = q + t[p + "self_attn.q_proj.bias"]
             k = k + t[p + "self_attn.k_proj.bias"]
             v = v + t[p + "self_attn.v_proj.bias"]
-        q = q.reshape(n, nh, hd)
+        q = q.reshape(m, nh, hd)
         k = k.reshape(n, nkv, hd)
         if qwen3:  # Qwen3Attention: RMSNorm of each head, before RoPE
             q = rms_norm(q, t[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, t[p + "self_attn.k_norm.weight"], eps)
-        q = rope(q, pos, inv, attn)
+        q = rope(q, pos[a:], inv, attn)
         k = rope(k, pos, inv, attn)
         v = v.reshape(n, nkv, hd)
         g = nh // nkv
-        out = np.zeros((n, nh, hd))
+        out = np.zeros((m, nh, hd))
         for hh in range(nh):
             kh = k[:, hh // g, :]
             vh = v[:, hh // g, :]
-            s = q[:, hh, :] @ kh.T / np.sqrt(hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s = s / s.sum(-1, keepdims=True)
-            out[:, hh, :] = s @ vh
-        o = out.reshape(n, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
+            for b0 in range(0, m, B):
+                b1 = min(m, b0 + B)
+                # query rows a+b0 .. a+b1-1 see keys 0 .. their own position
+                mask = np.triu(np.full((b1 - b0, a + b1), -np.inf), a + b0 + 1)
+                s = q[b0:b1, hh, :] @ kh[:a + b1].T / np.sqrt(hd) + mask
+                s = np.exp(s - s.max(-1, keepdims=True))
+                s = s / s.sum(-1, keepdims=True)
+                out[b0:b1, hh, :] = s @ vh[:a + b1]
+        o = out.reshape(m, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
         if o_bias:
             o = o + t[p + "self_attn.o_proj.bias"]
-        x = x + o
+        x = x[a:] + o
         h = rms_norm(x, t[p + "post_attention_layernorm.weight"], eps)
         gate = h @ t[p + "mlp.gate_proj.weight"].T
         up = h @ t[p + "mlp.up_proj.weight"].T
@@ -190,9 +203,13 @@ def forward(cfg, t, ids):
 
 def main():
     d, ids, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    last = int(sys.argv[4]) if len(sys.argv) > 4 else None
     cfg, t = load_model(d)
+    if ids.startswith("@"):
+        with open(ids[1:]) as f:
+            ids = f.read()
     ids = [int(s) for s in ids.split()]
-    logits = forward(cfg, t, ids)
+    logits = forward(cfg, t, ids, last)
     logits.astype(np.float32).tofile(out)
 
 

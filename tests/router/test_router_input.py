@@ -9,7 +9,11 @@ a real cluster (prefill TP=1, decode TP=1, stories260K, CPU) and router.
   logit_bias, a chunked upload over max_body_bytes (413 before the end),
   ambiguous framing (two Content-Length, Content-Length + chunked; raw
   sockets: curl will not send those);
-- router gRPC: stop_token_ids cap, NUL in text.
+- router gRPC: stop_token_ids cap, NUL in text;
+- a request whose prompt + max_tokens can never fit the largest decode KV
+  pool (Info total_pages) is refused up front: HTTP 400 / gRPC
+  INVALID_ARGUMENT naming the pool, nothing queued (pool_fit, a decode of
+  24 pages).
 
 usage: test_router_input.py BUILD_DIR SOURCE_DIR
 """
@@ -212,6 +216,40 @@ def http_framing(cl):
     check(resp.startswith(b"HTTP/1.1 200"), "identical Content-Length twice: %r" % resp[:300])
 
 
+def pool_fit(build, src):
+    cl = Cluster(build, src, prefill=[("prefill-0", 1)], decode=[("decode-0", 1, {"n_pages": 24})])
+    try:
+        cl.start_workers()
+        cl.start_router()
+        deadline = time.time() + 30
+        while time.time() < deadline:  # the router knows the pool once Info came
+            st, _, data = cl.http("GET", "/workers")
+            if b'"total_pages":24' in data.replace(b" ", b""):
+                break
+            time.sleep(0.1)
+        # 24 pages of 16 tokens: "Once" + 400 tokens can never fit
+        st, _, r = cl.post_json("/v1/completions", {"prompt": "Once", "max_tokens": 400})
+        check(st == 400 and "largest decode KV pool" in r["error"]["message"] and
+              "24 pages of 16 tokens" in r["error"]["message"] and
+              r["error"]["param"] == "max_tokens", "HTTP pool fit: %d %s" % (st, r))
+        print("ok HTTP pool fit: %s" % r["error"]["message"])
+        stub = cl.router_stub()
+        expect_rpc_error(lambda: list(stub.Generate(cl.gen_request("Once", max_tokens=400),
+                                                    timeout=30)),
+                         grpc.StatusCode.INVALID_ARGUMENT, ["24 pages of 16 tokens"],
+                         "router gRPC pool fit")
+        st, _, r = cl.post_json("/v1/completions", {"prompt": "Once", "max_tokens": 300})
+        check(st == 200, "a request that fits: %d %s" % (st, r))
+        bad = cl.pages_at_baseline()
+        check(not bad, "pages not back: %s" % bad)
+        cl.stop_all()
+    except BaseException:
+        for name, p in cl.procs.items():
+            print("---- %s log ----\n%s" % (name, p.log()))
+        cl.kill_all()
+        raise
+
+
 def test(build, src):
     cl = Cluster(build, src, prefill=[("prefill-0", 1)], decode=[("decode-0", 1)],
                  router={"max_tokens_limit": LIMIT_MAX_TOKENS, "max_prompt_tokens": LIMIT_PROMPT,
@@ -233,6 +271,7 @@ def test(build, src):
             print("---- %s log ----\n%s" % (name, p.log()))
         cl.kill_all()
         raise
+    pool_fit(build, src)
 
 
 if __name__ == "__main__":

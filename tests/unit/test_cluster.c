@@ -183,6 +183,31 @@ static void test_integers_print_as_integers(void **state)
 /* The router's policy names live with the router (router/fleet/policy.h): the
  * cluster config keeps router.policy as given, duet-router rejects an
  * unknown one at start-up (tests/unit/test_router_policy.c). */
+/* kv.max_context: the context every limit uses, at most the model's */
+static void test_max_context(void **state)
+{
+    (void)state;
+    duet_cluster_config_t *c;
+    int ctx = -1;
+    long live = duet_alloc_live();
+    assert_int_equal(parse("{\"model\": \"x\"}", &c), DUET_OK);
+    assert_int_equal(c->max_context, 0);
+    assert_int_equal(duet_cluster_context(c, 131072, &ctx), DUET_OK);
+    assert_int_equal(ctx, 131072);
+    duet_cluster_free(c);
+    assert_int_equal(parse("{\"model\": \"x\", \"kv\": {\"max_context\": 32768}}", &c), DUET_OK);
+    assert_int_equal(duet_cluster_context(c, 131072, &ctx), DUET_OK);
+    assert_int_equal(ctx, 32768);
+    assert_int_equal(duet_cluster_context(c, 8192, &ctx), DUET_ERR_CONFIG);
+    assert_non_null(strstr(duet_error_msg(), "kv.max_context: 32768 is above the model's "
+                                             "max_position_embeddings 8192"));
+    assert_int_equal(ctx, 32768); /* untouched on failure */
+    duet_cluster_free(c);
+    expect_error("{\"model\": \"x\", \"kv\": {\"max_context\": -1}}",
+                 "kv.max_context: -1 is out of range");
+    assert_int_equal(duet_alloc_live(), live);
+}
+
 static void test_policy_is_the_routers(void **state)
 {
     (void)state;
@@ -201,6 +226,7 @@ int main(void)
         cmocka_unit_test(test_prefill_local),
         cmocka_unit_test(test_integers_print_as_integers),
         cmocka_unit_test(test_policy_is_the_routers),
+        cmocka_unit_test(test_max_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

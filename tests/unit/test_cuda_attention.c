@@ -6,7 +6,10 @@
  * prefill on top of cached context, GQA and MQA), flash-decoding and the
  * per-token kernel for other head sizes, and decode (one token per
  * sequence) with and without the context split across blocks, contexts
- * crossing pages, to 16K tokens.
+ * crossing pages, to 16K tokens; with DUET_TEST_LONG_CONTEXT=1 (the cpu
+ * reference then takes a minute or more: tests/gpu/long_context.sh sets
+ * it) chunked prefill over 32K tokens of cached context on every
+ * tensor-core kernel and decode at contexts to 64K.
  *
  * The GPU keeps q/k/v and the cache in bf16 and rounds the softmax weights
  * to bf16 for the P.V product (prefill kernel); the cpu keeps float32.
@@ -253,7 +256,49 @@ static void test_decode_long(void **state)
         many[s] = 1 + (s * 997) % 2500;
     decode_case(32, 8, 128, 16, 70, many); /* more blocks than the split target */
 }
+
+/* 32K and more (issue 27): 300 prompt tokens at positions 32768.. over a
+ * 32K cached context (key tiles and page-table rows past 32K, positions
+ * past int16), on every tensor-core kernel, then a decode token after
+ * them; decode at 32K-64K contexts mixed with short ones, on tensor cores
+ * and CUDA cores. */
+static void test_long_context(void **state)
+{
+    (void)state;
+    const char *on = getenv("DUET_TEST_LONG_CONTEXT");
+    if (on == NULL || strcmp(on, "1") != 0)
+        skip();
+    DUET_TEST_NEED_GPU();
+    static const char *variants[3] = {"fa", "mma", "wmma"};
+    for (int v = 0; v < 3; v++) {
+        fixture_t f;
+        char name[64];
+        int fill[1] = {32768}, zero[1] = {0}, n2[1] = {300}, s2[1] = {32768};
+        int one[1] = {1}, s3[1] = {33068};
+        setenv("DUET_CUDA_ATTN", variants[v], 1);
+        fx_open(&f, 32, 8, 128, 16, 33100, 1);
+        unsetenv("DUET_CUDA_ATTN");
+        fx_step(&f, 1, fill, zero, false, "fill 32K");
+        snprintf(name, sizeof(name), "prefill %s 300 at 32K", variants[v]);
+        fx_step(&f, 1, n2, s2, true, name);
+        snprintf(name, sizeof(name), "decode %s after them", variants[v]);
+        fx_step(&f, 1, one, s3, true, name);
+        duet_test_pair_close(&f.p);
+    }
+    int ctx[4] = {32769, 65536, 3, 40000};
+    decode_case(8, 2, 128, 16, 4, ctx);
+    decode_case(32, 8, 64, 16, 4, ctx);
+    setenv("DUET_CUDA_DECODE_ATTN", "cores", 1);
+    decode_case(8, 2, 128, 16, 4, ctx);
+    unsetenv("DUET_CUDA_DECODE_ATTN");
+}
 #else
+static void test_long_context(void **state)
+{
+    (void)state;
+    skip();
+}
+
 static void test_prefill_tensor_core(void **state)
 {
     (void)state;
@@ -293,6 +338,7 @@ int main(void)
         cmocka_unit_test(test_prefill_small_head),
         cmocka_unit_test(test_decode),
         cmocka_unit_test(test_decode_long),
+        cmocka_unit_test(test_long_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

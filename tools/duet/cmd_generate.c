@@ -44,7 +44,9 @@ static void duet__gen_usage(FILE *f)
             "  --page-size N        KV page size in tokens (default 16)\n"
             "  --dump-logits FILE   write the float32 logits of every prompt position and\n"
             "                       every generated step ([rows][vocab], raw)\n"
-            "--prompt adds BOS as the tokenizer says; --prompt-ids is used exactly as given.\n");
+            "--prompt adds BOS as the tokenizer says; --prompt-ids is used exactly as given.\n"
+            "--prompt-ids @FILE reads the ids from FILE (a long prompt outgrows the\n"
+            "command line: one argument holds at most 128 KiB on Linux).\n");
 }
 
 
@@ -159,6 +161,43 @@ static int duet__parse_ids(const char *s, int32_t **ids_p, size_t *n_p)
     return 0;
 }
 
+/* The whole of a file, NUL-terminated, duet_malloc'ed; NULL (said) on error. */
+static char *duet__read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    size_t cap = 4096, n = 0, got;
+    char *buf = duet_malloc(cap);
+    if (f == NULL || buf == NULL) {
+        fprintf(stderr, "duet generate: --prompt-ids @%s: %s\n", path,
+                f == NULL ? strerror(errno) : "out of memory");
+        goto err;
+    }
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *g = duet_realloc(buf, 2 * cap);
+            if (g == NULL) {
+                fprintf(stderr, "duet generate: --prompt-ids @%s: out of memory\n", path);
+                goto err;
+            }
+            buf = g;
+            cap *= 2;
+        }
+    }
+    if (ferror(f)) {
+        fprintf(stderr, "duet generate: --prompt-ids @%s: read error\n", path);
+        goto err;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+err:
+    if (f != NULL)
+        fclose(f);
+    duet_free(buf);
+    return NULL;
+}
+
 static void duet__print_piece(duet_detok_t *dt, int32_t id, char *buf, size_t cap)
 {
     size_t len = 0;
@@ -204,6 +243,12 @@ int duet_cmd_generate(int argc, char **argv)
             fprintf(stderr, "duet generate: the prompt encodes to no tokens\n");
             goto out;
         }
+    } else if (a.prompt_ids[0] == '@') {
+        char *text = duet__read_file(a.prompt_ids + 1);
+        int bad = text == NULL || duet__parse_ids(text, &prompt, &n_prompt) != 0;
+        duet_free(text);
+        if (bad)
+            goto out;
     } else if (duet__parse_ids(a.prompt_ids, &prompt, &n_prompt) != 0) {
         goto out;
     }

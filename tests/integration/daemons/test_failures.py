@@ -37,6 +37,8 @@ shows its KV pages back at baseline afterwards (no leaks).
                          reference
   bad_progress_env       a bad DUET_KV_TRANSFER_PROGRESS stops start-up
   unstaged               (packed) a request larger than a staging arena
+                         moves in chunks, right; with no room for two
+                         chunks, page by page, right, counted and warned
   kv_copy_fails          decode's KV copy fails after the first token went
                          out (fault injection): the stream ends INTERNAL
                          after it, a 1-token request completes and caches
@@ -448,26 +450,37 @@ def bad_progress_env():
 
 
 def unstaged():
-    """Packed: a request a staging arena cannot hold moves unpacked, page by
-    page, and is still right; decode counts it and warns once.  A prefill
-    arena of 2 units, then a decode arena of 2 units, for a 5-page prompt."""
+    """Packed: a request larger than a staging arena moves in arena-sized
+    chunks (docs/design-notes.md "Chunked packed transfers") and is still right: a
+    prefill arena of 2 units, then a decode arena of 2 units (two halves of
+    one page), for a 5-page prompt; Info kv_transfers_chunked counts it.
+    With no run of two units (a decode arena of 1) it moves unpacked, page
+    by page, still right; decode counts it and warns once."""
     if os.environ.get("DUET_KV_TRANSFER_PACK") != "on":
         print("  (packed transfers off: nothing to check)")
         return
     prompt = (PROMPT * 7)[:80]
     ref = reference_ids(BUILD, STORIES, prompt, 6, ignore_eos=True)
-    for side in ("prefill", "decode"):
-        small = {"stage_pages": 2}
+    for side, units in (("prefill", 2), ("decode", 2), ("decode", 1)):
+        small = {"stage_pages": units}
         c = Cluster(BUILD, SRC, STORIES, prefill=[("p0", 1, small if side == "prefill" else {})],
                     decode=[("d0", 2, small if side == "decode" else {})])
         try:
             c.start_all()
             ids, _, _ = c.generate("d0", prompt, max_tokens=6, ignore_eos=True)
             expect(ids == ref, "%s arena too small: %s, want %s" % (side, ids, ref))
-            n = c.info("d0").kv_transfers_unstaged
-            print("  %s arena of 2 units: right tokens, %d moved unpacked" % (side, n))
-            expect(n == 1, "Info kv_transfers_unstaged %d, want 1" % n)
-            expect("moves unpacked, page by page" in c.log("d0"), "no warning in the decode log")
+            info = c.info("d0")
+            n, k = info.kv_transfers_unstaged, info.kv_transfers_chunked
+            print("  %s arena of %d units: right tokens, %d moved unpacked, %d in chunks" %
+                  (side, units, n, k))
+            if units == 1:
+                expect(n == 1 and k == 0, "Info kv_transfers_unstaged %d (want 1), chunked %d "
+                       "(want 0)" % (n, k))
+                expect("moves unpacked, page by page" in c.log("d0"),
+                       "no warning in the decode log")
+            else:
+                expect(n == 0 and k == 1, "Info kv_transfers_unstaged %d (want 0), chunked %d "
+                       "(want 1)" % (n, k))
             baseline(c)
         finally:
             c.close()

@@ -40,7 +40,7 @@ def expect_status(c, code, what, **kw):
     except grpc.RpcError as e:
         expect(e.code() == code, "%s: got %s (%s), want %s" % (what, e.code(), e.details(), code))
         print("  %-34s -> %s: %s" % (what, e.code().name, e.details()[:90]))
-        return
+        return e.details()
     raise AssertionError("%s: accepted" % what)
 
 
@@ -119,9 +119,13 @@ def main():
         expect_status(c, S.OUT_OF_RANGE, "prompt longer than the context", prompt=[1] * 513)
         expect_status(c, S.INVALID_ARGUMENT, "negative temperature", prompt=PROMPT,
                       temperature=-1.0)
-        # 24 pages of 16 tokens: 300 + 200 tokens can never fit
-        expect_status(c, S.RESOURCE_EXHAUSTED, "more KV than the pool holds",
-                      prompt=[1] * 300, max_tokens=200)
+        # 24 pages of 16 tokens: 300 + 200 tokens can never fit -- refused
+        # up front as the client's error (not RESOURCE_EXHAUSTED, which the
+        # router retries and a client backs off on), naming the pool
+        details = expect_status(c, S.INVALID_ARGUMENT, "more KV than the pool holds",
+                                prompt=[1] * 300, max_tokens=200)
+        expect("32 KV pages" in details and "24 pages of 16 tokens" in details,
+               "the refusal names the need and the pool: %s" % details)
 
     def queue_full():
         # each request reserves 10 of the 24 pages, so two run at a time;
