@@ -120,6 +120,23 @@ def seeds_model_config():
         "vocab_size": 600, "max_position_embeddings": 256, "eos_token_id": [1, 2],
         "rope_scaling": None, "sliding_window": 4096, "use_sliding_window": False,
         "torch_dtype": "bfloat16"}).encode())
+    put("model_config", "fp8-compressed-tensors", json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 600,
+        "quantization_config": {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                            "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                      "symmetric": True, "dynamic": True}}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None}}).encode())
+    put("model_config", "fp8-fbgemm", json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 600,
+        "quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                "modules_to_not_convert": ["lm_head"]}}).encode())
 
 
 def small_tokenizer(byte_level):

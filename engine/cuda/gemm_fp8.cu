@@ -44,18 +44,19 @@ static __device__ __forceinline__ void duet__unpack16_e4m3(uint4 u, float *f)
     }
 }
 
-/* sum of x[0..15] (two bf16 vectors) times the 16 weights w */
-static __device__ __forceinline__ float duet__dot16(uint4 x0, uint4 x1, const float *w)
+/* xf[0..15] = the 16 bf16 of x0, x1 */
+static __device__ __forceinline__ void duet__unpack16_bf16(uint4 x0, uint4 x1, float *xf)
 {
-    float xf[8], s = 0.0f;
     duet__unpack8(x0, xf);
+    duet__unpack8(x1, xf + 8);
+}
+
+static __device__ __forceinline__ float duet__dot16(const float *x, const float *w)
+{
+    float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        s += xf[i] * w[i];
-    duet__unpack8(x1, xf);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        s += xf[i] * w[8 + i];
+    for (int i = 0; i < 16; i++)
+        s += x[i] * w[i];
     return s;
 }
 
@@ -101,9 +102,10 @@ static __global__ void __launch_bounds__(DUET__GEMV8_WARPS * 32)
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 const uint4 *xt = xv + (size_t)t * (2 * nv) + 2 * (v + 32 * u);
-                uint4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
-                acc0[t] += duet__dot16(x0, x1, fa);
-                acc1[t] += duet__dot16(x0, x1, fb);
+                float xf[16];
+                duet__unpack16_bf16(__ldg(xt), __ldg(xt + 1), xf); /* once for both rows */
+                acc0[t] += duet__dot16(xf, fa);
+                acc1[t] += duet__dot16(xf, fb);
             }
         }
     }
@@ -114,9 +116,10 @@ static __global__ void __launch_bounds__(DUET__GEMV8_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const uint4 *xt = xv + (size_t)t * (2 * nv) + 2 * v;
-            uint4 x0 = __ldg(xt), x1 = __ldg(xt + 1);
-            acc0[t] += duet__dot16(x0, x1, fa);
-            acc1[t] += duet__dot16(x0, x1, fb);
+            float xf[16];
+            duet__unpack16_bf16(__ldg(xt), __ldg(xt + 1), xf);
+            acc0[t] += duet__dot16(xf, fa);
+            acc1[t] += duet__dot16(xf, fb);
         }
     }
 #pragma unroll
