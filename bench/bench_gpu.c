@@ -372,8 +372,7 @@ static int bench_model(const args_t *ap, const char *model, const struct cudaDev
            "weights %s (%.2f GB read per decode step)\n",
            cfg->hidden, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
            cfg->intermediate, cfg->vocab, mat_params / 1e9,
-           fp8 ? (cfg->quant.per_channel ? "fp8 e4m3 per channel" : "fp8 e4m3 per tensor")
-               : "bf16",
+           fp8 ? (cfg->quant.per_channel ? "fp8 e4m3 per channel" : "fp8 e4m3 per tensor") : "bf16",
            wbytes / 1e9);
     printf("  HBM copy bandwidth      %8.0f GB/s (1 GiB D2D, read + write)\n", bw);
     printf("  cuBLASLt bf16 GEMM      %8.0f TFLOP/s (8192^3, random data)\n", tf);

@@ -32,8 +32,8 @@
 static duet_weight_src_t duet__src(const duet_st_tensor_t *t, const duet_st_tensor_t *scale,
                                    int row0, int rows, int col0, int cols)
 {
-    duet_weight_src_t s = {t->data, t->dtype, (int)t->shape[1], row0, rows, col0, cols,
-                           NULL,    DUET_DTYPE_F32, false};
+    duet_weight_src_t s = {t->data, t->dtype, (int)t->shape[1], row0, rows, col0,
+                           cols,    NULL,     DUET_DTYPE_F32,   false};
     if (scale != NULL) { /* F8_E4M3 weight: [] / [1] per tensor, [rows][1] per channel */
         s.scale = scale->data;
         s.scale_dtype = scale->dtype;

@@ -102,9 +102,9 @@ static uint64_t duet__model_fingerprint(const duet_model_t *m)
     for (int l = 0; l < c->n_layers; l++) {
         const duet_layer_weights_t *w = &m->layers[l];
         /* o_bias follows from arch and qkv_bias; absent tensors add nothing */
-        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,     w->wv,     w->bq,
-                                        w->bk,        w->bv,   w->wo,     w->bo,     w->mlp_norm,
-                                        w->w_gate,    w->w_up, w->w_down, w->q_norm, w->k_norm,
+        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv,
+                                        w->wo, w->bo, w->mlp_norm, w->w_gate, w->w_up, w->w_down,
+                                        w->q_norm, w->k_norm,
                                         /* FP8 scales: NULL in float checkpoints */
                                         w->wq_scale, w->wk_scale, w->wv_scale, w->wo_scale,
                                         w->w_gate_scale, w->w_up_scale, w->w_down_scale};
@@ -158,8 +158,8 @@ static duet_status_t duet__model_bind_any(const duet_model_t *m, const char *nam
                           "projections may be FP8 (embeddings, norms, lm_head and biases stay "
                           "F32, F16 or BF16)",
                           t->file, name);
-    if (t->dtype != DUET_DTYPE_F32 && t->dtype != DUET_DTYPE_F16 &&
-        t->dtype != DUET_DTYPE_BF16 && t->dtype != DUET_DTYPE_F8_E4M3)
+    if (t->dtype != DUET_DTYPE_F32 && t->dtype != DUET_DTYPE_F16 && t->dtype != DUET_DTYPE_BF16 &&
+        t->dtype != DUET_DTYPE_F8_E4M3)
         return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: dtype %s is not F32, F16 or BF16",
                           t->file, name, duet_dtype_name(t->dtype));
     if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
@@ -191,8 +191,9 @@ static duet_status_t duet__model_bind_scale(const duet_model_t *m, const duet_st
                           t->file, t->name);
     snprintf(name, sizeof(name), "%.*s_scale", (int)len, t->name); /* <m>.weight_scale */
     if ((s = duet_st_find(m->st, name)) == NULL)
-        return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: missing (the F8_E4M3 weight %s needs it)",
-                          t->file, name, t->name);
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: tensor %s: missing (the F8_E4M3 weight %s needs it)", t->file, name,
+                          t->name);
     if (s->dtype != DUET_DTYPE_F32 && s->dtype != DUET_DTYPE_F16 && s->dtype != DUET_DTYPE_BF16)
         return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: dtype %s is not F32, F16 or BF16",
                           s->file, name, duet_dtype_name(s->dtype));
@@ -213,8 +214,10 @@ static duet_status_t duet__model_bind_scale(const duet_model_t *m, const duet_st
         duet_dtype_to_f32(s->dtype, (const char *)s->data + (size_t)i * duet_dtype_size(s->dtype),
                           &v, 1);
         if (!(v >= 0) || isinf(v))
-            return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: element %lld is %g, not a finite "
-                              "non-negative scale", s->file, name, (long long)i, (double)v);
+            return duet_error(DUET_ERR_FORMAT,
+                              "%s: tensor %s: element %lld is %g, not a finite "
+                              "non-negative scale",
+                              s->file, name, (long long)i, (double)v);
     }
     *s_p = s;
     return DUET_OK;
@@ -278,8 +281,8 @@ static duet_status_t duet__model_bind_layer(duet_model_t *m, int l)
             return st;
     }
     const duet_st_tensor_t *lin[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
-    const duet_st_tensor_t **scl[] = {&w->wq_scale,     &w->wk_scale,   &w->wv_scale,
-                                      &w->wo_scale,     &w->w_gate_scale, &w->w_up_scale,
+    const duet_st_tensor_t **scl[] = {&w->wq_scale,    &w->wk_scale,     &w->wv_scale,
+                                      &w->wo_scale,    &w->w_gate_scale, &w->w_up_scale,
                                       &w->w_down_scale};
     for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
         if (lin[i]->dtype == DUET_DTYPE_F8_E4M3 &&

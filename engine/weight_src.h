@@ -13,10 +13,11 @@ static inline float duet_weight_src_scale(const duet_weight_src_t *s, int row)
 {
     float v = 1.0f;
     if (s->dtype == DUET_DTYPE_F8_E4M3 && s->scale != NULL)
-        duet_dtype_to_f32(s->scale_dtype,
-                          (const char *)s->scale +
-                              (s->scale_per_row ? (size_t)row * duet_dtype_size(s->scale_dtype) : 0),
-                          &v, 1);
+        duet_dtype_to_f32(
+            s->scale_dtype,
+            (const char *)s->scale +
+                (s->scale_per_row ? (size_t)row * duet_dtype_size(s->scale_dtype) : 0),
+            &v, 1);
     return v;
 }
 

@@ -59,9 +59,9 @@ static void duet__fuzz_model(const duet_model_t *m)
 {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const duet_layer_weights_t *w = &m->layers[l];
-        const duet_st_tensor_t *ts[] = {w->wq,       w->wk,       w->wv,           w->wo,
-                                        w->w_gate,   w->w_up,     w->w_down,       w->wq_scale,
-                                        w->wk_scale, w->wv_scale, w->wo_scale,     w->w_gate_scale,
+        const duet_st_tensor_t *ts[] = {w->wq,         w->wk,          w->wv,       w->wo,
+                                        w->w_gate,     w->w_up,        w->w_down,   w->wq_scale,
+                                        w->wk_scale,   w->wv_scale,    w->wo_scale, w->w_gate_scale,
                                         w->w_up_scale, w->w_down_scale};
         for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
             if (ts[i] == NULL || ts[i]->nbytes == 0)

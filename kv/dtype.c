@@ -19,8 +19,7 @@ size_t duet_dtype_size(duet_dtype_t dt)
     return 0;
 }
 
-static const char *const duet__dtype_names[] = {"F32", "F16", "BF16", "I32", "I64",
-                                                     "F8_E4M3"};
+static const char *const duet__dtype_names[] = {"F32", "F16", "BF16", "I32", "I64", "F8_E4M3"};
 
 const char *duet_dtype_name(duet_dtype_t dt)
 {

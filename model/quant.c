@@ -49,8 +49,7 @@ static duet_status_t duet__q_names(const cJSON *obj, const char *what, const cha
  * weights, strategy tensor or channel (into *per_channel); for activations
  * any strategy (they are quantized dynamically on the device anyway). */
 static duet_status_t duet__q_args(const cJSON *args, const char *what, const char *group,
-                                  const char *key, bool weights, int *per_channel,
-                                  bool *static_p)
+                                  const char *key, bool weights, int *per_channel, bool *static_p)
 {
     const cJSON *bits = cJSON_GetObjectItemCaseSensitive(args, "num_bits");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(args, "type");
@@ -59,8 +58,9 @@ static duet_status_t duet__q_args(const cJSON *args, const char *what, const cha
     const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(args, "dynamic");
 
     if (!cJSON_IsObject(args))
-        return duet_error(DUET_ERR_FORMAT, "%s: " DUET__QC ".config_groups.%s.%s: expected an object",
-                          what, group, key);
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: " DUET__QC ".config_groups.%s.%s: expected an object", what, group,
+                          key);
     if (!cJSON_IsNumber(bits) || bits->valuedouble != 8)
         return duet_error(DUET_ERR_UNSUPPORTED,
                           "%s: " DUET__QC ".config_groups.%s.%s.num_bits: only 8 (FP8) is "
@@ -132,8 +132,10 @@ static duet_status_t duet__q_compressed(const cJSON *qc, const char *what, duet_
                           "%s: " DUET__QC ".sparsity_config: sparse checkpoints are not supported",
                           what);
     if (!cJSON_IsObject(groups) || cJSON_GetArraySize(groups) == 0)
-        return duet_error(DUET_ERR_FORMAT, "%s: " DUET__QC ".config_groups: expected an object "
-                          "with at least one group", what);
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: " DUET__QC ".config_groups: expected an object "
+                          "with at least one group",
+                          what);
     cJSON_ArrayForEach(g, groups)
     {
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(g, "weights");
@@ -153,9 +155,8 @@ static duet_status_t duet__q_compressed(const cJSON *qc, const char *what, duet_
                               "is supported",
                               what, g->string);
         if (duet__q_absent(w))
-            return duet_error(DUET_ERR_FORMAT,
-                              "%s: " DUET__QC ".config_groups.%s.weights: missing", what,
-                              g->string);
+            return duet_error(DUET_ERR_FORMAT, "%s: " DUET__QC ".config_groups.%s.weights: missing",
+                              what, g->string);
         if ((st = duet__q_args(w, what, g->string, "weights", true, &per_channel, &stat)) !=
             DUET_OK)
             return st;
@@ -214,8 +215,10 @@ duet_status_t duet_quant_config_parse(const cJSON *json, const char *what, duet_
             return duet_error(DUET_ERR_UNSUPPORTED, "%s: " DUET__QC ".fmt: only e4m3 is supported",
                               what);
         if (!duet__q_absent(act) && !cJSON_IsString(act))
-            return duet_error(DUET_ERR_FORMAT, "%s: " DUET__QC ".activation_scheme: expected a "
-                              "string", what);
+            return duet_error(DUET_ERR_FORMAT,
+                              "%s: " DUET__QC ".activation_scheme: expected a "
+                              "string",
+                              what);
         q->method = DUET_QUANT_FP8;
         q->per_channel = false;
         q->static_input = cJSON_IsString(act) && strcmp(act->valuestring, "static") == 0;

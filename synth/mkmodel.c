@@ -31,10 +31,10 @@
  * models, which widens the gap between the two largest logits (fewer
  * near-ties for greedy decoding).  A rational function, not expf(), so
  * that every libm produces the same weights. */
-#define DUET_MKMODEL_ROW_SPREAD  0.35f
-#define DUET_MKMODEL_CHUNK       ((size_t)1 << 22) /* elements generated per write */
-#define DUET_MKMODEL_MIN_SPLIT   ((size_t)1 << 16) /* below this, one thread */
-#define DUET_MKMODEL_GOLDEN      0x9e3779b97f4a7c15ull
+#define DUET_MKMODEL_ROW_SPREAD 0.35f
+#define DUET_MKMODEL_CHUNK      ((size_t)1 << 22) /* elements generated per write */
+#define DUET_MKMODEL_MIN_SPLIT  ((size_t)1 << 16) /* below this, one thread */
+#define DUET_MKMODEL_GOLDEN     0x9e3779b97f4a7c15ull
 
 typedef struct {
     int kv_heads, head_dim;
@@ -322,7 +322,7 @@ static duet_status_t duet__mk_specs(const duet_mkmodel_opts_t *o, duet__mk_spec_
             break;                                                                                 \
         duet__mk_spec_t *w_ = &s[n - 1], *sc_ = &s[n++];                                           \
         *sc_ = *w_;                                                                                \
-        snprintf(sc_->name, sizeof(sc_->name), "%.80s_scale", pre);                                 \
+        snprintf(sc_->name, sizeof(sc_->name), "%.80s_scale", pre);                                \
         w_->fp8 = 1;                                                                               \
         w_->dtype = DUET_DTYPE_F8_E4M3;                                                            \
         w_->per_row = sc_->per_row = o->fp8 == DUET_MKMODEL_FP8_CHANNEL;                           \
@@ -560,8 +560,8 @@ static duet_status_t duet__mk_write_shard(const char *path, const duet_mkmodel_o
         next = cur;
         more = duet__mk_chunk_next(specs, n, &next);
         if (more)
-            duet__mk_batch_start(&batch, &specs[next.tensor], specs[next.tensor].dtype,
-                                 next.first, next.n, bufs[1 - b], nt);
+            duet__mk_batch_start(&batch, &specs[next.tensor], specs[next.tensor].dtype, next.first,
+                                 next.n, bufs[1 - b], nt);
         st = duet_st_writer_append(w, bufs[b], cur.n * duet_dtype_size(specs[cur.tensor].dtype));
         if (more)
             duet__mk_batch_wait(&batch); /* even on error: the threads use bufs */

@@ -23,7 +23,7 @@ static void duet__mk_rounded(const duet__mk_spec_t *s, uint64_t first, size_t n,
 
 /* n elements from `first` of an FP8 weight (fp8 1) or scale (2) spec. */
 void duet__mk_fp8_block(const duet__mk_spec_t *s, uint64_t first, size_t n, float *tmp,
-                               unsigned char *out)
+                        unsigned char *out)
 {
     const uint64_t cols = (uint64_t)s->shape[1];
 
@@ -66,8 +66,7 @@ static void *duet__mk_amax_run(void *arg)
 
 /* scale = amax / 448 per row or per tensor, for every FP8 weight (and its
  * scale spec, which follows it). */
-duet_status_t duet__mk_fp8_scales(const duet_mkmodel_opts_t *o, duet__mk_spec_t *specs,
-                                         size_t n)
+duet_status_t duet__mk_fp8_scales(const duet_mkmodel_opts_t *o, duet__mk_spec_t *specs, size_t n)
 {
     const int nt = duet__mk_threads(o);
 
@@ -135,4 +134,3 @@ const char *duet__mk_quant_config(const duet_mkmodel_opts_t *o)
            "\"symmetric\": true, \"dynamic\": true}}}, \"kv_cache_scheme\": null, "
            "\"ignore\": [\"lm_head\"]},\n";
 }
-

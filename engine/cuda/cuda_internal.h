@@ -19,9 +19,9 @@
 static inline size_t duet__cuda_dtype_size(duet_dtype_t dt)
 {
     return dt == DUET_DTYPE_F32 || dt == DUET_DTYPE_I32 ? 4
-           : dt == DUET_DTYPE_I64                     ? 8
-           : dt == DUET_DTYPE_F8_E4M3                 ? 1
-                                                      : 2;
+           : dt == DUET_DTYPE_I64                       ? 8
+           : dt == DUET_DTYPE_F8_E4M3                   ? 1
+                                                        : 2;
 }
 
 /* e4m3 (OCP e4m3fn) -> float, exact */
@@ -186,6 +186,7 @@ struct duet_backend_rank {
     duet__gemm_plan_t plans[DUET__CUDA_GEMM_PLANS];
     uint64_t gemm_clock;
     int gemv_max_n; /* DUET_CUDA_GEMV (default DUET__CUDA_GEMV_MAX_N, 0 = off) */
+    bool gemv_pdl;  /* launch it as a programmatic dependent (DUET_CUDA_GEMV_PDL=0: not) */
     /* FP8 GEMMs: the quantized activations and their per-token scales
      * (grown eagerly to cap_tokens x fp8_max_cols, never while recording);
      * fp8_outer: 0 untried, 1 cuBLASLt takes outer-vector scales, -1 not;
@@ -195,7 +196,6 @@ struct duet_backend_rank {
     size_t fp8_xq_bytes;
     int fp8_sx_n, fp8_max_cols, fp8_outer;
     bool fp8_off;
-    bool gemv_pdl;  /* launch it as a programmatic dependent (DUET_CUDA_GEMV_PDL=0: not) */
 
     /* host staging */
     void *pin; /* pinned, pin_bytes */

@@ -86,8 +86,8 @@ static unsigned duet__align_of(const void *p)
     return al;
 }
 
-static duet_status_t duet__plan_make(duet_backend_rank_t *r, duet__gemm_plan_t *p, int kind,
-                                     int m, int n, int k, const void *bias, unsigned align)
+static duet_status_t duet__plan_make(duet_backend_rank_t *r, duet__gemm_plan_t *p, int kind, int m,
+                                     int n, int k, const void *bias, unsigned align)
 {
     const cudaDataType_t ab = kind == DUET__GEMM_BF16 ? CUDA_R_16BF : CUDA_R_8F_E4M3;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -247,9 +247,8 @@ static duet_status_t duet__gemm_fp8(duet_backend_rank_t *r, void *y, const void 
             if (bias != NULL)
                 cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof(bias));
-            s = cublasLtMatmul(r->lt, p->desc, &alpha, w->d, p->a, r->fp8_xq, p->b, &beta, y,
-                               p->c, y, p->c, &p->algo, r->lt_ws, DUET__CUDA_LT_WORKSPACE,
-                               r->stream);
+            s = cublasLtMatmul(r->lt, p->desc, &alpha, w->d, p->a, r->fp8_xq, p->b, &beta, y, p->c,
+                               y, p->c, &p->algo, r->lt_ws, DUET__CUDA_LT_WORKSPACE, r->stream);
             if (s == CUBLAS_STATUS_SUCCESS) {
                 r->fp8_outer = 1;
                 return DUET_OK;
@@ -266,8 +265,8 @@ static duet_status_t duet__gemm_fp8(duet_backend_rank_t *r, void *y, const void 
     }
     if ((st = duet__plan_get(r, DUET__GEMM_FP8_PLAIN, m, n, k, NULL, align, &p)) != DUET_OK)
         return st;
-    s = cublasLtMatmul(r->lt, p->desc, &alpha, w->d, p->a, r->fp8_xq, p->b, &beta, y, p->c, y,
-                       p->c, &p->algo, r->lt_ws, DUET__CUDA_LT_WORKSPACE, r->stream);
+    s = cublasLtMatmul(r->lt, p->desc, &alpha, w->d, p->a, r->fp8_xq, p->b, &beta, y, p->c, y, p->c,
+                       &p->algo, r->lt_ws, DUET__CUDA_LT_WORKSPACE, r->stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         return duet__lt_err(s, "fp8 matmul", m, n, k);
     return duet__cuda_fp8_rescale(r->stream, y, w->scale, r->fp8_sx, bias, n, m);

@@ -33,7 +33,8 @@ static __device__ __forceinline__ void duet__unpack16_e4m3(uint4 u, float *f)
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] & 0xffffu), __NV_E4M3);
+        __half2_raw lo =
+            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] & 0xffffu), __NV_E4M3);
         __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> 16), __NV_E4M3);
         float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
         float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
@@ -166,8 +167,8 @@ static cudaError_t duet__gemv_fp8_launch(cudaStream_t s, dim3 grid, bool pdl, du
 }
 
 extern "C" duet_status_t duet__cuda_gemv_fp8(cudaStream_t s, void *y, const void *x, int n,
-                                             const void *w, const float *scale, int rows,
-                                             int cols, const void *bias, bool pdl)
+                                             const void *w, const float *scale, int rows, int cols,
+                                             const void *bias, bool pdl)
 {
     int per_block = DUET__GEMV8_WARPS * 2;
     dim3 grid((unsigned)((rows + per_block - 1) / per_block));
@@ -216,7 +217,7 @@ static __global__ void __launch_bounds__(DUET__QUANT_THREADS)
         scratch[threadIdx.x >> 5] = m;
     __syncthreads();
     m = (threadIdx.x & 31) < (blockDim.x >> 5) ? scratch[threadIdx.x & 31] : 0.0f;
-    m = duet__warp_max(m); /* every warp: the row's amax */
+    m = duet__warp_max(m);              /* every warp: the row's amax */
     const float s = m / DUET__E4M3_MAX; /* 0 for an all-zero row: every q is 0 */
     if (threadIdx.x == 0)
         sx[t] = s;
@@ -227,8 +228,8 @@ static __global__ void __launch_bounds__(DUET__QUANT_THREADS)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float2 a = s > 0.0f ? make_float2(f[4 * h] / s, f[4 * h + 1] / s) : make_float2(0, 0);
-            float2 b = s > 0.0f ? make_float2(f[4 * h + 2] / s, f[4 * h + 3] / s)
-                                : make_float2(0, 0);
+            float2 b =
+                s > 0.0f ? make_float2(f[4 * h + 2] / s, f[4 * h + 3] / s) : make_float2(0, 0);
             uint32_t lo = __nv_cvt_float2_to_fp8x2(a, __NV_SATFINITE, __NV_E4M3);
             uint32_t hi = __nv_cvt_float2_to_fp8x2(b, __NV_SATFINITE, __NV_E4M3);
             q[h] = (lo & 0xffffu) | (hi << 16);
@@ -262,11 +263,10 @@ static __global__ void duet__fp8_rescale_kernel(duet_bf16 *y, const float *sw, c
 }
 
 extern "C" duet_status_t duet__cuda_fp8_rescale(cudaStream_t s, void *y, const float *sw,
-                                                const float *sx, const void *bias, int n,
-                                                int rows)
+                                                const float *sx, const void *bias, int n, int rows)
 {
     dim3 grid((unsigned)((rows + 255) / 256), (unsigned)n);
-    duet__fp8_rescale_kernel<<<grid, 256, 0, s>>>((duet_bf16 *)y, sw, sx,
-                                                  (const duet_bf16 *)bias, rows);
+    duet__fp8_rescale_kernel<<<grid, 256, 0, s>>>((duet_bf16 *)y, sw, sx, (const duet_bf16 *)bias,
+                                                  rows);
     return DUET__CUDA_LAUNCHED("fp8_rescale");
 }

@@ -169,8 +169,8 @@ static float *run_logits(duet_engine_t *e, const seqs_t *s, const int32_t *force
     return all;
 }
 
-static void compare_backends_tol(const char *dir, const char *name, double atol_frac,
-                                 double l2tol, int agree_pct)
+static void compare_backends_tol(const char *dir, const char *name, double atol_frac, double l2tol,
+                                 int agree_pct)
 {
     duet_engine_t *ec = open_engine(dir, "cpu", 1), *eg = open_engine(dir, "cuda", 1);
     int vocab = duet_engine_model(ec)->cfg.vocab;
@@ -228,9 +228,9 @@ static void test_against_cpu(void **state)
     compare_backends_tol(make_model_q("fp8ch", DUET_ARCH_LLAMA, 256, 4, 2, 64, false, NULL,
                                       DUET_MKMODEL_FP8_CHANNEL),
                          "fp8 channel gqa hd64", 0.15, 0.08, 80);
-    compare_backends_tol(make_model_q("fp8t", DUET_ARCH_QWEN2, 128, 4, 2, 32, false, NULL,
-                                      DUET_MKMODEL_FP8_TENSOR),
-                         "fp8 tensor qwen2 bias hd32", 0.15, 0.08, 80);
+    compare_backends_tol(
+        make_model_q("fp8t", DUET_ARCH_QWEN2, 128, 4, 2, 32, false, NULL, DUET_MKMODEL_FP8_TENSOR),
+        "fp8 tensor qwen2 bias hd32", 0.15, 0.08, 80);
 }
 
 /* steps with changing batch sizes; logits or device greedy */

@@ -93,8 +93,9 @@ static void run(duet_test_pair_t *p, int n, int n_src, const int *rows, int cols
         /* different magnitudes per source: different per-tensor scales */
         make_fp8(&g, src_rows, src_cols, per_row, scale_dt, (1.0f + i) / sqrtf((float)cols),
                  &mats[i]);
-        srcs[i] = (duet_weight_src_t){mats[i].q, DUET_DTYPE_F8_E4M3, src_cols, 2, rows[i], col0,
-                                      cols,      mats[i].scale,      scale_dt, per_row};
+        srcs[i] =
+            (duet_weight_src_t){mats[i].q, DUET_DTYPE_F8_E4M3, src_cols, 2,      rows[i], col0,
+                                cols,      mats[i].scale,      scale_dt, per_row};
         total += rows[i];
     }
     size_t nx = (size_t)n * cols, ny = (size_t)n * total;
@@ -164,7 +165,7 @@ static void test_matmul_fp8(void **state)
     run(&p, 1, 3, r3, 128, 128, 0, false, F32, true); /* q/k/v: three tensor scales */
     run(&p, 2, 1, r5, 512, 512, 0, true, BF16, true);
     run(&p, 3, 1, r7, 256, 256, 0, false, BF16, false);
-    run(&p, 4, 2, r6, 4096, 4096, 0, true, F32, false); /* gate/up */
+    run(&p, 4, 2, r6, 4096, 4096, 0, true, F32, false);  /* gate/up */
     run(&p, 4, 1, r5, 14336, 14336, 0, true, F32, true); /* down_proj */
     run(&p, 2, 1, r1, 96, 224, 64, true, F32, false);    /* column slice */
     /* prefill / large decode batches: cuBLASLt FP8 */

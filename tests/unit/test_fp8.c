@@ -59,14 +59,14 @@ static void test_e4m3(void **state)
     assert_true(duet_e4m3_to_f32(0x08) == 0x1p-6f);
     assert_true(duet_e4m3_to_f32(0x38) == 1.0f);
     assert_true(duet_e4m3_to_f32(0xb8) == -1.0f);
-    assert_int_equal(duet_f32_to_e4m3(1.0625f), 0x38);  /* halfway 1 / 1.125: even (1) */
-    assert_int_equal(duet_f32_to_e4m3(1.1875f), 0x3a);  /* halfway 1.125 / 1.25: even (1.25) */
-    assert_int_equal(duet_f32_to_e4m3(1.07f), 0x39);    /* above halfway */
-    assert_int_equal(duet_f32_to_e4m3(500.0f), 0x7e);   /* saturates */
+    assert_int_equal(duet_f32_to_e4m3(1.0625f), 0x38); /* halfway 1 / 1.125: even (1) */
+    assert_int_equal(duet_f32_to_e4m3(1.1875f), 0x3a); /* halfway 1.125 / 1.25: even (1.25) */
+    assert_int_equal(duet_f32_to_e4m3(1.07f), 0x39);   /* above halfway */
+    assert_int_equal(duet_f32_to_e4m3(500.0f), 0x7e);  /* saturates */
     assert_int_equal(duet_f32_to_e4m3(-INFINITY), 0xfe);
     assert_int_equal(duet_f32_to_e4m3(NAN) & 0x7f, 0x7f);
-    assert_int_equal(duet_f32_to_e4m3(0x1p-10f), 0x00); /* halfway 0 / 2^-9: even (0) */
-    assert_int_equal(duet_f32_to_e4m3(0x3p-10f), 0x02); /* halfway 2^-9 / 2^-8: even */
+    assert_int_equal(duet_f32_to_e4m3(0x1p-10f), 0x00);  /* halfway 0 / 2^-9: even (0) */
+    assert_int_equal(duet_f32_to_e4m3(0x3p-10f), 0x02);  /* halfway 2^-9 / 2^-8: even */
     assert_int_equal(duet_f32_to_e4m3(0x1.ep-7f), 0x08); /* rounds up into the normals */
     /* the midpoint of every pair of neighbours rounds to the even one */
     for (int b = 0; b < 0x7d; b++) {
@@ -88,7 +88,8 @@ static void test_e4m3(void **state)
     "\"float-quantized\", "
 #define CT_W(strategy)                                                                             \
     "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 8, " \
-    "\"type\": \"float\", \"strategy\": \"" strategy "\", \"symmetric\": true, \"dynamic\": false}"
+    "\"type\": \"float\", \"strategy\": \"" strategy                                               \
+    "\", \"symmetric\": true, \"dynamic\": false}"
 
 static duet_status_t parse_cfg(const char *text, duet_model_config_t *c)
 {
@@ -119,20 +120,22 @@ static void test_quant_config(void **state)
     assert_int_equal(c.quant.method, DUET_QUANT_NONE);
     assert_int_equal(parse_cfg("{" BASE ", \"quantization_config\": null}", &c), DUET_OK);
     assert_int_equal(c.quant.method, DUET_QUANT_NONE);
-    assert_int_equal(parse_cfg("{" BASE ", " CT_HEAD CT_W("channel")
-                               ", \"input_activations\": {\"num_bits\": 8, \"type\": \"float\", "
-                               "\"strategy\": \"token\", \"dynamic\": true}}}, \"ignore\": "
-                               "[\"lm_head\"], \"kv_cache_scheme\": null}}",
-                               &c),
-                     DUET_OK);
+    assert_int_equal(
+        parse_cfg("{" BASE ", " CT_HEAD CT_W(
+                      "channel") ", \"input_activations\": {\"num_bits\": 8, \"type\": \"float\", "
+                                 "\"strategy\": \"token\", \"dynamic\": true}}}, \"ignore\": "
+                                 "[\"lm_head\"], \"kv_cache_scheme\": null}}",
+                  &c),
+        DUET_OK);
     assert_int_equal(c.quant.method, DUET_QUANT_COMPRESSED_TENSORS);
     assert_true(c.quant.per_channel);
     assert_false(c.quant.static_input);
-    assert_int_equal(parse_cfg("{" BASE ", " CT_HEAD CT_W("tensor")
-                               ", \"input_activations\": {\"num_bits\": 8, \"type\": \"float\", "
-                               "\"strategy\": \"tensor\", \"dynamic\": false}}}}}",
-                               &c),
-                     DUET_OK);
+    assert_int_equal(
+        parse_cfg("{" BASE ", " CT_HEAD CT_W(
+                      "tensor") ", \"input_activations\": {\"num_bits\": 8, \"type\": \"float\", "
+                                "\"strategy\": \"tensor\", \"dynamic\": false}}}}}",
+                  &c),
+        DUET_OK);
     assert_false(c.quant.per_channel);
     assert_true(c.quant.static_input);
     assert_int_equal(parse_cfg("{" BASE ", \"quantization_config\": {\"quant_method\": "
@@ -170,25 +173,30 @@ static void test_quant_config(void **state)
     expect_cfg_error("{" BASE ", \"quantization_config\": {\"quant_method\": "
                      "\"compressed-tensors\", \"format\": \"float-quantized\"}}",
                      DUET_ERR_FORMAT, "quantization_config.config_groups");
-    expect_cfg_error("{" BASE ", " CT_HEAD "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
+    expect_cfg_error("{" BASE ", " CT_HEAD
+                     "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
                      "4, \"type\": \"int\", \"strategy\": \"channel\"}}}}}",
                      DUET_ERR_UNSUPPORTED, "config_groups.g.weights.num_bits");
-    expect_cfg_error("{" BASE ", " CT_HEAD "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
+    expect_cfg_error("{" BASE ", " CT_HEAD
+                     "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
                      "8, \"type\": \"int\", \"strategy\": \"channel\"}}}}}",
                      DUET_ERR_UNSUPPORTED, "config_groups.g.weights.type");
-    expect_cfg_error("{" BASE ", " CT_HEAD "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
+    expect_cfg_error("{" BASE ", " CT_HEAD
+                     "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
                      "8, \"type\": \"float\", \"strategy\": \"channel\", \"symmetric\": false}}}}}",
                      DUET_ERR_UNSUPPORTED, "config_groups.g.weights.symmetric");
-    expect_cfg_error("{" BASE ", " CT_HEAD "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
+    expect_cfg_error("{" BASE ", " CT_HEAD
+                     "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": "
                      "8, \"type\": \"float\"}}}}}",
                      DUET_ERR_FORMAT, "config_groups.g.weights.strategy: missing");
     expect_cfg_error("{" BASE ", " CT_HEAD "\"config_groups\": {\"g\": {\"targets\": []}}}}",
                      DUET_ERR_FORMAT, "config_groups.g.weights: missing");
-    expect_cfg_error("{" BASE ", " CT_HEAD CT_W("channel") "}, \"h\": {\"weights\": {\"num_bits\": "
-                     "8, \"type\": \"float\", \"strategy\": \"tensor\"}}}}}",
+    expect_cfg_error("{" BASE ", " CT_HEAD CT_W(
+                         "channel") "}, \"h\": {\"weights\": {\"num_bits\": "
+                                    "8, \"type\": \"float\", \"strategy\": \"tensor\"}}}}}",
                      DUET_ERR_UNSUPPORTED, "config_groups.h.weights.strategy");
     expect_cfg_error("{" BASE ", " CT_HEAD CT_W("tensor") "}}, \"kv_cache_scheme\": {\"num_bits\": "
-                     "8}}}",
+                                                          "8}}}",
                      DUET_ERR_UNSUPPORTED, "quantization_config.kv_cache_scheme");
     expect_cfg_error("{" BASE ", " CT_HEAD CT_W("tensor") "}}, \"ignore\": \"lm_head\"}}",
                      DUET_ERR_FORMAT, "quantization_config.ignore");
@@ -215,8 +223,8 @@ static void make_fp8(const char *name, int fp8, int format, duet_dtype_t dtype, 
 
 /* Rewrite dir's model.safetensors: drop `drop`, or give `reshape` the
  * shape [d0] (d1 < 0) or [d0, d1], or give `retype` F8_E4M3 data. */
-static void rewrite(const char *dir, const char *drop, const char *reshape, int64_t d0,
-                    int64_t d1, const char *retype)
+static void rewrite(const char *dir, const char *drop, const char *reshape, int64_t d0, int64_t d1,
+                    const char *retype)
 {
     char path[PATH_MAX];
     duet_st_set_t *set;
@@ -318,7 +326,7 @@ static void test_loader(void **state)
         assert_non_null(w->w_down_scale);
         assert_non_null(w->wq_scale);
         assert_int_equal(w->wq_scale->ndim, cases[i][0] == DUET_MKMODEL_FP8_CHANNEL ? 2
-                                            : cases[i][1] == DUET_MKMODEL_FP8_VLLM ? 0
+                                            : cases[i][1] == DUET_MKMODEL_FP8_VLLM  ? 0
                                                                                     : 1);
         assert_int_equal(m->embed->dtype, DUET_DTYPE_BF16);
         assert_int_equal(m->lm_head->dtype, DUET_DTYPE_BF16);
@@ -377,8 +385,8 @@ static void test_weight_src(void **state)
         for (int c = 0; c < 2; c++)
             assert_true(out[r * 2 + c] == duet_e4m3_to_f32(w[(2 + r) * 4 + 1 + c]) * scale[2 + r]);
     }
-    s = (duet_weight_src_t){w, DUET_DTYPE_F8_E4M3, 4, 0, 6, 0, 4, scale_bf16, DUET_DTYPE_BF16,
-                            false};
+    s = (duet_weight_src_t){w,          DUET_DTYPE_F8_E4M3, 4,    0, 6, 0, 4,
+                            scale_bf16, DUET_DTYPE_BF16,    false};
     duet_weight_src_to_f32(&s, out);
     for (int i = 0; i < 24; i++)
         assert_true(out[i] == duet_e4m3_to_f32(w[i]) * 0.0625f);
@@ -399,9 +407,9 @@ static void test_mkmodel_fp8(void **state)
     const duet_st_tensor_t *t = m->layers[0].w_gate, *sc = m->layers[0].w_gate_scale;
     int64_t rows = t->shape[0], cols = t->shape[1];
     float *v = malloc((size_t)(rows * cols) * sizeof(float));
-    assert_int_equal(duet_mkmodel_values(&o, "model.layers.0.mlp.gate_proj.weight", 0,
-                                         (size_t)(rows * cols), v),
-                     DUET_OK);
+    assert_int_equal(
+        duet_mkmodel_values(&o, "model.layers.0.mlp.gate_proj.weight", 0, (size_t)(rows * cols), v),
+        DUET_OK);
     for (int64_t r = 0; r < rows; r++) {
         float amax = 0, s = ((const float *)sc->data)[r];
         bool hit = false;
