@@ -406,7 +406,9 @@ static duet_status_t duet__cuda_op_weight_create(duet_backend_rank_t *r,
     }
     if (rows < 1 || cols < 1)
         return duet_error(DUET_ERR_INVALID, "cuda backend: empty weight (%d x %d)", rows, cols);
-    if (n_fp8 == n_src && !r->fp8_off && cols % 16 == 0) {
+    /* FP8 kept where cuBLASLt's FP8 GEMM takes the shape (leading
+     * dimensions in 16-byte multiples); any real model's projections */
+    if (n_fp8 == n_src && !r->fp8_off && cols % 16 == 0 && rows % 16 == 0) {
         if ((w = DUET_NEW(duet_weight_t)) == NULL)
             return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory for a weight");
         w->rows = rows;

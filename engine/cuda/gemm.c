@@ -258,10 +258,6 @@ static duet_status_t duet__gemm_fp8(duet_backend_rank_t *r, void *y, const void 
         } else if (r->fp8_outer == 1) {
             return st;
         }
-        DUET_LOG_WARN("cuda rank %d: cuBLASLt has no FP8 GEMM with outer-vector scales here (%s); "
-                      "scaling in a separate kernel",
-                      r->rank, st != DUET_OK ? duet_error_msg() : "matmul refused");
-        r->fp8_outer = -1;
     }
     if ((st = duet__plan_get(r, DUET__GEMM_FP8_PLAIN, m, n, k, NULL, align, &p)) != DUET_OK)
         return st;
@@ -269,6 +265,12 @@ static duet_status_t duet__gemm_fp8(duet_backend_rank_t *r, void *y, const void 
                        &p->algo, r->lt_ws, DUET__CUDA_LT_WORKSPACE, r->stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         return duet__lt_err(s, "fp8 matmul", m, n, k);
+    if (r->fp8_outer == 0) { /* the plain GEMM takes this shape: the scale mode is the problem */
+        DUET_LOG_WARN("cuda rank %d: cuBLASLt has no FP8 GEMM with outer-vector scales here "
+                      "(m %d n %d k %d); scaling in a separate kernel",
+                      r->rank, m, n, k);
+        r->fp8_outer = -1;
+    }
     return duet__cuda_fp8_rescale(r->stream, y, w->scale, r->fp8_sx, bias, n, m);
 }
 
