@@ -421,7 +421,9 @@ duet_status_t duet_mkmodel_values(const duet_mkmodel_opts_t *o, const char *name
     for (size_t i = 0; i < count; i++) {
         if (strcmp(specs[i].name, name) != 0)
             continue;
-        if (first > specs[i].count || n > specs[i].count - first) {
+        if (specs[i].fp8 == 2) { /* amax / 448 of the weight: no generated values */
+            st = duet_error(DUET_ERR_INVALID, "mkmodel: tensor %s: a scale, not generated", name);
+        } else if (first > specs[i].count || n > specs[i].count - first) {
             st = duet_error(DUET_ERR_INVALID, "mkmodel: tensor %s: [%llu, +%zu) is past %llu", name,
                             (unsigned long long)first, n, (unsigned long long)specs[i].count);
         } else {

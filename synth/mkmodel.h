@@ -94,7 +94,8 @@ duet_status_t duet_mkmodel_write(const char *dir, const duet_mkmodel_opts_t *opt
 
 /* Elements [first, first + n) of tensor `name` (row-major) as the float
  * values before rounding to opts->dtype, i.e. what duet_mkmodel_write
- * stores up to that rounding.  DUET_ERR_NOT_FOUND for a name the model does
+ * stores up to that rounding (FP8 weights: before the rounding to dtype and
+ * the quantization; their weight_scale tensors are DUET_ERR_INVALID).  DUET_ERR_NOT_FOUND for a name the model does
  * not have, DUET_ERR_INVALID for a range past the end. */
 duet_status_t duet_mkmodel_values(const duet_mkmodel_opts_t *opts, const char *name, uint64_t first,
                                   size_t n, float *dst);

@@ -427,6 +427,12 @@ static void test_mkmodel_fp8(void **state)
         assert_true(hit); /* the amax element is +-448 */
     }
     free(v);
+    o.fp8 = DUET_MKMODEL_FP8_CHANNEL;
+    float one;
+    assert_int_equal(
+        duet_mkmodel_values(&o, "model.layers.0.mlp.gate_proj.weight_scale", 0, 1, &one),
+        DUET_ERR_INVALID);
+    o.fp8 = 0;
     duet_model_close(m);
     /* sizes: 1 byte a linear weight plus the scales */
     uint64_t params, bytes, params8, bytes8;
