@@ -190,12 +190,15 @@ struct duet_backend_rank {
     /* FP8 GEMMs: the quantized activations and their per-token scales
      * (grown eagerly to cap_tokens x fp8_max_cols, never while recording);
      * fp8_outer: 0 untried, 1 cuBLASLt takes outer-vector scales, -1 not;
-     * fp8_off: DUET_CUDA_FP8=0, FP8 checkpoints dequantized to bf16 at load */
+     * fp8_off: DUET_CUDA_FP8=0, FP8 checkpoints dequantized to bf16 at load;
+     * fp8_gemv_only: DUET_CUDA_FP8_GEMM=0, every n through the FP8 GEMV in
+     * chunks of DUET__CUDA_GEMV_MAX_N tokens (exact weights, bf16
+     * activations: slow, for accuracy checks) */
     void *fp8_xq;
     float *fp8_sx;
     size_t fp8_xq_bytes;
     int fp8_sx_n, fp8_max_cols, fp8_outer;
-    bool fp8_off;
+    bool fp8_off, fp8_gemv_only;
 
     /* host staging */
     void *pin; /* pinned, pin_bytes */

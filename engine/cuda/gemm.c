@@ -19,7 +19,9 @@
  * the math says; the bias in the epilogue.  Where cuBLASLt offers no
  * algorithm for that mode, the GEMM runs unscaled into bf16 and
  * duet__cuda_fp8_rescale applies both scales and the bias (one more
- * rounding).  docs/fp8.md. */
+ * rounding).  DUET_CUDA_FP8_GEMM=0 runs every n through the FP8 GEMV
+ * instead (exact weights, bf16 activations: for accuracy checks).
+ * docs/fp8.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,8 @@ duet_status_t duet__cuda_gemm_init(duet_backend_rank_t *r)
     r->gemv_max_n = v < 0 ? 0 : (v > DUET__CUDA_GEMV_MAX_N ? DUET__CUDA_GEMV_MAX_N : v);
     g = getenv("DUET_CUDA_FP8");
     r->fp8_off = g != NULL && strcmp(g, "0") == 0;
+    g = getenv("DUET_CUDA_FP8_GEMM");
+    r->fp8_gemv_only = g != NULL && strcmp(g, "0") == 0;
     g = getenv("DUET_CUDA_GEMV_PDL");
     r->gemv_pdl = !(g != NULL && strcmp(g, "0") == 0);
     cublasStatus_t s = cublasLtCreate(&r->lt);
@@ -229,6 +233,16 @@ static duet_status_t duet__gemm_fp8(duet_backend_rank_t *r, void *y, const void 
 
     if (n <= r->gemv_max_n && duet__cuda_gemv_fp8_supported(x, w->d, n, m, k))
         return duet__cuda_gemv_fp8(r->stream, y, x, n, w->d, w->scale, m, k, bias, r->gemv_pdl);
+    if (r->fp8_gemv_only && duet__cuda_gemv_fp8_supported(x, w->d, 1, m, k)) {
+        for (int t = 0; t < n; t += DUET__CUDA_GEMV_MAX_N) {
+            int c = n - t < DUET__CUDA_GEMV_MAX_N ? n - t : DUET__CUDA_GEMV_MAX_N;
+            if ((st = duet__cuda_gemv_fp8(r->stream, (char *)y + (size_t)t * (size_t)m * 2,
+                                          (const char *)x + (size_t)t * (size_t)k * 2, c, w->d,
+                                          w->scale, m, k, bias, r->gemv_pdl)) != DUET_OK)
+                return st;
+        }
+        return DUET_OK;
+    }
     if (bias != NULL && duet__align_of(bias) < align)
         align = duet__align_of(bias);
     if (align < 16)

@@ -14,8 +14,10 @@
  *  - with two GPUs: TP=2 over NCCL gives the greedy tokens of TP=1 and
  *    logits within rel_l2 3e-2;
  *  - FP8 checkpoints (per channel, per tensor) against the cpu's exact
- *    dequantization, within rel_l2 8e-2, |err| <= 0.15 max|ref|, argmax
- *    agreeing on 80% of rows (activations quantized to e4m3 in prefill). */
+ *    dequantization: with every matmul through the FP8 GEMV
+ *    (DUET_CUDA_FP8_GEMM=0) within the bf16 bound; by default (prompt
+ *    activations quantized to e4m3 for cuBLASLt) within rel_l2 0.3,
+ *    |err| <= 0.45 max|ref|, argmax agreeing on 60% of rows. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -220,17 +222,27 @@ static void test_against_cpu(void **state)
                                    "{\"rope_type\": \"yarn\", \"factor\": 4, "
                                    "\"original_max_position_embeddings\": 16}"),
                      "qwen3 yarn hd64 tied");
-    /* FP8 checkpoints: the cpu dequantizes exactly, cuda keeps e4m3 --
-     * decode steps (n 3) through the FP8 GEMV with exact weights, the
-     * prompt (81 tokens) through cuBLASLt FP8 with activations quantized
-     * per token to e4m3 (about 2^-4 / sqrt(3) relative per matmul input,
-     * docs/fp8.md): a looser bound for the whole model than bf16's */
-    compare_backends_tol(make_model_q("fp8ch", DUET_ARCH_LLAMA, 256, 4, 2, 64, false, NULL,
-                                      DUET_MKMODEL_FP8_CHANNEL),
-                         "fp8 channel gqa hd64", 0.15, 0.08, 80);
-    compare_backends_tol(
-        make_model_q("fp8t", DUET_ARCH_QWEN2, 128, 4, 2, 32, false, NULL, DUET_MKMODEL_FP8_TENSOR),
-        "fp8 tensor qwen2 bias hd32", 0.15, 0.08, 80);
+    /* FP8 checkpoints: the cpu dequantizes exactly, cuda keeps e4m3.  With
+     * DUET_CUDA_FP8_GEMM=0 every matmul is the FP8 GEMV (exact weights,
+     * bf16 activations): the bf16 bound.  By default the prompt (81
+     * tokens) goes through cuBLASLt FP8 with activations quantized per
+     * token to e4m3: a numpy simulation of exactly that on these synthetic
+     * models gives logits rel_l2 0.12-0.18 and argmax agreement near 80%
+     * (random weights amplify the error; docs/fp8.md), hence the loose
+     * bound there -- a wrong scale or layout gives rel_l2 near 1. */
+    static char ch_dir[512], t_dir[512]; /* make_model_q returns a static buffer */
+    snprintf(ch_dir, sizeof(ch_dir), "%s",
+             make_model_q("fp8ch", DUET_ARCH_LLAMA, 256, 4, 2, 64, false, NULL,
+                          DUET_MKMODEL_FP8_CHANNEL));
+    snprintf(
+        t_dir, sizeof(t_dir), "%s",
+        make_model_q("fp8t", DUET_ARCH_QWEN2, 128, 4, 2, 32, false, NULL, DUET_MKMODEL_FP8_TENSOR));
+    setenv("DUET_CUDA_FP8_GEMM", "0", 1);
+    compare_backends(ch_dir, "fp8 channel gqa hd64, gemv only");
+    compare_backends(t_dir, "fp8 tensor qwen2 bias hd32, gemv only");
+    unsetenv("DUET_CUDA_FP8_GEMM");
+    compare_backends_tol(ch_dir, "fp8 channel gqa hd64", 0.45, 0.3, 60);
+    compare_backends_tol(t_dir, "fp8 tensor qwen2 bias hd32", 0.45, 0.3, 60);
 }
 
 /* steps with changing batch sizes; logits or device greedy */
