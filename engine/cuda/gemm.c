@@ -114,6 +114,13 @@ static duet_status_t duet__plan_make(duet_backend_rank_t *r, duet__gemm_plan_t *
                                        sizeof(mode));
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                                        sizeof(mode));
+        /* placeholders (device memory) for the heuristic; every call sets
+         * the weight's and the activations' scale vectors */
+        const void *ph = r->lt_ws;
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ph,
+                                       sizeof(ph));
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ph,
+                                       sizeof(ph));
     }
     if (bias != NULL) {
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
