@@ -6,11 +6,21 @@
  *    matrix once, lm_head included, plus the batch's KV reads);
  *  - cuBLAS(Lt) bf16 GEMM throughput, 8192^3 on random data; prefill is
  *    reported as achieved TFLOP/s (2 * params * tokens for the matrices,
- *    plus causal attention) against it.
+ *    plus causal attention) against it;
+ *  - cuBLASLt FP8 (e4m3 x e4m3, bf16 out) GEMM throughput, 8192^3, with
+ *    per-tensor scales and with the outer-vector scales the FP8 path uses:
+ *    an FP8 checkpoint's prefill is reported against the latter, and its
+ *    decode roofline counts 1 byte per linear weight (lm_head 2).
  *
- *   bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx 16,1024,4096,8192]
- *             [--decode 128] [--prompts 512,1024,2048,4096,8192] [--reps 3]
+ *   bench_gpu --model DIR [--model DIR2] [--tp N] [--batches 1,16,64]
+ *             [--ctx 16,1024,4096,8192] [--decode 128]
+ *             [--prompts 512,1024,2048,4096,8192] [--reps 3]
  *             [--temperature T] [--top-k K] [--top-p P]
+ *
+ * Two --model: both benchmarked in the same run, one after the other (an
+ * engine at a time), then DIR2's decode tok/s over DIR's for every (B, C):
+ * e.g. an FP8 checkpoint (duet mkmodel --fp8 channel) against its bf16
+ * original (docs/fp8.md).
  *
  * decode, for each context length C of --ctx (ascending) and batch B: the
  * sequences' C-token contexts are computed once per C (one sequence per
@@ -47,7 +57,7 @@
     } while (0)
 
 typedef struct {
-    const char *model;
+    const char *model, *model2;
     int tp, decode, reps;
     int batches[8], n_batches;
     int ctx[8], n_ctx;
@@ -67,8 +77,10 @@ static int parse(int argc, char **argv, args_t *a)
     a->sampling = duet_sampling_greedy();
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
-        if (strcmp(k, "--model") == 0)
+        if (strcmp(k, "--model") == 0 && a->model == NULL)
             a->model = v;
+        else if (strcmp(k, "--model") == 0)
+            a->model2 = v;
         else if (strcmp(k, "--tp") == 0)
             a->tp = atoi(v);
         else if (strcmp(k, "--ctx") == 0)
@@ -179,6 +191,103 @@ static double gemm_tflops(void)
     return 2.0 * m * n * (double)k * 20 / (ms / 1e3) / 1e12;
 }
 
+/* TFLOP/s of an e4m3 TN GEMM m = n = k = 8192, bf16 out, float32
+ * accumulate, scales per tensor (outer = false) or per row of A and column
+ * of B (outer: cuBLASLt's outer-vector mode, as the engine's FP8 path);
+ * 0 when cuBLASLt has no algorithm for it. */
+static double gemm_fp8_tflops(bool outer)
+{
+    const int m = 8192, n = 8192, k = 8192;
+    size_t elems = (size_t)m * k;
+    uint8_t *h = malloc(elems);
+    float *hs = malloc((size_t)m * sizeof(float));
+    void *A, *B, *C, *ws, *sa, *sb;
+    size_t wsb = 32u << 20;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t res;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int found = 0;
+    float alpha = 1, beta = 0, ms = 0;
+    cudaEvent_t e0, e1;
+    uint64_t s = 777;
+
+    for (size_t i = 0; i < elems; i++) { /* random finite e4m3 */
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (uint8_t)((s >> 40) % 0x7e) | (uint8_t)((s >> 50) & 0x80);
+    }
+    for (int i = 0; i < m; i++)
+        hs[i] = 1.0f / 64;
+    CK(cudaMalloc(&A, elems));
+    CK(cudaMalloc(&B, elems));
+    CK(cudaMalloc(&C, (size_t)m * n * 2));
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMalloc(&sa, (size_t)m * sizeof(float)));
+    CK(cudaMalloc(&sb, (size_t)n * sizeof(float)));
+    CK(cudaMemcpy(A, h, elems, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(B, h, elems, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sa, hs, (size_t)m * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sb, hs, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+    free(h);
+    free(hs);
+    cublasLtCreate(&lt);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (outer) {
+        int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                       sizeof(mode));
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                       sizeof(mode));
+    }
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
+    cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, m);
+    cublasLtMatmulPreferenceCreate(&pref);
+    uint64_t w64 = wsb;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &w64,
+                                         sizeof(w64));
+    double tf = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &res, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found >= 1) {
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        for (int i = 0; i < 5; i++)
+            cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, ws, wsb,
+                           0);
+        CK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < 20; i++)
+            cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res.algo, ws, wsb,
+                           0);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        tf = cudaGetLastError() == cudaSuccess ? 2.0 * m * n * (double)k * 20 / (ms / 1e3) / 1e12
+                                               : 0;
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    cudaFree(ws);
+    cudaFree(sa);
+    cudaFree(sb);
+    return tf;
+}
+
 /* DUET_BENCH_PROFILE=decode|prefill: cudaProfilerStart/Stop around the
  * first timed decode step of every (batch, ctx), or the first timed
  * prefill of every prompt length, for a profiler started with profiling
@@ -201,21 +310,18 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int main(int argc, char **argv)
+/* decode tok/s per (ctx, batch) of one model, 0 when skipped */
+typedef struct {
+    double tps[8][8];
+} decode_results_t;
+
+static int bench_model(const args_t *ap, const char *model, const struct cudaDeviceProp *pp,
+                       double bw, double tf, double tf8, decode_results_t *out)
 {
-    args_t a;
-    struct cudaDeviceProp prop;
-    if (parse(argc, argv, &a) != 0) {
-        fprintf(stderr, "usage: bench_gpu --model DIR [--tp N] [--batches 1,16,64] [--ctx N] "
-                        "[--decode N] [--prompts 512,...] [--reps N]\n");
-        return 2;
-    }
-    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-        fprintf(stderr, "bench_gpu: no CUDA device\n");
-        return 1;
-    }
-    double bw = duet_bench_copy_bandwidth();
-    double tf = gemm_tflops();
+    args_t a = *ap;
+    struct cudaDeviceProp prop = *pp;
+    a.model = model;
+    memset(out, 0, sizeof(*out));
 
     int max_b = 1, max_p = 1, max_ctx = a.ctx[a.n_ctx - 1];
     for (int i = 0; i < a.n_batches; i++)
@@ -251,7 +357,11 @@ int main(int argc, char **argv)
                                                      (cfg->n_heads * 2.0 + cfg->n_kv_heads * 2.0) +
                                                  3.0 * cfg->hidden * cfg->intermediate) +
                         (double)cfg->vocab * cfg->hidden;
-    double wbytes = mat_params * 2.0;
+    /* FP8 checkpoints: 1 byte per linear weight (scales negligible), lm_head bf16 */
+    bool fp8 = cfg->quant.method != DUET_QUANT_NONE && getenv("DUET_CUDA_FP8") == NULL;
+    double lm_params = (double)cfg->vocab * cfg->hidden;
+    double wbytes = fp8 ? (mat_params - lm_params) * 1.0 + lm_params * 2.0 : mat_params * 2.0;
+    double tf_ref = fp8 && tf8 > 0 ? tf8 : tf;
     double kv_tok = (double)cfg->n_layers * 2.0 * cfg->n_kv_heads * cfg->head_dim * 2.0;
 
     size_t n_tok = (size_t)(max_p > max_ctx ? max_p : max_ctx);
@@ -276,11 +386,18 @@ int main(int argc, char **argv)
                        strcmp(getenv("DUET_CUDA_SAMPLING"), "host") == 0
                    ? "host"
                    : "device");
-    printf("  model: hidden %d layers %d heads %d/%d hd %d ffn %d vocab %d: %.2f B matrix params\n",
+    printf("  model: hidden %d layers %d heads %d/%d hd %d ffn %d vocab %d: %.2f B matrix params, "
+           "weights %s (%.2f GB read per decode step)\n",
            cfg->hidden, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
-           cfg->intermediate, cfg->vocab, mat_params / 1e9);
+           cfg->intermediate, cfg->vocab, mat_params / 1e9,
+           fp8 ? (cfg->quant.per_channel ? "fp8 e4m3 per channel" : "fp8 e4m3 per tensor") : "bf16",
+           wbytes / 1e9);
     printf("  HBM copy bandwidth      %8.0f GB/s (1 GiB D2D, read + write)\n", bw);
     printf("  cuBLASLt bf16 GEMM      %8.0f TFLOP/s (8192^3, random data)\n", tf);
+    if (fp8)
+        printf("  cuBLASLt fp8 GEMM       %8.0f TFLOP/s (8192^3, outer-vector scales; prefill "
+               "below against it)\n",
+               tf8);
     printf("  KV pool %d pages of %d tokens (%.1f GB)%s\n", eo.n_pages, ps,
            (double)eo.n_pages * ps * kv_tok / 1e9, eo.n_pages < want ? ", less than asked" : "");
 
@@ -341,6 +458,7 @@ int main(int argc, char **argv)
             printf("  decode batch %-3d ctx %-6d %8.1f tok/s  %7.2f ms/step  roofline %8.1f tok/s "
                    "(%.2f)\n",
                    B, C, tps, 1e3 * t / a.decode, roof, tps / roof);
+            out->tps[ci][bi] = tps;
         }
     }
     for (int pi = 0; pi < a.n_prompts; pi++) {
@@ -368,7 +486,7 @@ int main(int argc, char **argv)
             2.0 * mat_params * P - 2.0 * (double)cfg->vocab * cfg->hidden * (P - 1) +
             4.0 * (double)P * (P + 1) / 2.0 * cfg->head_dim * cfg->n_heads * cfg->n_layers;
         printf("  prefill %-5d tokens     %8.0f tok/s  %7.1f ms  %6.0f TFLOP/s (%.0f%% of GEMM)\n",
-               P, P / t, 1e3 * t, flops / t / 1e12, 100.0 * flops / t / 1e12 / tf);
+               P, P / t, 1e3 * t, flops / t / 1e12, 100.0 * flops / t / 1e12 / tf_ref);
     }
     duet_engine_destroy(e);
     duet_free(tokens);
@@ -381,6 +499,41 @@ fail:
     fprintf(stderr, "forward: %s\n", duet_error_msg());
     duet_engine_destroy(e);
     return 1;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a;
+    struct cudaDeviceProp prop;
+    decode_results_t r1, r2;
+    if (parse(argc, argv, &a) != 0) {
+        fprintf(stderr, "usage: bench_gpu --model DIR [--model DIR2] [--tp N] [--batches 1,16,64] "
+                        "[--ctx N] [--decode N] [--prompts 512,...] [--reps N]\n");
+        return 2;
+    }
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        fprintf(stderr, "bench_gpu: no CUDA device\n");
+        return 1;
+    }
+    double bw = duet_bench_copy_bandwidth();
+    double tf = gemm_tflops();
+    double tf8 = gemm_fp8_tflops(true);
+    printf("bench_gpu: cuBLASLt fp8 GEMM %.0f TFLOP/s with per-tensor scales, %.0f with "
+           "outer-vector scales (8192^3; 0: no algorithm)\n",
+           gemm_fp8_tflops(false), tf8);
+    int rc = bench_model(&a, a.model, &prop, bw, tf, tf8, &r1);
+    if (rc != 0 || a.model2 == NULL)
+        return rc;
+    if ((rc = bench_model(&a, a.model2, &prop, bw, tf, tf8, &r2)) != 0)
+        return rc;
+    printf("bench_gpu: decode tok/s of %s over %s (same GPU, same run)\n", a.model2, a.model);
+    for (int ci = 0; ci < a.n_ctx; ci++)
+        for (int bi = 0; bi < a.n_batches; bi++)
+            if (r1.tps[ci][bi] > 0 && r2.tps[ci][bi] > 0)
+                printf("  decode batch %-3d ctx %-6d ratio %.2f (%.1f / %.1f tok/s)\n",
+                       a.batches[bi], a.ctx[ci], r2.tps[ci][bi] / r1.tps[ci][bi], r2.tps[ci][bi],
+                       r1.tps[ci][bi]);
+    return 0;
 }
 #else
 int main(void)

@@ -40,6 +40,14 @@ typedef struct {
     int src_cols;
     int row0, rows;
     int col0, cols;
+    /* dtype F8_E4M3 (an FP8 checkpoint, model/quant.h): element (i, j) is
+     * e4m3(i, j) * scale[i] (scale_per_row, i the source row) or
+     * * scale[0], with scale of scale_dtype (F32, F16 or BF16).  NULL for
+     * float dtypes.  cpu dequantizes at load (exactly: e4m3 -> f32, times
+     * the scale in f32) into F32; cuda keeps e4m3 and the scales. */
+    const void *scale;
+    duet_dtype_t scale_dtype;
+    bool scale_per_row;
 } duet_weight_src_t;
 
 /* Per-forward batch description, host memory, built by the engine.  Token t

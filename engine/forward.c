@@ -29,16 +29,29 @@
 
 #define DUET__ACT(rk) (duet_dtype_size((rk)->e->ops->act_dtype))
 
-static duet_weight_src_t duet__rows(const duet_st_tensor_t *t, int row0, int rows)
+static duet_weight_src_t duet__src(const duet_st_tensor_t *t, const duet_st_tensor_t *scale,
+                                   int row0, int rows, int col0, int cols)
 {
-    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], row0,
-                               rows,    0,        (int)t->shape[1]};
+    duet_weight_src_t s = {t->data, t->dtype, (int)t->shape[1], row0, rows, col0,
+                           cols,    NULL,     DUET_DTYPE_F32,   false};
+    if (scale != NULL) { /* F8_E4M3 weight: [] / [1] per tensor, [rows][1] per channel */
+        s.scale = scale->data;
+        s.scale_dtype = scale->dtype;
+        s.scale_per_row = scale->ndim == 2;
+    }
+    return s;
 }
 
-static duet_weight_src_t duet__cols(const duet_st_tensor_t *t, int col0, int cols)
+static duet_weight_src_t duet__rows(const duet_st_tensor_t *t, const duet_st_tensor_t *scale,
+                                    int row0, int rows)
 {
-    return (duet_weight_src_t){t->data, t->dtype, (int)t->shape[1], 0, (int)t->shape[0],
-                               col0,    cols};
+    return duet__src(t, scale, row0, rows, 0, (int)t->shape[1]);
+}
+
+static duet_weight_src_t duet__cols(const duet_st_tensor_t *t, const duet_st_tensor_t *scale,
+                                    int col0, int cols)
+{
+    return duet__src(t, scale, 0, (int)t->shape[0], col0, cols);
 }
 
 /* Stacked q/k/v bias slices as one act-dtype vector. */
@@ -80,16 +93,16 @@ static duet_status_t duet__load_layer(duet__rank_t *rk, int l)
     duet_status_t st;
 
     duet_weight_src_t qkv[3] = {
-        duet__rows(lw->wq, s->q_head0 * hd, s->n_q_heads * hd),
-        duet__rows(lw->wk, s->kv_head0 * hd, s->n_kv_heads * hd),
-        duet__rows(lw->wv, s->kv_head0 * hd, s->n_kv_heads * hd),
+        duet__rows(lw->wq, lw->wq_scale, s->q_head0 * hd, s->n_q_heads * hd),
+        duet__rows(lw->wk, lw->wk_scale, s->kv_head0 * hd, s->n_kv_heads * hd),
+        duet__rows(lw->wv, lw->wv_scale, s->kv_head0 * hd, s->n_kv_heads * hd),
     };
     duet_weight_src_t gu[2] = {
-        duet__rows(lw->w_gate, s->ffn0, s->n_ffn),
-        duet__rows(lw->w_up, s->ffn0, s->n_ffn),
+        duet__rows(lw->w_gate, lw->w_gate_scale, s->ffn0, s->n_ffn),
+        duet__rows(lw->w_up, lw->w_up_scale, s->ffn0, s->n_ffn),
     };
-    duet_weight_src_t wo = duet__cols(lw->wo, s->q_head0 * hd, s->n_q_heads * hd);
-    duet_weight_src_t down = duet__cols(lw->w_down, s->ffn0, s->n_ffn);
+    duet_weight_src_t wo = duet__cols(lw->wo, lw->wo_scale, s->q_head0 * hd, s->n_q_heads * hd);
+    duet_weight_src_t down = duet__cols(lw->w_down, lw->w_down_scale, s->ffn0, s->n_ffn);
 
     if ((st = ops->vector_create(rk->br, lw->attn_norm->data, lw->attn_norm->dtype, 0, cfg->hidden,
                                  &L->attn_norm)) != DUET_OK ||
@@ -184,7 +197,7 @@ duet_status_t duet__rank_init(duet__rank_t *rk)
         st = ops->vector_create(rk->br, m->norm->data, m->norm->dtype, 0, cfg->hidden,
                                 &rk->final_norm);
     if (st == DUET_OK && s->n_vocab > 0) {
-        duet_weight_src_t lm = duet__rows(m->lm_head, s->vocab0, s->n_vocab);
+        duet_weight_src_t lm = duet__rows(m->lm_head, NULL, s->vocab0, s->n_vocab);
         st = ops->weight_create(rk->br, &lm, 1, &rk->lm_head);
     }
     if (st != DUET_OK)

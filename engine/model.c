@@ -9,6 +9,7 @@
 #include "engine/model.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -101,9 +102,12 @@ static uint64_t duet__model_fingerprint(const duet_model_t *m)
     for (int l = 0; l < c->n_layers; l++) {
         const duet_layer_weights_t *w = &m->layers[l];
         /* o_bias follows from arch and qkv_bias; absent tensors add nothing */
-        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq,   w->wk,     w->wv,     w->bq,
-                                        w->bk,        w->bv,   w->wo,     w->bo,     w->mlp_norm,
-                                        w->w_gate,    w->w_up, w->w_down, w->q_norm, w->k_norm};
+        const duet_st_tensor_t *ts[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv,
+                                        w->wo, w->bo, w->mlp_norm, w->w_gate, w->w_up, w->w_down,
+                                        w->q_norm, w->k_norm,
+                                        /* FP8 scales: NULL in float checkpoints */
+                                        w->wq_scale, w->wk_scale, w->wv_scale, w->wo_scale,
+                                        w->w_gate_scale, w->w_up_scale, w->w_down_scale};
         for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
             if (ts[i] != NULL)
                 duet__fp_tensor(&fp, ts[i]);
@@ -113,6 +117,15 @@ static uint64_t duet__model_fingerprint(const duet_model_t *m)
     if (!c->tie_embeddings)
         duet__fp_tensor(&fp, m->lm_head);
     return duet__fp_final(fp.h);
+}
+
+static duet_status_t duet__model_bind_any(const duet_model_t *m, const char *name, int64_t d0,
+                                          int64_t d1, bool fp8_ok, const duet_st_tensor_t **t_p);
+
+static duet_status_t duet__model_bind(const duet_model_t *m, const char *name, int64_t d0,
+                                      int64_t d1, const duet_st_tensor_t **t_p)
+{
+    return duet__model_bind_any(m, name, d0, d1, false, t_p);
 }
 
 static void duet__shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
@@ -125,9 +138,10 @@ static void duet__shape_str(char *buf, size_t size, int ndim, const int64_t *sha
         snprintf(buf, size, "(%d dimensions)", ndim);
 }
 
-/* Find name; d1 < 0 means a 1-D tensor [d0]. */
-static duet_status_t duet__model_bind(const duet_model_t *m, const char *name, int64_t d0,
-                                      int64_t d1, const duet_st_tensor_t **t_p)
+/* Find name; d1 < 0 means a 1-D tensor [d0].  F8_E4M3 is accepted for the
+ * linear weights of a layer (duet__model_bind_scale checks their scales). */
+static duet_status_t duet__model_bind_any(const duet_model_t *m, const char *name, int64_t d0,
+                                          int64_t d1, bool fp8_ok, const duet_st_tensor_t **t_p)
 {
     const duet_st_tensor_t *t = duet_st_find(m->st, name);
     int64_t want[2] = {d0, d1};
@@ -138,7 +152,14 @@ static duet_status_t duet__model_bind(const duet_model_t *m, const char *name, i
     if (t == NULL)
         return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: missing (config.json implies %s)",
                           m->dir, name, want_s);
-    if (t->dtype != DUET_DTYPE_F32 && t->dtype != DUET_DTYPE_F16 && t->dtype != DUET_DTYPE_BF16)
+    if (t->dtype == DUET_DTYPE_F8_E4M3 && !fp8_ok)
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: tensor %s: dtype F8_E4M3: only the q/k/v/o and gate/up/down "
+                          "projections may be FP8 (embeddings, norms, lm_head and biases stay "
+                          "F32, F16 or BF16)",
+                          t->file, name);
+    if (t->dtype != DUET_DTYPE_F32 && t->dtype != DUET_DTYPE_F16 && t->dtype != DUET_DTYPE_BF16 &&
+        t->dtype != DUET_DTYPE_F8_E4M3)
         return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: dtype %s is not F32, F16 or BF16",
                           t->file, name, duet_dtype_name(t->dtype));
     if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
@@ -148,6 +169,57 @@ static duet_status_t duet__model_bind(const duet_model_t *m, const char *name, i
                           t->file, name, got_s, want_s);
     }
     *t_p = t;
+    return DUET_OK;
+}
+
+/* The weight_scale of an F8_E4M3 linear weight t (rows d0): a float dtype,
+ * shape [] or [1] (per tensor) or [d0, 1] (per channel, as the config's
+ * strategy says), finite and non-negative values. */
+static duet_status_t duet__model_bind_scale(const duet_model_t *m, const duet_st_tensor_t *t,
+                                            int64_t d0, const duet_st_tensor_t **s_p)
+{
+    const duet_quant_config_t *q = &m->cfg.quant;
+    char name[160], got_s[48];
+    const duet_st_tensor_t *s;
+    size_t len = strlen(t->name);
+    float v;
+
+    if (q->method == DUET_QUANT_NONE)
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: tensor %s: dtype F8_E4M3, but config.json has no "
+                          "quantization_config",
+                          t->file, t->name);
+    snprintf(name, sizeof(name), "%.*s_scale", (int)len, t->name); /* <m>.weight_scale */
+    if ((s = duet_st_find(m->st, name)) == NULL)
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: tensor %s: missing (the F8_E4M3 weight %s needs it)", t->file, name,
+                          t->name);
+    if (s->dtype != DUET_DTYPE_F32 && s->dtype != DUET_DTYPE_F16 && s->dtype != DUET_DTYPE_BF16)
+        return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: dtype %s is not F32, F16 or BF16",
+                          s->file, name, duet_dtype_name(s->dtype));
+    bool per_tensor = s->ndim == 0 || (s->ndim == 1 && s->shape[0] == 1);
+    bool per_channel = s->ndim == 2 && s->shape[0] == d0 && s->shape[1] == 1;
+    if (q->per_channel ? !per_channel : !per_tensor) {
+        duet__shape_str(got_s, sizeof(got_s), s->ndim, s->shape);
+        if (s->ndim == 0)
+            snprintf(got_s, sizeof(got_s), "[]");
+        return duet_error(DUET_ERR_FORMAT,
+                          "%s: tensor %s: shape %s does not match the %s strategy of "
+                          "quantization_config (expected %s%lld%s)",
+                          s->file, name, got_s, q->per_channel ? "per-channel" : "per-tensor",
+                          q->per_channel ? "[" : "[] or [", q->per_channel ? (long long)d0 : 1LL,
+                          q->per_channel ? ", 1]" : "]");
+    }
+    for (int64_t i = 0; i < (q->per_channel ? d0 : 1); i++) {
+        duet_dtype_to_f32(s->dtype, (const char *)s->data + (size_t)i * duet_dtype_size(s->dtype),
+                          &v, 1);
+        if (!(v >= 0) || isinf(v))
+            return duet_error(DUET_ERR_FORMAT,
+                              "%s: tensor %s: element %lld is %g, not a finite "
+                              "non-negative scale",
+                              s->file, name, (long long)i, (double)v);
+    }
+    *s_p = s;
     return DUET_OK;
 }
 
@@ -204,7 +276,17 @@ static duet_status_t duet__model_bind_layer(duet_model_t *m, int l)
                                                                      : "attention_bias is false");
             continue;
         }
-        if ((st = duet__model_bind(m, name, specs[i].d0, specs[i].d1, specs[i].dst)) != DUET_OK)
+        if ((st = duet__model_bind_any(m, name, specs[i].d0, specs[i].d1,
+                                       specs[i].d1 >= 0 && !is_qk_norm, specs[i].dst)) != DUET_OK)
+            return st;
+    }
+    const duet_st_tensor_t *lin[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+    const duet_st_tensor_t **scl[] = {&w->wq_scale,    &w->wk_scale,     &w->wv_scale,
+                                      &w->wo_scale,    &w->w_gate_scale, &w->w_up_scale,
+                                      &w->w_down_scale};
+    for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
+        if (lin[i]->dtype == DUET_DTYPE_F8_E4M3 &&
+            (st = duet__model_bind_scale(m, lin[i], lin[i]->shape[0], scl[i])) != DUET_OK)
             return st;
     }
     return DUET_OK;

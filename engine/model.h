@@ -26,6 +26,11 @@ typedef struct {
     const duet_st_tensor_t *w_gate;    /* [intermediate][hidden] */
     const duet_st_tensor_t *w_up;      /* [intermediate][hidden] */
     const duet_st_tensor_t *w_down;    /* [hidden][intermediate] */
+    /* FP8 checkpoints (cfg.quant): the weight_scale of each linear weight
+     * above whose dtype is F8_E4M3 ([] or [1] per tensor, [out][1] per
+     * channel, a float dtype), NULL for a weight stored in a float dtype. */
+    const duet_st_tensor_t *wq_scale, *wk_scale, *wv_scale, *wo_scale;
+    const duet_st_tensor_t *w_gate_scale, *w_up_scale, *w_down_scale;
 } duet_layer_weights_t;
 
 typedef struct {
@@ -48,7 +53,11 @@ typedef struct {
 
 /* Open DIR: config.json + safetensors.  Every tensor the config implies must
  * exist with exactly the implied shape and a float dtype; a missing tensor or
- * a shape mismatch is DUET_ERR_FORMAT naming the file and tensor.  lm_head is
+ * a shape mismatch is DUET_ERR_FORMAT naming the file and tensor.  In an FP8
+ * checkpoint (config.json quantization_config, model/quant.h) the q/k/v/o
+ * and gate/up/down weights may be F8_E4M3, each with its weight_scale of the
+ * shape the strategy implies; an F8_E4M3 weight without a valid scale, or
+ * without a quantization_config, is DUET_ERR_FORMAT naming the tensor.  lm_head is
  * the embedding when tie_word_embeddings is true (a saved lm_head.weight is
  * then ignored) and required otherwise.  q/k/v or o_proj biases present in
  * a model whose config implies none are an error, other extra tensors are

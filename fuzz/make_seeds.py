@@ -85,6 +85,30 @@ def seeds_safetensors():
                         "weight_map": {"a.weight": "s.safetensors",
                                        "b.weight": "s.safetensors"}}).encode()
     put("safetensors", "sharded", b"\x01" + struct.pack("<H", len(index)) + index + shard)
+    # the FP8 loader: a 1-layer llama, hidden 8, 2 heads of 4, tied, its
+    # linear weights F8_E4M3 with per-channel (compressed-tensors) or
+    # per-tensor (fp8) F32 scales
+    for name, qc, per_channel in (
+            ("fp8-channel", {"quant_method": "compressed-tensors", "format": "float-quantized",
+                             "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                                 "num_bits": 8, "type": "float", "strategy": "channel",
+                                 "symmetric": True, "dynamic": False}}},
+                             "ignore": ["lm_head"]}, True),
+            ("fp8-tensor", {"quant_method": "fp8", "activation_scheme": "dynamic"}, False)):
+        cfg = json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 8,
+                          "num_hidden_layers": 1, "num_attention_heads": 2,
+                          "intermediate_size": 8, "vocab_size": 4, "tie_word_embeddings": True,
+                          "quantization_config": qc}).encode()
+        ts = [("model.embed_tokens.weight", "BF16", [4, 8], 64),
+              ("model.norm.weight", "BF16", [8], 16),
+              ("model.layers.0.input_layernorm.weight", "BF16", [8], 16),
+              ("model.layers.0.post_attention_layernorm.weight", "BF16", [8], 16)]
+        for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            ts.append(("model.layers.0.%s.weight" % proj, "F8_E4M3", [8, 8], 64))
+            ts.append(("model.layers.0.%s.weight_scale" % proj, "F32",
+                       [8, 1] if per_channel else [], 32 if per_channel else 4))
+        put("safetensors", name, b"\x02" + struct.pack("<H", len(cfg)) + cfg + st_file(ts))
 
 
 def seeds_model_config():
@@ -96,6 +120,23 @@ def seeds_model_config():
         "vocab_size": 600, "max_position_embeddings": 256, "eos_token_id": [1, 2],
         "rope_scaling": None, "sliding_window": 4096, "use_sliding_window": False,
         "torch_dtype": "bfloat16"}).encode())
+    put("model_config", "fp8-compressed-tensors", json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 600,
+        "quantization_config": {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                            "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                      "symmetric": True, "dynamic": True}}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None}}).encode())
+    put("model_config", "fp8-fbgemm", json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 600,
+        "quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                "modules_to_not_convert": ["lm_head"]}}).encode())
 
 
 def small_tokenizer(byte_level):

@@ -13,11 +13,13 @@ size_t duet_dtype_size(duet_dtype_t dt)
         return 2;
     case DUET_DTYPE_I64:
         return 8;
+    case DUET_DTYPE_F8_E4M3:
+        return 1;
     }
     return 0;
 }
 
-static const char *const duet__dtype_names[] = {"F32", "F16", "BF16", "I32", "I64"};
+static const char *const duet__dtype_names[] = {"F32", "F16", "BF16", "I32", "I64", "F8_E4M3"};
 
 const char *duet_dtype_name(duet_dtype_t dt)
 {
@@ -93,6 +95,51 @@ uint16_t duet_f32_to_f16(float f)
     return (uint16_t)half;
 }
 
+float duet_e4m3_to_f32(uint8_t b)
+{
+    uint32_t sign = b & 0x80u, exp = (b >> 3) & 0xfu, man = b & 0x7u;
+    float f;
+
+    if (exp == 0xfu && man == 0x7u)
+        return sign ? -NAN : NAN;
+    if (exp == 0)
+        f = (float)man * 0x1p-9f; /* subnormal: man * 2^-6 / 8 */
+    else
+        f = ldexpf((float)(8u + man), (int)exp - 10); /* 1.man * 2^(exp - 7) */
+    return sign ? -f : f;
+}
+
+uint8_t duet_f32_to_e4m3(float f)
+{
+    uint32_t u;
+    uint8_t sign;
+    float a;
+    int e;
+
+    memcpy(&u, &f, sizeof(u));
+    sign = (uint8_t)((u >> 24) & 0x80u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint8_t)(sign | 0x7fu);
+    a = fabsf(f);
+    if (a >= 464.0f) /* 448 + half an ulp (32 / 2): saturate, infinities too */
+        return (uint8_t)(sign | 0x7eu);
+    if (a < 0x1p-6f) { /* subnormal range: steps of 2^-9, nearbyint rounds half to even */
+        float q = nearbyintf(a * 0x1p9f);
+        return (uint8_t)(sign | (uint8_t)q); /* q == 8 is the smallest normal 0x08 */
+    }
+    frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+    /* 4 significant bits: steps of 2^(e - 4) */
+    float q = nearbyintf(ldexpf(a, 4 - e)); /* in [8, 16] */
+    int exp = e - 1 + 7;
+    if (q >= 16.0f) {
+        q = 8.0f;
+        exp++;
+    }
+    if (exp > 15 || (exp == 15 && q > 14.0f))
+        return (uint8_t)(sign | 0x7eu);
+    return (uint8_t)(sign | (uint8_t)(exp << 3) | (uint8_t)((int)q - 8));
+}
+
 void duet_dtype_to_f32(duet_dtype_t dt, const void *src, float *dst, size_t n)
 {
     switch (dt) {
@@ -109,6 +156,12 @@ void duet_dtype_to_f32(duet_dtype_t dt, const void *src, float *dst, size_t n)
         const uint16_t *s = src;
         for (size_t i = 0; i < n; i++)
             dst[i] = duet_bf16_to_f32(s[i]);
+        break;
+    }
+    case DUET_DTYPE_F8_E4M3: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = duet_e4m3_to_f32(s[i]);
         break;
     }
     default:

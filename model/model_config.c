@@ -454,7 +454,8 @@ duet_status_t duet_model_config_parse(const cJSON *json, const char *what,
         (st = duet__cfg_dtype(json, what, &c.torch_dtype)) != DUET_OK ||
         (st = duet__cfg_rope_scaling(json, what, c.max_pos, &c.rope_scaling)) != DUET_OK ||
         (st = duet__cfg_sliding_window(json, what, c.max_pos)) != DUET_OK ||
-        (st = duet__cfg_mlp(json, what)) != DUET_OK)
+        (st = duet__cfg_mlp(json, what)) != DUET_OK ||
+        (st = duet_quant_config_parse(json, what, &c.quant)) != DUET_OK)
         return st;
     c.qkv_bias = c.arch == DUET_ARCH_QWEN2 || attention_bias;
     c.o_bias = c.arch != DUET_ARCH_QWEN2 && attention_bias;

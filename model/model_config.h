@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "kv/dtype.h"
+#include "model/quant.h"
 
 #define DUET_MAX_EOS_IDS 8
 
@@ -64,7 +65,8 @@ typedef struct {
     int bos_id;          /* -1 when none */
     int eos_ids[DUET_MAX_EOS_IDS];
     int n_eos;
-    duet_dtype_t torch_dtype; /* informational; tensors carry their own dtype */
+    duet_dtype_t torch_dtype;  /* informational; tensors carry their own dtype */
+    duet_quant_config_t quant; /* quantization_config: FP8 weights (model/quant.h) */
 } duet_model_config_t;
 
 /* Parse a config.json object.  `what` names the file in messages.  Missing

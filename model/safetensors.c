@@ -80,9 +80,9 @@ static int duet__st_json_uint(const cJSON *it, uint64_t *out)
 
 static int duet__st_known_foreign_dtype(const char *s)
 {
-    static const char *const names[] = {"F64", "I8",      "U8",      "I16",     "U16",
-                                        "U32", "U64",     "BOOL",    "F8_E4M3", "F8_E5M2",
-                                        "F4",  "F6_E2M3", "F6_E3M2", "F8_E8M0", "C64"};
+    static const char *const names[] = {"F64",     "I8",      "U8",      "I16",     "U16",
+                                        "U32",     "U64",     "BOOL",    "F8_E5M2", "F4",
+                                        "F6_E2M3", "F6_E3M2", "F8_E8M0", "C64"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(s, names[i]) == 0)
             return 1;
@@ -114,9 +114,10 @@ static duet_status_t duet__st_entry_parse(const char *path, const char *name, co
         return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: dtype is not a string", path, name);
     dt = duet_dtype_parse(dtype->valuestring);
     if (dt < 0 && duet__st_known_foreign_dtype(dtype->valuestring))
-        return duet_error(DUET_ERR_UNSUPPORTED,
-                          "%s: tensor %s: dtype %s is not supported (F32, F16, BF16, I32, I64)",
-                          path, name, dtype->valuestring);
+        return duet_error(
+            DUET_ERR_UNSUPPORTED,
+            "%s: tensor %s: dtype %s is not supported (F32, F16, BF16, I32, I64, F8_E4M3)", path,
+            name, dtype->valuestring);
     if (dt < 0)
         return duet_error(DUET_ERR_FORMAT, "%s: tensor %s: unknown dtype \"%s\"", path, name,
                           dtype->valuestring);

@@ -7,7 +7,8 @@
  * offset, size and dtype is validated at open: a truncated file, a bad
  * header, overlapping or out-of-bounds tensors are DUET_ERR_FORMAT naming the
  * file (and tensor); a missing file is DUET_ERR_NOT_FOUND; a valid
- * safetensors dtype duet does not handle (F64, I8, ...) DUET_ERR_UNSUPPORTED.
+ * safetensors dtype duet does not handle (F64, I8, F8_E5M2, ...)
+ * DUET_ERR_UNSUPPORTED; F8_E4M3 (FP8 checkpoints' weights) is read.
  * Gaps between tensors are accepted.  Tensor data is only as aligned as the
  * file makes it (the data region starts 8-byte aligned in files written by
  * Hugging Face or duet_st_write_file). */

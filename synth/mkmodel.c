@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "model/safetensors.h"
+#include "synth/mkmodel_internal.h"
 #include "tokenizer/tokenizer.h"
 
 /* Linear layers get std GAIN / sqrt(fan_in), a bit above 1, and the
@@ -30,21 +31,10 @@
  * models, which widens the gap between the two largest logits (fewer
  * near-ties for greedy decoding).  A rational function, not expf(), so
  * that every libm produces the same weights. */
-#define DUET_MKMODEL_ROW_SPREAD  0.35f
-#define DUET_MKMODEL_CHUNK       ((size_t)1 << 22) /* elements generated per write */
-#define DUET_MKMODEL_MIN_SPLIT   ((size_t)1 << 16) /* below this, one thread */
-#define DUET_MKMODEL_MAX_THREADS 16
-#define DUET_MKMODEL_GOLDEN      0x9e3779b97f4a7c15ull
-
-typedef struct {
-    char name[96];
-    int ndim;
-    int64_t shape[2];
-    uint64_t count;
-    float offset, amp; /* value = offset + amp * row scale * U(-1, 1) */
-    uint64_t key;
-    uint64_t row_key; /* 0: no per-row scale */
-} duet__mk_spec_t;
+#define DUET_MKMODEL_ROW_SPREAD 0.35f
+#define DUET_MKMODEL_CHUNK      ((size_t)1 << 22) /* elements generated per write */
+#define DUET_MKMODEL_MIN_SPLIT  ((size_t)1 << 16) /* below this, one thread */
+#define DUET_MKMODEL_GOLDEN     0x9e3779b97f4a7c15ull
 
 typedef struct {
     int kv_heads, head_dim;
@@ -84,7 +74,7 @@ static float duet__mk_row_scale(const duet__mk_spec_t *s, uint64_t row)
 }
 
 /* Element i takes 32 bits of the splitmix64 output for counter i / 2. */
-static void duet__mk_gen(const duet__mk_spec_t *s, uint64_t first, size_t n, float *dst)
+void duet__mk_gen(const duet__mk_spec_t *s, uint64_t first, size_t n, float *dst)
 {
     const uint64_t cols = s->ndim == 2 ? (uint64_t)s->shape[1] : (uint64_t)s->shape[0];
     uint64_t row = first / cols, col = first % cols;
@@ -130,7 +120,7 @@ static uint16_t duet__mk_to_f16(float f)
     return (uint16_t)(sign | (a >> 13));
 }
 
-static void duet__mk_store(duet_dtype_t dt, const float *src, size_t n, void *dst)
+void duet__mk_store(duet_dtype_t dt, const float *src, size_t n, void *dst)
 {
     uint16_t *h = dst;
     switch (dt) {
@@ -221,6 +211,8 @@ static size_t duet__mk_tensor_count(const duet_mkmodel_opts_t *o)
                        : o->arch == DUET_ARCH_QWEN3 ? 11
                        : o->attention_bias          ? 13
                                                     : 9;
+    if (o->fp8 != 0)
+        per_layer += 7; /* a weight_scale per linear weight */
     return 2 + (size_t)o->layers * per_layer + (o->tied ? 0 : 1);
 }
 
@@ -279,6 +271,14 @@ duet_status_t duet_mkmodel_check(const duet_mkmodel_opts_t *o)
     if (o->dtype != DUET_DTYPE_F32 && o->dtype != DUET_DTYPE_F16 && o->dtype != DUET_DTYPE_BF16)
         return duet_error(DUET_ERR_INVALID, "mkmodel: dtype %s: must be F32, F16 or BF16",
                           duet_dtype_name(o->dtype));
+    if (o->fp8 < 0 || o->fp8 > DUET_MKMODEL_FP8_CHANNEL || o->fp8_format < 0 ||
+        o->fp8_format > DUET_MKMODEL_FP8_VLLM)
+        return duet_error(DUET_ERR_INVALID, "mkmodel: fp8 %d / fp8_format %d: unknown", o->fp8,
+                          o->fp8_format);
+    if (o->fp8 == DUET_MKMODEL_FP8_TENSOR && o->fp8_format == DUET_MKMODEL_FP8_FBGEMM)
+        return duet_error(DUET_ERR_INVALID, "mkmodel: fp8 tensor: fbgemm_fp8 is per channel only");
+    if (o->fp8 == DUET_MKMODEL_FP8_CHANNEL && o->fp8_format == DUET_MKMODEL_FP8_VLLM)
+        return duet_error(DUET_ERR_INVALID, "mkmodel: fp8 channel: the fp8 format is per tensor");
     if (o->shards < 1 || (size_t)o->shards > duet__mk_tensor_count(o) || o->shards > 99999)
         return duet_error(DUET_ERR_INVALID, "mkmodel: shards %d: must be in [1, %zu] (tensors)",
                           o->shards, duet__mk_tensor_count(o));
@@ -297,6 +297,8 @@ static void duet__mk_spec(duet__mk_spec_t *s, uint64_t seed, const char *name, i
     s->amp = std * 1.7320508f; /* U(-a, a) has std a / sqrt(3) */
     s->key = duet__mk_key(seed, name);
     s->row_key = 0;
+    s->fp8 = 0;
+    s->scales = NULL;
 }
 
 /* Every tensor of the model, in Hugging Face order. */
@@ -313,6 +315,24 @@ static duet_status_t duet__mk_specs(const duet_mkmodel_opts_t *o, duet__mk_spec_
         return duet_error(DUET_ERR_NO_MEMORY, "mkmodel: no memory for %zu tensors", cap);
     duet__mk_dims(o, &d);
     const int64_t q = (int64_t)o->heads * d.head_dim, kv = (int64_t)d.kv_heads * d.head_dim;
+    /* an FP8 linear weight is followed by its scale */
+#define DUET__MK_FP8(pre)                                                                          \
+    do {                                                                                           \
+        if (o->fp8 == 0)                                                                           \
+            break;                                                                                 \
+        duet__mk_spec_t *w_ = &s[n - 1], *sc_ = &s[n++];                                           \
+        *sc_ = *w_;                                                                                \
+        snprintf(sc_->name, sizeof(sc_->name), "%.80s_scale", pre);                                \
+        w_->fp8 = 1;                                                                               \
+        w_->dtype = DUET_DTYPE_F8_E4M3;                                                            \
+        w_->per_row = sc_->per_row = o->fp8 == DUET_MKMODEL_FP8_CHANNEL;                           \
+        sc_->fp8 = 2;                                                                              \
+        sc_->dtype = DUET_DTYPE_F32;                                                               \
+        sc_->ndim = sc_->per_row ? 2 : o->fp8_format == DUET_MKMODEL_FP8_VLLM ? 0 : 1;             \
+        sc_->shape[0] = sc_->per_row ? w_->shape[0] : 1;                                           \
+        sc_->shape[1] = 1;                                                                         \
+        sc_->count = (uint64_t)sc_->shape[0];                                                      \
+    } while (0)
     const float lin_h = DUET_MKMODEL_GAIN / sqrtf((float)h);
     duet__mk_spec(&s[n++], o->seed, "model.embed_tokens.weight", o->vocab, h, 0.0f,
                   DUET_MKMODEL_EMBED_STD);
@@ -325,14 +345,18 @@ static duet_status_t duet__mk_specs(const duet_mkmodel_opts_t *o, duet__mk_spec_
     } while (0)
         DUET__MK_LAYER("input_layernorm.weight", h, -1, 1.0f, DUET_MKMODEL_NORM_STD);
         DUET__MK_LAYER("self_attn.q_proj.weight", q, h, 0.0f, lin_h);
+        DUET__MK_FP8(name);
         DUET__MK_LAYER("self_attn.k_proj.weight", kv, h, 0.0f, lin_h);
+        DUET__MK_FP8(name);
         DUET__MK_LAYER("self_attn.v_proj.weight", kv, h, 0.0f, lin_h);
+        DUET__MK_FP8(name);
         if (o->arch == DUET_ARCH_QWEN2 || o->attention_bias) {
             DUET__MK_LAYER("self_attn.q_proj.bias", q, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
             DUET__MK_LAYER("self_attn.k_proj.bias", kv, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
             DUET__MK_LAYER("self_attn.v_proj.bias", kv, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
         }
         DUET__MK_LAYER("self_attn.o_proj.weight", h, q, 0.0f, DUET_MKMODEL_GAIN / sqrtf((float)q));
+        DUET__MK_FP8(name);
         if (o->attention_bias)
             DUET__MK_LAYER("self_attn.o_proj.bias", h, -1, 0.0f, DUET_MKMODEL_BIAS_STD);
         if (o->arch == DUET_ARCH_QWEN3) {
@@ -341,14 +365,23 @@ static duet_status_t duet__mk_specs(const duet_mkmodel_opts_t *o, duet__mk_spec_
         }
         DUET__MK_LAYER("post_attention_layernorm.weight", h, -1, 1.0f, DUET_MKMODEL_NORM_STD);
         DUET__MK_LAYER("mlp.gate_proj.weight", ff, h, 0.0f, lin_h);
+        DUET__MK_FP8(name);
         DUET__MK_LAYER("mlp.up_proj.weight", ff, h, 0.0f, lin_h);
+        DUET__MK_FP8(name);
         DUET__MK_LAYER("mlp.down_proj.weight", h, ff, 0.0f, DUET_MKMODEL_GAIN / sqrtf((float)ff));
+        DUET__MK_FP8(name);
 #undef DUET__MK_LAYER
+#undef DUET__MK_FP8
     }
     duet__mk_spec(&s[n++], o->seed, "model.norm.weight", h, -1, 1.0f, DUET_MKMODEL_NORM_STD);
     if (!o->tied) {
         duet__mk_spec(&s[n++], o->seed, "lm_head.weight", o->vocab, h, 0.0f, lin_h);
         s[n - 1].row_key = duet__mk_mix(s[n - 1].key ^ 0x726f772d7363616cull) | 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        s[i].base = o->dtype;
+        if (s[i].fp8 == 0)
+            s[i].dtype = o->dtype;
     }
     *specs_p = s;
     *n_p = n;
@@ -364,11 +397,14 @@ duet_status_t duet_mkmodel_size(const duet_mkmodel_opts_t *o, uint64_t *params_p
 
     if (st != DUET_OK || (st = duet__mk_specs(o, &specs, &n)) != DUET_OK)
         return st;
-    for (size_t i = 0; i < n; i++)
-        params += specs[i].count;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        params += specs[i].fp8 == 2 ? 0 : specs[i].count; /* scales are not parameters */
+        bytes += specs[i].count * duet_dtype_size(specs[i].dtype);
+    }
     duet_free(specs);
     *params_p = params;
-    *bytes_p = params * duet_dtype_size(o->dtype);
+    *bytes_p = bytes;
     return DUET_OK;
 }
 
@@ -385,7 +421,9 @@ duet_status_t duet_mkmodel_values(const duet_mkmodel_opts_t *o, const char *name
     for (size_t i = 0; i < count; i++) {
         if (strcmp(specs[i].name, name) != 0)
             continue;
-        if (first > specs[i].count || n > specs[i].count - first) {
+        if (specs[i].fp8 == 2) { /* amax / 448 of the weight: no generated values */
+            st = duet_error(DUET_ERR_INVALID, "mkmodel: tensor %s: a scale, not generated", name);
+        } else if (first > specs[i].count || n > specs[i].count - first) {
             st = duet_error(DUET_ERR_INVALID, "mkmodel: tensor %s: [%llu, +%zu) is past %llu", name,
                             (unsigned long long)first, n, (unsigned long long)specs[i].count);
         } else {
@@ -415,6 +453,10 @@ static void *duet__mk_job_run(void *arg)
 
     for (size_t done = 0; done < job->n; done += 1024) {
         size_t k = job->n - done < 1024 ? job->n - done : 1024;
+        if (job->spec->fp8 != 0) {
+            duet__mk_fp8_block(job->spec, job->first + done, k, block, job->out + done * esz);
+            continue;
+        }
         duet__mk_gen(job->spec, job->first + done, k, block);
         duet__mk_store(job->dtype, block, k, job->out + done * esz);
     }
@@ -454,7 +496,7 @@ static void duet__mk_batch_wait(duet__mk_batch_t *b)
     }
 }
 
-static int duet__mk_threads(const duet_mkmodel_opts_t *o)
+int duet__mk_threads(const duet_mkmodel_opts_t *o)
 {
     long n = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1)
@@ -490,7 +532,6 @@ static duet_status_t duet__mk_write_shard(const char *path, const duet_mkmodel_o
                                           unsigned char *bufs[2])
 {
     duet_st_write_tensor_t *desc = DUET_NEW_ARRAY(duet_st_write_tensor_t, n);
-    const size_t esz = duet_dtype_size(o->dtype);
     const int nt = duet__mk_threads(o);
     duet__mk_chunk_t cur = {0, 0, 0}, next;
     duet__mk_batch_t batch;
@@ -502,7 +543,7 @@ static duet_status_t duet__mk_write_shard(const char *path, const duet_mkmodel_o
         return duet_error(DUET_ERR_NO_MEMORY, "%s: no memory", path);
     for (size_t i = 0; i < n; i++) {
         desc[i].name = specs[i].name;
-        desc[i].dtype = o->dtype;
+        desc[i].dtype = specs[i].dtype;
         desc[i].ndim = specs[i].ndim;
         desc[i].shape[0] = specs[i].shape[0];
         desc[i].shape[1] = specs[i].shape[1];
@@ -513,16 +554,17 @@ static duet_status_t duet__mk_write_shard(const char *path, const duet_mkmodel_o
         return st;
     if (!duet__mk_chunk_next(specs, n, &cur))
         return duet_st_writer_finish(w);
-    duet__mk_batch_start(&batch, &specs[cur.tensor], o->dtype, cur.first, cur.n, bufs[b], nt);
+    duet__mk_batch_start(&batch, &specs[cur.tensor], specs[cur.tensor].dtype, cur.first, cur.n,
+                         bufs[b], nt);
     duet__mk_batch_wait(&batch);
     for (;;) {
         bool more;
         next = cur;
         more = duet__mk_chunk_next(specs, n, &next);
         if (more)
-            duet__mk_batch_start(&batch, &specs[next.tensor], o->dtype, next.first, next.n,
-                                 bufs[1 - b], nt);
-        st = duet_st_writer_append(w, bufs[b], cur.n * esz);
+            duet__mk_batch_start(&batch, &specs[next.tensor], specs[next.tensor].dtype, next.first,
+                                 next.n, bufs[1 - b], nt);
+        st = duet_st_writer_append(w, bufs[b], cur.n * duet_dtype_size(specs[cur.tensor].dtype));
         if (more)
             duet__mk_batch_wait(&batch); /* even on error: the threads use bufs */
         if (st != DUET_OK) {
@@ -642,9 +684,10 @@ static void duet__mk_config_body(FILE *f, const void *arg)
     fprintf(f,
             "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"torch_dtype\": \"%s\",\n"
             "  \"initializer_range\": 0.02,\n  \"attention_dropout\": 0.0,\n"
-            "  \"use_cache\": true,\n"
+            "  \"use_cache\": true,\n%s"
             "  \"duet_mkmodel\": {\"seed\": %llu}\n}\n",
-            o->vocab - 2, o->vocab - 1, torch[o->dtype], (unsigned long long)o->seed);
+            o->vocab - 2, o->vocab - 1, torch[o->dtype], duet__mk_quant_config(o),
+            (unsigned long long)o->seed);
 }
 
 typedef struct {
@@ -730,7 +773,7 @@ static duet_status_t duet__mk_write_sharded(const char *dir, const duet_mkmodel_
     duet__mk_partition(specs, n, o->shards, shard_of);
     for (size_t b = 0, e; b < n; b = e) {
         for (e = b; e < n && shard_of[e] == shard_of[b]; e++)
-            index.total += specs[e].count * duet_dtype_size(o->dtype);
+            index.total += specs[e].count * duet_dtype_size(specs[e].dtype);
         duet__mk_shard_name(name, sizeof(name), shard_of[b], o->shards);
         if ((st = duet__mk_path(path, dir, name)) != DUET_OK ||
             (st = duet__mk_write_shard(path, o, specs + b, e - b, bufs)) != DUET_OK)
@@ -749,7 +792,7 @@ out_free:
 static duet_status_t duet__mk_write_weights(const char *dir, const duet_mkmodel_opts_t *o,
                                             const duet__mk_spec_t *specs, size_t n)
 {
-    const size_t size = DUET_MKMODEL_CHUNK * duet_dtype_size(o->dtype);
+    const size_t size = DUET_MKMODEL_CHUNK * sizeof(float); /* any tensor's dtype */
     unsigned char *bufs[2] = {duet_malloc(size), duet_malloc(size)};
     char path[PATH_MAX];
     duet_status_t st;
@@ -783,13 +826,18 @@ duet_status_t duet_mkmodel_write(const char *dir, const duet_mkmodel_opts_t *o)
     if ((st = duet_mkmodel_check(o)) != DUET_OK || (st = duet__mk_mkdirs(dir)) != DUET_OK ||
         (st = duet__mk_specs(o, &specs, &n)) != DUET_OK)
         return st;
-    if ((st = duet__mk_write_weights(dir, o, specs, n)) != DUET_OK ||
+    if ((st = duet__mk_fp8_scales(o, specs, n)) != DUET_OK ||
+        (st = duet__mk_write_weights(dir, o, specs, n)) != DUET_OK ||
         (st = duet__mk_path(path, dir, "config.json")) != DUET_OK ||
         (st = duet__mk_write_text(path, duet__mk_config_body, o)) != DUET_OK ||
         (st = duet__mk_path(path, dir, "tokenizer.json")) != DUET_OK ||
         (st = duet_tokenizer_write_synthetic(path, o->vocab)) != DUET_OK)
         goto out_free_specs;
 out_free_specs:
+    for (size_t i = 0; i < n; i++) {
+        if (specs[i].fp8 == 1)
+            duet_free(specs[i].scales);
+    }
     duet_free(specs);
     return st;
 }

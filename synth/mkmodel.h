@@ -44,9 +44,24 @@ typedef struct {
     bool tied;          /* tie_word_embeddings: no lm_head.weight */
     duet_dtype_t dtype; /* F32, F16 or BF16 */
     uint64_t seed;
+    /* FP8 checkpoint (model/quant.h): 0 none, else the q/k/v/o and
+     * gate/up/down weights, first rounded to dtype, are quantized to
+     * F8_E4M3 with scale = amax / 448 (round to nearest even) per tensor
+     * (DUET_MKMODEL_FP8_TENSOR) or per output row (CHANNEL), written with
+     * F32 <m>.weight_scale tensors and config.json's quantization_config in
+     * fp8_format; embeddings, norms, lm_head and biases stay in dtype. */
+    int fp8;
+    int fp8_format;
     int shards;  /* 1: model.safetensors; > 1: model-0000i-of-0000n + index */
     int threads; /* generation threads; 0: online CPUs (at most 16) */
 } duet_mkmodel_opts_t;
+
+#define DUET_MKMODEL_FP8_TENSOR  1
+#define DUET_MKMODEL_FP8_CHANNEL 2
+/* fp8_format: weight_scale [1] / [out, 1] / [] with these configs */
+#define DUET_MKMODEL_FP8_COMPRESSED_TENSORS 0 /* compressed-tensors float-quantized */
+#define DUET_MKMODEL_FP8_FBGEMM             1 /* fbgemm_fp8: channel only */
+#define DUET_MKMODEL_FP8_VLLM               2 /* fp8 (vLLM Fp8Config): tensor only */
 
 /* A small llama: 2 layers, hidden 64, 4 heads / 2 KV heads (head_dim 16),
  * intermediate 128, vocab 512, max_pos 2048, theta 10000, eps 1e-5,
@@ -79,7 +94,8 @@ duet_status_t duet_mkmodel_write(const char *dir, const duet_mkmodel_opts_t *opt
 
 /* Elements [first, first + n) of tensor `name` (row-major) as the float
  * values before rounding to opts->dtype, i.e. what duet_mkmodel_write
- * stores up to that rounding.  DUET_ERR_NOT_FOUND for a name the model does
+ * stores up to that rounding (FP8 weights: before the rounding to dtype and
+ * the quantization; their weight_scale tensors are DUET_ERR_INVALID).  DUET_ERR_NOT_FOUND for a name the model does
  * not have, DUET_ERR_INVALID for a range past the end. */
 duet_status_t duet_mkmodel_values(const duet_mkmodel_opts_t *opts, const char *name, uint64_t first,
                                   size_t n, float *dst);

@@ -80,7 +80,7 @@ duet_status_t duet__desc_check_info(const duet_xfer_desc_info_t *in, const char 
         return duet_error(DUET_ERR_FORMAT, "%s: %d kv heads cannot be sharded over tp %d", what,
                           in->kv_heads, in->tp);
     if (duet_dtype_size(in->dtype) == 0 || in->dtype == DUET_DTYPE_I32 ||
-        in->dtype == DUET_DTYPE_I64)
+        in->dtype == DUET_DTYPE_I64 || in->dtype == DUET_DTYPE_F8_E4M3)
         return duet_error(DUET_ERR_FORMAT, "%s: dtype %d is not a KV type", what, (int)in->dtype);
     if ((size_t)l->elem_size != duet_dtype_size(in->dtype))
         return duet_error(DUET_ERR_FORMAT, "%s: elem_size %d does not match dtype %s", what,

@@ -9,6 +9,7 @@
 
 #include "common/alloc.h"
 #include "common/crc32c.h"
+#include "engine/weight_src.h"
 
 static duet_status_t duet__cpu_op_rank_create(const duet_backend_rank_opts_t *opts,
                                               duet_backend_rank_t **r_p)
@@ -86,6 +87,36 @@ static void duet__cpu_op_kv_attach(duet_backend_rank_t *r, void *kv_base)
     r->kv_base = kv_base;
 }
 
+/* FP8 sources (any of the stack): dequantized at load into F32 -- e4m3 ->
+ * f32 is exact and the scale is one f32 multiply, so the packed weight
+ * equals that of a checkpoint holding the dequantized values in F32, and
+ * the logits match it bit for bit. */
+static duet_status_t duet__cpu_weight_dequant(const duet_weight_src_t *src, int n_src,
+                                              duet_cpu_weight_t *mat)
+{
+    int rows = 0, cols = src[0].cols;
+    float *tmp;
+    size_t off = 0;
+    duet_status_t st;
+
+    for (int i = 0; i < n_src; i++) {
+        if (src[i].cols != cols)
+            return duet_error(DUET_ERR_INVALID, "cpu backend: stacked weights differ");
+        if (src[i].dtype == DUET_DTYPE_F8_E4M3 && src[i].scale == NULL)
+            return duet_error(DUET_ERR_INVALID, "cpu backend: FP8 weight without a scale");
+        rows += src[i].rows;
+    }
+    if ((tmp = duet_malloc((size_t)rows * (size_t)cols * sizeof(float))) == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory to dequantize weights");
+    for (int i = 0; i < n_src; i++) {
+        duet_weight_src_to_f32(&src[i], tmp + off);
+        off += (size_t)src[i].rows * (size_t)cols;
+    }
+    st = duet_cpu_weight_pack(tmp, DUET_DTYPE_F32, cols, 0, rows, 0, cols, DUET_DTYPE_F32, mat);
+    duet_free(tmp);
+    return st;
+}
+
 /* Stacking several sources: pack each, then concatenate the packed rows.
  * Packed layouts are row-blocked, so stack by packing a temporary source
  * that holds the stacked rows in the source dtype. */
@@ -101,6 +132,12 @@ static duet_status_t duet__cpu_op_weight_create(duet_backend_rank_t *r,
         return duet_error(DUET_ERR_NO_MEMORY, "cpu backend: no memory for a weight");
     w->kind = DUET_CPU_WEIGHT_MATRIX;
     store = src[0].dtype;
+    for (int i = 0; i < n_src; i++) {
+        if (src[i].dtype == DUET_DTYPE_F8_E4M3) {
+            st = duet__cpu_weight_dequant(src, n_src, &w->mat);
+            goto done;
+        }
+    }
     if (n_src == 1) {
         st = duet_cpu_weight_pack(src[0].data, src[0].dtype, src[0].src_cols, src[0].row0,
                                   src[0].rows, src[0].col0, src[0].cols, store, &w->mat);
@@ -134,6 +171,7 @@ static duet_status_t duet__cpu_op_weight_create(duet_backend_rank_t *r,
         st = duet_cpu_weight_pack(tmp, src[0].dtype, cols, 0, rows, 0, cols, store, &w->mat);
         duet_free(tmp);
     }
+done:
     if (st != DUET_OK) {
         duet_free(w);
         return st;

@@ -315,24 +315,115 @@ static bool duet__float_dtype(duet_dtype_t dt)
     return dt == DUET_DTYPE_F32 || dt == DUET_DTYPE_F16 || dt == DUET_DTYPE_BF16;
 }
 
+/* The scale of source row `row` (absolute) of an F8_E4M3 source. */
+static float duet__src_scale(const duet_weight_src_t *s, int row)
+{
+    size_t i = s->scale_per_row ? (size_t)row : 0;
+    if (s->scale_dtype == DUET_DTYPE_F32)
+        return ((const float *)s->scale)[i];
+    uint16_t h = ((const uint16_t *)s->scale)[i];
+    return s->scale_dtype == DUET_DTYPE_BF16 ? duet_bf16_to_f32(h) : duet__cuda_f16_to_f32(h);
+}
+
+/* One row of an F8_E4M3 source as bf16: e4m3 * scale rounded once (the
+ * bf16 path, for stacks that mix FP8 and float sources or DUET_CUDA_FP8=0). */
+static void duet__fp8_row_to_bf16(const duet_weight_src_t *s, int row, uint16_t *dst)
+{
+    const uint8_t *q = (const uint8_t *)s->data + (size_t)row * (size_t)s->src_cols + s->col0;
+    float sc = duet__src_scale(s, row);
+    for (int c = 0; c < s->cols; c++)
+        dst[c] = duet_f32_to_bf16(duet__cuda_e4m3_to_f32(q[c]) * sc);
+}
+
+/* FP8 sources kept as e4m3 (rows uploaded in pinned chunks) with a float
+ * scale per output row. */
+static duet_status_t duet__cuda_weight_fp8(duet_backend_rank_t *r, const duet_weight_src_t *src,
+                                           int n_src, int rows, int cols, duet_weight_t *w)
+{
+    size_t chunk_rows = (16u << 20) / (size_t)cols, in_stage = 0, done = 0;
+    float *scales = DUET_NEW_ARRAY(float, (size_t)rows);
+    duet_status_t st = DUET_OK;
+    void *stage;
+    int at = 0;
+
+    if (scales == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory for %d scales", rows);
+    w->fp8 = true;
+    if ((w->d = duet__cuda_op_alloc(r, (size_t)rows * (size_t)cols)) == NULL ||
+        (w->scale = duet__cuda_op_alloc(r, (size_t)rows * sizeof(float))) == NULL) {
+        st = DUET_ERR_NO_MEMORY;
+        goto out;
+    }
+    if (chunk_rows < 1)
+        chunk_rows = 1;
+    if ((st = duet__cuda_pinned(r, chunk_rows * (size_t)cols, &stage)) != DUET_OK)
+        goto out;
+    for (int i = 0; i < n_src; i++) {
+        for (int row = 0; row < src[i].rows; row++) {
+            int sr = src[i].row0 + row;
+            memcpy((char *)stage + in_stage * (size_t)cols,
+                   (const char *)src[i].data + (size_t)sr * (size_t)src[i].src_cols +
+                       (size_t)src[i].col0,
+                   (size_t)cols);
+            scales[at++] = duet__src_scale(&src[i], sr);
+            if (++in_stage == chunk_rows) {
+                if ((st = duet__cuda_op_upload(r, (char *)w->d + done * (size_t)cols, stage,
+                                               in_stage * (size_t)cols)) != DUET_OK)
+                    goto out;
+                done += in_stage;
+                in_stage = 0;
+            }
+        }
+    }
+    if (in_stage > 0 && (st = duet__cuda_op_upload(r, (char *)w->d + done * (size_t)cols, stage,
+                                                   in_stage * (size_t)cols)) != DUET_OK)
+        goto out;
+    if ((st = duet__cuda_op_upload(r, w->scale, scales, (size_t)rows * sizeof(float))) != DUET_OK)
+        goto out;
+    if (cols > r->fp8_max_cols)
+        r->fp8_max_cols = cols;
+out:
+    duet_free(scales);
+    return st;
+}
+
 /* Rows of the stacked sources, converted in pinned chunks and copied. */
 static duet_status_t duet__cuda_op_weight_create(duet_backend_rank_t *r,
                                                  const duet_weight_src_t *src, int n_src,
                                                  duet_weight_t **w_p)
 {
-    int rows = 0, cols = n_src > 0 ? src[0].cols : 0;
+    int rows = 0, cols = n_src > 0 ? src[0].cols : 0, n_fp8 = 0;
     size_t row_bytes = (size_t)cols * 2, done = 0;
     duet_weight_t *w;
     duet_status_t st;
     void *stage;
 
     for (int i = 0; i < n_src; i++) {
-        if (src[i].cols != cols || !duet__float_dtype(src[i].dtype) || src[i].rows < 0)
+        bool fp8 = src[i].dtype == DUET_DTYPE_F8_E4M3 && src[i].scale != NULL &&
+                   duet__float_dtype(src[i].scale_dtype);
+        if (src[i].cols != cols || !(fp8 || duet__float_dtype(src[i].dtype)) || src[i].rows < 0)
             return duet_error(DUET_ERR_INVALID, "cuda backend: stacked weight sources differ");
         rows += src[i].rows;
+        n_fp8 += fp8;
     }
     if (rows < 1 || cols < 1)
         return duet_error(DUET_ERR_INVALID, "cuda backend: empty weight (%d x %d)", rows, cols);
+    /* FP8 kept where cuBLASLt's FP8 GEMM takes the shape (leading
+     * dimensions in 16-byte multiples); any real model's projections */
+    if (n_fp8 == n_src && !r->fp8_off && cols % 16 == 0 && rows % 16 == 0) {
+        if ((w = DUET_NEW(duet_weight_t)) == NULL)
+            return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory for a weight");
+        w->rows = rows;
+        w->cols = cols;
+        if ((st = duet__cuda_weight_fp8(r, src, n_src, rows, cols, w)) != DUET_OK) {
+            duet__cuda_op_free(r, w->d);
+            duet__cuda_op_free(r, w->scale);
+            duet_free(w);
+            return st;
+        }
+        *w_p = w;
+        return DUET_OK;
+    }
     w = DUET_NEW(duet_weight_t);
     if (w == NULL)
         return duet_error(DUET_ERR_NO_MEMORY, "cuda backend: no memory for a weight");
@@ -355,8 +446,11 @@ static duet_status_t duet__cuda_op_weight_create(duet_backend_rank_t *r,
             const char *s =
                 (const char *)src[i].data +
                 ((size_t)(src[i].row0 + row) * (size_t)src[i].src_cols + (size_t)src[i].col0) * es;
-            duet__to_bf16(src[i].dtype, s, (uint16_t *)((char *)stage + in_stage * row_bytes),
-                          (size_t)cols);
+            uint16_t *dst = (uint16_t *)((char *)stage + in_stage * row_bytes);
+            if (src[i].dtype == DUET_DTYPE_F8_E4M3)
+                duet__fp8_row_to_bf16(&src[i], src[i].row0 + row, dst);
+            else
+                duet__to_bf16(src[i].dtype, s, dst, (size_t)cols);
             if (++in_stage == chunk_rows) {
                 if ((st = duet__cuda_op_upload(r, (char *)w->d + done * row_bytes, stage,
                                                in_stage * row_bytes)) != DUET_OK)
@@ -383,6 +477,7 @@ static void duet__cuda_op_weight_destroy(duet_backend_rank_t *r, duet_weight_t *
     if (w == NULL)
         return;
     duet__cuda_op_free(r, w->d);
+    duet__cuda_op_free(r, w->scale);
     duet_free(w);
 }
 
@@ -414,7 +509,7 @@ static duet_status_t duet__cuda_op_embedding_create(duet_backend_rank_t *r, cons
                                                     duet_dtype_t dtype, int vocab, int hidden,
                                                     duet_weight_t **w_p)
 {
-    duet_weight_src_t ws = {src, dtype, hidden, 0, vocab, 0, hidden};
+    duet_weight_src_t ws = {src, dtype, hidden, 0, vocab, 0, hidden, NULL, DUET_DTYPE_F32, false};
     duet_status_t st = duet__cuda_op_weight_create(r, &ws, 1, w_p);
     if (st == DUET_OK) {
         r->vocab = vocab;

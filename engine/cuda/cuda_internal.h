@@ -18,7 +18,24 @@
  * keep duet_engine_cuda free of references back into it. */
 static inline size_t duet__cuda_dtype_size(duet_dtype_t dt)
 {
-    return dt == DUET_DTYPE_F32 || dt == DUET_DTYPE_I32 ? 4 : dt == DUET_DTYPE_I64 ? 8 : 2;
+    return dt == DUET_DTYPE_F32 || dt == DUET_DTYPE_I32 ? 4
+           : dt == DUET_DTYPE_I64                       ? 8
+           : dt == DUET_DTYPE_F8_E4M3                   ? 1
+                                                        : 2;
+}
+
+/* e4m3 (OCP e4m3fn) -> float, exact */
+static inline float duet__cuda_e4m3_to_f32(uint8_t b)
+{
+    uint32_t exp = (b >> 3) & 0xfu, man = b & 0x7u;
+    float f;
+    if (exp == 0xfu && man == 0x7u)
+        return __builtin_nanf("");
+    if (exp == 0)
+        f = (float)man * 0x1p-9f;
+    else
+        f = (float)(8u + man) * (float)(1u << exp) * 0x1p-10f;
+    return (b & 0x80u) ? -f : f;
 }
 
 /* IEEE half -> float (exact) */
@@ -62,12 +79,22 @@ static inline float duet__cuda_f16_to_f32(uint16_t h)
 #define DUET__CUDA_LT_WORKSPACE (32u << 20)
 
 struct duet_weight {
-    void *d; /* bf16 [rows][cols], device */
+    void *d; /* bf16 [rows][cols], device; e4m3 when fp8 */
     int rows, cols;
+    bool fp8;     /* FP8 checkpoint weights kept as e4m3 (gemm_fp8.cu, docs/fp8.md) */
+    float *scale; /* fp8: device [rows], each output row's weight scale */
 };
+
+/* Plans: bf16, or FP8 with cuBLASLt's outer-vector scales (weight scale per
+ * row, activation scale per token) or unscaled (then rescaled by
+ * duet__cuda_fp8_rescale). */
+#define DUET__GEMM_BF16      0
+#define DUET__GEMM_FP8_OUTER 1
+#define DUET__GEMM_FP8_PLAIN 2
 
 typedef struct {
     bool used;
+    int kind; /* DUET__GEMM_* */
     int m, n, k;
     bool bias;
     unsigned align; /* smallest pointer alignment the plan accepts */
@@ -160,6 +187,18 @@ struct duet_backend_rank {
     uint64_t gemm_clock;
     int gemv_max_n; /* DUET_CUDA_GEMV (default DUET__CUDA_GEMV_MAX_N, 0 = off) */
     bool gemv_pdl;  /* launch it as a programmatic dependent (DUET_CUDA_GEMV_PDL=0: not) */
+    /* FP8 GEMMs: the quantized activations and their per-token scales
+     * (grown eagerly to cap_tokens x fp8_max_cols, never while recording);
+     * fp8_outer: 0 untried, 1 cuBLASLt takes outer-vector scales, -1 not;
+     * fp8_off: DUET_CUDA_FP8=0, FP8 checkpoints dequantized to bf16 at load;
+     * fp8_gemv_only: DUET_CUDA_FP8_GEMM=0, every n through the FP8 GEMV in
+     * chunks of DUET__CUDA_GEMV_MAX_N tokens (exact weights, bf16
+     * activations: slow, for accuracy checks) */
+    void *fp8_xq;
+    float *fp8_sx;
+    size_t fp8_xq_bytes;
+    int fp8_sx_n, fp8_max_cols, fp8_outer;
+    bool fp8_off, fp8_gemv_only;
 
     /* host staging */
     void *pin; /* pinned, pin_bytes */

@@ -139,6 +139,20 @@ int duet__cuda_gemv_supported(const void *y, const void *x, const void *w, int n
 /* pdl: launched as a programmatic dependent of the kernel before it */
 duet_status_t duet__cuda_gemv(cudaStream_t s, void *y, const void *x, int n, const void *w,
                               int rows, int cols, const void *bias, bool pdl);
+/* FP8 weights (gemm_fp8.cu): y[n][rows] = (x[n][cols] . e4m3(W)^T) * scale[row]
+ * (+ bias) for n <= DUET__CUDA_GEMV_MAX_N; supported(): cols % 16 == 0 and
+ * 16-byte aligned x and W. */
+int duet__cuda_gemv_fp8_supported(const void *x, const void *w, int n, int rows, int cols);
+duet_status_t duet__cuda_gemv_fp8(cudaStream_t s, void *y, const void *x, int n, const void *w,
+                                  const float *scale, int rows, int cols, const void *bias,
+                                  bool pdl);
+/* Per token row t of x[n][cols] (bf16, cols % 8 == 0): sx[t] = amax / 448
+ * and xq[t][c] = e4m3(x[t][c] / sx[t]) (nearest even, saturating). */
+duet_status_t duet__cuda_fp8_quant_rows(cudaStream_t s, void *xq, float *sx, const void *x, int n,
+                                        int cols);
+/* In place on y[n][rows] (bf16): y[t][r] * sw[r] * sx[t] (+ bias[r]). */
+duet_status_t duet__cuda_fp8_rescale(cudaStream_t s, void *y, const float *sw, const float *sx,
+                                     const void *bias, int n, int rows);
 duet_status_t duet__cuda_silu_mul(cudaStream_t s, void *out, const void *gu, int n, int m);
 duet_status_t duet__cuda_add(cudaStream_t s, void *x, const void *y, size_t count);
 /* x[t][j] += bias[j] for t < n, j < d */

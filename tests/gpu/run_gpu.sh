@@ -18,6 +18,11 @@
 #   bench    bench_gpu on llama-3.2-1b-shape and llama-3-8b-shape (bf16)
 #   attn     bench_gpu prefill with each tensor-core attention kernel
 #   gemvoff  bench_gpu decode with DUET_CUDA_GEMV=0 (cuBLASLt for n <= 4 too)
+#   fp8      FP8: test_cuda_matmul_fp8 (unit runs it too, and test_cuda_engine's
+#            FP8 checkpoints), hf_fp8.py (transformers on the dequantized
+#            checkpoints vs duet cpu and cuda), then bench_gpu on the llama-3-8b-shape bf16 checkpoint and its
+#            FP8 quantization (mkmodel --fp8 channel) in the same run: decode
+#            tok/s ratio per batch, prefill TFLOP/s against cuBLASLt FP8
 #   hf       tests/gpu/hf_peer.py on the same two models (transformers peer)
 #   tp2      TP=2 over NCCL: compare --tp 2, and bench_gpu at TP 1 and 2 (both shapes)
 #   tp4      TP=2 and TP=4 over NCCL (4 GPUs): compare --tp 2,4
@@ -131,6 +136,33 @@ gemvoff)
         step "bench_gpu $m decode with cuBLASLt for every n (DUET_CUDA_GEMV=0)"
         DUET_CUDA_GEMV=0 timeout 300 "$BIN/bench_gpu" --model "$MODELS/$m" --prompts 512 --reps 1
     done
+    ;;
+fp8)
+    mk llama-8b --preset llama-3-8b-shape --dtype bf16
+    mk llama-8b-fp8 --preset llama-3-8b-shape --dtype bf16 --fp8 channel
+    mk llama-8b-fp8t --preset llama-3-8b-shape --dtype bf16 --fp8 tensor
+    step "test_cuda_matmul_fp8"
+    timeout 300 "$BIN/test_cuda_matmul_fp8" || rc=1
+    if python3 -c "import torch, transformers" 2>/dev/null; then
+        mk fp8-ct-ch --layers 4 --hidden 512 --heads 8 --kv-heads 2 --intermediate 1024 \
+            --vocab 1000 --dtype bf16 --fp8 channel --seed 81
+        mk fp8-vllm-t --layers 4 --hidden 512 --heads 8 --kv-heads 2 --intermediate 1024 \
+            --vocab 1000 --dtype bf16 --fp8 tensor --fp8-format fp8 --seed 82
+        mk fp8-qwen3-fbgemm --arch qwen3 --layers 4 --hidden 512 --heads 8 --kv-heads 2 \
+            --head-dim 64 --intermediate 1024 --vocab 1000 --dtype bf16 --tied --fp8 channel \
+            --fp8-format fbgemm --seed 83
+        step "hf_fp8.py: duet cpu and cuda on FP8 checkpoints vs transformers (dequantized)"
+        timeout 900 python3 tests/gpu/hf_fp8.py "$BIN/duet" "$MODELS/fp8-ct-ch" \
+            "$MODELS/fp8-vllm-t" "$MODELS/fp8-qwen3-fbgemm" || rc=1
+    else
+        echo "# hf_fp8.py skipped: python3 has no torch + transformers"
+    fi
+    step "bench_gpu llama-8b bf16 vs fp8 (per channel)"
+    timeout 600 "$BIN/bench_gpu" --model "$MODELS/llama-8b" --model "$MODELS/llama-8b-fp8" \
+        --batches 1,16,64 --prompts 512,2048,8192 --reps 3 || rc=1
+    step "bench_gpu llama-8b fp8 per tensor"
+    timeout 300 "$BIN/bench_gpu" --model "$MODELS/llama-8b-fp8t" --batches 1 --prompts 2048 \
+        --reps 2 || rc=1
     ;;
 tpscale)
     mk llama-8b --preset llama-3-8b-shape --dtype bf16

@@ -45,6 +45,9 @@ bench                bench_gpu on the Llama-3.2-1B and Llama-3-8B shapes (bf16),
                      torch and transformers
   --tp               TP scaling instead: bench_gpu --tp 1, 2, 4 (as GPUs allow)
   --variants         also the kernel variants (attention kernels, GEMV off)
+  --fp8              also FP8: test_cuda_matmul_fp8, then bench_gpu on the 8B shape
+                     in bf16 and FP8 (per channel) in one run (decode ratio,
+                     prefill against cuBLASLt FP8; docs/fp8.md)
   --no-hf            without the transformers peer
 decode               decode at serving contexts (tests/gpu/decode_attn.sh): the
                      attention kernels against the CPU backend to 16K tokens,
@@ -190,6 +193,7 @@ phase_bench() {
     local p=(bench)
     have_opt --tp && p=(tpscale)
     have_opt --variants && p+=(attn gemvoff)
+    have_opt --fp8 && p+=(fp8)
     if ! have_opt --tp && ! have_opt --no-hf; then
         if python3 -c "import torch, transformers" 2>/dev/null; then
             p+=(hf)

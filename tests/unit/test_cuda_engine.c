@@ -12,7 +12,12 @@
  *    steps whose batch size changes (graphs recorded and replayed for
  *    several sizes), greedy on the device and with logits requested;
  *  - with two GPUs: TP=2 over NCCL gives the greedy tokens of TP=1 and
- *    logits within rel_l2 3e-2. */
+ *    logits within rel_l2 3e-2;
+ *  - FP8 checkpoints (per channel, per tensor) against the cpu's exact
+ *    dequantization: with every matmul through the FP8 GEMV
+ *    (DUET_CUDA_FP8_GEMM=0) within the bf16 bound; by default (prompt
+ *    activations quantized to e4m3 for cuBLASLt) within rel_l2 0.3,
+ *    |err| <= 0.45 max|ref|, argmax agreeing on 60% of rows. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,8 +40,9 @@
 
 static char tmpdir[256];
 
-static const char *make_model_rs(const char *name, duet_arch_t arch, int hidden, int heads,
-                                 int kv_heads, int head_dim, bool tied, const char *rope_scaling)
+static const char *make_model_q(const char *name, duet_arch_t arch, int hidden, int heads,
+                                int kv_heads, int head_dim, bool tied, const char *rope_scaling,
+                                int fp8)
 {
     static char path[512];
     snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -55,8 +61,17 @@ static const char *make_model_rs(const char *name, duet_arch_t arch, int hidden,
     o.dtype = DUET_DTYPE_BF16;
     o.seed = 77;
     o.rope_scaling = rope_scaling;
+    o.fp8 = fp8;
+    o.fp8_format = fp8 == DUET_MKMODEL_FP8_TENSOR ? DUET_MKMODEL_FP8_VLLM
+                                                  : DUET_MKMODEL_FP8_COMPRESSED_TENSORS;
     assert_int_equal(duet_mkmodel_write(path, &o), DUET_OK);
     return path;
+}
+
+static const char *make_model_rs(const char *name, duet_arch_t arch, int hidden, int heads,
+                                 int kv_heads, int head_dim, bool tied, const char *rope_scaling)
+{
+    return make_model_q(name, arch, hidden, heads, kv_heads, head_dim, tied, rope_scaling, 0);
 }
 
 static const char *make_model(const char *name, duet_arch_t arch, int hidden, int heads,
@@ -156,7 +171,8 @@ static float *run_logits(duet_engine_t *e, const seqs_t *s, const int32_t *force
     return all;
 }
 
-static void compare_backends(const char *dir, const char *name)
+static void compare_backends_tol(const char *dir, const char *name, double atol_frac, double l2tol,
+                                 int agree_pct)
 {
     duet_engine_t *ec = open_engine(dir, "cpu", 1), *eg = open_engine(dir, "cuda", 1);
     int vocab = duet_engine_model(ec)->cfg.vocab;
@@ -170,16 +186,21 @@ static void compare_backends(const char *dir, const char *name)
     float *got = run_logits(eg, &s, in_c, vocab, &n, in_g);
     char what[96];
     snprintf(what, sizeof(what), "engine logits %s", name);
-    DUET_TEST_ASSERT_CLOSE(what, got, ref, n, 0.0, 6e-2, 3e-2);
+    DUET_TEST_ASSERT_CLOSE(what, got, ref, n, 0.0, atol_frac, l2tol);
     int agree = 0, rows = (int)(n / (size_t)vocab);
     for (int r = 0; r < rows; r++)
         agree += argmax(got + (size_t)r * vocab, vocab) == argmax(ref + (size_t)r * vocab, vocab);
     fprintf(stderr, "engine %s: argmax agrees on %d of %d rows\n", name, agree, rows);
-    assert_true(agree >= rows * 9 / 10);
+    assert_true(agree >= rows * agree_pct / 100);
     duet_free(ref);
     duet_free(got);
     duet_engine_destroy(ec);
     duet_engine_destroy(eg);
+}
+
+static void compare_backends(const char *dir, const char *name)
+{
+    compare_backends_tol(dir, name, 6e-2, 3e-2, 90);
 }
 
 static void test_against_cpu(void **state)
@@ -201,6 +222,27 @@ static void test_against_cpu(void **state)
                                    "{\"rope_type\": \"yarn\", \"factor\": 4, "
                                    "\"original_max_position_embeddings\": 16}"),
                      "qwen3 yarn hd64 tied");
+    /* FP8 checkpoints: the cpu dequantizes exactly, cuda keeps e4m3.  With
+     * DUET_CUDA_FP8_GEMM=0 every matmul is the FP8 GEMV (exact weights,
+     * bf16 activations): the bf16 bound.  By default the prompt (81
+     * tokens) goes through cuBLASLt FP8 with activations quantized per
+     * token to e4m3: a numpy simulation of exactly that on these synthetic
+     * models gives logits rel_l2 0.12-0.18 and argmax agreement near 80%
+     * (random weights amplify the error; docs/fp8.md), hence the loose
+     * bound there -- a wrong scale or layout gives rel_l2 near 1. */
+    static char ch_dir[512], t_dir[512]; /* make_model_q returns a static buffer */
+    snprintf(ch_dir, sizeof(ch_dir), "%s",
+             make_model_q("fp8ch", DUET_ARCH_LLAMA, 256, 4, 2, 64, false, NULL,
+                          DUET_MKMODEL_FP8_CHANNEL));
+    snprintf(
+        t_dir, sizeof(t_dir), "%s",
+        make_model_q("fp8t", DUET_ARCH_QWEN2, 128, 4, 2, 32, false, NULL, DUET_MKMODEL_FP8_TENSOR));
+    setenv("DUET_CUDA_FP8_GEMM", "0", 1);
+    compare_backends(ch_dir, "fp8 channel gqa hd64, gemv only");
+    compare_backends(t_dir, "fp8 tensor qwen2 bias hd32, gemv only");
+    unsetenv("DUET_CUDA_FP8_GEMM");
+    compare_backends_tol(ch_dir, "fp8 channel gqa hd64", 0.45, 0.3, 60);
+    compare_backends_tol(t_dir, "fp8 tensor qwen2 bias hd32", 0.45, 0.3, 60);
 }
 
 /* steps with changing batch sizes; logits or device greedy */

@@ -42,7 +42,8 @@ static void run(duet_test_pair_t *p, int n, int n_src, const int *rows, int cols
     for (int i = 0; i < n_src; i++) {
         int src_rows = rows[i] + 3;
         mats[i] = make_src(&g, src_rows, src_cols, dt, 1.0f / sqrtf((float)cols));
-        srcs[i] = (duet_weight_src_t){mats[i], dt, src_cols, 2, rows[i], col0, cols};
+        srcs[i] = (duet_weight_src_t){mats[i], dt,   src_cols,       2,    rows[i], col0,
+                                      cols,    NULL, DUET_DTYPE_F32, false};
         total += rows[i];
     }
     float *x = duet_malloc((size_t)n * cols * sizeof(float));

@@ -26,6 +26,10 @@ static void duet__mkmodel_usage(FILE *f)
                "                      '{\"rope_type\": \"llama3\", \"factor\": 8,\n"
                "                      \"low_freq_factor\": 1, \"high_freq_factor\": 4,\n"
                "                      \"original_max_position_embeddings\": 8192}'\n"
+               "  --fp8 tensor|channel  FP8 (e4m3) q/k/v/o and gate/up/down weights with\n"
+               "                      per-tensor or per-channel scales (amax / 448)\n"
+               "  --fp8-format F      compressed-tensors (default) | fbgemm (channel) |\n"
+               "                      fp8 (vLLM Fp8Config, tensor)\n"
                "  --seed N            --shards N (> 1: sharded with an index)\n"
                "  --threads N         generation threads (0: all CPUs)\n"
                "defaults: llama, 2 layers, hidden 64, 4/2 heads, head_dim 16, intermediate 128,\n"
@@ -80,6 +84,31 @@ static duet_status_t duet__mkmodel_dtype(void *dest, const char *flag, const cha
     return DUET_OK;
 }
 
+static duet_status_t duet__mkmodel_fp8(void *dest, const char *flag, const char *value)
+{
+    if (strcmp(value, "tensor") == 0)
+        *(int *)dest = DUET_MKMODEL_FP8_TENSOR;
+    else if (strcmp(value, "channel") == 0)
+        *(int *)dest = DUET_MKMODEL_FP8_CHANNEL;
+    else
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected tensor or channel", flag, value);
+    return DUET_OK;
+}
+
+static duet_status_t duet__mkmodel_fp8_format(void *dest, const char *flag, const char *value)
+{
+    if (strcmp(value, "compressed-tensors") == 0)
+        *(int *)dest = DUET_MKMODEL_FP8_COMPRESSED_TENSORS;
+    else if (strcmp(value, "fbgemm") == 0 || strcmp(value, "fbgemm_fp8") == 0)
+        *(int *)dest = DUET_MKMODEL_FP8_FBGEMM;
+    else if (strcmp(value, "fp8") == 0)
+        *(int *)dest = DUET_MKMODEL_FP8_VLLM;
+    else
+        return duet_error(DUET_ERR_CONFIG, "%s %s: expected compressed-tensors, fbgemm or fp8",
+                          flag, value);
+    return DUET_OK;
+}
+
 /* dest: the opts the preset is applied to. */
 static duet_status_t duet__mkmodel_preset(void *dest, const char *flag, const char *value)
 {
@@ -117,6 +146,9 @@ static duet_status_t duet__mkmodel_parse(int argc, char **argv, duet_mkmodel_opt
         {"tied", DUET_FLAG_TRUE, &dst->tied, .help = "see the usage"},
         {"untied", DUET_FLAG_FALSE, &dst->tied, .help = "see the usage"},
         {"dtype", DUET_FLAG_FUNC, &dst->dtype, .fn = duet__mkmodel_dtype, .arg = "X"},
+        {"fp8", DUET_FLAG_FUNC, &dst->fp8, .fn = duet__mkmodel_fp8, .arg = "X"},
+        {"fp8-format", DUET_FLAG_FUNC, &dst->fp8_format, .fn = duet__mkmodel_fp8_format,
+         .arg = "X"},
         {"seed", DUET_FLAG_FUNC, &dst->seed, .fn = duet__mkmodel_seed, .arg = "X"},
         {"shards", DUET_FLAG_INT, &dst->shards, 1, 99999, .arg = "N"},
         {"threads", DUET_FLAG_INT, &dst->threads, 0, 1024, .arg = "N"},
@@ -163,11 +195,14 @@ int duet_cmd_mkmodel(int argc, char **argv)
         return 1;
     }
     printf("mkmodel out %s arch %s layers %d hidden %d heads %d/%d params %llu (%.2fM) bytes "
-           "%llu dtype %s shards %d seed %llu%s%s\n",
+           "%llu dtype %s shards %d seed %llu%s%s%s\n",
            out, duet_arch_name(o.arch), o.layers, o.hidden, o.heads,
            o.kv_heads > 0 ? o.kv_heads : o.heads, (unsigned long long)params, params / 1e6,
            (unsigned long long)bytes, duet_dtype_name(o.dtype), o.shards,
            (unsigned long long)o.seed, o.tied ? " tied" : "",
-           o.attention_bias ? " attention_bias" : "");
+           o.attention_bias ? " attention_bias" : "",
+           o.fp8 == DUET_MKMODEL_FP8_TENSOR    ? " fp8 tensor"
+           : o.fp8 == DUET_MKMODEL_FP8_CHANNEL ? " fp8 channel"
+                                               : "");
     return 0;
 }
