@@ -55,6 +55,8 @@ fi
 declare -A L
 L[disagg-p1d1]="1:0|1:1"
 L[coloc-2xtp1]="|1:0:always 1:1:always"
+# one colocated decode on one GPU (the decode loop alone: cycle / forward)
+L[coloc-tp1]="|1:0:always"
 L[coloc-tp2]="|2:0,1:always"
 L[disagg-p2d2]="2:0,1|2:2,3"
 L[coloc-2xtp2]="|2:0,1:always 2:2,3:always"
