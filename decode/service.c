@@ -99,7 +99,8 @@ static duet_status_t duet__dc_resume_parse(const Duet__V1__DecodeGenerateRequest
     if (m->first_output_index == 0 && m->resumed_text_bytes > 0)
         return duet_error(DUET_ERR_INVALID, "resumed_text_bytes: needs first_output_index");
     req->first_index = (int)m->first_output_index;
-    req->migratable = m->migratable;
+    /* (m->migratable is ignored: a draining decode finishes every stream,
+     * its router moves them make-before-break: docs/migration.md) */
     req->resumed_text = m->resumed_text_bytes;
     return DUET_OK;
 }
