@@ -422,6 +422,10 @@ static void duet__update_info(duet_decode_t *dc)
     for (duet_dc_req_t *r = dc->ending; r != NULL; r = r->next)
         running++;
     pthread_mutex_lock(&dc->evlock);
+    /* requests posted and not taken yet (duet_dc_post_new): every one taken
+     * before was handled in this pass and is in a list above */
+    for (duet_dc_ev_t *ev = dc->ev_head; ev != NULL; ev = ev->next)
+        queued += ev->type == DUET_DC_EV_NEW;
     dc->info_queued = queued;
     dc->info_running = running;
     pthread_mutex_unlock(&dc->evlock);
