@@ -18,6 +18,7 @@ only where podman lacks a kind (tests/ops/kube_convert.py says how):
 usage: test_kube_play.py BUILD_DIR SOURCE_DIR   (exit 77 with the reason:
 podman, the image or the pinned kustomize missing)
 """
+import datetime
 import http.client
 import json
 import os
@@ -176,6 +177,7 @@ def client_loop(cl, want, stop, rounds, results, idx):
         if stop.is_set():
             break
         prompt = PROMPTS[(idx + i) % len(PROMPTS)]
+        t0 = datetime.datetime.utcnow().strftime("%H:%M:%S.%f")[:-3]
         try:
             st, text, done = cl.complete(prompt, MAX_TOKENS, stream=True)
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -187,7 +189,8 @@ def client_loop(cl, want, stop, rounds, results, idx):
             time.sleep(0.2)
             continue
         if not done or text != want[prompt]:
-            results.append(("cut", prompt, "done=%s text=%r" % (done, text)))
+            results.append(("cut", prompt, "%s-%s done=%s text=%r" % (
+                t0, datetime.datetime.utcnow().strftime("%H:%M:%S.%f")[:-3], done, text)))
         else:
             results.append(("ok", prompt, ""))
 
@@ -288,6 +291,14 @@ def test(build, src):
         with open(allfile, "w") as f:
             yaml.safe_dump_all([d for d in rdocs if d["kind"] == "Deployment"] +
                                [d for d in ddocs if d["kind"] == "Pod"], f)
+        # every container's log until it is gone (kube down removes them):
+        # shown when a stream is cut
+        tails = {}
+        for c in [d["metadata"]["name"] + "-daemon" for d in ddocs if d["kind"] == "Pod"] + \
+                rctrs:
+            f = open(os.path.join(tmp, c + ".log"), "w")
+            tails[c] = (subprocess.Popen(["podman", "logs", "-f", c], stdout=f,
+                                         stderr=subprocess.STDOUT, env=pm.env), f)
         stop, results, ts = threading.Event(), [], []
         for i in range(3):
             t = threading.Thread(target=client_loop, args=(cl, want, stop, 40, results, i))
@@ -310,6 +321,18 @@ def test(build, src):
         print("kube down in %.1f s under load: %d requests done before it, results %s"
               % (took, before, counts))
         cut = [r for r in results if r[0] == "cut"]
+        for c, (p, f) in tails.items():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            f.close()
+            if cut:
+                with open(os.path.join(tmp, c + ".log"), errors="replace") as f:
+                    lines = [ln for ln in f.read().splitlines()
+                             if " warn " in ln or " error " in ln or "drain" in ln or
+                             "signal" in ln or "exit" in ln or "shutting" in ln]
+                print("---- %s (warnings, drain) ----\n%s" % (c, "\n".join(lines[-60:])))
         if cut and os.environ.get("DUET_KUBE_DOWN_STRICT", "1") == "0":
             # ops.kube.play: a known issue, tracked by ops.kube.down (label
             # known_issue; docs/deploy.md "Known issue: kube down under load")

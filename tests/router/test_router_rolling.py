@@ -21,6 +21,7 @@ usage: test_router_rolling.py BUILD_DIR SOURCE_DIR
 """
 import http.client
 import os
+import random
 import signal
 import threading
 import time
@@ -124,11 +125,11 @@ def wait_streams(cl, names, n=1, timeout=10):
         time.sleep(0.02)
 
 
-def start_all(cl):
+def start_all(cl, faults=FAULTS):
     for p in ("p1", "p2"):
         cl.start(p)
     for d in ("d1", "d2"):
-        cl.start(d, env=FAULTS)
+        cl.start(d, env=faults)
     for n in ("p1", "p2", "d1", "d2"):
         cl.wait_worker(n)
     cl.start_router()
@@ -199,10 +200,12 @@ def test(build, src):
 
         # the whole fleet at once (podman kube down)
         for r in range(ROUNDS):
-            start_all(cl)
+            # (odd rounds: decode at full speed, many short requests)
+            start_all(cl, FAULTS if r % 2 == 0 else {})
             load = Load(cl, want)
-            wait_streams(cl, ["d1", "d2"])
-            time.sleep(0.05 * r)
+            # at a different point of the streams' lives each round: in
+            # the router's queue, at a prefill, decoding
+            time.sleep(random.uniform(0.3, 1.5))
             t = time.time()
             for n in ("router", "p1", "p2", "d1", "d2"):
                 cl.procs[n].proc.send_signal(signal.SIGTERM)
