@@ -327,7 +327,7 @@ def test(build, src):
             except subprocess.TimeoutExpired:
                 p.kill()
             f.close()
-            if cut:
+            if cut or os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
                 with open(os.path.join(tmp, c + ".log"), errors="replace") as f:
                     lines = [ln for ln in f.read().splitlines()
                              if " warn " in ln or " error " in ln or "drain" in ln or
