@@ -232,7 +232,10 @@ def test(build, src):
             yaml.safe_dump_all(ddocs, f)
         t0 = time.time()
         played.append(dfile)
-        pm.ok("kube", "play", "--network", net, *sum((["--ip", ip] for ip in dips), []), dfile)
+        logopt = ["--log-opt", "path=%s/daemons.ctrlog" % tmp] \
+            if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1" else []
+        pm.ok("kube", "play", "--network", net, *logopt,
+              *sum((["--ip", ip] for ip in dips), []), dfile)
         for d in ddocs:
             if d["kind"] != "Pod":
                 continue
@@ -254,7 +257,10 @@ def test(build, src):
         with open(rfile, "w") as f:
             yaml.safe_dump_all(rdocs, f)
         played.append(rfile)
-        pm.ok("kube", "play", "--network", net, *sum((["--ip", ip] for ip in rips), []), rfile)
+        logopt = ["--log-opt", "path=%s/routers.ctrlog" % tmp] \
+            if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1" else []
+        pm.ok("kube", "play", "--network", net, *logopt,
+              *sum((["--ip", ip] for ip in rips), []), rfile)
         dep = [d for d in rdocs if d["kind"] == "Deployment"][0]
         rc, out = pm.run("ps", "-a", "--format", "{{.Names}}")
         # podman names a Deployment's pods <name>-pod-<i>
@@ -306,6 +312,10 @@ def test(build, src):
             ts.append(t)
         time.sleep(3)
         before = len(results)
+        if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
+            for c in tails:
+                print(c, "StopTimeout", pm.run("inspect", "--format", "{{.Config.StopTimeout}} "
+                                               "{{.Config.StopSignal}}", c)[1].strip())
         t0 = time.time()
         rc, out = pm.run("kube", "down", allfile, timeout=180)
         took = time.time() - t0
@@ -332,7 +342,19 @@ def test(build, src):
                     lines = [ln for ln in f.read().splitlines()
                              if " warn " in ln or " error " in ln or "drain" in ln or
                              "signal" in ln or "exit" in ln or "shutting" in ln]
+                if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
+                    with open(os.path.join(tmp, c + ".log"), errors="replace") as f:
+                        lines = f.read().splitlines()[-25:]
                 print("---- %s (warnings, drain) ----\n%s" % (c, "\n".join(lines[-60:])))
+        if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
+            for fn in ("daemons.ctrlog", "routers.ctrlog"):
+                try:
+                    with open(os.path.join(tmp, fn), errors="replace") as f:
+                        lines = f.read().splitlines()
+                    print("==== %s: %d lines ====" % (fn, len(lines)))
+                    print("\n".join(ln for ln in lines if "T00:" in ln or True)[-20000:])
+                except OSError as e:
+                    print(fn, e)
         if cut and os.environ.get("DUET_KUBE_DOWN_STRICT", "1") == "0":
             # ops.kube.play: a known issue, tracked by ops.kube.down (label
             # known_issue; docs/deploy.md "Known issue: kube down under load")
