@@ -10,10 +10,15 @@ only where podman lacks a kind (tests/ops/kube_convert.py says how):
 * the router Deployment, finding the daemons through the overlay's
   `discover` names, answers a completion over HTTPS with the oracle's text
   and its readiness probe answers 0;
-* `podman kube down` of everything while a bounded client loop (3 clients,
-  streamed completions) runs: every request the router accepted (HTTP 200)
-  finishes with [DONE] and the oracle's text; requests refused during the
-  shutdown (connection refused, 503) are counted, never cut streams.
+* SIGTERM to every container at once, each exiting 0 within its pod's
+  terminationGracePeriodSeconds (what Kubernetes does when the workloads
+  are deleted; podman 4.3's `kube down` alone SIGKILLs, docs/deploy.md),
+  then `podman kube down`, while a bounded
+  client loop (3 clients, streamed completions) runs: every request the
+  router accepted (HTTP 200) finishes with [DONE] and the oracle's text;
+  requests refused during the shutdown (connection refused, 503) are
+  counted, never cut streams.  DUET_KUBE_SHOW_LOGS=1 prints every
+  container's log.
 
 usage: test_kube_play.py BUILD_DIR SOURCE_DIR   (exit 77 with the reason:
 podman, the image or the pinned kustomize missing)
@@ -297,14 +302,6 @@ def test(build, src):
         with open(allfile, "w") as f:
             yaml.safe_dump_all([d for d in rdocs if d["kind"] == "Deployment"] +
                                [d for d in ddocs if d["kind"] == "Pod"], f)
-        # every container's log until it is gone (kube down removes them):
-        # shown when a stream is cut
-        tails = {}
-        for c in [d["metadata"]["name"] + "-daemon" for d in ddocs if d["kind"] == "Pod"] + \
-                rctrs:
-            f = open(os.path.join(tmp, c + ".log"), "w")
-            tails[c] = (subprocess.Popen(["podman", "logs", "-f", c], stdout=f,
-                                         stderr=subprocess.STDOUT, env=pm.env), f)
         stop, results, ts = threading.Event(), [], []
         for i in range(3):
             t = threading.Thread(target=client_loop, args=(cl, want, stop, 40, results, i))
@@ -312,11 +309,38 @@ def test(build, src):
             ts.append(t)
         time.sleep(3)
         before = len(results)
-        if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
-            for c in tails:
-                print(c, "StopTimeout", pm.run("inspect", "--format", "{{.Config.StopTimeout}} "
-                                               "{{.Config.StopSignal}}", c)[1].strip())
         t0 = time.time()
+        # podman 4.3's kube down stops pods with a 0 s timeout: SIGKILL, no
+        # stop signal, nothing drains (every stream in flight was cut or
+        # reset: the old "known issue", docs/deploy.md).  So first what
+        # Kubernetes does when the workloads are deleted: SIGTERM to every
+        # container at the same moment (from inside: podman 4.3 serialises
+        # `pod stop`, and its `kill` did not reach PID 1 here), each given
+        # its pod's terminationGracePeriodSeconds to exit; then kube down
+        # removes them.
+        ctrs = []
+        for d in rdocs + ddocs:
+            if d["kind"] == "Deployment":
+                grace = d["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+                ctrs += [(c, grace) for c in rctrs]
+            elif d["kind"] == "Pod":
+                ctrs.append((d["metadata"]["name"] + "-daemon",
+                             d["spec"].get("terminationGracePeriodSeconds", 30)))
+        stops = {}
+
+        def ctr_stop(name, grace):
+            rc, out = pm.run("exec", name, "kill", "-TERM", "1", timeout=60)
+            if rc == 0:
+                rc, out = pm.run("wait", name, timeout=grace)
+            stops[name] = (rc, out.strip())
+        sts = [threading.Thread(target=ctr_stop, args=cg) for cg in ctrs]
+        for t in sts:
+            t.start()
+        for t in sts:
+            t.join()
+        stopped = time.time() - t0
+        bad = {n: v for n, v in stops.items() if v != (0, "0")}
+        check(not bad, "containers that did not exit 0 after SIGTERM: %s" % bad)
         rc, out = pm.run("kube", "down", allfile, timeout=180)
         took = time.time() - t0
         played = []
@@ -328,39 +352,21 @@ def test(build, src):
         counts = {}
         for kind, _, _ in results:
             counts[kind] = counts.get(kind, 0) + 1
-        print("kube down in %.1f s under load: %d requests done before it, results %s"
-              % (took, before, counts))
+        print("SIGTERM to every container at once (grace periods %s s): all exited 0 in %.1f "
+              "s, then kube down, %.1f s in all, under load: %d requests done before it, "
+              "results %s" % (sorted(set(g for _, g in ctrs)), stopped, took, before, counts))
         cut = [r for r in results if r[0] == "cut"]
-        for c, (p, f) in tails.items():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            f.close()
-            if cut or os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
-                with open(os.path.join(tmp, c + ".log"), errors="replace") as f:
-                    lines = [ln for ln in f.read().splitlines()
-                             if " warn " in ln or " error " in ln or "drain" in ln or
-                             "signal" in ln or "exit" in ln or "shutting" in ln]
-                if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
-                    with open(os.path.join(tmp, c + ".log"), errors="replace") as f:
-                        lines = f.read().splitlines()[-25:]
-                print("---- %s (warnings, drain) ----\n%s" % (c, "\n".join(lines[-60:])))
         if os.environ.get("DUET_KUBE_SHOW_LOGS") == "1":
             for fn in ("daemons.ctrlog", "routers.ctrlog"):
                 try:
                     with open(os.path.join(tmp, fn), errors="replace") as f:
                         lines = f.read().splitlines()
                     print("==== %s: %d lines ====" % (fn, len(lines)))
-                    print("\n".join(ln for ln in lines if "T00:" in ln or True)[-20000:])
+                    print("\n".join(lines)[-20000:])
                 except OSError as e:
                     print(fn, e)
-        if cut and os.environ.get("DUET_KUBE_DOWN_STRICT", "1") == "0":
-            # ops.kube.play: a known issue, tracked by ops.kube.down (label
-            # known_issue; docs/deploy.md "Known issue: kube down under load")
-            print("KNOWN ISSUE: %d accepted stream(s) cut by kube down: %s" % (len(cut), cut[:5]))
-        else:
-            check(not cut, "accepted requests cut by the shutdown: %s" % cut[:5])
+        check(not cut, "accepted requests cut by the shutdown: %s (DUET_KUBE_SHOW_LOGS=1 "
+              "prints the containers' logs)" % cut[:5])
         check(counts.get("ok", 0) > before, "no request finished during the shutdown")
         rc, out = pm.run("pod", "ps", "--format", "{{.Name}}")
         for d in rdocs + ddocs:
