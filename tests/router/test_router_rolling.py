@@ -203,9 +203,14 @@ def test(build, src):
             # (odd rounds: decode at full speed, many short requests)
             start_all(cl, FAULTS if r % 2 == 0 else {})
             load = Load(cl, want)
-            # at a different point of the streams' lives each round: in
-            # the router's queue, at a prefill, decoding
-            time.sleep(random.uniform(0.3, 1.5))
+            # a stream decodes (so one at least must finish), then at a
+            # different point of the streams' lives each round: in the
+            # router's queue, at a prefill, decoding
+            deadline = time.time() + 30
+            while time.time() < deadline and \
+                    cl.info("d1").running + cl.info("d2").running == 0:
+                time.sleep(0.02)
+            time.sleep(random.uniform(0, 1.0))
             t = time.time()
             for n in ("router", "p1", "p2", "d1", "d2"):
                 cl.procs[n].proc.send_signal(signal.SIGTERM)
