@@ -340,8 +340,8 @@ void duet_router_jobs_handoff(duet_router_t *rt)
     if (!rc->migrate_on_drain || rc->migrate_max <= 0)
         return;
     /* a candidate with no message for this long goes (the stall rule) */
-    int64_t limit = (int64_t)(rc->stall_timeout_ms > 0 ? rc->stall_timeout_ms : 30000) *
-                    DUET_NS_PER_MS;
+    int64_t limit =
+        (int64_t)(rc->stall_timeout_ms > 0 ? rc->stall_timeout_ms : 30000) * DUET_NS_PER_MS;
     bool room = duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 0;
     for (;;) {
         int64_t now = duet_now_ns();

@@ -142,7 +142,7 @@ typedef struct {
  * when not 0, first_output_index = 6 and resumed_text_bytes = 7 when
  * not 0}: written directly around the already packed request. */
 static uint8_t *duet__decode_request_pack(const duet__resume_t *rq, const char *target, bool local,
-                                     size_t cached, size_t *len_p)
+                                          size_t cached, size_t *len_p)
 {
     size_t tlen = strlen(target);
     uint8_t *out = duet_malloc(rq->req_len + tlen + 60), *p = out;
@@ -253,8 +253,7 @@ void duet_router_jobs_watch(duet_router_t *rt)
              * draining), and then takes the one retry before a first
              * token */
             if (j->stream != NULL && !j->stalled && !j->cancelled && !j->hold &&
-                now - j->t_last > stall &&
-                (j->started || !duet__decode_healthy(rt, j->decode))) {
+                now - j->t_last > stall && (j->started || !duet__decode_healthy(rt, j->decode))) {
                 j->stalled = true;
                 attempt = j->attempts;
                 job = duet_router_job_ref(j);
