@@ -200,13 +200,13 @@ struct duet_dc_req {
 
 typedef enum {
     DUET_DC_EV_NEW,
-    DUET_DC_EV_ABORT,      /* Decode.Abort(request_id) */
-    DUET_DC_EV_KV_DONE,    /* one rank's expectation ended */
+    DUET_DC_EV_ABORT,       /* Decode.Abort(request_id) */
+    DUET_DC_EV_KV_DONE,     /* one rank's expectation ended */
     DUET_DC_EV_KV_PROGRESS, /* packed: more layers landed on one rank */
-    DUET_DC_EV_KV_STARTED, /* prefill began the request (its Prefill call's first message) */
-    DUET_DC_EV_RPC_DONE,   /* the Prefill call returned */
-    DUET_DC_EV_LINK_DONE,  /* a bootstrap finished */
-    DUET_DC_EV_PEER_ERROR, /* a transfer peer failed (peer pointer, compared only) */
+    DUET_DC_EV_KV_STARTED,  /* prefill began the request (its Prefill call's first message) */
+    DUET_DC_EV_RPC_DONE,    /* the Prefill call returned */
+    DUET_DC_EV_LINK_DONE,   /* a bootstrap finished */
+    DUET_DC_EV_PEER_ERROR,  /* a transfer peer failed (peer pointer, compared only) */
     DUET_DC_EV_WAKE,
     DUET_DC_EV_DRAIN, /* SIGTERM: the drain began (counting streams handed back) */
 } duet_dc_ev_type_t;

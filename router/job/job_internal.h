@@ -98,10 +98,10 @@ struct duet_router_job {
     bool flushing;
     bool held_fin; /* held has the primary's Finished */
     duet__held_t *held, **held_tail;
-    int emitting;  /* chunks on their way to the sink (outside lock) */
-    pthread_cond_t cond; /* emitting, flushing or a candidate's handle changed */
+    int emitting;                  /* chunks on their way to the sink (outside lock) */
+    pthread_cond_t cond;           /* emitting, flushing or a candidate's handle changed */
     duet_rpc_stream_t *old_stream; /* superseded: its messages and end are ignored */
-    int64_t ho_next_ns; /* no new hand-off before */
+    int64_t ho_next_ns;            /* no new hand-off before */
 };
 
 /* Why a started stream that ended so moves to another decode: "unavailable"
