@@ -56,7 +56,7 @@ static const duet_cfg_field_t duet__router_fields[] = {
     DUET_CFG_F_STRING(duet_router_config_t, https_cert, "", "PEM certificate chain: HTTPS on router.http (\"\" = plain HTTP)"),
     DUET_CFG_F_STRING(duet_router_config_t, https_key, "", "PEM private key of router.https_cert"),
     DUET_CFG_F_INT(duet_router_config_t, migrate_max, 0, 64, 3, "times a started stream moves to another decode when its decode fails or stalls (0 = never; docs/migration.md)"),
-    DUET_CFG_F_BOOL(duet_router_config_t, migrate_on_drain, 0, "a decode stopping (SIGTERM) hands its streams to another decode instead of finishing them (off: a whole-fleet stop would cut them; docs/migration.md)"),
+    DUET_CFG_F_BOOL(duet_router_config_t, migrate_on_drain, 1, "the streams of a decode stopping (SIGTERM) move to a healthy decode, make-before-break (off: the draining decode finishes them; docs/migration.md \"Drains\")"),
     DUET_CFG_F_INT(duet_router_config_t, stall_timeout_ms, 0, 86400000, 5000, "a started stream with no token for this long migrates (0 = off; docs/migration.md)"),
     DUET_CFG_F_INT(duet_router_config_t, http_max_connections, 0, 1 << 20, 0, "HTTP(S) connections open at once (0 = auto: the descriptor limit less a reserve, at most 16384; more is an error)"),
     DUET_CFG_F_INT(duet_router_config_t, http_max_connections_per_client, 0, 1 << 20, 0, "HTTP(S) connections open at once from one IP address (0 = auto: a quarter of http_max_connections, at most 1024)"),

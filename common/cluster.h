@@ -109,7 +109,7 @@ typedef struct {
     duet_router_cache_aware_config_t cache_aware;
     int migrate_max;      /* migrations of a started stream (docs/migration.md) */
     int stall_timeout_ms; /* no token for this long: the stream migrates (0 = off) */
-    bool migrate_on_drain; /* a draining decode hands its streams back (docs/migration.md) */
+    bool migrate_on_drain; /* a draining decode's streams move, make-before-break (docs/migration.md) */
     int prefill_wait_max_ms; /* admission: hold requests while every prefill's queue is
                                 longer than this (0 = off; docs/migration.md "Overload") */
 } duet_router_config_t;

@@ -154,13 +154,29 @@ void duet_daemon_args_cleanup(duet_daemon_args_t *args)
     args->self = NULL;
 }
 
+static void duet__signal_noop(int sig)
+{
+    (void)sig;
+}
+
 void duet_daemon_signals_block(void)
 {
     sigset_t set;
+    struct sigaction sa;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* A handler, never run (the signals stay blocked; sigwait takes them):
+     * as PID 1 of a container's PID namespace (podman, Kubernetes without
+     * an init) the kernel drops a signal whose disposition is SIG_DFL, and
+     * `podman kube down`'s SIGTERM was lost: no drain, the process killed
+     * at the end of the grace period with its streams (docs/deploy.md) */
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = duet__signal_noop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
 

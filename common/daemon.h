@@ -35,7 +35,10 @@ duet_status_t duet_daemon_args_parse(int argc, char **argv, duet_role_t role,
 void duet_daemon_args_cleanup(duet_daemon_args_t *args);
 
 /* Block SIGINT/SIGTERM (and ignore SIGPIPE) in the calling thread; call in
- * main before starting any thread so every thread inherits the mask. */
+ * main before starting any thread so every thread inherits the mask.  Also
+ * installs a handler for both (never run while they stay blocked): the
+ * kernel drops a SIG_DFL signal sent to the PID 1 of a PID namespace, which
+ * a daemon is in a container without an init. */
 void duet_daemon_signals_block(void);
 
 /* Wait up to timeout_ms (< 0: forever) for SIGINT/SIGTERM; returns the

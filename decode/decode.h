@@ -116,7 +116,6 @@ struct duet_dc_req {
      * this decode's outputs are indexes first_index + 0, 1, ... */
     int first_index;
     size_t resumed_text;
-    bool migratable; /* its caller migrates it when a drain ends it (DecodeGenerateRequest) */
     int max_tokens; /* this decode's outputs (what is left of the stream's) */
     duet_sampling_t sampling;
     bool ignore_eos;
@@ -207,15 +206,15 @@ struct duet_dc_req {
 
 typedef enum {
     DUET_DC_EV_NEW,
-    DUET_DC_EV_ABORT,      /* Decode.Abort(request_id) */
-    DUET_DC_EV_KV_DONE,    /* one rank's expectation ended */
+    DUET_DC_EV_ABORT,       /* Decode.Abort(request_id) */
+    DUET_DC_EV_KV_DONE,     /* one rank's expectation ended */
     DUET_DC_EV_KV_PROGRESS, /* packed: more layers landed on one rank */
-    DUET_DC_EV_KV_STARTED, /* prefill began the request (its Prefill call's first message) */
-    DUET_DC_EV_RPC_DONE,   /* the Prefill call returned */
-    DUET_DC_EV_LINK_DONE,  /* a bootstrap finished */
-    DUET_DC_EV_PEER_ERROR, /* a transfer peer failed (peer pointer, compared only) */
+    DUET_DC_EV_KV_STARTED,  /* prefill began the request (its Prefill call's first message) */
+    DUET_DC_EV_RPC_DONE,    /* the Prefill call returned */
+    DUET_DC_EV_LINK_DONE,   /* a bootstrap finished */
+    DUET_DC_EV_PEER_ERROR,  /* a transfer peer failed (peer pointer, compared only) */
     DUET_DC_EV_WAKE,
-    DUET_DC_EV_DRAIN, /* SIGTERM: end the migratable requests (their router moves them) */
+    DUET_DC_EV_DRAIN, /* SIGTERM: the drain began (counting streams handed back) */
 } duet_dc_ev_type_t;
 
 typedef struct duet_dc_ev {
@@ -283,6 +282,8 @@ typedef struct {
     int32_t *inputs;
     struct duet_dc_local_result *local_res; /* [max_seqs] (local_prefill.h) */
     duet_dc_req_t **local_batch;  /* [max_seqs]: the local chunks of a step */
+    bool drain_counting;          /* the drain began: a cancel is a stream handed back */
+    atomic_int drain_moved, drain_in_flight; /* duet_dc_drain_report */
     long fault_step_delay_ms;     /* fault decode.step_delay_ms (tests) */
     bool fault_kv_copy;           /* fault decode.kv_copy_fail (tests) */
     char *piece;                  /* detokenizer output, piece_cap bytes */

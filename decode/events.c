@@ -42,6 +42,22 @@ bool duet_dc_post_live(duet_decode_t *dc, duet_dc_ev_t *ev)
     return live;
 }
 
+duet_status_t duet_dc_post_new(duet_decode_t *dc, duet_dc_ev_t *ev)
+{
+    duet_status_t st = DUET_OK;
+    pthread_mutex_lock(&dc->evlock);
+    if (dc->sched_gone) {
+        st = duet_error(DUET_ERR_SHUTDOWN, "decode is shutting down");
+    } else if (atomic_load(&dc->node.draining)) {
+        st = duet_error(DUET_ERR_SHUTDOWN, "decode is draining");
+    } else {
+        duet__ev_append(dc, ev);
+        dc->info_queued++; /* counted until the scheduler's next count */
+    }
+    pthread_mutex_unlock(&dc->evlock);
+    return st;
+}
+
 void duet_dc_counts(duet_decode_t *dc, int *queued_p, int *running_p)
 {
     pthread_mutex_lock(&dc->evlock);

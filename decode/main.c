@@ -59,6 +59,7 @@ static duet_status_t duet__decode_start(void *arg)
  * calls and transfers those requests still have. */
 static void duet__decode_stop(void *arg)
 {
+    duet_dc_drain_report(arg);
     duet_dc_sched_stop(arg);
 }
 

@@ -51,48 +51,19 @@ static duet_dc_req_t *duet__req_find(duet_decode_t *dc, const char *id, const ch
     return NULL;
 }
 
-/* The first live request (not ENDED) its router migrates; NULL: none. */
-static duet_dc_req_t *duet__req_movable(duet_decode_t *dc)
+/* DRAIN: the drain began.  A draining decode finishes every request it
+ * has; a router moves its started streams to another decode first
+ * (make-before-break: it cancels a stream here only once another decode
+ * runs it, docs/migration.md "Drains"), so from here a cancel counts as a
+ * stream handed back (duet_dc_drain_report). */
+static void duet__drain_begin(duet_decode_t *dc)
 {
-    duet_dc_req_t *lists[] = {dc->queue_head, dc->local_head, dc->prefilling, dc->kv_in_head,
-                              dc->ready_head};
-    for (size_t l = 0; l < sizeof(lists) / sizeof(lists[0]); l++) {
-        for (duet_dc_req_t *r = lists[l]; r != NULL; r = r->next) {
-            if (r->migratable)
-                return r;
-        }
-    }
-    for (int i = 0; i < dc->n_running; i++) {
-        if (dc->running[i]->migratable)
-            return dc->running[i];
-    }
-    for (duet_node_link_t *nk = dc->node.links; nk != NULL; nk = nk->next) {
-        duet_dc_link_t *k = duet_dc_link_of(nk);
-        for (duet_dc_req_t *r = k->waiting; r != NULL; r = r->next) {
-            if (r->migratable)
-                return r;
-        }
-    }
-    return NULL;
-}
-
-/* DRAIN: every request whose router migrates it ends now, UNAVAILABLE
- * "decode draining" (the router continues it on another decode, token for
- * token: docs/migration.md "Drains"); the rest finish within the drain. */
-static void duet__drain_migrate(duet_decode_t *dc)
-{
-    int n = 0;
-    duet_dc_req_t *r;
-    while ((r = duet__req_movable(dc)) != NULL) {
-        r->migratable = false; /* (once) */
-        duet_dc_req_go(dc, r,
-                       &(duet_dc_input_t){.go = DUET_DC_GO_FAIL,
-                                          .status = DUET_ERR_SHUTDOWN,
-                                          .msg = "decode draining: its router moves the stream"});
-        n++;
-    }
-    if (n > 0)
-        DUET_LOG_INFO("decode: draining: %d stream(s) handed back to their router to migrate", n);
+    int n = duet_dc_pending(dc);
+    dc->drain_counting = true;
+    atomic_store(&dc->drain_in_flight, n);
+    DUET_LOG_INFO("decode: draining: %d request(s) in flight: finished here unless their router "
+                  "moves them to another decode first",
+                  n);
 }
 
 void duet_dc_drain_begin(void *arg)
@@ -100,7 +71,16 @@ void duet_dc_drain_begin(void *arg)
     duet_decode_t *dc = arg;
     duet_dc_ev_t *ev = duet_dc_ev_new(DUET_DC_EV_DRAIN, NULL);
     if (ev != NULL)
-        duet_dc_post(dc, ev); /* (without memory the drain finishes them) */
+        duet_dc_post(dc, ev); /* (without memory nothing is counted) */
+}
+
+void duet_dc_drain_report(duet_decode_t *dc)
+{
+    int moved = atomic_load(&dc->drain_moved), n = atomic_load(&dc->drain_in_flight);
+    if (atomic_load(&dc->node.draining) && n > 0)
+        DUET_LOG_INFO("decode: drained: %d stream(s) handed back to their router (taken over "
+                      "by another decode), the rest of the %d in flight finished here",
+                      moved, n);
 }
 
 /* LINK_DONE: the link is ready (or retired), and every request waiting
@@ -156,7 +136,7 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
         duet__link_done(dc, ev);
         break;
     case DUET_DC_EV_DRAIN:
-        duet__drain_migrate(dc);
+        duet__drain_begin(dc);
         break;
     case DUET_DC_EV_PEER_ERROR:
         duet_dc_on_peer_failed(dc, ev);
@@ -168,6 +148,8 @@ static void duet__ev_handle(duet_decode_t *dc, duet_dc_ev_t *ev)
 
 static void duet__req_cancel(duet_decode_t *dc, duet_dc_req_t *req)
 {
+    if (dc->drain_counting)
+        atomic_fetch_add(&dc->drain_moved, 1);
     duet_dc_req_go(dc, req,
                    &(duet_dc_input_t){.go = DUET_DC_GO_CANCEL, .msg = "cancelled by the client"});
 }
@@ -440,6 +422,10 @@ static void duet__update_info(duet_decode_t *dc)
     for (duet_dc_req_t *r = dc->ending; r != NULL; r = r->next)
         running++;
     pthread_mutex_lock(&dc->evlock);
+    /* requests posted and not taken yet (duet_dc_post_new): every one taken
+     * before was handled in this pass and is in a list above */
+    for (duet_dc_ev_t *ev = dc->ev_head; ev != NULL; ev = ev->next)
+        queued += ev->type == DUET_DC_EV_NEW;
     dc->info_queued = queued;
     dc->info_running = running;
     pthread_mutex_unlock(&dc->evlock);

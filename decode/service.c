@@ -99,7 +99,8 @@ static duet_status_t duet__dc_resume_parse(const Duet__V1__DecodeGenerateRequest
     if (m->first_output_index == 0 && m->resumed_text_bytes > 0)
         return duet_error(DUET_ERR_INVALID, "resumed_text_bytes: needs first_output_index");
     req->first_index = (int)m->first_output_index;
-    req->migratable = m->migratable;
+    /* (m->migratable is ignored: a draining decode finishes every stream,
+     * its router moves them make-before-break: docs/migration.md) */
     req->resumed_text = m->resumed_text_bytes;
     return DUET_OK;
 }
@@ -258,9 +259,9 @@ static void duet__dc_generate_serve(duet_rpc_call_t *call, const uint8_t *data, 
     /* already cancelled: on_cancel will not run, so flag it here */
     if (duet_rpc_call_on_cancel(call, duet__dc_generate_on_cancel, req) != DUET_OK)
         atomic_store(&req->cancel_requested, true);
-    if (!duet_dc_post_live(dc, ev)) {
+    if (duet_dc_post_new(dc, ev) != DUET_OK) {
         atomic_fetch_sub(&dc->waiting, 1);
-        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "decode is shutting down");
+        duet_rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, duet_error_msg());
         duet_free(ev);
         duet_dc_req_free(dc, req);
     }

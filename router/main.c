@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/cluster.h"
+#include "common/daemon.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "router/fleet/policy.h"
@@ -107,6 +108,11 @@ int main(int argc, char **argv)
         duet__usage(stderr, flags, DUET_FLAGS_N(flags));
         return 2;
     }
+    /* before any thread starts, so every thread inherits the mask: SIGINT
+     * and SIGTERM are taken by sigwait below (a handler is installed too:
+     * as a container's PID 1 a SIG_DFL SIGTERM would be dropped,
+     * common/daemon.h) */
+    duet_daemon_signals_block();
     if (duet_router_create(&opt, &rt) != DUET_OK) {
         fprintf(stderr, "duet-router: %s: %s\n", opt.config_path, duet_error_msg());
         return 1;
@@ -116,12 +122,9 @@ int main(int argc, char **argv)
         duet_router_destroy(rt);
         return 0;
     }
-    /* every thread inherits this mask: signals are taken by sigwait below */
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
     if (duet_router_start(rt) != DUET_OK) {
         fprintf(stderr, "duet-router: %s\n", duet_error_msg());
         duet_router_destroy(rt);

@@ -274,6 +274,7 @@ static void *duet__ticker_main(void *arg)
         duet_router_jobs_expire(rt);
         duet_router_jobs_admit(rt);
         duet_router_jobs_watch(rt);
+        duet_router_jobs_handoff(rt);
         if (rt->http)
             duet_router_http_tick(rt->http);
         pthread_mutex_lock(&rt->tick_lock);

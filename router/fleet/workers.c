@@ -215,8 +215,14 @@ static bool duet__worker_probe(duet__worker_t *wk, char *err, size_t err_len)
     if (!ok)
         snprintf(err, err_len, "health check: status %d (not SERVING)", (int)hr->status);
     grpc__health__v1__health_check_response__free_unpacked(hr, NULL);
-    if (!ok)
+    if (!ok) {
+        /* a started daemon says NOT_SERVING once it drains (or stops after
+         * an engine failure): its streams move (router/job/job_handoff.c) */
+        pthread_mutex_lock(&wk->lock);
+        wk->draining = true;
+        pthread_mutex_unlock(&wk->lock);
         return false;
+    }
 
     duet_rpc_client_unary(w->cfg.cli, wk->address,
                           wk->role == DUET_ROLE_PREFILL ? "/duet.v1.Prefill/Info"

@@ -45,6 +45,8 @@ void duet__job_unref(duet_router_job_t *job)
     if (atomic_fetch_sub(&job->refs, 1) != 1)
         return;
     duet__job_prompt_done(job);
+    duet__job_held_clear(job);
+    pthread_cond_destroy(&job->cond);
     pthread_mutex_destroy(&job->lock);
     duet_free(job->req);
     duet_free(job->keys);
@@ -82,7 +84,9 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
     job->deadline_ns = deadline_ns;
     job->t_create = duet_now_ns();
     job->prefill = job->decode = -1;
+    job->held_tail = &job->held;
     pthread_mutex_init(&job->lock, NULL);
+    pthread_cond_init(&job->cond, NULL);
     /* a sampled request without a seed gets one here, not from its decode:
      * a migrated stream continues with the same one (docs/migration.md) */
     Duet__V1__GenerateRequest g = *req;
@@ -127,67 +131,6 @@ duet_status_t duet_router_job_create(duet_router_t *rt, const Duet__V1__Generate
     return DUET_OK;
 }
 
-static size_t duet__varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    do {
-        p[n++] = (uint8_t)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    return n;
-}
-
-/* A migrated stream's resume point (DecodeGenerateRequest fields 6, 7). */
-typedef struct {
-    const uint8_t *req; /* the packed GenerateRequest */
-    size_t req_len;
-    uint32_t first, text;
-} duet__resume_t;
-
-/* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
- * prefill_target = 2, prefill_local = 4 when set, router_cached_tokens = 5
- * when not 0, first_output_index = 6 and resumed_text_bytes = 7 when
- * not 0, migratable = 8 when set}: written directly around the already
- * packed request. */
-static uint8_t *duet__decode_request(const duet__resume_t *rq, const char *target, bool local,
-                                     size_t cached, bool migratable, size_t *len_p)
-{
-    size_t tlen = strlen(target);
-    uint8_t *out = duet_malloc(rq->req_len + tlen + 60), *p = out;
-    if (out == NULL)
-        return NULL;
-    *p++ = (1 << 3) | 2;
-    p += duet__varint(p, rq->req_len);
-    memcpy(p, rq->req, rq->req_len);
-    p += rq->req_len;
-    *p++ = (2 << 3) | 2;
-    p += duet__varint(p, tlen);
-    memcpy(p, target, tlen);
-    p += tlen;
-    if (local) {
-        *p++ = (4 << 3) | 0;
-        *p++ = 1;
-    }
-    if (cached > 0) {
-        *p++ = (5 << 3) | 0;
-        p += duet__varint(p, cached > UINT32_MAX ? UINT32_MAX : cached);
-    }
-    if (rq->first > 0) {
-        *p++ = (6 << 3) | 0;
-        p += duet__varint(p, rq->first);
-    }
-    if (rq->text > 0) {
-        *p++ = (7 << 3) | 0;
-        p += duet__varint(p, rq->text);
-    }
-    if (migratable) {
-        *p++ = (8 << 3) | 0;
-        *p++ = 1;
-    }
-    *len_p = (size_t)(p - out);
-    return out;
-}
-
 static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg);
 
 /* Count the route a launch took: a whole request to a decode (colocated),
@@ -203,27 +146,20 @@ static void duet__count_route(duet_router_t *rt, bool colocated)
 static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
                               void *arg);
 
-/* Pick a pair (avoiding the previous one where possible) and open the
- * stream.  The job is RUNNING and holds no worker.  DUET_ERR_PEER when no
- * healthy pair exists, or when need_new and the only pair is the previous
- * one. */
-static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
+duet_status_t duet__job_route(duet_router_job_t *job, int old_p, int old_d, bool need_new,
+                              bool pinned, duet__route_t *r)
 {
     duet_router_t *rt = job->rt;
-    int old_p = job->prefill, old_d = job->decode, p = -1, d;
+    int p = -1, d;
     size_t cached = 0; /* the decode's matched prefix (cache_aware) */
-    duet_rpc_stream_t *stream = NULL;
     duet_status_t st;
-    uint8_t *msg = NULL;
-    size_t len = 0;
 
+    r->msg = NULL;
     /* the route (docs/design-notes.md "Colocated mode and conditional
      * disaggregation"): without a healthy prefill only decodes that prefill
      * locally qualify; a decode with prefill_local "always" gets no prefill,
      * one with "auto" gets one when there is one (it decides per request) */
     bool have_prefill = duet_router_workers_healthy(rt->workers, DUET_ROLE_PREFILL) > 0;
-    /* a follower's first launch prefers its leader's pair; a retry does not */
-    bool pinned = job->pins.on && !need_new;
     const duet_router_cache_aware_config_t *bal = &rt->cfg->router.cache_aware;
     d = pinned ? duet_router_workers_pick_pinned(rt->workers, DUET_ROLE_DECODE, !have_prefill,
                                                  &job->pins.decode, bal->balance_abs_threshold,
@@ -257,26 +193,39 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
         goto err_release;
     }
     /* a started stream continues from its last id (job_migrate.c) */
-    duet__resume_t rq = {.req = job->req, .req_len = job->req_len};
-    uint8_t *resumed = NULL;
-    if ((st = duet__job_resume_request(job, &resumed, &rq.req_len, &rq.first, &rq.text)) != DUET_OK)
+    st = duet__job_decode_request(
+        job, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
+        cached, &r->msg, &r->len);
+    if (st != DUET_OK)
         goto err_release;
-    if (resumed != NULL)
-        rq.req = resumed;
+    r->p = p;
+    r->d = d;
+    r->cached = cached;
+    return DUET_OK;
+
+err_release:
+    duet_router_workers_release(rt->workers, DUET_ROLE_PREFILL, p);
+    duet_router_workers_release(rt->workers, DUET_ROLE_DECODE, d);
+    return st;
+}
+
+/* Pick a pair (avoiding the previous one where possible) and open the
+ * stream.  The job is RUNNING and holds no worker.  DUET_ERR_PEER when no
+ * healthy pair exists, or when need_new and the only pair is the previous
+ * one. */
+static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
+{
+    duet_router_t *rt = job->rt;
+    duet_rpc_stream_t *stream = NULL;
+    duet__route_t r;
+    duet_status_t st;
+
+    /* a follower's first launch prefers its leader's pair; a retry does not */
+    st = duet__job_route(job, job->prefill, job->decode, need_new, job->pins.on && !need_new, &r);
+    if (st != DUET_OK)
+        return st;
+    int p = r.p, d = r.d;
     duet__count_route(rt, p < 0);
-    /* a draining decode hands the stream back (docs/migration.md "Drains")
-     * only where asked (router.migrate_on_drain) and while another decode
-     * could take it: with one alone the drain finishes it as before */
-    bool movable = rt->cfg->router.migrate_on_drain && rt->cfg->router.migrate_max > 0 &&
-                   duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE) > 1;
-    msg = duet__decode_request(
-        &rq, p >= 0 ? duet_router_workers_address(rt->workers, DUET_ROLE_PREFILL, p) : "", p < 0,
-        cached, movable, &len);
-    duet_free(resumed);
-    if (msg == NULL) {
-        st = duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
-        goto err_release;
-    }
     pthread_mutex_lock(&job->lock);
     job->prefill = p;
     job->decode = d;
@@ -293,20 +242,22 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
         "request %s -> prefill %s decode %s (attempt %d, router_cached_tokens %zu)",
         job->request_id,
         p >= 0 ? duet_router_workers_name(rt->workers, DUET_ROLE_PREFILL, p) : "(the decode's own)",
-        duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts, cached);
+        duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, d), job->attempts, r.cached);
     atomic_fetch_add(&job->refs, 1); /* the stream's */
     st = duet_rpc_client_stream(rt->cli,
                                 duet_router_workers_address(rt->workers, DUET_ROLE_DECODE, d),
-                                "/duet.v1.Decode/Generate", msg, len, job->deadline_ns,
+                                "/duet.v1.Decode/Generate", r.msg, r.len, job->deadline_ns,
                                 duet__job_on_message, duet__job_on_done, job, &stream);
-    duet_free(msg);
+    duet_free(r.msg);
     if (st != DUET_OK) {
         atomic_fetch_sub(&job->refs, 1);
         pthread_mutex_lock(&job->lock);
         job->prefill_held = job->decode_held = false;
         job->attempts--;
         pthread_mutex_unlock(&job->lock);
-        goto err_release;
+        duet_router_workers_release(rt->workers, DUET_ROLE_PREFILL, p);
+        duet_router_workers_release(rt->workers, DUET_ROLE_DECODE, d);
+        return st;
     }
     pthread_mutex_lock(&job->lock);
     /* only while this attempt's stream is still the live one: when it ended
@@ -321,11 +272,6 @@ static duet_status_t duet__launch_ref(duet_router_job_t *job, bool need_new)
     /* non-NULL only when this stream's on_done already ran: drop the handle */
     duet_rpc_stream_release(stream);
     return DUET_OK;
-
-err_release:
-    duet_router_workers_release(rt->workers, DUET_ROLE_PREFILL, p);
-    duet_router_workers_release(rt->workers, DUET_ROLE_DECODE, d);
-    return st;
 }
 
 static duet_status_t duet__launch(duet_router_job_t *job, bool need_new)
@@ -336,8 +282,7 @@ static duet_status_t duet__launch(duet_router_job_t *job, bool need_new)
     return st;
 }
 
-/* Give back the workers the current attempt holds (job->lock held). */
-static void duet__release_workers_locked(duet_router_job_t *job)
+void duet__job_release_workers_locked(duet_router_job_t *job)
 {
     duet_router_t *rt = job->rt;
     if (job->prefill_held)
@@ -412,7 +357,7 @@ static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bo
     duet_router_t *rt = job->rt;
 
     pthread_mutex_lock(&job->lock);
-    duet__release_workers_locked(job);
+    duet__job_release_workers_locked(job);
     end->started = job->started;
     pthread_mutex_unlock(&job->lock);
 
@@ -546,6 +491,7 @@ void duet_router_job_cancel(duet_router_job_t *job)
     job->cancelled = true;
     if (job->stream)
         duet_rpc_stream_cancel(job->stream);
+    duet__job_handoff_cancel_locked(job);
     pthread_mutex_unlock(&job->lock);
 
     pthread_mutex_lock(&rt->adm_lock);
@@ -620,18 +566,46 @@ void duet_router_jobs_cancel_all(duet_router_t *rt)
 
 /* ---- the Decode.Generate stream ---- */
 
-static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg)
+void duet__job_message(duet_router_job_t *job, duet_rpc_stream_t *s, const uint8_t *data,
+                       size_t len, bool replay)
 {
-    duet_router_job_t *job = arg;
     duet_router_t *rt = job->rt;
     Duet__V1__GenerateResponse *resp = duet__v1__generate_response__unpack(NULL, len, data);
 
+    pthread_mutex_lock(&job->lock);
+    /* a superseded stream (a hand-off moved the job on): nothing counts */
+    bool stale = s != NULL && s == job->old_stream;
+    /* a hand-off runs: the primary's messages wait (job_handoff.c) */
+    bool held = !stale && !replay && job->hold && resp != NULL &&
+                resp->kind_case != DUET__V1__GENERATE_RESPONSE__KIND__NOT_SET;
+    if (held) {
+        duet__held_t *h = duet_malloc(sizeof(*h) + (len ? len : 1));
+        if (h != NULL) {
+            h->next = NULL;
+            h->len = len;
+            memcpy(h->data, data, len);
+            *job->held_tail = h;
+            job->held_tail = &h->next;
+            if (resp->kind_case == DUET__V1__GENERATE_RESPONSE__KIND_FINISHED)
+                job->held_fin = true;
+        } else {
+            job->overflow = true; /* as a sink that cannot keep up */
+            duet_rpc_stream_cancel(s);
+        }
+    }
+    pthread_mutex_unlock(&job->lock);
+    if (stale || held) {
+        if (resp)
+            duet__v1__generate_response__free_unpacked(resp, NULL);
+        return;
+    }
     if (resp == NULL || resp->kind_case == DUET__V1__GENERATE_RESPONSE__KIND__NOT_SET) {
         DUET_LOG_WARN("request %s: malformed message from decode", job->request_id);
         pthread_mutex_lock(&job->lock);
         job->bad_message = true;
         pthread_mutex_unlock(&job->lock);
-        duet_rpc_stream_cancel(s);
+        if (s != NULL)
+            duet_rpc_stream_cancel(s);
         if (resp)
             duet__v1__generate_response__free_unpacked(resp, NULL);
         return;
@@ -679,17 +653,28 @@ static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size
      * not continue: the job ends as if the client could not keep up */
     bool kept = duet__job_gen_append(job, resp->chunk->ids, resp->chunk->n_ids,
                                      resp->chunk->text ? strlen(resp->chunk->text) : 0) == DUET_OK;
+    job->emitting++; /* a hand-off's switch waits for it (job_handoff.c) */
     pthread_mutex_unlock(&job->lock);
     bool keep = cancelled || (kept && job->sink->on_chunk(job->sink_arg, resp->chunk, data, len));
     duet__v1__generate_response__free_unpacked(resp, NULL);
+    pthread_mutex_lock(&job->lock);
+    if (--job->emitting == 0)
+        pthread_cond_broadcast(&job->cond);
     if (!keep) {
-        pthread_mutex_lock(&job->lock);
         job->overflow = true;
-        pthread_mutex_unlock(&job->lock);
-        duet_rpc_stream_cancel(s);
+        if (s != NULL)
+            duet_rpc_stream_cancel(s);
+        else if (job->stream != NULL)
+            duet_rpc_stream_cancel(job->stream);
     }
+    pthread_mutex_unlock(&job->lock);
     if (first) /* the prompt's KV is complete and cached on this decode */
         duet__job_fork(job, true);
+}
+
+static void duet__job_on_message(duet_rpc_stream_t *s, const uint8_t *data, size_t len, void *arg)
+{
+    duet__job_message(arg, s, data, len, false);
 }
 
 static bool duet__retryable(grpc_status_code code)
@@ -743,7 +728,7 @@ static bool duet__job_migrate(duet_router_job_t *job, duet_router_job_end_t *end
     snprintf(from, sizeof(from), "%s",
              duet_router_workers_name(rt->workers, DUET_ROLE_DECODE, job->decode));
     pthread_mutex_lock(&job->lock);
-    duet__release_workers_locked(job); /* prefill/decode stay as the pair to avoid */
+    duet__job_release_workers_locked(job); /* prefill/decode stay as the pair to avoid */
     job->migrations++;
     pthread_mutex_unlock(&job->lock);
     if (duet__launch(job, true) != DUET_OK) {
@@ -764,15 +749,24 @@ static bool duet__job_migrate(duet_router_job_t *job, duet_router_job_end_t *end
     return true;
 }
 
-static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
-                              void *arg)
+void duet__job_done(duet_router_job_t *job, duet_rpc_stream_t *s, grpc_status_code code,
+                    const char *msg)
 {
-    duet_router_job_t *job = arg;
     duet_router_t *rt = job->rt;
     duet_router_job_end_t end = {.ok = false, .code = code, .message = msg};
     char buf[320];
 
-    (void)s;
+    pthread_mutex_lock(&job->lock);
+    if (s != NULL && s == job->old_stream) { /* superseded by a hand-off */
+        job->old_stream = NULL;
+        pthread_mutex_unlock(&job->lock);
+        duet_rpc_stream_release(s);
+        duet__job_unref(job); /* the stream's reference */
+        return;
+    }
+    pthread_mutex_unlock(&job->lock);
+    if (duet__job_handoff_primary_end(job, s, code))
+        return;
     pthread_mutex_lock(&job->lock);
     duet_rpc_stream_t *mine = job->stream; /* NULL: the launch releases it */
     job->stream = NULL;
@@ -826,7 +820,7 @@ static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const
         DUET_LOG_WARN("request %s failed before its first token (%s %s); retrying", job->request_id,
                       duet_rpc_code_name(end.code), end.message);
         pthread_mutex_lock(&job->lock);
-        duet__release_workers_locked(job); /* prefill/decode stay as the pair to avoid */
+        duet__job_release_workers_locked(job); /* prefill/decode stay as the pair to avoid */
         pthread_mutex_unlock(&job->lock);
         if (duet__launch(job, true) == DUET_OK) {
             atomic_fetch_add(&rt->metrics.retries, 1);
@@ -841,4 +835,10 @@ static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const
         duet_router_workers_cache_record_output(rt->workers, DUET_ROLE_DECODE, d, &job->toks);
     duet__job_end(job, &end, true);
     duet__job_unref(job); /* the stream's reference */
+}
+
+static void duet__job_on_done(duet_rpc_stream_t *s, grpc_status_code code, const char *msg,
+                              void *arg)
+{
+    duet__job_done(arg, s, code, msg);
 }

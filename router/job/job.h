@@ -76,6 +76,11 @@ void duet_router_jobs_admit(duet_router_t *rt);
 /* Cut started streams whose decode sent no token for the configured
  * stall_timeout_ms; each then migrates (ticker; docs/migration.md). */
 void duet_router_jobs_watch(duet_router_t *rt);
+/* Move started streams off draining decodes, make-before-break: each
+ * continues on a healthy decode, and only once that one sent its first
+ * message is it cancelled on the draining one; until then the draining
+ * decode generates it (ticker; docs/migration.md "Drains", job_handoff.c). */
+void duet_router_jobs_handoff(duet_router_t *rt);
 /* Cancel every admitted job (end of drain). */
 void duet_router_jobs_cancel_all(duet_router_t *rt);
 

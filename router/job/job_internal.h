@@ -16,6 +16,15 @@ typedef enum {
     DUET__JOB_WAITING, /* a follower waiting for its leader's first token */
 } duet__job_state_t;
 
+/* A drain hand-off's candidate stream (job_handoff.c). */
+typedef struct duet__handoff duet__handoff_t;
+/* A message of the primary stream held while a hand-off runs. */
+typedef struct duet__held {
+    struct duet__held *next;
+    size_t len;
+    uint8_t data[];
+} duet__held_t;
+
 /* The pair a follower is pinned to (on: its leader's first token came). */
 typedef struct {
     bool on;
@@ -80,6 +89,19 @@ struct duet_router_job {
     int migrations;
     bool stalled;     /* the watch cut the stream: no token for stall_timeout_ms */
     bool att_started; /* the current attempt sent a chunk */
+    /* make-before-break drain hand-off (docs/migration.md "Drains";
+     * job_handoff.c): while hold, the primary stream's messages wait in
+     * held; the candidate's first message makes it the primary (the old
+     * one is cancelled: old_stream), its failure replays held (flushing) */
+    duet__handoff_t *ho; /* the candidate, until its first message or its end */
+    bool hold;
+    bool flushing;
+    bool held_fin; /* held has the primary's Finished */
+    duet__held_t *held, **held_tail;
+    int emitting;                  /* chunks on their way to the sink (outside lock) */
+    pthread_cond_t cond;           /* emitting, flushing or a candidate's handle changed */
+    duet_rpc_stream_t *old_stream; /* superseded: its messages and end are ignored */
+    int64_t ho_next_ns;            /* no new hand-off before */
 };
 
 /* Why a started stream that ended so moves to another decode: "unavailable"
@@ -100,9 +122,49 @@ duet_status_t duet__job_gen_append(duet_router_job_t *job, const int32_t *ids, s
  * generated yet (the original request goes). */
 duet_status_t duet__job_resume_request(duet_router_job_t *job, uint8_t **out_p, size_t *len_p,
                                        uint32_t *first_p, uint32_t *text_p);
+/* The packed DecodeGenerateRequest for the job's next attempt (the
+ * continuation of a started stream) through prefill target (or local). */
+duet_status_t duet__job_decode_request(duet_router_job_t *job, const char *target, bool local,
+                                       size_t cached, uint8_t **msg_p, size_t *len_p);
 /* A stream whose tokens all came (max_tokens) but whose Finished was lost:
  * the job's finished message, made here (job->lock not held). */
 duet_status_t duet__job_finish_made(duet_router_job_t *job);
+
+/* A prefill/decode pair for the job's next stream and its packed
+ * DecodeGenerateRequest (the continuation of a started stream).  The
+ * workers are held (counted in flight) until released. */
+typedef struct {
+    int p, d; /* p -1: the decode prefills (colocated) */
+    uint8_t *msg;
+    size_t len;
+    size_t cached;
+} duet__route_t;
+/* Pick a pair avoiding old_p/old_d where possible (need_new: fail when the
+ * only pair is the old one; pinned: a follower's first launch prefers its
+ * leader's pair) and build the request.  DUET_ERR_PEER when no healthy
+ * pair exists. */
+duet_status_t duet__job_route(duet_router_job_t *job, int old_p, int old_d, bool need_new,
+                              bool pinned, duet__route_t *r);
+/* Give back the workers the current attempt holds (job->lock held). */
+void duet__job_release_workers_locked(duet_router_job_t *job);
+/* Handle a message of the job's primary stream s (NULL: a held message
+ * replayed by job_handoff.c, replay true). */
+void duet__job_message(duet_router_job_t *job, duet_rpc_stream_t *s, const uint8_t *data,
+                       size_t len, bool replay);
+/* The job's primary stream s ended (its on_done). */
+void duet__job_done(duet_router_job_t *job, duet_rpc_stream_t *s, grpc_status_code code,
+                    const char *msg);
+/* The primary stream ended while a hand-off runs (job_handoff.c; lock not
+ * held): true when the candidate carries the stream on (the end is
+ * consumed: the stream's reference dropped); false: the end is the job's
+ * (held messages were replayed first). */
+bool duet__job_handoff_primary_end(duet_router_job_t *job, duet_rpc_stream_t *s,
+                                   grpc_status_code code);
+/* The job was cancelled: cancel a hand-off's candidate too (job->lock
+ * held). */
+void duet__job_handoff_cancel_locked(duet_router_job_t *job);
+/* Free the held messages (job->lock held). */
+void duet__job_held_clear(duet_router_job_t *job);
 
 /* Drop a reference; the last frees the job. */
 void duet__job_unref(duet_router_job_t *job);

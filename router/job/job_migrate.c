@@ -120,6 +120,82 @@ out:
     return st;
 }
 
+static size_t duet__varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        p[n++] = (uint8_t)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return n;
+}
+
+/* A migrated stream's resume point (DecodeGenerateRequest fields 6, 7). */
+typedef struct {
+    const uint8_t *req; /* the packed GenerateRequest */
+    size_t req_len;
+    uint32_t first, text;
+} duet__resume_t;
+
+/* DecodeGenerateRequest{request = 1: the packed GenerateRequest,
+ * prefill_target = 2, prefill_local = 4 when set, router_cached_tokens = 5
+ * when not 0, first_output_index = 6 and resumed_text_bytes = 7 when
+ * not 0}: written directly around the already packed request. */
+static uint8_t *duet__decode_request_pack(const duet__resume_t *rq, const char *target, bool local,
+                                          size_t cached, size_t *len_p)
+{
+    size_t tlen = strlen(target);
+    uint8_t *out = duet_malloc(rq->req_len + tlen + 60), *p = out;
+    if (out == NULL)
+        return NULL;
+    *p++ = (1 << 3) | 2;
+    p += duet__varint(p, rq->req_len);
+    memcpy(p, rq->req, rq->req_len);
+    p += rq->req_len;
+    *p++ = (2 << 3) | 2;
+    p += duet__varint(p, tlen);
+    memcpy(p, target, tlen);
+    p += tlen;
+    if (local) {
+        *p++ = (4 << 3) | 0;
+        *p++ = 1;
+    }
+    if (cached > 0) {
+        *p++ = (5 << 3) | 0;
+        p += duet__varint(p, cached > UINT32_MAX ? UINT32_MAX : cached);
+    }
+    if (rq->first > 0) {
+        *p++ = (6 << 3) | 0;
+        p += duet__varint(p, rq->first);
+    }
+    if (rq->text > 0) {
+        *p++ = (7 << 3) | 0;
+        p += duet__varint(p, rq->text);
+    }
+    *len_p = (size_t)(p - out);
+    return out;
+}
+
+duet_status_t duet__job_decode_request(duet_router_job_t *job, const char *target, bool local,
+                                       size_t cached, uint8_t **msg_p, size_t *len_p)
+{
+    duet__resume_t rq = {.req = job->req, .req_len = job->req_len};
+    uint8_t *resumed = NULL;
+    duet_status_t st = duet__job_resume_request(job, &resumed, &rq.req_len, &rq.first, &rq.text);
+    if (st != DUET_OK)
+        return st;
+    if (resumed != NULL)
+        rq.req = resumed;
+    /* (DecodeGenerateRequest.migratable stays unset: a draining decode
+     * finishes every stream, the router moves them make-before-break:
+     * docs/migration.md "Drains", job_handoff.c) */
+    *msg_p = duet__decode_request_pack(&rq, target, local, cached, len_p);
+    duet_free(resumed);
+    if (*msg_p == NULL)
+        return duet_error(DUET_ERR_NO_MEMORY, "router: no memory for a request");
+    return DUET_OK;
+}
+
 duet_status_t duet__job_finish_made(duet_router_job_t *job)
 {
     Duet__V1__GenerateResponse resp = DUET__V1__GENERATE_RESPONSE__INIT;
@@ -176,8 +252,8 @@ void duet_router_jobs_watch(duet_router_t *rt)
              * rotation too (a failed health check: stopped, hung,
              * draining), and then takes the one retry before a first
              * token */
-            if (j->stream != NULL && !j->stalled && !j->cancelled && now - j->t_last > stall &&
-                (j->started || !duet__decode_healthy(rt, j->decode))) {
+            if (j->stream != NULL && !j->stalled && !j->cancelled && !j->hold &&
+                now - j->t_last > stall && (j->started || !duet__decode_healthy(rt, j->decode))) {
                 j->stalled = true;
                 attempt = j->attempts;
                 job = duet_router_job_ref(j);

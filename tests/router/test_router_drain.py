@@ -3,10 +3,11 @@
 decodes and the router on loopback, streams as in test_router_migrate.py
 (greedy, seeded, n = 2 with logprobs over HTTP SSE; greedy, seeded with
 logprobs, n = 2 over gRPC), spread over both decodes.  d1 gets SIGTERM
-mid-stream: it hands every stream back ("decode draining"), the router
-continues each on d2 (migrations_total{reason="drain"}), every stream ends
-normally equal to the undisturbed run, and d1 exits 0 within seconds --
-long before its streams would have ended.  Then d2 is the only decode: a
+mid-stream: it goes on generating, the router continues each stream on d2
+and cancels it on d1 once d2 sent its first message (make-before-break,
+migrations_total{reason="drain"}), every stream ends normally equal to
+the undisturbed run, and d1 exits 0 within seconds -- long before its
+streams would have ended.  Then d2 is the only decode: a
 stream launched there is not handed back on SIGTERM (nowhere to go); the
 drain finishes it, equal to an undisturbed run.
 
