@@ -5,8 +5,11 @@ synthetic model (`duet mkmodel --preset bench-124m`), offered the Mooncake
 conversation trace (lengths scaled by --len-scale, 1/16 by default, cut to
 the model's context) with Poisson arrivals for --duration seconds at each
 rate of --rates.  A rate "Nx" is N times the capacity of the single prefill
-measured from its Info (prefill_tokens_per_s / prompt_tokens_mean) after
-the runs before it.
+measured after the runs before it: its Info's prefill_tokens_per_s over
+the mean prompt of the last run (Info's prompt_tokens_mean, a moving
+average of batch means, when no run completed a request yet).  Each row
+also reports the offered rate as a multiple of the capacity measured
+after it ran.
 
 Each response is a completion, a clean refusal (HTTP 429 or 503 before any
 token) or a failure mid-request (anything else: an SSE error event, a
@@ -44,14 +47,14 @@ def classify(err):
     return "failed"
 
 
-def capacity(cl):
-    """Requests/s one prefill sustains at the trace's mean prompt, from its
-    Info (None before it measured anything)."""
+def capacity(cl, mean=None):
+    """(requests/s one prefill sustains at mean prompt tokens, its tokens/s,
+    mean) from its Info (None before it measured anything)."""
     i = cl.info("p0", timeout=10)
-    if not i.prefill_tokens_per_s or not i.prompt_tokens_mean:
+    mean = mean or i.prompt_tokens_mean
+    if not i.prefill_tokens_per_s or not mean:
         return None
-    return i.prefill_tokens_per_s / i.prompt_tokens_mean, i.prefill_tokens_per_s, \
-        i.prompt_tokens_mean
+    return i.prefill_tokens_per_s / mean, i.prefill_tokens_per_s, mean
 
 
 def bench(build, cl, rate, duration, len_scale, max_ctx, out):
@@ -114,8 +117,9 @@ def main():
     try:
         cl.start_workers()
         cl.start_router()
+        mean = None
         for spec in a.rates.split(","):
-            cap = capacity(cl)
+            cap = capacity(cl, mean)
             if spec.endswith("x"):
                 if cap is None:
                     raise SystemExit("overload: %s needs a measured capacity: put a plain "
@@ -131,11 +135,18 @@ def main():
                 "req_per_s": round(cap[0], 3), "prefill_tok_per_s": round(cap[1], 1),
                 "prompt_tokens_mean": round(cap[2], 1)}
             row["wall_s"] = round(time.time() - t0, 1)
+            if row["completed"]:
+                mean = row["mean_input_tokens"]
+            after = capacity(cl, mean)
+            row["capacity_after"] = None if after is None else {
+                "req_per_s": round(after[0], 3), "prefill_tok_per_s": round(after[1], 1),
+                "prompt_tokens_mean": round(after[2], 1)}
+            row["x_capacity_after"] = None if after is None else round(rate / after[0], 2)
             rows.append(row)
-            print("overload: %-5s %.2f req/s: %d requests, %d completed, %d refused (429/503), "
-                  "%d failed mid-request; TTFT p50 %.0f ms p99 %.0f ms" % (
-                      spec, rate, row["requests"], row["completed"], row["refused_429_503"],
-                      row["failed_mid_request"], row["ttft_p50_ms"] or 0,
+            print("overload: %-5s %.2f req/s (%sx capacity after): %d requests, %d completed, "
+                  "%d refused (429/503), %d failed mid-request; TTFT p50 %.0f ms p99 %.0f ms" % (
+                      spec, rate, row["x_capacity_after"], row["requests"], row["completed"],
+                      row["refused_429_503"], row["failed_mid_request"], row["ttft_p50_ms"] or 0,
                       row["ttft_p99_ms"] or 0), flush=True)
             for e in row["failures"][:5]:
                 print("  failed:", e[:300], flush=True)
