@@ -11,6 +11,9 @@ accepted (docs/migration.md "Overload"; found by bench/overload.py on the
          there and ends with a 504 (before: "the request timed out in the
          router's queue", or launched at the last moment and "d1: Deadline
          Exceeded").
+  bootstrap  Decode.Generate naming a prefill that is down is recomputed
+         on decode (transfer.on_failure recompute), not failed UNAVAILABLE
+         (found by bench/chaos_soak.py).
   stall  a lone decode slower per token (decode.step_delay_ms) than
          router.stall_timeout_ms: its streams complete, equal to the
          oracle -- the stall watch moves a stream only where another decode
@@ -103,9 +106,46 @@ def stall_case(build, src):
         raise
 
 
+def bootstrap_case(build, src):
+    """Decode.Generate naming a prefill that is down (never started, so
+    the bootstrap's connection is refused): with transfer.on_failure
+    recompute (the default) decode prefills it locally and the request
+    completes, equal to the oracle (before: UNAVAILABLE "bootstrap with
+    prefill ...: failed to connect", which a router that had used its one
+    retry before the first token passed on to the client -- the chaos soak
+    met it when a prefill was SIGKILLed under a retried request)."""
+    n_tok = 8
+    cl = Cluster(build, src, prefill=[("p1", 1)], decode=[("d1", 1)])
+    try:
+        cl.start("d1")
+        cl.wait_worker("d1")
+        g, c, d = cl.pb["generate"], cl.pb["common"], cl.pb["decode"]
+        ids, _ = oracle(build, cl.model, prompt_ids=[1, 40, 41, 42, 43], max_tokens=n_tok,
+                        extra=["--ignore-eos"])
+        req = d.DecodeGenerateRequest(
+            request=g.GenerateRequest(token_ids=c.TokenIds(ids=[1, 40, 41, 42, 43]),
+                                      max_tokens=n_tok, ignore_eos=True,
+                                      sampling=c.SamplingParams(temperature=0)),
+            prefill_target=cl.address("p1"))
+        stub = cl.pb["decode_grpc"].DecodeStub(cl.channel(cl.address("d1")))
+        got = []
+        for r in stub.Generate(req, timeout=60):
+            if r.HasField("chunk"):
+                got += list(r.chunk.ids)
+        check(got == ids, "recomputed %s != oracle %s" % (got, ids))
+        check("recomputing its prompt here" in cl.procs["d1"].log(None),
+              "no recompute logged:\n%s" % cl.procs["d1"].log(1500))
+        print("bootstrap: a request naming a prefill that is down was recomputed on decode")
+        cl.stop_all()
+    except BaseException:
+        cl.kill_all()
+        raise
+
+
 def test(build, src):
     queue_case(build, src)
     stall_case(build, src)
+    bootstrap_case(build, src)
 
 
 if __name__ == "__main__":
