@@ -401,6 +401,31 @@ def fd_settle(cl, baseline, timeout=20):
         time.sleep(0.5)
 
 
+def fd_detail(pid):
+    """What a process's open fds are: sockets as local->remote TCP ports
+    (state), the rest as their link targets."""
+    socks = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open("/proc/%d/net/%s" % (pid, name)) as f:
+                for line in f.readlines()[1:]:
+                    x = line.split()
+                    socks[x[9]] = "%d->%d st%s" % (int(x[1].split(":")[1], 16),
+                                                  int(x[2].split(":")[1], 16), x[3])
+        except OSError:
+            pass
+    out = []
+    for fd in sorted(os.listdir("/proc/%d/fd" % pid), key=int):
+        try:
+            t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            t = "tcp " + socks.get(t[8:-1], t)
+        out.append(t)
+    return out
+
+
 def make_templates(seed):
     rng = random.Random(seed)
     out = []
@@ -534,6 +559,7 @@ def main():
         time.sleep(1)
         baseline = {n: (cl.procs[n].proc.pid, proc_stats(cl.procs[n].proc.pid)[1])
                     for n in ["router"] + PREFILLS + DECODES}
+        fds0 = {n: fd_detail(cl.procs[n].proc.pid) for n in DECODES[:1] + PREFILLS[:1]}
         tr = Traffic(cl, templates, a.seed)
         t_start = tr.t_start = now()
         t_end = t_start + 60 * a.minutes
@@ -554,6 +580,8 @@ def main():
         bad_pages = cl.pages_at_baseline(timeout=30)
         bad_fds = fd_settle(cl, baseline)
         fds_end = {n: proc_stats(cl.procs[n].proc.pid)[1] for n in baseline}
+        fds_detail = {n: fd_detail(cl.procs[n].proc.pid) for n in bad_fds
+                      if cl.procs[n].alive()}
         rss = {n: proc_stats(cl.procs[n].proc.pid)[0] for n in ["router"] + PREFILLS + DECODES}
         unclean = []
         try:
@@ -563,6 +591,7 @@ def main():
         s = summarize(a, cl, tr, sup, t_start, t_stop, {
             "pages_not_at_baseline": bad_pages, "fds_not_at_baseline": bad_fds,
             "fds_baseline": {n: v[1] for n, v in baseline.items()}, "fds_end": fds_end,
+            "fds_detail": fds_detail, "fds_detail_baseline": fds0,
             "restarted": sorted(sup.restarted), "rss_kib_end": rss,
             "clients_hung": hung, "unclean_exit": unclean})
         print_table(s)
