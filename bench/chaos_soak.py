@@ -380,21 +380,30 @@ def pct(xs, q):
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
+def core_fds(pid):
+    """Open fds less listening sockets and epoll instances: UCX opens one
+    listener (and epoll) per network interface up when its worker starts,
+    and other agents on this machine add interfaces (podman bridges)."""
+    return sum(1 for t in fd_detail(pid)
+               if not t.endswith("st0A") and t != "anon_inode:[eventpoll]")
+
+
 def fd_settle(cl, baseline, timeout=20):
     """{name: (baseline, now)} of daemons whose open fds are not back at
     baseline after timeout s: a daemon never restarted must have exactly its
     baseline; a restarted one (same config, so the same fds once connected)
-    at most the baseline of its name (it may not have met every peer yet)."""
+    at most the baseline of its name (it may not have met every peer yet),
+    both counted without listeners and epolls (core_fds)."""
     deadline = now() + timeout
     while True:
         bad = {}
-        for name, (pid, fds) in baseline.items():
+        for name, (pid, fds, core) in baseline.items():
             p = cl.procs[name].proc
             if p.poll() is not None:
                 bad[name] = (fds, None)
                 continue
-            cur = proc_stats(p.pid)[1]
-            if cur > fds or (p.pid == pid and cur != fds):
+            cur, cur_core = proc_stats(p.pid)[1], core_fds(p.pid)
+            if cur_core > core or (p.pid == pid and cur != fds):
                 bad[name] = (fds, cur)
         if not bad or now() > deadline:
             return bad
@@ -557,7 +566,8 @@ def main():
         print("chaos: oracle of %d templates in %.1f s" % (len(templates), now() - t0),
               flush=True)
         time.sleep(1)
-        baseline = {n: (cl.procs[n].proc.pid, proc_stats(cl.procs[n].proc.pid)[1])
+        baseline = {n: (cl.procs[n].proc.pid, proc_stats(cl.procs[n].proc.pid)[1],
+                        core_fds(cl.procs[n].proc.pid))
                     for n in ["router"] + PREFILLS + DECODES}
         fds0 = {n: fd_detail(cl.procs[n].proc.pid) for n in DECODES[:1] + PREFILLS[:1]}
         tr = Traffic(cl, templates, a.seed)
@@ -580,6 +590,7 @@ def main():
         bad_pages = cl.pages_at_baseline(timeout=30)
         bad_fds = fd_settle(cl, baseline)
         fds_end = {n: proc_stats(cl.procs[n].proc.pid)[1] for n in baseline}
+        cfds_end = {n: core_fds(cl.procs[n].proc.pid) for n in baseline}
         fds_detail = {n: fd_detail(cl.procs[n].proc.pid) for n in bad_fds
                       if cl.procs[n].alive()}
         rss = {n: proc_stats(cl.procs[n].proc.pid)[0] for n in ["router"] + PREFILLS + DECODES}
@@ -591,6 +602,8 @@ def main():
         s = summarize(a, cl, tr, sup, t_start, t_stop, {
             "pages_not_at_baseline": bad_pages, "fds_not_at_baseline": bad_fds,
             "fds_baseline": {n: v[1] for n, v in baseline.items()}, "fds_end": fds_end,
+            "core_fds_baseline": {n: v[2] for n, v in baseline.items()},
+            "core_fds_end": cfds_end,
             "fds_detail": fds_detail, "fds_detail_baseline": fds0,
             "restarted": sorted(sup.restarted), "rss_kib_end": rss,
             "clients_hung": hung, "unclean_exit": unclean})
