@@ -449,8 +449,13 @@ def build_cluster(build, router_extra):
               "health_interval_ms": 200, "request_timeout_ms": 90000}
     router.update(router_extra)
     inst = {"drain_timeout_ms": 20000}
+    # loopback only: UCX's tcp lanes on lo alone, so that interfaces other
+    # agents on this machine bring up (podman bridges, where connections
+    # are refused) take no part -- with them, a transfer once stalled until
+    # its deadline and restarted daemons opened one more listener
     return Cluster(build, SRC, [(n, 1, dict(inst)) for n in PREFILLS],
-                   [(n, 1, dict(inst)) for n in DECODES], router=router, n_pages=512)
+                   [(n, 1, dict(inst)) for n in DECODES], router=router, n_pages=512,
+                   env={"UCX_NET_DEVICES": "lo"})
 
 
 def summarize(a, cl, tr, sup, t_start, t_end, extra):
