@@ -437,6 +437,8 @@ err_fail:
     duet__req_fail(dc, req, duet_dc_phase_status(st), duet_error_msg());
 }
 
+static void duet__req_recompute_go(duet_decode_t *dc, duet_dc_req_t *req);
+
 /* Pick the prefill, get its link: begin now, or wait for its bootstrap
  * (LINKING).  req is NEW (in no list). */
 static void duet__req_prefill_start(duet_decode_t *dc, duet_dc_req_t *req)
@@ -472,6 +474,19 @@ static void duet__req_linked(duet_decode_t *dc, duet_dc_req_t *req, const duet_d
     duet__req_enter(dc, req, DUET_DC_NEW); /* (drops the LINKING reference) */
     if (ev->status == DUET_OK) {
         duet__req_attempt_begin(dc, req, ev->link);
+        return;
+    }
+    /* the prefill is unreachable (died, restarting): nothing was asked of
+     * it, so recompute here as after a lost transfer (transfer.on_failure
+     * recompute) instead of failing a request the router may have no
+     * retry left for */
+    if (ev->status != DUET_ERR_MISMATCH && ev->status != DUET_ERR_INVALID && !req->recompute &&
+        dc->node.args.cluster->transfer_on_failure == DUET_XFER_ON_FAILURE_RECOMPUTE) {
+        DUET_LOG_WARN("decode: request %s: bootstrap with prefill %s failed (%s); recomputing its "
+                      "prompt here (transfer.on_failure recompute)",
+                      req->request_id, req->prefill_target, ev->link->base.error);
+        req->recompute = true;
+        duet__req_recompute_go(dc, req);
         return;
     }
     duet__req_fail(dc, req,

@@ -42,3 +42,15 @@ int64_t duet_node_deadline_rpc(const duet_cluster_config_t *c, int64_t now_ns)
 {
     return now_ns + (int64_t)c->rpc_timeout_ms * DUET_NS_PER_MS;
 }
+
+int duet_node_batch_tokens(const duet_cluster_config_t *c, int max_batch_tokens,
+                           double tokens_per_s)
+{
+    int limit = max_batch_tokens > 0 ? max_batch_tokens : 1;
+    if (tokens_per_s > 0) {
+        double fit = tokens_per_s * (double)c->transfer_timeout_ms / 2000.0;
+        if (fit < (double)limit)
+            limit = fit >= 1.0 ? (int)fit : 1;
+    }
+    return limit;
+}

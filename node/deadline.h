@@ -40,6 +40,16 @@ uint64_t duet_node_deadline_grant_expiry(const duet_cluster_config_t *c);
 int64_t duet_node_deadline_send(const duet_cluster_config_t *c, int64_t now_ns,
                                 int64_t call_deadline_ns);
 
+/* Prefill: the prompt tokens one batch may take (beyond its first
+ * request, which always goes).  Its sends' deadline counts from the
+ * batch's start (duet_node_deadline_send), so at the measured rate
+ * tokens_per_s (<= 0: none yet) the batch must compute well within the
+ * transfer timeout: at most half of it, and at most max_batch_tokens; at
+ * least 1.  Otherwise a slow prefill (a loaded CPU, a big batch) times
+ * its started transfers out and decode cuts the link. */
+int duet_node_batch_tokens(const duet_cluster_config_t *c, int max_batch_tokens,
+                           double tokens_per_s);
+
 /* Either side: the deadline of a control-plane call (Abort, Bootstrap)
  * made at now_ns. */
 int64_t duet_node_deadline_rpc(const duet_cluster_config_t *c, int64_t now_ns);

@@ -392,6 +392,10 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
 {
     const duet_instance_config_t *self = pf->node.args.self;
     int n = 0, tokens = 0;
+    /* a batch computes within half the transfer timeout at the measured
+     * rate: its sends' deadline counts from its start */
+    int max_tokens =
+        duet_node_batch_tokens(pf->node.args.cluster, self->max_batch_tokens, pf->tokens_per_s);
 
     while (pf->queue_head != NULL && n < max) {
         duet_pf_req_t *req = pf->queue_head;
@@ -403,7 +407,7 @@ static int duet__take_batch(duet_prefill_t *pf, duet_pf_req_t **batch, int max,
             *cancelled_p = req;
             continue;
         }
-        if (n > 0 && tokens + req->n_prompt > self->max_batch_tokens)
+        if (n > 0 && tokens + req->n_prompt > max_tokens)
             break;
         /* (with the prefix cache, only the pages it lacks are new) */
         if (duet_pf_cache_take(pf, req) != DUET_OK)

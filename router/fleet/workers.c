@@ -551,11 +551,17 @@ int64_t duet_router_workers_prefill_wait_ms(duet_router_workers_t *w)
         if (wk->state != DUET__ACTIVE || !atomic_load(&wk->healthy))
             continue;
         int64_t routed = atomic_load(&wk->routed);
+        /* ours that have no first token yet: queued at prefill, or still
+         * on their way to it (a decode that has not called it yet is not
+         * in prefill's queue_tokens), or recomputed on a decode */
+        int64_t inflight = atomic_load(&wk->inflight);
         pthread_mutex_lock(&wk->lock);
         int64_t est = 0; /* not measured yet: no limit */
-        if (wk->have_info && !wk->draining && wk->tokens_per_s > 0)
-            est = (int64_t)(((double)wk->queue_tokens + (double)routed * wk->prompt_mean) *
-                            1000.0 / wk->tokens_per_s);
+        if (wk->have_info && !wk->draining && wk->tokens_per_s > 0) {
+            double queued = (double)wk->queue_tokens + (double)routed * wk->prompt_mean;
+            double ours = (double)inflight * wk->prompt_mean;
+            est = (int64_t)((queued > ours ? queued : ours) * 1000.0 / wk->tokens_per_s);
+        }
         pthread_mutex_unlock(&wk->lock);
         if (best < 0 || est < best)
             best = est;

@@ -144,7 +144,9 @@ size_t duet_router_workers_active(duet_router_workers_t *w, duet_role_t role);
 size_t duet_router_workers_healthy(duet_router_workers_t *w, duet_role_t role);
 /* The shortest wait a new prompt would have in a healthy prefill's queue,
  * in ms: (its Info's queue_tokens + the requests picked for it since, at
- * its mean prompt length) / its measured prefill_tokens_per_s.  0 when no
+ * its mean prompt length; or, when more, this router's requests on it
+ * without a first token at that mean: some may not have reached its queue
+ * yet) / its measured prefill_tokens_per_s.  0 when no
  * prefill is healthy or none has measured a rate yet (docs/migration.md
  * "Overload"). */
 int64_t duet_router_workers_prefill_wait_ms(duet_router_workers_t *w);

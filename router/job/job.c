@@ -304,6 +304,7 @@ static void duet__active_remove(duet_router_t *rt, duet_router_job_t *job)
 }
 
 static void duet__job_end(duet_router_job_t *job, duet_router_job_end_t *end, bool was_running);
+static bool duet__dequeue_locked(duet_router_t *rt, duet_router_job_t *job);
 
 /* Admission's view of the prefills (docs/migration.md "Overload"): a new
  * job starts only while some prefill's queue is shorter than
@@ -314,6 +315,28 @@ static bool duet__prefill_room(duet_router_t *rt)
 {
     int max = rt->cfg->router.prefill_wait_max_ms;
     return max <= 0 || duet_router_workers_prefill_wait_ms(rt->workers) <= max;
+}
+
+/* A queued job that has spent half of its deadline in the router's queue
+ * is refused, not started: it would have at most the other half to run,
+ * and under overload it would wait out its deadline here and end with a
+ * timeout (DEADLINE_EXCEEDED) where the client should get a clean 429 and
+ * retry later (docs/migration.md "Overload"). */
+static bool duet__job_overdue(const duet_router_job_t *job, int64_t now)
+{
+    return now - job->t_create >= (job->deadline_ns - job->t_create) / 2;
+}
+
+static void duet__job_refuse_late(duet_router_job_t *job, int64_t now)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "overloaded: the request waited %lld ms in the router's queue (half its deadline) "
+             "while every prefill was busy",
+             (long long)((now - job->t_create) / DUET_NS_PER_MS));
+    duet_router_job_end_t end = {
+        .ok = false, .code = GRPC_STATUS_RESOURCE_EXHAUSTED, .message = msg};
+    duet__job_end(job, &end, false);
 }
 
 /* A running slot was freed, or the ticker came: start queued jobs while
@@ -330,6 +353,13 @@ static void duet__admit_next(duet_router_t *rt)
             pthread_mutex_unlock(&rt->adm_lock);
             return;
         }
+        int64_t now = duet_now_ns();
+        if (duet__job_overdue(job, now)) {
+            duet__dequeue_locked(rt, job);
+            pthread_mutex_unlock(&rt->adm_lock);
+            duet__job_refuse_late(job, now);
+            continue;
+        }
         rt->q_head = job->qnext;
         if (rt->q_head == NULL)
             rt->q_tail = NULL;
@@ -338,7 +368,7 @@ static void duet__admit_next(duet_router_t *rt)
         rt->running++;
         job->state = DUET__JOB_RUNNING;
         pthread_mutex_unlock(&rt->adm_lock);
-        job->t_admit = duet_now_ns();
+        job->t_admit = now;
         duet_router_hist_observe(&rt->metrics.queue_wait, job->t_admit - job->t_create);
         duet_status_t st = duet__launch(job, false);
         if (st != DUET_OK) {
@@ -519,7 +549,7 @@ void duet_router_jobs_expire(duet_router_t *rt)
         duet_router_job_t *job = NULL;
         pthread_mutex_lock(&rt->adm_lock);
         for (duet_router_job_t *j = rt->q_head; j; j = j->qnext) {
-            if (j->deadline_ns <= now) {
+            if (duet__job_overdue(j, now)) {
                 job = j;
                 break;
             }
@@ -529,10 +559,7 @@ void duet_router_jobs_expire(duet_router_t *rt)
         pthread_mutex_unlock(&rt->adm_lock);
         if (job == NULL)
             return;
-        duet_router_job_end_t end = {.ok = false,
-                                     .code = GRPC_STATUS_DEADLINE_EXCEEDED,
-                                     .message = "the request timed out in the router's queue"};
-        duet__job_end(job, &end, false);
+        duet__job_refuse_late(job, now);
     }
 }
 

@@ -242,6 +242,11 @@ void duet_router_jobs_watch(duet_router_t *rt)
         int64_t now = duet_now_ns();
         duet_router_job_t *job = NULL;
         int attempt = 0;
+        /* a stream moves only where another decode is healthy: with none,
+         * cutting it would turn a slow (overloaded) or stopped decode into
+         * a failed request, and its decode may yet answer (the request's
+         * deadline still bounds it) */
+        size_t healthy = duet_router_workers_healthy(rt->workers, DUET_ROLE_DECODE);
         pthread_mutex_lock(&rt->adm_lock);
         for (duet_router_job_t *j = rt->active; j != NULL && job == NULL; j = j->anext) {
             pthread_mutex_lock(&j->lock);
@@ -253,10 +258,13 @@ void duet_router_jobs_watch(duet_router_t *rt)
              * draining), and then takes the one retry before a first
              * token */
             if (j->stream != NULL && !j->stalled && !j->cancelled && !j->hold &&
-                now - j->t_last > stall && (j->started || !duet__decode_healthy(rt, j->decode))) {
-                j->stalled = true;
-                attempt = j->attempts;
-                job = duet_router_job_ref(j);
+                now - j->t_last > stall) {
+                bool own = duet__decode_healthy(rt, j->decode);
+                if ((j->started || !own) && healthy > (own ? 1u : 0u)) {
+                    j->stalled = true;
+                    attempt = j->attempts;
+                    job = duet_router_job_ref(j);
+                }
             }
             pthread_mutex_unlock(&j->lock);
         }
