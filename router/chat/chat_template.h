@@ -37,12 +37,18 @@ typedef struct duet_router_chat_tmpl duet_router_chat_tmpl_t;
 duet_status_t duet_router_chat_tmpl_compile(const char *src, duet_router_chat_tmpl_t **tmpl_p);
 void duet_router_chat_tmpl_destroy(duet_router_chat_tmpl_t *tmpl);
 
+struct cJSON;
+
 typedef struct {
     const duet_router_chat_msg_t *msgs;
     size_t n_msgs;
     const char *bos_token; /* "" when the model has none */
     const char *eos_token;
     bool add_generation_prompt;
+    /* Optional (NULL: none): a JSON object whose members become template
+     * variables, replacing those above of the same name -- e.g. messages
+     * with tool_calls, tools, enable_thinking.  Numbers must be integers. */
+    const struct cJSON *context;
 } duet_router_chat_vars_t;
 
 /* Render into a duet_malloc'd NUL-terminated string.  A template's

@@ -62,7 +62,17 @@ static duet__val_t *duet__replace(duet__rs_t *rs, duet__val_t *s, duet__val_t *f
     return r;
 }
 
-static void duet__tojson(duet_router_buf_t *b, const duet__val_t *v)
+/* A newline and indent * level spaces, for tojson(indent=N). */
+static void duet__json_nl(duet_router_buf_t *b, int64_t indent, int64_t level)
+{
+    duet_router_buf_puts(b, "\n");
+    for (int64_t i = 0; i < indent * level; i++)
+        duet_router_buf_puts(b, " ");
+}
+
+/* Python's json.dumps as transformers' tojson calls it: ", " and ": "
+ * separators, or with indent > 0 one item a line (", " becoming ","). */
+static void duet__tojson(duet_router_buf_t *b, const duet__val_t *v, int64_t indent, int64_t level)
 {
     switch (v->kind) {
     case DUET__V_STR:
@@ -75,24 +85,22 @@ static void duet__tojson(duet_router_buf_t *b, const duet__val_t *v)
         duet_router_buf_printf(b, "%" PRId64, v->i);
         break;
     case DUET__V_LIST:
-        duet_router_buf_puts(b, "[");
-        for (size_t i = 0; i < v->n; i++) {
-            if (i)
-                duet_router_buf_puts(b, ", ");
-            duet__tojson(b, v->items[i]);
-        }
-        duet_router_buf_puts(b, "]");
-        break;
     case DUET__V_DICT:
-        duet_router_buf_puts(b, "{");
+        duet_router_buf_puts(b, v->kind == DUET__V_LIST ? "[" : "{");
         for (size_t i = 0; i < v->n; i++) {
             if (i)
-                duet_router_buf_puts(b, ", ");
-            duet_router_buf_json_str(b, v->keys[i], strlen(v->keys[i]));
-            duet_router_buf_puts(b, ": ");
-            duet__tojson(b, v->items[i]);
+                duet_router_buf_puts(b, indent > 0 ? "," : ", ");
+            if (indent > 0)
+                duet__json_nl(b, indent, level + 1);
+            if (v->kind == DUET__V_DICT) {
+                duet_router_buf_json_str(b, v->keys[i], strlen(v->keys[i]));
+                duet_router_buf_puts(b, ": ");
+            }
+            duet__tojson(b, v->items[i], indent, level + 1);
         }
-        duet_router_buf_puts(b, "}");
+        if (indent > 0 && v->n > 0)
+            duet__json_nl(b, indent, level);
+        duet_router_buf_puts(b, v->kind == DUET__V_LIST ? "]" : "}");
         break;
     default:
         duet_router_buf_puts(b, "null");
@@ -122,8 +130,15 @@ duet__val_t *duet__tmpl_filter(duet__rs_t *rs, const duet__node_t *n, duet__val_
         return duet__tmpl_to_str(rs, v);
     if (strcmp(f, "tojson") == 0) {
         duet_router_buf_t b;
+        int64_t indent = 0;
+        for (size_t i = 0; i < n->nargs; i++) {
+            if ((n->kw[i] != NULL && strcmp(n->kw[i], "indent") != 0) || argv[i]->kind != DUET__V_INT)
+                return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
+                                       "tojson takes only indent=<int>");
+            indent = argv[i]->i < 0 ? 0 : argv[i]->i > 16 ? 16 : argv[i]->i;
+        }
         duet_router_buf_init(&b);
-        duet__tojson(&b, v);
+        duet__tojson(&b, v, indent, 0);
         duet__val_t *r = b.oom ? duet__tmpl_fail(rs, DUET_ERR_NO_MEMORY, 0, "%s", "out of memory")
                                : duet__tmpl_str(rs, b.data ? b.data : "", b.len, true);
         duet_router_buf_cleanup(&b);

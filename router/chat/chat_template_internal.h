@@ -35,7 +35,7 @@ typedef enum {
     DUET__E_NAME,   /* s */
     DUET__E_ATTR,   /* a.s */
     DUET__E_INDEX,  /* a[b] */
-    DUET__E_SLICE,  /* a[b:c], b/c may be NULL */
+    DUET__E_SLICE,  /* a[b:c:d], b/c/d may be NULL */
     DUET__E_CALL,   /* a(args), kw names in kw[] (NULL for positional) */
     DUET__E_FILTER, /* a | s(args) */
     DUET__E_TEST,   /* a is [not (i=1)] s */
@@ -75,7 +75,7 @@ struct duet__node {
     size_t slen;
     int64_t i;
     duet__op_t op;
-    duet__node_t *a, *b, *c;
+    duet__node_t *a, *b, *c, *d;
     duet__node_t **args;
     const char **kw;
     size_t nargs;

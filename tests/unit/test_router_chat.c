@@ -25,7 +25,7 @@ static char *render(const char *src, const duet_router_chat_msg_t *m, size_t n, 
                     duet_status_t want)
 {
     duet_router_chat_tmpl_t *t;
-    duet_router_chat_vars_t v = {m, n, "<s>", "</s>", gen};
+    duet_router_chat_vars_t v = {m, n, "<s>", "</s>", gen, NULL};
     char *out = NULL;
     size_t len = 0;
 
@@ -193,7 +193,7 @@ static void test_errors(void **state)
 static void test_oom(void **state)
 {
     duet_router_chat_tmpl_t *t;
-    duet_router_chat_vars_t v = {msgs4, 4, "<s>", "</s>", true};
+    duet_router_chat_vars_t v = {msgs4, 4, "<s>", "</s>", true, NULL};
     long live = duet_alloc_live();
     bool compiled = false, rendered = false;
     (void)state;
