@@ -120,7 +120,7 @@ bool duet__tmpl_truthy(const duet__val_t *v)
     }
 }
 
-static bool duet__equal(const duet__val_t *a, const duet__val_t *b)
+bool duet__tmpl_equal(const duet__val_t *a, const duet__val_t *b)
 {
     bool an = a->kind == DUET__V_INT || a->kind == DUET__V_BOOL;
     bool bn = b->kind == DUET__V_INT || b->kind == DUET__V_BOOL;
@@ -135,7 +135,7 @@ static bool duet__equal(const duet__val_t *a, const duet__val_t *b)
         if (a->n != b->n)
             return false;
         for (size_t i = 0; i < a->n; i++)
-            if (!duet__equal(a->items[i], b->items[i]))
+            if (!duet__tmpl_equal(a->items[i], b->items[i]))
                 return false;
         return true;
     case DUET__V_DICT:
@@ -366,9 +366,9 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
                 (b->kind == DUET__V_INT || b->kind == DUET__V_BOOL);
     switch (n->op) {
     case DUET__OP_EQ:
-        return duet__tmpl_int(rs, DUET__V_BOOL, duet__equal(a, b));
+        return duet__tmpl_int(rs, DUET__V_BOOL, duet__tmpl_equal(a, b));
     case DUET__OP_NE:
-        return duet__tmpl_int(rs, DUET__V_BOOL, !duet__equal(a, b));
+        return duet__tmpl_int(rs, DUET__V_BOOL, !duet__tmpl_equal(a, b));
     case DUET__OP_CONCAT:
         if ((a = duet__tmpl_to_str(rs, a)) == NULL || (b = duet__tmpl_to_str(rs, b)) == NULL)
             return NULL;
@@ -403,7 +403,7 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
                 found = memcmp(b->s + i, a->s, a->n) == 0;
         } else if (b->kind == DUET__V_LIST) {
             for (size_t i = 0; !found && i < b->n; i++)
-                found = duet__equal(a, b->items[i]);
+                found = duet__tmpl_equal(a, b->items[i]);
         } else if (b->kind == DUET__V_DICT && a->kind == DUET__V_STR) {
             found = duet__tmpl_dict_get(b, a->s, a->n) != NULL;
         } else if (b->kind != DUET__V_UNDEF) {

@@ -150,6 +150,7 @@ bool duet__tmpl_push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const
 duet__val_t *duet__tmpl_dict_get(const duet__val_t *d, const char *key, size_t klen);
 bool duet__tmpl_dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t *v);
 bool duet__tmpl_truthy(const duet__val_t *v);
+bool duet__tmpl_equal(const duet__val_t *a, const duet__val_t *b);
 void duet__tmpl_repr(duet_router_buf_t *b, const duet__val_t *v, bool quote);
 duet__val_t *duet__tmpl_to_str(duet__rs_t *rs, duet__val_t *v);
 duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n);

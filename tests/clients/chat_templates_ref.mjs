@@ -85,8 +85,28 @@ const cases = {
     messages: [user, { role: "assistant", content: "<think>\nThe user asks.\n</think>\n\nSunny." },
       { role: "user", content: "And tomorrow?" }],
   },
+  // Qwen3 strips these with .lstrip('\n') / .strip('\n'): see pythonStrip.
+  thinking_spaces: {
+    messages: [user, { role: "assistant", content: "<think>\n  step 1\n\n</think>\n\n  Sunny.\n" },
+      { role: "user", content: "Ok" }, { role: "assistant", content: "\n<think>\n\tlast  \n</think>\n \nDone" }],
+  },
+  reasoning_content: {
+    messages: [user, { role: "assistant", content: "Sunny.", reasoning_content: "\n\n checked \n" }],
+  },
   thinking_last: { messages: [user, { role: "assistant", content: "<think>\nhmm\n</think>\n\nSunny." }] },
 };
+
+// @huggingface/jinja 0.5.11's str.strip/lstrip/rstrip ignore their chars
+// argument (they trim all whitespace), where Python's -- and so jinja2 and
+// transformers -- strip only those chars; duet follows Python.  Where
+// Qwen3's template strips '\n' next to other whitespace, the reference's
+// text is corrected as Python renders it: [template, case, reference text,
+// Python's text].
+const pythonStrip = [
+  ["Qwen-Qwen3-0.6B.jinja", "thinking_spaces", "assistant\nSunny.\n<|im_end|>", "assistant\n  Sunny.\n<|im_end|>"],
+  ["Qwen-Qwen3-0.6B.jinja", "thinking_spaces", "<think>\nlast\n</think>\n\nDone", "<think>\n\tlast  \n</think>\n\n \nDone"],
+  ["Qwen-Qwen3-0.6B.jinja", "reasoning_content", "<think>\nchecked\n</think>", "<think>\n checked \n</think>"],
+];
 
 const files = readdirSync(dir).filter((f) => f.endsWith(".jinja")).sort();
 let failed = 0, n = 0;
@@ -105,6 +125,14 @@ for (const f of files) {
         want = tmpl.render(structuredClone(ctx));
       } catch (e) {
         wantErr = String(e.message || e);
+      }
+      for (const [t, cn, ref, py] of pythonStrip) {
+        if (t !== f || cn !== name) continue;
+        if (wantErr !== null || !want.includes(ref)) {
+          console.log(`FAIL ${label}: the reference no longer renders ${JSON.stringify(ref)}`);
+          process.exit(1);
+        }
+        want = want.replace(ref, py);
       }
       const r = spawnSync(render, [join(dir, f)], { input: JSON.stringify(ctx), encoding: "utf8" });
       n++;
@@ -129,5 +157,5 @@ for (const f of files) {
     }
   }
 }
-console.log(`${n - failed}/${n} renders equal @huggingface/jinja`);
+console.log(`${n - failed}/${n} renders equal @huggingface/jinja's (${pythonStrip.length} strip corrections)`);
 process.exit(failed ? 1 : 0);
