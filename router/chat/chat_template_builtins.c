@@ -145,7 +145,8 @@ duet__val_t *duet__tmpl_filter(duet__rs_t *rs, const duet__node_t *n, duet__val_
         duet_router_buf_t b;
         int64_t indent = 0;
         for (size_t i = 0; i < n->nargs; i++) {
-            if ((n->kw[i] != NULL && strcmp(n->kw[i], "indent") != 0) || argv[i]->kind != DUET__V_INT)
+            if ((n->kw[i] != NULL && strcmp(n->kw[i], "indent") != 0) ||
+                argv[i]->kind != DUET__V_INT)
                 return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
                                        "tojson takes only indent=<int>");
             indent = argv[i]->i < 0 ? 0 : argv[i]->i > 16 ? 16 : argv[i]->i;
@@ -234,8 +235,8 @@ static int duet__test_val(duet__rs_t *rs, int line, const char *t, const duet__v
         return v->kind == DUET__V_BOOL && v->i == (t[0] == 't');
     if (strcmp(t, "even") == 0 || strcmp(t, "odd") == 0)
         return v->kind == DUET__V_INT && (v->i % 2 == 0) == (t[0] == 'e');
-    if (arg != NULL && (strcmp(t, "equalto") == 0 || strcmp(t, "eq") == 0 ||
-                        strcmp(t, "==") == 0 || strcmp(t, "ne") == 0 || strcmp(t, "!=") == 0))
+    if (arg != NULL && (strcmp(t, "equalto") == 0 || strcmp(t, "eq") == 0 || strcmp(t, "==") == 0 ||
+                        strcmp(t, "ne") == 0 || strcmp(t, "!=") == 0))
         return duet__tmpl_equal(v, arg) == (t[0] == 'e' || t[0] == '=');
     duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, line, "unsupported test '%s'", t);
     return -1;

@@ -259,9 +259,10 @@ static void test_context(void **state)
               "[\n  {\n    \"a\": 1,\n    \"b\": [\n      1,\n      2\n    ],\n    \"c\": {},\n"
               "    \"d\": []\n  }\n]|[{\"a\": 1, \"b\": [1, 2], \"c\": {}, \"d\": []}]");
     /* slices with a step, as Python's */
-    check_ctx("{{ xs[::-1] | join(',') }} {{ xs[::2] | join(',') }} {{ xs[-1:0:-2] | join(',') }} "
-              "{{ xs[5:1:-1] | join(',') }} {{ xs[1::-1] | join(',') }} {{ xs[-9::3] | join(',') }}",
-              "{\"xs\": [1, 2, 3, 4]}", DUET_OK, "4,3,2,1 1,3 4,2 4,3 2,1 1,4");
+    check_ctx(
+        "{{ xs[::-1] | join(',') }} {{ xs[::2] | join(',') }} {{ xs[-1:0:-2] | join(',') }} "
+        "{{ xs[5:1:-1] | join(',') }} {{ xs[1::-1] | join(',') }} {{ xs[-9::3] | join(',') }}",
+        "{\"xs\": [1, 2, 3, 4]}", DUET_OK, "4,3,2,1 1,3 4,2 4,3 2,1 1,4");
     check_ctx("{{ xs[::0] }}", "{\"xs\": [1]}", DUET_ERR_INVALID, NULL);
     check_ctx("{{ s[::-1] }}", "{\"s\": \"ab\"}", DUET_ERR_UNSUPPORTED, NULL);
     /* strip with chars, as Python's str methods */
