@@ -4,8 +4,9 @@
  * Input: byte 0: bit 0 add_generation_prompt, bit 1 a context; the rest,
  * cut at \x1e (record separator): the template, with bit 1 a JSON object
  * of variables (vars.context: tools, messages with tool_calls...), then
- * role and content pairs.  bos and eos are fixed strings.  A rendered prompt must be a
- * NUL-terminated string of the reported length, within the documented 16 MiB cap. */
+ * role and content pairs.  bos and eos are fixed strings.  A rendered
+ * prompt must be a NUL-terminated string of the reported length, within
+ * the documented 16 MiB cap. */
 #include <stdio.h>
 #include <string.h>
 
