@@ -92,9 +92,11 @@ fi
 
 [ "$profile" = build ] && exit 0
 
-# Pinned npm clients used by the tests (openai 7.x needs Node 22).
+# Pinned npm clients used by the tests (openai 7.x needs Node 22;
+# @huggingface/jinja renders the reference chat templates).
 if [ -f "$here/tests/clients/package.json" ]; then
-  if [ ! -d "$here/tests/clients/node_modules/openai" ]; then
+  if [ ! -d "$here/tests/clients/node_modules/openai" ] ||
+     [ ! -d "$here/tests/clients/node_modules/@huggingface/jinja" ]; then
     (cd "$here/tests/clients" && npm ci --no-audit --no-fund --loglevel=error)
   fi
 fi

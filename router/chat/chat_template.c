@@ -465,13 +465,17 @@ static duet__node_t *duet__postfix(duet__parser_t *ps)
             m->s = duet__tmpl_arena_strndup(ps->arena, name.p, name.n);
             n = m;
         } else if (duet__accept(ps, "[")) {
-            duet__node_t *lo = NULL, *hi = NULL;
+            duet__node_t *lo = NULL, *hi = NULL, *step = NULL;
             bool slice = false;
             if (!duet__tok_is(duet__peek(ps), ":") && (lo = duet__expr(ps)) == NULL)
                 return NULL;
             if (duet__accept(ps, ":")) {
                 slice = true;
-                if (!duet__tok_is(duet__peek(ps), "]") && (hi = duet__expr(ps)) == NULL)
+                if (!duet__tok_is(duet__peek(ps), "]") && !duet__tok_is(duet__peek(ps), ":") &&
+                    (hi = duet__expr(ps)) == NULL)
+                    return NULL;
+                if (duet__accept(ps, ":") && !duet__tok_is(duet__peek(ps), "]") &&
+                    (step = duet__expr(ps)) == NULL)
                     return NULL;
             }
             if (!duet__expect(ps, "]") ||
@@ -480,6 +484,7 @@ static duet__node_t *duet__postfix(duet__parser_t *ps)
             m->a = n;
             m->b = lo;
             m->c = hi;
+            m->d = step;
             n = m;
         } else if (duet__accept(ps, "(")) {
             if ((m = duet__node_new(ps, DUET__E_CALL)) == NULL || !duet__args(ps, m, ")", false))

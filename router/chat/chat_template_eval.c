@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/alloc.h"
 #include "router/base/buf.h"
 #include "router/chat/chat_template_internal.h"
@@ -118,7 +120,7 @@ bool duet__tmpl_truthy(const duet__val_t *v)
     }
 }
 
-static bool duet__equal(const duet__val_t *a, const duet__val_t *b)
+bool duet__tmpl_equal(const duet__val_t *a, const duet__val_t *b)
 {
     bool an = a->kind == DUET__V_INT || a->kind == DUET__V_BOOL;
     bool bn = b->kind == DUET__V_INT || b->kind == DUET__V_BOOL;
@@ -133,7 +135,7 @@ static bool duet__equal(const duet__val_t *a, const duet__val_t *b)
         if (a->n != b->n)
             return false;
         for (size_t i = 0; i < a->n; i++)
-            if (!duet__equal(a->items[i], b->items[i]))
+            if (!duet__tmpl_equal(a->items[i], b->items[i]))
                 return false;
         return true;
     case DUET__V_DICT:
@@ -300,31 +302,45 @@ static duet__val_t *duet__index(duet__rs_t *rs, const duet__node_t *n, duet__val
     return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "cannot index this value");
 }
 
+/* Python's seq[lo:hi:step]; a string only with step 1. */
 static duet__val_t *duet__slice(duet__rs_t *rs, const duet__node_t *n)
 {
-    duet__val_t *obj = duet__tmpl_eval(rs, n->a), *lo = NULL, *hi = NULL, *r;
-    int64_t len, a = 0, b;
+    duet__val_t *obj = duet__tmpl_eval(rs, n->a), *lo = NULL, *hi = NULL, *st = NULL, *r;
+    int64_t len, a, b, step = 1;
 
     if (obj == NULL || (n->b && (lo = duet__tmpl_eval(rs, n->b)) == NULL) ||
-        (n->c && (hi = duet__tmpl_eval(rs, n->c)) == NULL))
+        (n->c && (hi = duet__tmpl_eval(rs, n->c)) == NULL) ||
+        (n->d && (st = duet__tmpl_eval(rs, n->d)) == NULL))
         return NULL;
     if (obj->kind != DUET__V_LIST && obj->kind != DUET__V_STR)
         return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "slicing a non-sequence");
+    if (st && st->kind == DUET__V_INT)
+        step = st->i;
+    if (step == 0 || step == INT64_MIN)
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, n->line, "%s", "bad slice step");
+    if (step != 1 && obj->kind == DUET__V_STR)
+        return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, n->line, "%s",
+                               "slicing a string with a step");
     len = (int64_t)obj->n;
-    b = len;
+    /* Python's PySlice_AdjustIndices: bounds clamp to [0, len] going
+     * forward, [-1, len - 1] going backward. */
+    int64_t lo_min = step > 0 ? 0 : -1, hi_max = step > 0 ? len : len - 1;
+    a = step > 0 ? 0 : len - 1;
+    b = step > 0 ? len : -1;
     if (lo && lo->kind == DUET__V_INT)
-        a = lo->i < 0 ? lo->i + len : lo->i;
+        a = lo->i < 0 ? (lo->i < -len ? lo_min : lo->i + len) : lo->i > hi_max ? hi_max : lo->i;
     if (hi && hi->kind == DUET__V_INT)
-        b = hi->i < 0 ? hi->i + len : hi->i;
-    a = a < 0 ? 0 : a > len ? len : a;
-    b = b < a ? a : b > len ? len : b;
+        b = hi->i < 0 ? (hi->i < -len ? lo_min : hi->i + len) : hi->i > hi_max ? hi_max : hi->i;
     if (obj->kind == DUET__V_STR)
-        return duet__tmpl_str(rs, obj->s + a, (size_t)(b - a), false);
+        return duet__tmpl_str(rs, obj->s + a, (size_t)(b > a ? b - a : 0), false);
     if ((r = duet__tmpl_new(rs, DUET__V_LIST)) == NULL)
         return NULL;
-    for (int64_t i = a; i < b; i++)
+    for (int64_t i = a; step > 0 ? i < b : i > b; i += step) {
         if (!duet__tmpl_push(rs, r, obj->items[i], NULL))
             return NULL;
+        if ((step > 0 && i > INT64_MAX - step) || (step < 0 && i < INT64_MIN - step))
+            break;
+    }
     return r;
 }
 
@@ -350,9 +366,9 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
                 (b->kind == DUET__V_INT || b->kind == DUET__V_BOOL);
     switch (n->op) {
     case DUET__OP_EQ:
-        return duet__tmpl_int(rs, DUET__V_BOOL, duet__equal(a, b));
+        return duet__tmpl_int(rs, DUET__V_BOOL, duet__tmpl_equal(a, b));
     case DUET__OP_NE:
-        return duet__tmpl_int(rs, DUET__V_BOOL, !duet__equal(a, b));
+        return duet__tmpl_int(rs, DUET__V_BOOL, !duet__tmpl_equal(a, b));
     case DUET__OP_CONCAT:
         if ((a = duet__tmpl_to_str(rs, a)) == NULL || (b = duet__tmpl_to_str(rs, b)) == NULL)
             return NULL;
@@ -387,7 +403,7 @@ static duet__val_t *duet__binary(duet__rs_t *rs, const duet__node_t *n)
                 found = memcmp(b->s + i, a->s, a->n) == 0;
         } else if (b->kind == DUET__V_LIST) {
             for (size_t i = 0; !found && i < b->n; i++)
-                found = duet__equal(a, b->items[i]);
+                found = duet__tmpl_equal(a, b->items[i]);
         } else if (b->kind == DUET__V_DICT && a->kind == DUET__V_STR) {
             found = duet__tmpl_dict_get(b, a->s, a->n) != NULL;
         } else if (b->kind != DUET__V_UNDEF) {
@@ -671,6 +687,41 @@ static duet_status_t duet__exec(duet__rs_t *rs, const duet__node_t *n)
     return rs->err;
 }
 
+/* A JSON value as a template value (strings and keys point into the cJSON
+ * tree, which outlives the render). */
+static duet__val_t *duet__from_json(duet__rs_t *rs, const cJSON *j, int depth)
+{
+    duet__val_t *v;
+    if (depth > 64)
+        return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, 0, "%s", "context nested too deeply");
+    if (cJSON_IsNull(j))
+        return duet__tmpl_new(rs, DUET__V_NONE);
+    if (cJSON_IsBool(j))
+        return duet__tmpl_int(rs, DUET__V_BOOL, cJSON_IsTrue(j));
+    if (cJSON_IsString(j))
+        return duet__tmpl_str(rs, j->valuestring, strlen(j->valuestring), false);
+    if (cJSON_IsNumber(j)) {
+        double d = j->valuedouble;
+        if (!(d >= -9e15 && d <= 9e15) || d != (double)(int64_t)d)
+            return duet__tmpl_fail(rs, DUET_ERR_UNSUPPORTED, 0, "%s",
+                                   "context numbers must be integers");
+        return duet__tmpl_int(rs, DUET__V_INT, (int64_t)d);
+    }
+    if (!cJSON_IsArray(j) && !cJSON_IsObject(j))
+        return duet__tmpl_fail(rs, DUET_ERR_INVALID, 0, "%s", "bad context value");
+    if ((v = duet__tmpl_new(rs, cJSON_IsArray(j) ? DUET__V_LIST : DUET__V_DICT)) == NULL)
+        return NULL;
+    for (const cJSON *c = j->child; c != NULL; c = c->next) {
+        duet__val_t *item = duet__from_json(rs, c, depth + 1);
+        if (item == NULL)
+            return NULL;
+        if (v->kind == DUET__V_LIST ? !duet__tmpl_push(rs, v, item, NULL)
+                                    : !duet__tmpl_dict_set(rs, v, c->string, item))
+            return NULL;
+    }
+    return v;
+}
+
 duet_status_t duet_router_chat_tmpl_render(const duet_router_chat_tmpl_t *tmpl,
                                            const duet_router_chat_vars_t *vars, char **out_p,
                                            size_t *len_p)
@@ -706,6 +757,13 @@ duet_status_t duet_router_chat_tmpl_render(const duet_router_chat_tmpl_t *tmpl,
                   duet__tmpl_int(&rs, DUET__V_BOOL, vars->add_generation_prompt));
     duet__rs_bind(&rs, "raise_exception", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_RAISE));
     duet__rs_bind(&rs, "namespace", duet__tmpl_int(&rs, DUET__V_FUNC, DUET__F_NAMESPACE));
+    if (vars->context != NULL && !cJSON_IsObject(vars->context))
+        duet__tmpl_fail(&rs, DUET_ERR_INVALID, 0, "%s", "context is not a JSON object");
+    for (const cJSON *c = vars->context ? vars->context->child : NULL; c && !rs.err; c = c->next) {
+        duet__val_t *v = duet__from_json(&rs, c, 0);
+        if (v != NULL)
+            duet__rs_bind(&rs, c->string, v);
+    }
     if (rs.err == DUET_OK)
         duet__exec(&rs, tmpl->root);
 out:

@@ -35,7 +35,7 @@ typedef enum {
     DUET__E_NAME,   /* s */
     DUET__E_ATTR,   /* a.s */
     DUET__E_INDEX,  /* a[b] */
-    DUET__E_SLICE,  /* a[b:c], b/c may be NULL */
+    DUET__E_SLICE,  /* a[b:c:d], b/c/d may be NULL */
     DUET__E_CALL,   /* a(args), kw names in kw[] (NULL for positional) */
     DUET__E_FILTER, /* a | s(args) */
     DUET__E_TEST,   /* a is [not (i=1)] s */
@@ -75,7 +75,7 @@ struct duet__node {
     size_t slen;
     int64_t i;
     duet__op_t op;
-    duet__node_t *a, *b, *c;
+    duet__node_t *a, *b, *c, *d;
     duet__node_t **args;
     const char **kw;
     size_t nargs;
@@ -150,6 +150,7 @@ bool duet__tmpl_push(duet__rs_t *rs, duet__val_t *coll, duet__val_t *item, const
 duet__val_t *duet__tmpl_dict_get(const duet__val_t *d, const char *key, size_t klen);
 bool duet__tmpl_dict_set(duet__rs_t *rs, duet__val_t *d, const char *key, duet__val_t *v);
 bool duet__tmpl_truthy(const duet__val_t *v);
+bool duet__tmpl_equal(const duet__val_t *a, const duet__val_t *b);
 void duet__tmpl_repr(duet_router_buf_t *b, const duet__val_t *v, bool quote);
 duet__val_t *duet__tmpl_to_str(duet__rs_t *rs, duet__val_t *v);
 duet__val_t *duet__tmpl_eval(duet__rs_t *rs, const duet__node_t *n);

@@ -19,7 +19,7 @@
 static void test_chat_template_int_literal(void **state)
 {
     duet_router_chat_tmpl_t *t = NULL;
-    duet_router_chat_vars_t v = {NULL, 0, "", "", false};
+    duet_router_chat_vars_t v = {NULL, 0, "", "", false, NULL};
     char *out = NULL;
     size_t len = 0;
     long live = duet_alloc_live();
@@ -42,7 +42,7 @@ static void test_chat_template_int_literal(void **state)
 static char *render_ok(const char *src)
 {
     duet_router_chat_tmpl_t *t = NULL;
-    duet_router_chat_vars_t v = {NULL, 0, "", "", false};
+    duet_router_chat_vars_t v = {NULL, 0, "", "", false, NULL};
     char *out = NULL;
     size_t len = 0;
 
@@ -57,7 +57,7 @@ static char *render_ok(const char *src)
 static void render_fails(const char *src, const char *why)
 {
     duet_router_chat_tmpl_t *t = NULL;
-    duet_router_chat_vars_t v = {NULL, 0, "", "", false};
+    duet_router_chat_vars_t v = {NULL, 0, "", "", false, NULL};
     char *out = NULL;
     size_t len = 0;
 

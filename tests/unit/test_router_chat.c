@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 
 #include "common/alloc.h"
@@ -25,7 +26,7 @@ static char *render(const char *src, const duet_router_chat_msg_t *m, size_t n, 
                     duet_status_t want)
 {
     duet_router_chat_tmpl_t *t;
-    duet_router_chat_vars_t v = {m, n, "<s>", "</s>", gen};
+    duet_router_chat_vars_t v = {m, n, "<s>", "</s>", gen, NULL};
     char *out = NULL;
     size_t len = 0;
 
@@ -193,7 +194,7 @@ static void test_errors(void **state)
 static void test_oom(void **state)
 {
     duet_router_chat_tmpl_t *t;
-    duet_router_chat_vars_t v = {msgs4, 4, "<s>", "</s>", true};
+    duet_router_chat_vars_t v = {msgs4, 4, "<s>", "</s>", true, NULL};
     long live = duet_alloc_live();
     bool compiled = false, rendered = false;
     (void)state;
@@ -219,12 +220,74 @@ static void test_oom(void **state)
     assert_true(compiled && rendered);
 }
 
+/* Render src with the variables of the JSON object ctx (vars.context);
+ * the expected texts are what Python's jinja2 renders. */
+static void check_ctx(const char *src, const char *ctx, duet_status_t want, const char *expect)
+{
+    duet_router_chat_tmpl_t *t;
+    cJSON *j = cJSON_Parse(ctx);
+    duet_router_chat_vars_t v = {msgs4, 4, "<s>", "</s>", false, j};
+    char *out = NULL;
+    long live = duet_alloc_live();
+
+    assert_non_null(j);
+    if (duet_router_chat_tmpl_compile(src, &t) != DUET_OK)
+        fail_msg("compile %s: %s", src, duet_error_msg());
+    duet_status_t st = duet_router_chat_tmpl_render(t, &v, &out, NULL);
+    duet_router_chat_tmpl_destroy(t);
+    cJSON_Delete(j);
+    if (st != want)
+        fail_msg("render %s: %s (%s)", src, duet_status_name(st), duet_error_msg());
+    if (expect != NULL && strcmp(out, expect) != 0)
+        fail_msg("template %s\n got: [%s]\nwant: [%s]", src, out, expect);
+    duet_free(out);
+    assert_int_equal(duet_alloc_live(), live);
+}
+
+static void test_context(void **state)
+{
+    (void)state;
+    /* context members are variables, replacing messages & co */
+    check_ctx("{{ messages | length }} {{ messages[0].tool_calls[0].function.name }} "
+              "{{ enable_thinking is false }} {{ tools is none }} {{ bos_token }}",
+              "{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\": "
+              "[{\"function\": {\"name\": \"f\", \"arguments\": {}}}]}], "
+              "\"enable_thinking\": false, \"tools\": null}",
+              DUET_OK, "1 f True True <s>");
+    check_ctx("{{ tools | tojson(indent=2) }}|{{ tools | tojson }}",
+              "{\"tools\": [{\"a\": 1, \"b\": [1, 2], \"c\": {}, \"d\": []}]}", DUET_OK,
+              "[\n  {\n    \"a\": 1,\n    \"b\": [\n      1,\n      2\n    ],\n    \"c\": {},\n"
+              "    \"d\": []\n  }\n]|[{\"a\": 1, \"b\": [1, 2], \"c\": {}, \"d\": []}]");
+    /* slices with a step, as Python's */
+    check_ctx(
+        "{{ xs[::-1] | join(',') }} {{ xs[::2] | join(',') }} {{ xs[-1:0:-2] | join(',') }} "
+        "{{ xs[5:1:-1] | join(',') }} {{ xs[1::-1] | join(',') }} {{ xs[-9::3] | join(',') }}",
+        "{\"xs\": [1, 2, 3, 4]}", DUET_OK, "4,3,2,1 1,3 4,2 4,3 2,1 1,4");
+    check_ctx("{{ xs[::0] }}", "{\"xs\": [1]}", DUET_ERR_INVALID, NULL);
+    check_ctx("{{ s[::-1] }}", "{\"s\": \"ab\"}", DUET_ERR_UNSUPPORTED, NULL);
+    /* strip with chars, as Python's str methods */
+    check_ctx("[{{ s.strip('\\n') }}][{{ s.lstrip('\\n ') }}][{{ s.rstrip() }}][{{ s | trim }}]",
+              "{\"s\": \"\\n x \\n\"}", DUET_OK, "[ x ][x \n][\n x][x]");
+    /* select / reject with a test name, items */
+    check_ctx("{{ xs | reject('equalto', 'b') | join(', ') }};{{ xs | select('equalto', 'b') | "
+              "join }};{{ ns | select('odd') | join }};"
+              "{% for k, v in d | items %}{{ k }}={{ v }},{% endfor %}",
+              "{\"xs\": [\"a\", \"b\", \"c\"], \"ns\": [1, 2, 3], \"d\": {\"x\": \"1\", \"y\": 2}}",
+              DUET_OK, "a, c;b;13;x=1,y=2,");
+    check_ctx("{{ xs | reject('nosuchtest') | join }}", "{\"xs\": [1]}", DUET_ERR_UNSUPPORTED,
+              NULL);
+    /* numbers must be integers; the context must be an object */
+    check_ctx("{{ x }}", "{\"x\": 1.5}", DUET_ERR_UNSUPPORTED, NULL);
+    check_ctx("{{ x }}", "[1]", DUET_ERR_INVALID, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chatml),     cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions),
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_oom),
+        cmocka_unit_test(test_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
