@@ -101,14 +101,16 @@ uint32_t duet_router_max_tokens(const duet_router_t *rt, size_t n_prompt, int64_
 duet_status_t duet_router_fit_check(duet_router_t *rt, size_t n_prompt, int64_t requested,
                                     duet_router_oai_error_t *err)
 {
+    uint32_t have =
+        rt->workers != NULL ? duet_router_workers_max_pages(rt->workers, DUET_ROLE_DECODE) : 0;
+    if (have == 0) /* no decode has reported its pool yet */
+        return DUET_OK;
     int ps = rt->cfg->page_size;
     uint32_t max_tokens = duet_router_max_tokens(rt, n_prompt, requested);
     /* decode holds the prompt and every output token but the last */
     int64_t span = (int64_t)n_prompt + max_tokens - 1;
     int64_t need = ps > 0 ? (span + ps - 1) / ps : 0;
-    uint32_t have =
-        rt->workers != NULL ? duet_router_workers_max_pages(rt->workers, DUET_ROLE_DECODE) : 0;
-    if (have == 0 || need <= (int64_t)have)
+    if (need <= (int64_t)have)
         return DUET_OK;
     return duet_router_oai_fail(err, 400, "max_tokens", NULL,
                                 "this request needs %lld KV pages (%zu prompt tokens + %u "
